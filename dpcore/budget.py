@@ -1,0 +1,131 @@
+"""Explicit privacy accounting: budgets that say how they are split, and the ledger model.
+
+Composition is sequential (basic) composition of pure ε-DP steps: every step that reads private data
+is recorded as a :class:`Charge` with the ε it consumes, the sensitivity it was calibrated to and
+what it released. A mechanism receives an :class:`Accountant` holding its ε and spends parts of it;
+spending beyond the total raises. The charges travel with the synopsis into the release manifest.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+from dpcore import GeoDPError
+
+# Relative slack for float round-off when parts are computed as fractions of ε.
+_REL_TOL = 1e-9
+
+
+class BudgetError(GeoDPError, ValueError):
+    pass
+
+
+class BudgetExceeded(BudgetError):
+    pass
+
+
+def check_epsilon(epsilon: float, what: str = "epsilon") -> float:
+    try:
+        eps = float(epsilon)
+    except (TypeError, ValueError) as exc:
+        raise BudgetError(f"{what} must be a number, got {epsilon!r}") from exc
+    if not math.isfinite(eps) or eps <= 0:
+        raise BudgetError(f"{what} must be a finite number > 0, got {epsilon!r}")
+    return eps
+
+
+@dataclass(frozen=True)
+class Charge:
+    """One ε-DP step: ``epsilon`` spent on a query of L1 ``sensitivity`` released through ``noise``."""
+
+    name: str
+    epsilon: float
+    sensitivity: float
+    noise: str
+    note: str = ""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Accountant:
+    """Tracks the parts of one ε as a mechanism spends them (sequential composition)."""
+
+    epsilon: float
+    charges: list[Charge] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.epsilon = check_epsilon(self.epsilon)
+
+    @property
+    def spent(self) -> float:
+        return math.fsum(c.epsilon for c in self.charges)
+
+    @property
+    def remaining(self) -> float:
+        return max(0.0, self.epsilon - self.spent)
+
+    def spend(self, name: str, epsilon: float, sensitivity: float, noise: str = "discrete_laplace",
+              note: str = "") -> float:
+        """Record a step and return its ε; refuses to go past the total."""
+        eps = check_epsilon(epsilon, f"epsilon of step {name!r}")
+        if sensitivity <= 0:
+            raise BudgetError(f"sensitivity of step {name!r} must be > 0")
+        if self.spent + eps > self.epsilon * (1 + _REL_TOL):
+            raise BudgetExceeded(
+                f"step {name!r} asks for ε={eps:g} but only {self.remaining:g} of {self.epsilon:g} is left"
+            )
+        self.charges.append(Charge(name, eps, float(sensitivity), noise, note))
+        return eps
+
+    def spend_fraction(self, name: str, fraction: float, sensitivity: float, noise: str = "discrete_laplace",
+                       note: str = "") -> float:
+        if not (0 < fraction <= 1):
+            raise BudgetError(f"fraction for {name!r} must be in (0, 1], got {fraction}")
+        return self.spend(name, self.epsilon * fraction, sensitivity, noise, note)
+
+    def spend_rest(self, name: str, sensitivity: float, noise: str = "discrete_laplace", note: str = "") -> float:
+        rest = self.epsilon - self.spent
+        if rest <= self.epsilon * _REL_TOL:
+            raise BudgetExceeded(f"no budget left for step {name!r}")
+        return self.spend(name, rest, sensitivity, noise, note)
+
+    def to_list(self) -> list[dict]:
+        return [c.to_dict() for c in self.charges]
+
+
+def split_epsilon(epsilon: float, weights: dict[str, float]) -> dict[str, float]:
+    """Split ε in proportion to positive weights; the parts sum to ε exactly up to round-off."""
+    eps = check_epsilon(epsilon)
+    if not weights or any(w <= 0 for w in weights.values()):
+        raise BudgetError("budget split weights must be positive")
+    total = math.fsum(weights.values())
+    return {k: eps * w / total for k, w in weights.items()}
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    """One city-release charged against a (dataset, period) cap. Stored append-only by the platform."""
+
+    dataset: str
+    city: str
+    period: str
+    epsilon: float
+    config_hash: str
+    release_key: str
+    created_at: str
+    version: int | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def remaining_budget(entries: list[LedgerEntry], dataset: str, period: str, cap: float) -> float:
+    """What is left of ``cap`` for (dataset, period). Entries for the same release key count once."""
+    seen: dict[str, float] = {}
+    for e in entries:
+        if e.dataset == dataset and e.period == period:
+            seen.setdefault(e.release_key, e.epsilon)
+    return cap - math.fsum(seen.values())

@@ -1,0 +1,277 @@
+"""Point tables in: CSV / Parquet in the standard schema, the SNAP Gowalla/Brightkite format, validation.
+
+The standard schema is ``user_id, timestamp, lat, lon`` (extra columns are ignored). Every row is
+validated; invalid rows are dropped and counted in a :class:`ValidationReport`, or, with
+``strict=True``, the first one raises a :class:`DataError` naming it.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from dpcore import GeoDPError
+
+STANDARD_COLUMNS = ("user_id", "timestamp", "lat", "lon")
+SNAP_COLUMNS = ("user_id", "timestamp", "lat", "lon", "location_id")
+
+
+class DataError(GeoDPError, ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Points:
+    """A validated point table as numpy arrays.
+
+    ``user`` holds dense int64 user codes 0..n_users-1 (the original ids are in ``user_ids``);
+    ``ts`` is int64 seconds since the Unix epoch, UTC.
+    """
+
+    user: np.ndarray
+    ts: np.ndarray
+    lat: np.ndarray
+    lon: np.ndarray
+    user_ids: np.ndarray = field(repr=False, default_factory=lambda: np.empty(0, dtype=object))
+
+    def __post_init__(self) -> None:
+        n = self.user.size
+        if not (self.ts.size == self.lat.size == self.lon.size == n):
+            raise DataError("user, ts, lat and lon must have the same length")
+
+    def __len__(self) -> int:
+        return int(self.user.size)
+
+    @property
+    def n_users(self) -> int:
+        return int(np.unique(self.user).size) if len(self) else 0
+
+    def take(self, idx: np.ndarray) -> Points:
+        return Points(self.user[idx], self.ts[idx], self.lat[idx], self.lon[idx], self.user_ids)
+
+    def between(self, start_s: int | None, end_s: int | None) -> Points:
+        """Points with start ≤ ts < end (either bound may be None)."""
+        m = np.ones(len(self), dtype=bool)
+        if start_s is not None:
+            m &= self.ts >= start_s
+        if end_s is not None:
+            m &= self.ts < end_s
+        return self.take(np.flatnonzero(m))
+
+    def to_frame(self) -> pd.DataFrame:
+        return pd.DataFrame({
+            "user_id": self.user,
+            "timestamp": pd.to_datetime(self.ts, unit="s", utc=True),
+            "lat": self.lat,
+            "lon": self.lon,
+        })
+
+
+@dataclass
+class ValidationReport:
+    rows_read: int = 0
+    rows_kept: int = 0
+    dropped: dict[str, int] = field(default_factory=dict)
+    first_bad_row: int | None = None  # 1-based data row (header not counted)
+    first_bad_reason: str | None = None
+
+    @property
+    def rows_dropped(self) -> int:
+        return sum(self.dropped.values())
+
+    def to_dict(self) -> dict:
+        return {"rows_read": self.rows_read, "rows_kept": self.rows_kept, "rows_dropped": self.rows_dropped,
+                "dropped": dict(self.dropped), "first_bad_row": self.first_bad_row,
+                "first_bad_reason": self.first_bad_reason}
+
+    def summary(self) -> str:
+        s = f"{self.rows_kept:,} of {self.rows_read:,} rows valid"
+        if self.rows_dropped:
+            reasons = ", ".join(f"{k}: {v:,}" for k, v in sorted(self.dropped.items()))
+            s += f"; dropped {self.rows_dropped:,} ({reasons}); first bad row {self.first_bad_row}"
+        return s
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    points: Points
+    report: ValidationReport
+    source: str
+    data_version: str  # content fingerprint of the input file, for cache keys and manifests
+
+
+def file_fingerprint(path: str | os.PathLike) -> str:
+    """sha256 over size, mtime-independent content sample: first/last MiB and the size.
+
+    Reading whole multi-GB inputs just to key a cache is wasteful; size plus head and tail catches
+    every realistic change to an append-only or regenerated file.
+    """
+    p = Path(path)
+    h = hashlib.sha256()
+    size = p.stat().st_size
+    h.update(str(size).encode())
+    with open(p, "rb") as f:
+        h.update(f.read(1 << 20))
+        if size > (2 << 20):
+            f.seek(-(1 << 20), os.SEEK_END)
+            h.update(f.read(1 << 20))
+    return h.hexdigest()[:16]
+
+
+def _detect_format(path: Path) -> str:
+    name = path.name.lower()
+    if name.endswith((".parquet", ".pq")):
+        return "parquet"
+    if name.endswith((".tsv", ".tsv.gz", ".txt", ".txt.gz")):
+        # SNAP files are headerless TSV; a TSV with the standard header is read as CSV with tabs.
+        opener = gzip.open if name.endswith(".gz") else open
+        try:
+            with opener(path, "rt", encoding="utf-8", errors="replace") as f:
+                first = f.readline()
+        except (OSError, EOFError) as exc:
+            raise DataError(f"cannot read {path}: {exc}") from exc
+        return "tsv" if "user_id" in first.split("\t")[0].lower() else "snap"
+    if name.endswith((".csv", ".csv.gz")):
+        return "csv"
+    raise DataError(f"cannot tell the format of {path.name}: use .parquet, .csv, .tsv or SNAP .txt(.gz)")
+
+
+def _read_frame(path: Path, fmt: str) -> pd.DataFrame:
+    try:
+        if fmt == "parquet":
+            return pd.read_parquet(path)
+        if fmt == "csv":
+            return pd.read_csv(path, dtype=str, keep_default_na=False)
+        if fmt == "tsv":
+            return pd.read_csv(path, sep="\t", dtype=str, keep_default_na=False)
+        if fmt == "snap":
+            return pd.read_csv(path, sep="\t", header=None, names=list(SNAP_COLUMNS), dtype=str,
+                               keep_default_na=False, on_bad_lines="skip", engine="c")
+    except FileNotFoundError as exc:
+        raise DataError(f"input file not found: {path}") from exc
+    except Exception as exc:  # pyarrow / parser errors vary by format; all mean "unreadable"
+        raise DataError(f"cannot read {path} as {fmt}: {type(exc).__name__}: {exc}") from exc
+    raise DataError(f"unknown format {fmt!r}")
+
+
+def _to_epoch_seconds(col: pd.Series) -> np.ndarray:
+    """int64 seconds UTC; unparseable → INT64_MIN sentinel."""
+    if pd.api.types.is_datetime64_any_dtype(col):
+        ts = col if getattr(col.dt, "tz", None) is not None else col.dt.tz_localize("UTC")
+    elif pd.api.types.is_numeric_dtype(col):
+        return _numeric_epoch(pd.to_numeric(col, errors="coerce"))
+    else:
+        ts = pd.to_datetime(col, errors="coerce", utc=True, format="ISO8601")
+    out = np.full(len(ts), np.iinfo(np.int64).min, dtype=np.int64)
+    ok = ts.notna().to_numpy()
+    out[ok] = ts[ok].astype("datetime64[ns, UTC]").to_numpy().astype("datetime64[s]").astype(np.int64)
+    return out
+
+
+def _numeric_epoch(vals: pd.Series) -> np.ndarray:
+    """Numbers are epoch seconds (or milliseconds when they are too large to be seconds)."""
+    v = vals.to_numpy(dtype=np.float64, na_value=np.nan)
+    out = np.full(v.size, np.iinfo(np.int64).min, dtype=np.int64)
+    ok = np.isfinite(v)
+    scaled = np.where(np.abs(v) > 1e11, v / 1000.0, v)
+    out[ok] = np.floor(scaled[ok]).astype(np.int64)
+    return out
+
+
+def validate_frame(df: pd.DataFrame, strict: bool = False, source: str = "") -> tuple[Points, ValidationReport]:
+    """Turn a frame in the standard schema into :class:`Points`, dropping (or rejecting) invalid rows."""
+    missing = [c for c in STANDARD_COLUMNS if c not in df.columns]
+    if missing:
+        raise DataError(
+            f"{source or 'input'} is missing column(s) {missing}; it has {list(df.columns)}. "
+            "Map other names with --columns user_id=NAME,timestamp=NAME,lat=NAME,lon=NAME"
+        )
+    report = ValidationReport(rows_read=len(df))
+    lat = pd.to_numeric(df["lat"], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+    lon = pd.to_numeric(df["lon"], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+    ts = _to_epoch_seconds(df["timestamp"])
+    uid = df["user_id"]
+    uid_str = uid.astype(str).str.strip()
+    bad_user = (uid.isna() | (uid_str == "") | (uid_str.str.lower().isin(["nan", "none", "null"]))).to_numpy()
+    checks = [
+        ("missing_user", bad_user),
+        ("bad_coordinate", ~np.isfinite(lat) | ~np.isfinite(lon)),
+        ("lat_out_of_range", np.isfinite(lat) & (np.abs(lat) > 90)),
+        ("lon_out_of_range", np.isfinite(lon) & (np.abs(lon) > 180)),
+        ("bad_timestamp", ts == np.iinfo(np.int64).min),
+    ]
+    bad = np.zeros(len(df), dtype=bool)
+    first_idx, first_reason = None, None
+    for reason, mask in checks:
+        new = mask & ~bad
+        n_new = int(new.sum())
+        if n_new:
+            report.dropped[reason] = n_new
+            idx = int(np.argmax(new))
+            if first_idx is None or idx < first_idx:
+                first_idx, first_reason = idx, reason
+        bad |= mask
+    if first_idx is not None:
+        report.first_bad_row, report.first_bad_reason = first_idx + 1, first_reason
+        if strict:
+            row = df.iloc[first_idx][list(STANDARD_COLUMNS)].to_dict()
+            raise DataError(f"{source or 'input'}: row {first_idx + 1} is invalid ({first_reason}): {row}")
+    keep = ~bad
+    report.rows_kept = int(keep.sum())
+    if report.rows_kept == 0:
+        raise DataError(f"{source or 'input'} has no valid rows ({report.summary()})")
+    user_ids, user_codes = np.unique(uid_str.to_numpy()[keep], return_inverse=True)
+    pts = Points(user_codes.astype(np.int64), ts[keep], lat[keep], lon[keep], user_ids)
+    return pts, report
+
+
+def parse_column_map(text: str | None) -> dict[str, str] | None:
+    """'user_id=uid,lat=latitude' → {'uid': 'user_id', 'latitude': 'lat'} (source name → standard name)."""
+    if not text:
+        return None
+    mapping = {}
+    for part in text.split(","):
+        if "=" not in part:
+            raise DataError(f"column mapping must be STANDARD=SOURCE pairs, got {part!r}")
+        std, src = (s.strip() for s in part.split("=", 1))
+        if std not in STANDARD_COLUMNS:
+            raise DataError(f"{std!r} is not a standard column; standard columns are {STANDARD_COLUMNS}")
+        mapping[src] = std
+    return mapping
+
+
+def load_points(path: str | os.PathLike, columns: dict[str, str] | None = None, fmt: str = "auto",
+                strict: bool = False) -> LoadResult:
+    """Read and validate a point table.
+
+    ``columns`` maps source column names to standard ones (see :func:`parse_column_map`).
+    ``fmt`` is ``auto`` (by extension), ``parquet``, ``csv``, ``tsv`` or ``snap``.
+    """
+    p = Path(path)
+    if not p.exists():
+        raise DataError(f"input file not found: {p}")
+    if p.is_dir():
+        raise DataError(f"{p} is a directory; give a .parquet, .csv or SNAP .txt/.tsv(.gz) file")
+    if p.stat().st_size == 0:
+        raise DataError(f"input file is empty: {p}")
+    kind = _detect_format(p) if fmt == "auto" else fmt
+    df = _read_frame(p, kind)
+    if columns:
+        df = df.rename(columns=columns)
+    if len(df) == 0:
+        raise DataError(f"{p} holds no rows")
+    pts, report = validate_frame(df, strict=strict, source=str(p))
+    return LoadResult(pts, report, str(p), file_fingerprint(p))
+
+
+def clip_to_region(points: Points, region) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(index, x, y) of the points inside a region, projected to metres."""
+    x, y = region.project(points.lat, points.lon)
+    inside = np.flatnonzero(region.contains_m(x, y))
+    return inside, x[inside], y[inside]

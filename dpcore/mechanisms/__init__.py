@@ -1,0 +1,70 @@
+"""Mechanism registry. Adding a method = one module + one line in ``_BUILTIN``.
+
+Modules are imported on first use so that e.g. the CLI does not import torch for a grid release.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from dpcore.mechanisms.base import FitInput, Mechanism, MechanismError
+
+_BUILTIN: dict[str, str] = {
+    "identity": "dpcore.mechanisms.identity:IdentityGrid",
+    "ug": "dpcore.mechanisms.ug:UniformGrid",
+    "ag": "dpcore.mechanisms.ag:AdaptiveGrid",
+    "hb": "dpcore.mechanisms.hb:HierarchicalGrid",
+    "privtree": "dpcore.mechanisms.privtree:PrivTree",
+    "snh": "dpcore.mechanisms.snh:SpatialNeuralHistogram",
+    "identity3d": "dpcore.mechanisms.identity3d:IdentityGrid3D",
+    "vdr": "dpcore.mechanisms.vdr:VDR",
+    "dpheatmap": "dpcore.mechanisms.dpheatmap:DPHeatmap",
+    "laplace": "dpcore.mechanisms.heatmap_baselines:LaplaceHeatmap",
+    "laplace-top": "dpcore.mechanisms.heatmap_baselines:LaplaceTopHeatmap",
+}
+
+_EXTRA: dict[str, type[Mechanism]] = {}
+
+
+def register(cls: type[Mechanism]) -> type[Mechanism]:
+    """Register a mechanism class defined outside dpcore (e.g. in a research script)."""
+    _EXTRA[cls.name] = cls
+    return cls
+
+
+def _available() -> dict[str, str]:
+    out = {}
+    for name, target in _BUILTIN.items():
+        module = target.partition(":")[0]
+        if importlib.util.find_spec(module) is not None:
+            out[name] = target
+    return out
+
+
+def mechanism_names(spatio_temporal: bool | None = None) -> list[str]:
+    names = sorted({*_available(), *_EXTRA})
+    if spatio_temporal is None:
+        return names
+    return [n for n in names if get_mechanism_class(n).spatio_temporal == spatio_temporal]
+
+
+def get_mechanism_class(name: str) -> type[Mechanism]:
+    if name in _EXTRA:
+        return _EXTRA[name]
+    target = _available().get(name)
+    if target is None:
+        raise MechanismError(f"unknown mechanism {name!r}; available: {', '.join(mechanism_names())}")
+    module_name, _, cls_name = target.partition(":")
+    return getattr(importlib.import_module(module_name), cls_name)
+
+
+def get_mechanism(name: str, **params) -> Mechanism:
+    cls = get_mechanism_class(name)
+    try:
+        return cls(**params)
+    except TypeError as exc:
+        raise MechanismError(f"bad parameters for {name}: {exc}") from exc
+
+
+__all__ = ["FitInput", "Mechanism", "MechanismError", "get_mechanism", "get_mechanism_class",
+           "mechanism_names", "register"]

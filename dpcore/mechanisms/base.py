@@ -1,0 +1,124 @@
+"""The one interface every mechanism implements.
+
+Modelled on scikit-learn's estimator contract: constructor arguments are the (public) parameters and
+are stored unchanged; :meth:`Mechanism.fit` reads private data, spends budget through an
+:class:`~dpcore.budget.Accountant` and returns a :class:`~dpcore.synopsis.Synopsis`. Modelled on
+OpenDP for being explicit: the privacy unit, the sensitivity each noisy step is calibrated to and
+the ε each step consumes are recorded in the synopsis's charges.
+"""
+
+from __future__ import annotations
+
+import inspect
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from dpcore import GeoDPError
+from dpcore.budget import Accountant, check_epsilon
+from dpcore.geo import Region
+from dpcore.noise import NoiseSource
+from dpcore.sampling import check_privacy_unit, count_sensitivity
+from dpcore.synopsis import PrivacyInfo, Synopsis
+
+
+class MechanismError(GeoDPError, ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class FitInput:
+    """Private input of one city-release, already bounded and projected.
+
+    ``x``, ``y`` are metres in the region (only points inside it). Under user-level privacy the
+    points are the bounded sample (≤ k per user over the whole release) and ``sensitivity`` is k;
+    under record-level privacy it is 1. ``user`` (dense codes) is given for mechanisms that need the
+    user structure (heatmaps); ``slot`` / ``n_slots`` for spatio-temporal ones.
+
+    ``public_total`` is a point count that the caller declares public (configuration, a published
+    statistic): mechanisms may use it for free. Without it, any use of the private total must be paid.
+    ``total_points`` is the size of the unbounded data in the region; it is private and exists only
+    for evaluation code (scaling truth), never for mechanisms.
+    """
+
+    x: np.ndarray
+    y: np.ndarray
+    region: Region
+    privacy_unit: str
+    max_points_per_user: int | None
+    user: np.ndarray | None = None
+    slot: np.ndarray | None = None
+    n_slots: int | None = None
+    slot_seconds: int | None = None
+    window_start_s: int | None = None
+    public_total: float | None = None
+
+    def __post_init__(self) -> None:
+        check_privacy_unit(self.privacy_unit)
+        if self.x.shape != self.y.shape:
+            raise MechanismError("x and y must have the same shape")
+
+    @property
+    def sensitivity(self) -> int:
+        """L1 sensitivity of any count histogram of these points under the privacy unit."""
+        return count_sensitivity(self.privacy_unit, self.max_points_per_user)
+
+    @property
+    def n(self) -> int:
+        return int(self.x.size)
+
+
+class Mechanism(ABC):
+    """Base class. Subclasses set ``name`` and implement :meth:`_fit`.
+
+    Constructor parameters must be public (not derived from private data) and keyword-only with
+    defaults, so :meth:`get_params` can list them for manifests, like scikit-learn.
+    """
+
+    name: ClassVar[str]
+    #: True when the mechanism consumes ``slot``/``n_slots`` and returns a spatio-temporal synopsis.
+    spatio_temporal: ClassVar[bool] = False
+
+    def get_params(self) -> dict[str, Any]:
+        sig = inspect.signature(type(self).__init__)
+        return {p: getattr(self, p) for p in sig.parameters if p != "self"}
+
+    def fit(self, data: FitInput, epsilon: float, noise: NoiseSource) -> Synopsis:
+        """Spend ``epsilon`` on ``data`` and return a synopsis. Validates ε and records the charges."""
+        eps = check_epsilon(epsilon)
+        acct = Accountant(eps)
+        synopsis = self._fit(data, acct, noise)
+        if not acct.charges:
+            raise MechanismError(f"{self.name} released without recording any charge")
+        spent = acct.spent
+        if spent > eps * (1 + 1e-9):  # pragma: no cover - Accountant refuses this already
+            raise MechanismError(f"{self.name} spent {spent} > ε={eps}")
+        synopsis.privacy.charges = acct.to_list()
+        return synopsis
+
+    @abstractmethod
+    def _fit(self, data: FitInput, acct: Accountant, noise: NoiseSource) -> Synopsis:
+        """Read data, spend budget via acct, return a synopsis whose ``privacy`` is filled by
+        :meth:`privacy_info`."""
+
+    def privacy_info(self, data: FitInput, acct: Accountant, noise: NoiseSource,
+                     notes: list[str] | None = None, params: dict | None = None) -> PrivacyInfo:
+        return PrivacyInfo(self.name, params if params is not None else _jsonable(self.get_params()),
+                           acct.epsilon, acct.to_list(), data.privacy_unit, float(data.sensitivity),
+                           data.max_points_per_user if data.privacy_unit == "user" else None,
+                           noise.description, list(notes or []))
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.get_params().items())
+        return f"{type(self).__name__}({args})"
+
+
+def _jsonable(params: dict) -> dict:
+    out = {}
+    for k, v in params.items():
+        if isinstance(v, np.generic):
+            v = v.item()
+        out[k] = v
+    return out
