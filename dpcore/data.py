@@ -170,7 +170,7 @@ def _to_epoch_seconds(col: pd.Series) -> np.ndarray:
         ts = pd.to_datetime(col, errors="coerce", utc=True, format="ISO8601")
     out = np.full(len(ts), np.iinfo(np.int64).min, dtype=np.int64)
     ok = ts.notna().to_numpy()
-    out[ok] = ts[ok].astype("datetime64[ns, UTC]").to_numpy().astype("datetime64[s]").astype(np.int64)
+    out[ok] = ((ts[ok] - pd.Timestamp(0, tz="UTC")) // pd.Timedelta(seconds=1)).to_numpy(dtype=np.int64)
     return out
 
 

@@ -167,3 +167,4 @@ class GridSynopsis(Synopsis):
             values = z["values"]
         extra = {k: v for k, v in meta.get("extra", {}).items() if k != "shape"}
         return cls(values, region, privacy, extra)
+

@@ -1,0 +1,91 @@
+"""Scaling a user-level release of the k-bounded sample to full counts.
+
+A user-level release counts at most k points per user, so its totals fall short of the data's.
+Scaling by N / n̂ restores full counts, where
+- N, the region's total point count, must be *public* (configuration or a published figure): under
+  user-level privacy its sensitivity is unbounded, so it cannot be estimated with noise at any
+  useful accuracy. Its source is recorded.
+- n̂, the size of the bounded sample, is estimated with a stated fraction of ε (a discrete-Laplace
+  count of sensitivity k), recorded as the charge ``sample_total_for_scaling``. Using the
+  synopsis's own total instead would be free but, for a fine identity grid, its noise (the sum
+  of every cell's noise) swamps the total at small ε.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from dpcore.budget import Accountant, check_epsilon
+from dpcore.geo import Region
+from dpcore.mechanisms import FitInput, get_mechanism
+from dpcore.noise import NoiseSource
+from dpcore.synopsis import PrivacyInfo, Synopsis, load_synopsis
+
+#: Share of ε spent on n̂ when a user-level release is scaled to full counts.
+DEFAULT_SCALE_FRACTION = 0.05
+
+
+class ScaledSynopsis(Synopsis):
+    """An inner synopsis of the bounded sample multiplied by factor = N / n̂ (post-processing)."""
+
+    kind = "scaled"
+
+    def __init__(self, inner: Synopsis, factor: float, total_points: float, total_source: str,
+                 privacy: PrivacyInfo | None = None):
+        self.inner = inner
+        self.factor = float(factor)
+        self.total_points = float(total_points)
+        self.total_source = total_source
+        self.region = inner.region
+        self.privacy = privacy or inner.privacy
+
+    def answer(self, boxes: np.ndarray) -> np.ndarray:
+        return self.inner.answer(boxes) * self.factor
+
+    def density(self, nx: int, ny: int | None = None) -> np.ndarray:
+        return self.inner.density(nx, ny) * self.factor
+
+    def __getattr__(self, name: str):
+        if name in ("inner", "factor") or name.startswith("__"):
+            raise AttributeError(name)
+        attr = getattr(self.inner, name)
+        # Extended count queries of the inner synopsis (e.g. spatio-temporal) are scaled as well.
+        if name.startswith("answer"):
+            return lambda *a, **k: attr(*a, **k) * self.factor
+        return attr
+
+    def extra_meta(self) -> dict:
+        return {"factor": self.factor, "total_points": self.total_points, "total_source": self.total_source}
+
+    def _save_arrays(self, directory: Path) -> list[str]:
+        return [f"inner/{f}" for f in self.inner.save(directory / "inner")]
+
+    @classmethod
+    def _load_arrays(cls, directory: Path, meta: dict, region: Region, privacy: PrivacyInfo) -> ScaledSynopsis:
+        extra = meta["extra"]
+        return cls(load_synopsis(directory / "inner"), extra["factor"], extra["total_points"],
+                   extra["total_source"], privacy)
+
+
+def fit_scaled(mechanism_name: str, params: dict, data: FitInput, epsilon: float, noise: NoiseSource,
+               total_points: float, total_source: str,
+               scale_fraction: float = DEFAULT_SCALE_FRACTION) -> ScaledSynopsis:
+    """Fit a user-level release with (1 − f)·ε and spend f·ε on n̂; the charges add up to ε."""
+    eps = check_epsilon(epsilon)
+    if data.privacy_unit != "user":
+        raise ValueError("scaling to full counts applies to user-level releases only")
+    if not (0 < scale_fraction < 1):
+        raise ValueError("scale_fraction must be in (0, 1)")
+    acct = Accountant(eps)
+    eps_n = acct.spend_fraction("sample_total_for_scaling", scale_fraction, data.sensitivity,
+                                note="n̂ = |bounded sample| + DLap(k/ε_n); scales the release to the public total")
+    n_hat = float(noise.add_discrete_laplace(np.array([data.n]), data.sensitivity, eps_n)[0])
+    inner = get_mechanism(mechanism_name, **params).fit(data, acct.remaining, noise)
+    charges = acct.to_list() + inner.privacy.charges
+    p = inner.privacy
+    privacy = PrivacyInfo(p.mechanism, p.params, eps, charges, p.privacy_unit, p.sensitivity,
+                          p.max_points_per_user, p.noise_source,
+                          [*p.notes, f"scaled to full counts: factor N/n̂ with N={total_points:g} ({total_source})"])
+    return ScaledSynopsis(inner, float(total_points) / max(n_hat, 1.0), total_points, total_source, privacy)

@@ -1,0 +1,88 @@
+"""Argument helpers shared by every CLI module: data input, regions, progress, parameter parsing."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from dpcore import GeoDPError
+from dpcore.data import LoadResult, load_points, parse_column_map
+from dpcore.geo import Region, resolve_region
+
+
+class CLIError(GeoDPError, ValueError):
+    pass
+
+
+def add_data_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("data", metavar="DATA", help="point table: .parquet, .csv, .tsv or SNAP Gowalla .txt/.tsv(.gz)")
+    p.add_argument("--columns", metavar="MAP",
+                   help="map source columns to the standard ones, e.g. user_id=uid,timestamp=time,lat=y,lon=x")
+    p.add_argument("--format", default="auto", choices=["auto", "parquet", "csv", "tsv", "snap"],
+                   help="input format (default: from the file name)")
+    p.add_argument("--strict", action="store_true", help="fail on the first invalid row instead of dropping it")
+
+
+def add_region_args(p: argparse.ArgumentParser, required: bool = True) -> None:
+    g = p.add_mutually_exclusive_group(required=required)
+    g.add_argument("--city", help="catalog city slug (see `geodp cities`)")
+    g.add_argument("--center", metavar="LAT,LON", help="custom region centre")
+    p.add_argument("--side-km", type=float, default=None, help="side of the square region in km (default 20)")
+
+
+def region_from_args(args: argparse.Namespace) -> Region:
+    return resolve_region(city=args.city, center=args.center, side_km=args.side_km)
+
+
+def load_from_args(args: argparse.Namespace, quiet: bool = False) -> LoadResult:
+    t0 = time.perf_counter()
+    result = load_points(args.data, columns=parse_column_map(args.columns), fmt=args.format, strict=args.strict)
+    if not quiet:
+        eprint(f"loaded {args.data}: {result.report.summary()} ({time.perf_counter() - t0:.1f}s)")
+    return result
+
+
+def parse_epsilons(text: str) -> list[float]:
+    try:
+        values = [float(v) for v in str(text).split(",") if v.strip()]
+    except ValueError as exc:
+        raise CLIError(f"--epsilon must be a number or a comma-separated list, got {text!r}") from exc
+    if not values:
+        raise CLIError("--epsilon is empty")
+    for v in values:
+        if not v > 0:
+            raise CLIError(f"epsilon must be > 0, got {v:g}")
+    return values
+
+
+def parse_params(items: list[str] | None) -> dict:
+    """--param key=value (value parsed as JSON when it can be: numbers, true/false, lists)."""
+    out: dict = {}
+    for item in items or []:
+        if "=" not in item:
+            raise CLIError(f"--param must be KEY=VALUE, got {item!r}")
+        k, v = item.split("=", 1)
+        try:
+            out[k.strip()] = json.loads(v)
+        except json.JSONDecodeError:
+            out[k.strip()] = v
+    return out
+
+
+def eprint(*a: object) -> None:
+    print(*a, file=sys.stderr, flush=True)
+
+
+class ProgressPrinter:
+    """One stderr line per step with elapsed time and an ETA; cheap enough for every step."""
+
+    def __init__(self, label: str):
+        self.label = label
+        self.t0 = time.perf_counter()
+
+    def __call__(self, done: int, total: int, what: str) -> None:
+        el = time.perf_counter() - self.t0
+        eta = el / done * (total - done) if done else 0.0
+        eprint(f"[{self.label}] {done}/{total} {what} ({el:.0f}s elapsed, ~{eta:.0f}s left)")
