@@ -1,0 +1,133 @@
+"""AG: the two-level adaptive grid of Qardaji, Yang, Li (ICDE 2013).
+
+Level 1 is an m1 × m1 grid, m1 = max(10, ⌈sqrt(N·ε/c)/4⌉), whose noisy counts v use α·ε. Each
+level-1 cell is then cut into an m2 × m2 grid with m2 = ⌈sqrt(v⁺·(1−α)·ε/c2)⌉, c2 = c/2, sized from
+the *noisy* count v⁺ = max(v, 0) (post-processing, free), and its level-2 counts u use (1−α)·ε.
+Defaults α = 0.5, c = 10. Under user-level privacy every size rule divides by k, as in
+:mod:`dpcore.mechanisms.ug` (N counted in units of k; identical to the paper at record level).
+
+Budget (sequential composition over the two levels; cells within a level are disjoint, so each
+level is one Laplace step of L1 sensitivity k (user) or 1 (record)):
+
+- ``total_count``: ``total_fraction`` of ε to estimate N, unless ``FitInput.public_total`` is given;
+- ``level1_counts``: α of what remains;
+- ``level2_counts``: the rest.
+
+Constrained inference (the paper's, with the variances of the two levels): the level-1 count and the
+sum of its m2² children are two unbiased estimates of the same total, combined by inverse-variance
+weights, v' = (α²·m2²·v + (1−α)²·Σu) / (α²·m2² + (1−α)²); the difference v' − Σu is then spread
+equally over the children (mean consistency), so the children add up to v'. Negative leaf counts
+that remain are kept (unbiased range sums); ``clamp_negative=True`` zeroes them after inference.
+
+The leaves are rasterised onto a public ``raster_size`` grid (default 2048), each leaf's count
+spread uniformly over its area, so the synopsis answers by prefix sums.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from dpcore.budget import Accountant
+from dpcore.histogram import cell_index, grid_counts
+from dpcore.mechanisms.base import FitInput, Mechanism, MechanismError
+from dpcore.mechanisms.ug import (
+    DEFAULT_C,
+    MAX_RASTER,
+    check_fraction,
+    grid_size_rule,
+    private_total,
+    rasterise_rectangles,
+)
+from dpcore.noise import NoiseSource
+from dpcore.synopsis import GridSynopsis
+
+
+class AdaptiveGrid(Mechanism):
+    """Two-level adaptive grid; see the module docstring for sizes, budget split and inference."""
+
+    name = "ag"
+
+    def __init__(self, *, alpha: float = 0.5, c: float = DEFAULT_C, total_fraction: float = 0.05,
+                 max_m2: int = 256, raster_size: int = MAX_RASTER, clamp_negative: bool = False):
+        self.alpha = alpha
+        self.c = c
+        self.total_fraction = total_fraction
+        self.max_m2 = max_m2
+        self.raster_size = raster_size
+        self.clamp_negative = clamp_negative
+
+    def _fit(self, data: FitInput, acct: Accountant, noise: NoiseSource) -> GridSynopsis:
+        alpha = check_fraction(self.alpha, "alpha")
+        if self.c <= 0:
+            raise MechanismError(f"c must be > 0, got {self.c}")
+        if int(self.max_m2) < 1 or int(self.raster_size) < 1:
+            raise MechanismError("max_m2 and raster_size must be ≥ 1")
+        k = data.sensitivity
+        notes: list[str] = []
+        total = private_total(data, acct, noise, check_fraction(self.total_fraction, "total_fraction"), notes)
+        eps_rest = acct.epsilon - acct.spent
+        m1 = max(10, int(math.ceil(grid_size_rule(total, eps_rest, k, self.c) / 4.0)))
+        m1 = min(m1, int(self.raster_size))
+
+        # Level 1.
+        xmin, ymin, xmax, ymax = data.region.bounds_m
+        eps1 = acct.spend("level1_counts", alpha * eps_rest, k,
+                          note=f"{m1}x{m1} level-1 grid; disjoint cells, L1 sensitivity = contribution bound")
+        v = noise.add_discrete_laplace(grid_counts(data.x, data.y, data.region.bounds_m, m1, m1), k, eps1)
+        v = v.astype(np.float64).ravel()  # cell id = ix * m1 + iy
+
+        # Level-2 sizes from the noisy level-1 counts (post-processing), then one leaf id per point.
+        eps2_planned = eps_rest - eps1
+        m2 = np.ceil(np.sqrt(np.maximum(v, 0.0) * eps2_planned / ((self.c / 2.0) * k))).astype(np.int64)
+        m2 = np.clip(m2, 1, int(self.max_m2))
+        n_leaves = m2 * m2
+        offset = np.cumsum(n_leaves) - n_leaves
+        inside = ((data.x >= xmin) & (data.x < xmax) & (data.y >= ymin) & (data.y < ymax))
+        px, py = data.x[inside], data.y[inside]
+        ix = cell_index(px, xmin, xmax, m1)
+        iy = cell_index(py, ymin, ymax, m1)
+        cell = ix * m1 + iy
+        w1 = (xmax - xmin) / m1
+        h1 = (ymax - ymin) / m1
+        pm2 = m2[cell]
+        # Position inside the level-1 cell, on that cell's own m2 × m2 sub-grid.
+        lx = np.clip(np.floor((px - xmin - ix * w1) / w1 * pm2).astype(np.int64), 0, pm2 - 1)
+        ly = np.clip(np.floor((py - ymin - iy * h1) / h1 * pm2).astype(np.int64), 0, pm2 - 1)
+        leaf_counts = np.bincount(offset[cell] + lx * pm2 + ly, minlength=int(n_leaves.sum()))
+
+        eps2 = acct.spend_rest("level2_counts", k,
+                               note=f"{int(n_leaves.sum())} level-2 cells (m2 in [{m2.min()}, {m2.max()}]); "
+                                    "disjoint, L1 sensitivity = contribution bound")
+        u = noise.add_discrete_laplace(leaf_counts, k, eps2).astype(np.float64)
+
+        # Constrained inference, vectorised over level-1 cells.
+        leaf_cell = np.repeat(np.arange(m1 * m1), n_leaves)
+        child_sum = np.bincount(leaf_cell, weights=u, minlength=m1 * m1)
+        a2 = (eps1 ** 2) * n_leaves.astype(np.float64)  # ∝ 1/var(v) · m2²-scaled weight
+        b2 = eps2 ** 2
+        v_prime = (a2 * v + b2 * child_sum) / (a2 + b2)
+        u = u + ((v_prime - child_sum) / n_leaves)[leaf_cell]
+        notes.append(f"alpha = {alpha:g}, c = {self.c:g}, c2 = c/2, m1 = {m1}; constrained inference: "
+                     "inverse-variance average of each level-1 count with its children's sum, then "
+                     "mean-consistency spreading")
+        if self.clamp_negative:
+            u = np.maximum(u, 0.0)
+            notes.append("negative leaf counts clamped to 0 after inference")
+        else:
+            notes.append("negative leaf counts kept after inference (unbiased range sums)")
+
+        # Leaf rectangles for the raster.
+        local = np.arange(u.size) - offset[leaf_cell]
+        lm2 = m2[leaf_cell]
+        lx, ly = local // lm2, local % lm2
+        cx0 = xmin + (leaf_cell // m1) * w1
+        cy0 = ymin + (leaf_cell % m1) * h1
+        x0 = cx0 + lx * (w1 / lm2)
+        y0 = cy0 + ly * (h1 / lm2)
+        raster = rasterise_rectangles(x0, y0, x0 + w1 / lm2, y0 + h1 / lm2, u, data.region,
+                                      int(self.raster_size))
+        extra = {"m1": m1, "m2_min": int(m2.min()), "m2_max": int(m2.max()), "n_leaves": int(u.size),
+                 "raster_size": int(self.raster_size)}
+        return GridSynopsis(raster, data.region, self.privacy_info(data, acct, noise, notes), extra)

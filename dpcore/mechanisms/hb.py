@@ -1,0 +1,141 @@
+"""HB: a hierarchy of noisy grid counts with least-squares consistency (Hay et al. VLDB 2010;
+Qardaji, Yang, Li VLDB 2013 "Understanding hierarchical methods"; Cormode et al. ICDE 2012).
+
+Structure: levels ℓ = 1..h, level ℓ being a bᶫ × bᶫ grid over the region (``branching`` b per axis,
+default 4, so every node has b² = 16 children). The leaf grid b^h is the smallest power of b at least
+the UG size sqrt(N·ε/(c·k)) (c = 10, N in units of k as in :mod:`dpcore.mechanisms.ug`), capped at
+``max_leaf_grid``; ``levels`` fixes h instead (then N is not needed). There is no root node: the
+top level's b × b counts are measured directly.
+
+Budget: ``total_fraction`` of ε estimates N (unless ``FitInput.public_total`` is given or ``levels``
+is set); the rest is split *uniformly* over the h levels, ε/h each. Within a level the cells are
+disjoint, so each level is one Laplace step of L1 sensitivity k (user) or 1 (record); levels compose
+sequentially.
+
+Consistency: the ordinary least-squares estimate of all node counts under the constraint that each
+node equals the sum of its children, by Hay et al.'s two passes written with per-level variances
+(so it is also exact for non-uniform budgets):
+
+- bottom-up, z = leaf value at the leaves; a parent combines its own count y and its children's
+  sum by inverse-variance weights, z = (y/σ² + Σz_c/V_c) / (1/σ² + 1/V_c), V_c = Σ var(z_c);
+- top-down, the top level keeps z; a child gets z_c + (x_parent − Σ z_siblings)·var(z_c)/V_c.
+
+Each pass is a reshape-and-sum per level (no loop over nodes). Negative leaves after consistency are
+kept (unbiased range sums); ``clamp_negative=True`` zeroes them for display. The synopsis is the
+consistent leaf grid.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from dpcore.budget import Accountant
+from dpcore.histogram import grid_counts
+from dpcore.mechanisms.base import FitInput, Mechanism, MechanismError
+from dpcore.mechanisms.ug import DEFAULT_C, MAX_RASTER, check_fraction, grid_size_rule, private_total
+from dpcore.noise import NoiseSource, discrete_laplace_variance
+from dpcore.synopsis import GridSynopsis
+
+
+def block_sum(a: np.ndarray, b: int) -> np.ndarray:
+    """Sum b × b blocks of a square array whose side is a multiple of b."""
+    n = a.shape[0] // b
+    return a.reshape(n, b, n, b).sum(axis=(1, 3))
+
+
+def expand(a: np.ndarray, b: int) -> np.ndarray:
+    """Repeat each cell of a into a b × b block (parent value broadcast to its children)."""
+    return np.repeat(np.repeat(a, b, axis=0), b, axis=1)
+
+
+def hierarchy_consistency(noisy: list[np.ndarray], variances: list[float], b: int) -> list[np.ndarray]:
+    """Least-squares consistent counts of a b-ary (per axis) grid hierarchy.
+
+    ``noisy[ℓ]`` is the (bᶫ⁺¹)² grid of level ℓ (top first), ``variances[ℓ]`` its per-node noise
+    variance. Returns the consistent grids in the same order: every node equals its children's sum.
+    """
+    h = len(noisy)
+    z: list[np.ndarray] = [np.empty(0)] * h
+    var_z: list[float] = [0.0] * h
+    z[-1] = np.asarray(noisy[-1], dtype=np.float64)
+    var_z[-1] = float(variances[-1])
+    for lvl in range(h - 2, -1, -1):
+        child_sum = block_sum(z[lvl + 1], b)
+        v_children = b * b * var_z[lvl + 1]
+        prec_own, prec_children = 1.0 / variances[lvl], 1.0 / v_children
+        z[lvl] = (np.asarray(noisy[lvl], dtype=np.float64) * prec_own + child_sum * prec_children) / (
+            prec_own + prec_children)
+        var_z[lvl] = 1.0 / (prec_own + prec_children)
+    x = [z[0]]
+    for lvl in range(1, h):
+        gap = x[lvl - 1] - block_sum(z[lvl], b)
+        # Equal children variances: the gap is spread equally, var(z_c)/V_c = 1/b².
+        x.append(z[lvl] + expand(gap, b) / (b * b))
+    return x
+
+
+class HierarchicalGrid(Mechanism):
+    """Grid hierarchy with uniform per-level budget and least-squares consistency (module docstring)."""
+
+    name = "hb"
+
+    def __init__(self, *, branching: int = 4, levels: int | None = None, c: float = DEFAULT_C,
+                 total_fraction: float = 0.05, max_leaf_grid: int = MAX_RASTER, clamp_negative: bool = False):
+        self.branching = branching
+        self.levels = levels
+        self.c = c
+        self.total_fraction = total_fraction
+        self.max_leaf_grid = max_leaf_grid
+        self.clamp_negative = clamp_negative
+
+    def _fit(self, data: FitInput, acct: Accountant, noise: NoiseSource) -> GridSynopsis:
+        b = int(self.branching)
+        if b < 2:
+            raise MechanismError(f"branching must be ≥ 2, got {self.branching}")
+        if self.c <= 0:
+            raise MechanismError(f"c must be > 0, got {self.c}")
+        k = data.sensitivity
+        notes: list[str] = []
+        # Deepest level allowed by the cap on the leaf grid.
+        h_cap = max(1, int(math.floor(math.log(max(int(self.max_leaf_grid), b)) / math.log(b) + 1e-9)))
+        if self.levels is not None:
+            h = int(self.levels)
+            if not (1 <= h <= h_cap):
+                raise MechanismError(f"levels must be in [1, {h_cap}] for branching {b}, got {self.levels}")
+            notes.append(f"{h} levels fixed by parameter (public)")
+        else:
+            total = private_total(data, acct, noise, check_fraction(self.total_fraction, "total_fraction"), notes)
+            m_target = grid_size_rule(total, acct.epsilon - acct.spent, k, self.c)
+            h = max(1, int(math.ceil(math.log(max(m_target, 1.0)) / math.log(b) - 1e-9)))
+            h = min(h, h_cap)
+            notes.append(f"h = {h}: leaf grid b^h = {b ** h} ≥ sqrt(N·ε/(c·k)) = {m_target:.1f} (c = {self.c:g}), "
+                         f"capped at {self.max_leaf_grid}")
+        leaf = b ** h
+        counts_leaf = grid_counts(data.x, data.y, data.region.bounds_m, leaf, leaf)
+        true_levels = [counts_leaf]
+        for _ in range(h - 1):
+            true_levels.insert(0, block_sum(true_levels[0], b))
+        eps_level = (acct.epsilon - acct.spent) / h
+        noisy, variances = [], []
+        for lvl, counts in enumerate(true_levels):
+            side = counts.shape[0]
+            if lvl == h - 1:
+                eps_l = acct.spend_rest(f"level{lvl + 1}_counts", k,
+                                        note=f"{side}x{side} grid (leaves); disjoint cells")
+            else:
+                eps_l = acct.spend(f"level{lvl + 1}_counts", eps_level, k, note=f"{side}x{side} grid; disjoint cells")
+            noisy.append(noise.add_discrete_laplace(counts, k, eps_l).astype(np.float64))
+            variances.append(discrete_laplace_variance(k / eps_l))
+        consistent = hierarchy_consistency(noisy, variances, b)
+        values = consistent[-1]
+        notes.append(f"branching {b} per axis ({b * b} children per node), {h} levels, ε split uniformly "
+                     "over levels; least-squares consistency (Hay et al. 2010)")
+        if self.clamp_negative:
+            values = np.maximum(values, 0.0)
+            notes.append("negative leaves clamped to 0 after consistency")
+        else:
+            notes.append("negative leaves kept after consistency (unbiased range sums)")
+        return GridSynopsis(values, data.region, self.privacy_info(data, acct, noise, notes),
+                            {"branching": b, "levels": h, "leaf_grid": leaf})

@@ -1,0 +1,132 @@
+"""PrivTree (Zhang, Xiao, Xie, SIGMOD 2016): an adaptive quadtree whose split decisions are noisy and
+biased, so its depth needs no budget-per-level split.
+
+Tree (fanout β = 4, quadrants of the region): a node v at depth d with count c(v) gets the biased
+count b(v) = max(c(v) − d·δ, θ − δ) and is split when b(v) + Lap(λ) > θ, where
+
+    λ = s·(2β − 1) / ((β − 1)·ε_tree),   δ = λ·ln β,   θ = 0 by default,
+
+and s is the count sensitivity: 1 at record level (the paper) and k at user level. Scaling λ and δ
+by k is the paper's mechanism run on counts measured in units of k points: each of a user's ≤ k
+points then weighs 1/k and moves the scaled counts only along its own root-to-leaf path; the
+paper's per-path bound (the privacy loss along a path is ≤ ε_tree, thanks to the bias δ per level)
+applies to each point with weight 1/k, so the user's total loss is ≤ k·ε_tree/k = ε_tree. Depth is
+capped so that leaves are no smaller than ``min_leaf_m`` (default 10 m; at most 11 levels, a
+2048² raster) — a public rule, which only removes outputs and so costs nothing.
+
+The split noise is not published (only the tree shape is), and the shape depends on it only through
+threshold comparisons, so it is drawn as a real Laplace, λ·(ln U₁ − ln U₂), from the NoiseSource's
+53-bit uniforms (``uniform_open``): secure mode uses the OS CSPRNG here as well.
+
+Budget: ``tree_fraction`` of ε (default 0.5, as in the paper's experiments) is ε_tree; the leaf
+counts use the rest (leaves are disjoint: one Laplace step, L1 sensitivity k or 1, integer discrete
+Laplace). Nothing else reads the data: PrivTree needs no N.
+
+Negative leaf counts are kept (unbiased range sums); ``clamp_negative=True`` zeroes them. Each leaf's
+count is spread uniformly over its quadrant of a 2^D raster (D = the depth cap), vectorised level
+by level: the whole frontier of a level is decided in one array operation.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from dpcore.budget import Accountant
+from dpcore.histogram import grid_counts
+from dpcore.mechanisms.base import FitInput, Mechanism, MechanismError
+from dpcore.mechanisms.hb import block_sum, expand
+from dpcore.mechanisms.ug import check_fraction
+from dpcore.noise import NoiseSource
+from dpcore.synopsis import GridSynopsis
+
+FANOUT = 4  # β: each split cuts a square node into 2 × 2 quadrants
+MAX_DEPTH = 11  # 2^11 = 2048 raster cells per axis
+
+
+def privtree_parameters(eps_tree: float, sensitivity: float, beta: int = FANOUT) -> tuple[float, float]:
+    """(λ, δ) of PrivTree for a tree budget and a count sensitivity."""
+    lam = sensitivity * (2 * beta - 1) / ((beta - 1) * eps_tree)
+    return lam, lam * math.log(beta)
+
+
+def depth_cap(side_m: float, min_leaf_m: float) -> int:
+    """Deepest level whose quadrants are still ≳ min_leaf_m wide (rounded), at most MAX_DEPTH."""
+    return int(min(MAX_DEPTH, max(0, round(math.log2(side_m / min_leaf_m)))))
+
+
+class PrivTree(Mechanism):
+    """PrivTree with fanout 4; see the module docstring for the privacy argument and budget split."""
+
+    name = "privtree"
+
+    def __init__(self, *, tree_fraction: float = 0.5, theta: float = 0.0, min_leaf_m: float = 10.0,
+                 clamp_negative: bool = False):
+        self.tree_fraction = tree_fraction
+        self.theta = theta
+        self.min_leaf_m = min_leaf_m
+        self.clamp_negative = clamp_negative
+
+    def _laplace(self, noise: NoiseSource, scale: float, size: int) -> np.ndarray:
+        return scale * (np.log(noise.uniform_open(size)) - np.log(noise.uniform_open(size)))
+
+    def _fit(self, data: FitInput, acct: Accountant, noise: NoiseSource) -> GridSynopsis:
+        fraction = check_fraction(self.tree_fraction, "tree_fraction")
+        if not (self.min_leaf_m > 0):
+            raise MechanismError(f"min_leaf_m must be > 0, got {self.min_leaf_m}")
+        theta = float(self.theta)
+        k = data.sensitivity
+        depth_max = depth_cap(data.region.side_m, float(self.min_leaf_m))
+        eps_tree = acct.spend_fraction(
+            "tree_splits", fraction, k, noise="laplace(uniform_open), decisions only",
+            note=f"biased split decisions, fanout {FANOUT}, λ and δ scaled by the sensitivity; depth ≤ {depth_max}")
+        lam, delta = privtree_parameters(eps_tree, k)
+
+        # Count pyramid: pyramid[d] is the 2^d × 2^d grid of node counts at depth d.
+        fine = grid_counts(data.x, data.y, data.region.bounds_m, 2 ** depth_max, 2 ** depth_max)
+        pyramid = [fine]
+        for _ in range(depth_max):
+            pyramid.insert(0, block_sum(pyramid[0], 2))
+
+        active = np.ones((1, 1), dtype=bool)  # nodes of the tree at the current depth
+        leaf_masks: list[np.ndarray] = []
+        for d in range(depth_max + 1):
+            split = np.zeros_like(active)
+            if d < depth_max:
+                idx = np.flatnonzero(active)
+                counts = pyramid[d].ravel()[idx].astype(np.float64)
+                biased = np.maximum(counts - d * delta, theta - delta)
+                split.ravel()[idx] = biased + self._laplace(noise, lam, idx.size) > theta
+            leaf_masks.append(active & ~split)
+            if d < depth_max:
+                active = expand(split, 2)
+
+        # Leaf counts: one Laplace step over disjoint leaves (sensitivity k).
+        leaf_depth = np.concatenate([np.full(int(m.sum()), d) for d, m in enumerate(leaf_masks)])
+        leaf_index = np.concatenate([np.flatnonzero(m) for m in leaf_masks])
+        true_leaf = np.concatenate([pyramid[d].ravel()[np.flatnonzero(m)] for d, m in enumerate(leaf_masks)])
+        eps_leaf = acct.spend_rest("leaf_counts", k,
+                                   note=f"{leaf_index.size} disjoint leaves, L1 sensitivity = contribution bound")
+        noisy = noise.add_discrete_laplace(true_leaf, k, eps_leaf).astype(np.float64)
+        notes = [f"PrivTree fanout {FANOUT}: λ = {lam:.4g}, δ = λ·ln 4 = {delta:.4g}, θ = {theta:g}, "
+                 f"ε_tree = {eps_tree:.4g}; {leaf_index.size} leaves, depth ≤ {depth_max}"]
+        if self.clamp_negative:
+            noisy = np.maximum(noisy, 0.0)
+            notes.append("negative leaf counts clamped to 0")
+        else:
+            notes.append("negative leaf counts kept (unbiased range sums)")
+
+        # Raster: per depth, put each leaf's density (count / cells it covers) on that depth's grid,
+        # then cascade down, splitting every cell's density into its 4 quadrants.
+        raster = np.zeros((1, 1), dtype=np.float64)
+        for d in range(depth_max + 1):
+            if d > 0:
+                raster = expand(raster, 2) / 4.0
+            sel = leaf_depth == d
+            if sel.any():
+                flat = raster.ravel()
+                np.add.at(flat, leaf_index[sel], noisy[sel])
+        extra = {"fanout": FANOUT, "max_depth": depth_max, "n_leaves": int(leaf_index.size),
+                 "lambda": lam, "delta": delta, "theta": theta}
+        return GridSynopsis(raster, data.region, self.privacy_info(data, acct, noise, notes), extra)

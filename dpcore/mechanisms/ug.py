@@ -1,0 +1,146 @@
+"""UG: the uniform grid of Qardaji, Yang, Li (ICDE 2013), plus helpers shared by the classic methods.
+
+The grid side is m = ⌈sqrt(N·ε/c)⌉ with c = 10: it balances the noise error of a query (grows with
+the number of cells it covers, ∝ m·k/ε) against the error of the uniformity assumption inside the
+cells it cuts (∝ N/m). Under user-level privacy the noise per cell has scale k/ε instead of 1/ε, so
+the same balance gives m = ⌈sqrt(N·ε/(c·k))⌉: the paper's formula with N counted in units of k
+points. At record level (k = 1) it is exactly the paper's formula.
+
+N (the number of points) is private. It is taken either from ``FitInput.public_total`` (a count the
+caller declares public; free, and recorded in the notes), or estimated with a stated fraction of ε
+(``total_fraction``, default 5%) as n + DLap(k/ε_N), which is a charge of its own. The grid counts
+use the rest of ε: one Laplace step on disjoint cells, L1 sensitivity k (user) or 1 (record).
+
+Negative cells are kept (unbiased range sums); ``clamp_negative=True`` zeroes them instead.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy import sparse
+
+from dpcore.budget import Accountant
+from dpcore.geo import Region
+from dpcore.histogram import grid_counts
+from dpcore.mechanisms.base import FitInput, Mechanism, MechanismError
+from dpcore.noise import NoiseSource
+from dpcore.synopsis import GridSynopsis
+
+#: The constant of the UG/AG grid-size rule (Qardaji et al. 2013 found c = 10 works across datasets).
+DEFAULT_C = 10.0
+#: Largest raster any classic mechanism publishes (2048² float64 = 32 MiB; ~10 m cells on 20 km).
+MAX_RASTER = 2048
+
+
+def check_fraction(value: float, what: str) -> float:
+    v = float(value)
+    if not (0.0 < v < 1.0):
+        raise MechanismError(f"{what} must be in (0, 1), got {value!r}")
+    return v
+
+
+def private_total(data: FitInput, acct: Accountant, noise: NoiseSource, fraction: float,
+                  notes: list[str]) -> float:
+    """N for a grid-size rule: the declared public total, or a paid, noisy estimate of it.
+
+    The estimate is n + DLap(sensitivity/ε_N) with ε_N = fraction·ε (adding or removing one privacy
+    unit changes n by at most the count sensitivity), clamped to ≥ 1 by post-processing.
+    """
+    if data.public_total is not None:
+        total = float(data.public_total)
+        if not math.isfinite(total) or total < 0:
+            raise MechanismError(f"public_total must be a finite number ≥ 0, got {data.public_total!r}")
+        notes.append(f"N = {total:g} taken from public_total (declared public by the caller; no budget)")
+        return max(total, 1.0)
+    eps_n = acct.spend_fraction("total_count", fraction, data.sensitivity,
+                                note="noisy number of points, used only to size the grid")
+    noisy = float(noise.add_discrete_laplace(np.array([data.n]), data.sensitivity, eps_n)[0])
+    notes.append(f"N estimated with {fraction:.0%} of ε as n + DLap(sensitivity/ε_N) = {noisy:g}")
+    return max(noisy, 1.0)
+
+
+def grid_size_rule(total: float, epsilon: float, sensitivity: float, c: float) -> float:
+    """sqrt(N·ε/(c·sensitivity)): Qardaji et al.'s rule with N in units of the count sensitivity."""
+    return math.sqrt(max(total, 0.0) * epsilon / (c * sensitivity))
+
+
+def _overlaps(lo: np.ndarray, hi: np.ndarray, axis_lo: float, axis_hi: float, n: int) -> sparse.csr_matrix:
+    """Sparse (len(lo), n) matrix of the fraction of each interval [lo, hi) lying in each of n cells."""
+    w = (axis_hi - axis_lo) / n
+    a = (np.asarray(lo, dtype=np.float64) - axis_lo) / w
+    b = (np.asarray(hi, dtype=np.float64) - axis_lo) / w
+    first = np.clip(np.floor(a).astype(np.int64), 0, n - 1)
+    last = np.clip(np.ceil(b).astype(np.int64) - 1, 0, n - 1)
+    last = np.maximum(last, first)
+    span = last - first + 1
+    rows = np.repeat(np.arange(a.size), span)
+    starts = np.repeat(np.cumsum(span) - span, span)
+    cols = np.repeat(first, span) + (np.arange(rows.size) - starts)
+    overlap = np.minimum(b[rows], cols + 1.0) - np.maximum(a[rows], cols.astype(np.float64))
+    length = np.maximum(b - a, 1e-300)[rows]
+    frac = np.clip(overlap, 0.0, None) / length
+    return sparse.csr_matrix((frac, (rows, cols)), shape=(a.size, n))
+
+
+def rasterise_rectangles(x0: np.ndarray, y0: np.ndarray, x1: np.ndarray, y1: np.ndarray, mass: np.ndarray,
+                         region: Region, size: int) -> np.ndarray:
+    """(size, size) grid of the mass of axis-aligned rectangles, each spread uniformly over its area.
+
+    Exact under the uniformity assumption: a rectangle's share of a raster cell is the product of
+    its x- and y-overlap fractions, so the raster is OXᵀ·diag(mass)·OY with sparse overlap
+    matrices (no loop over rectangles or cells).
+    """
+    xmin, ymin, xmax, ymax = region.bounds_m
+    ox = _overlaps(x0, x1, xmin, xmax, size)
+    oy = _overlaps(y0, y1, ymin, ymax, size)
+    weighted = sparse.diags(np.asarray(mass, dtype=np.float64)) @ oy
+    return np.asarray((ox.T @ weighted).todense(), dtype=np.float64)
+
+
+class UniformGrid(Mechanism):
+    """Uniform grid with the ICDE 2013 size rule; see the module docstring for the budget split.
+
+    ``grid_size`` overrides the rule (then N is not needed and all of ε goes to the cells).
+    """
+
+    name = "ug"
+
+    def __init__(self, *, c: float = DEFAULT_C, total_fraction: float = 0.05, grid_size: int | None = None,
+                 max_grid: int = MAX_RASTER, clamp_negative: bool = False):
+        self.c = c
+        self.total_fraction = total_fraction
+        self.grid_size = grid_size
+        self.max_grid = max_grid
+        self.clamp_negative = clamp_negative
+
+    def _fit(self, data: FitInput, acct: Accountant, noise: NoiseSource) -> GridSynopsis:
+        if self.c <= 0:
+            raise MechanismError(f"c must be > 0, got {self.c}")
+        if int(self.max_grid) < 1:
+            raise MechanismError(f"max_grid must be ≥ 1, got {self.max_grid}")
+        notes: list[str] = []
+        if self.grid_size is not None:
+            if int(self.grid_size) < 1:
+                raise MechanismError(f"grid_size must be ≥ 1, got {self.grid_size}")
+            m = int(self.grid_size)
+            notes.append(f"grid size {m} fixed by parameter (public)")
+        else:
+            fraction = check_fraction(self.total_fraction, "total_fraction")
+            total = private_total(data, acct, noise, fraction, notes)
+            eps_cells = acct.epsilon - acct.spent
+            m = int(math.ceil(grid_size_rule(total, eps_cells, data.sensitivity, self.c)))
+            m = min(max(m, 1), int(self.max_grid))
+            notes.append(f"m = ceil(sqrt(N·ε_cells/(c·k))) = {m} with c = {self.c:g}, capped at {self.max_grid}")
+        counts = grid_counts(data.x, data.y, data.region.bounds_m, m, m)
+        eps = acct.spend_rest("cell_counts", data.sensitivity,
+                              note=f"{m}x{m} uniform grid; disjoint cells, L1 sensitivity = contribution bound")
+        noisy = noise.add_discrete_laplace(counts, data.sensitivity, eps).astype(np.float64)
+        if self.clamp_negative:
+            noisy = np.maximum(noisy, 0.0)
+            notes.append("negative cells clamped to 0")
+        else:
+            notes.append("negative cells kept (unbiased range sums)")
+        return GridSynopsis(noisy, data.region, self.privacy_info(data, acct, noise, notes),
+                            {"grid_size": m, "cell_width_m": data.region.side_m / m})
