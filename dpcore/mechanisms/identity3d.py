@@ -1,0 +1,121 @@
+"""Identity 3-D grid: discrete Laplace noise on every cell of a public M × M × T histogram.
+
+Privacy: the caller bounds every user to ≤ k points over the *whole* release window (all slots
+together, :func:`dpcore.sampling.bound_contributions`), so one user changes the L1 norm of the
+M × M × T histogram by at most k (1 under record-level privacy). Cells are disjoint, so one
+Laplace step of scale k/ε_cells covers all of them.
+
+Scale to full counts: the histogram counts the bounded sample (n points), while analysts want counts
+of all N points. N is private and has unbounded user-level sensitivity, so it is used only when the
+caller declares it public (``FitInput.public_total``). n has sensitivity k; it is then estimated with
+``count_fraction`` of ε (a recorded charge) and the release is scaled by N / n̂. Without a public
+total nothing is spent on n and the release stays at the bounded-sample scale (stated in the notes).
+
+This module also holds the helpers the other spatio-temporal mechanisms (vdr) share.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from dpcore.budget import Accountant
+from dpcore.histogram import grid_counts_3d
+from dpcore.mechanisms.base import FitInput, Mechanism, MechanismError
+from dpcore.noise import NoiseSource
+from dpcore.st_synopsis import SpatioTemporalSynopsis
+
+DEFAULT_GRID_SIZE = 256
+
+
+def st_grid_size(data: FitInput, grid_size: int | None, cell_width_m: float | None) -> int:
+    """Cells per side from public parameters only (grid size, or region side / cell width)."""
+    if grid_size is not None:
+        if int(grid_size) < 1:
+            raise MechanismError(f"grid_size must be ≥ 1, got {grid_size}")
+        return int(grid_size)
+    if cell_width_m is None or cell_width_m <= 0:
+        raise MechanismError("give grid_size or a positive cell_width_m")
+    return max(1, int(round(data.region.side_m / cell_width_m)))
+
+
+def st_counts(data: FitInput, m: int) -> np.ndarray:
+    """int64 (m, m, T) histogram of the (bounded) points; needs ``slot`` and ``n_slots``."""
+    if data.slot is None or data.n_slots is None:
+        raise MechanismError("a spatio-temporal mechanism needs FitInput.slot and FitInput.n_slots")
+    if int(data.n_slots) < 1:
+        raise MechanismError(f"n_slots must be ≥ 1, got {data.n_slots}")
+    if np.asarray(data.slot).shape != data.x.shape:
+        raise MechanismError("FitInput.slot must have one slot index per point")
+    return grid_counts_3d(data.x, data.y, data.slot, data.region.bounds_m, m, m, int(data.n_slots))
+
+
+@dataclass(frozen=True)
+class FullScale:
+    """How released counts are scaled from the bounded sample to all points."""
+
+    factor: float
+    n_estimate: float | None
+    public_total: float | None
+    note: str
+
+
+def full_scale(data: FitInput, n_exact: int, acct: Accountant, noise: NoiseSource,
+               count_fraction: float) -> FullScale:
+    """N / n̂ when N is declared public (n̂ paid with ``count_fraction`` of ε), else 1 (sample scale).
+
+    Under record-level privacy nothing is bounded, so n = N and scaling is 1 without any charge.
+    """
+    if data.public_total is None:
+        return FullScale(1.0, None, None, "no public total given: counts are at the bounded-sample scale "
+                                          "(≤ k points per user), not full counts")
+    total = float(data.public_total)
+    if not np.isfinite(total) or total < 0:
+        raise MechanismError(f"public_total must be a finite count ≥ 0, got {data.public_total}")
+    if data.privacy_unit == "record":
+        return FullScale(1.0, None, total, "record-level privacy: no bounding, counts are full counts")
+    eps_n = acct.spend_fraction("sample_size", count_fraction, data.sensitivity,
+                                note="n = points kept after bounding; one user changes it by ≤ k")
+    n_hat = float(max(1, n_exact + int(noise.discrete_laplace(data.sensitivity / eps_n, 1)[0])))
+    return FullScale(total / n_hat, n_hat, total,
+                     f"scaled by public total N={total:g} / noisy sample size n̂={n_hat:g}")
+
+
+def st_extra(data: FitInput, m: int, scale: FullScale) -> dict:
+    return {"grid_size": m, "cell_width_m": data.region.side_m / m, "n_slots": int(data.n_slots or 0),
+            "scale_factor": scale.factor, "n_estimate": scale.n_estimate, "public_total": scale.public_total}
+
+
+class IdentityGrid3D(Mechanism):
+    """Noisy M × M × T histogram, scaled to full counts when a public total is given.
+
+    Budget: ``count_fraction`` of ε for n̂ (only with a public total under user-level privacy),
+    the rest for the cells, both at sensitivity k. Negative cells are kept (unbiased range sums)
+    unless ``clamp_negative``.
+    """
+
+    name = "identity3d"
+    spatio_temporal = True
+
+    def __init__(self, *, grid_size: int | None = DEFAULT_GRID_SIZE, cell_width_m: float | None = None,
+                 count_fraction: float = 0.05, clamp_negative: bool = False):
+        self.grid_size = grid_size
+        self.cell_width_m = cell_width_m
+        self.count_fraction = count_fraction
+        self.clamp_negative = clamp_negative
+
+    def _fit(self, data: FitInput, acct: Accountant, noise: NoiseSource) -> SpatioTemporalSynopsis:
+        m = st_grid_size(data, self.grid_size, self.cell_width_m)
+        counts = st_counts(data, m)
+        scale = full_scale(data, int(counts.sum()), acct, noise, self.count_fraction)
+        eps = acct.spend_rest("cell_counts", data.sensitivity,
+                              note=f"{m}x{m}x{data.n_slots} disjoint cells; L1 sensitivity = per-unit bound "
+                                   "over the whole window")
+        noisy = noise.add_discrete_laplace(counts, data.sensitivity, eps).astype(np.float64) * scale.factor
+        notes = [scale.note, "negatives clamped to 0" if self.clamp_negative else "negatives kept (unbiased)"]
+        if self.clamp_negative:
+            noisy = np.maximum(noisy, 0.0)
+        return SpatioTemporalSynopsis(noisy, data.region, self.privacy_info(data, acct, noise, notes),
+                                      slot_seconds=data.slot_seconds, window_start_s=data.window_start_s,
+                                      extra=st_extra(data, m, scale))
