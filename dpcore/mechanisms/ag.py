@@ -44,6 +44,25 @@ from dpcore.noise import NoiseSource
 from dpcore.synopsis import GridSynopsis
 
 
+def constrained_inference(v: np.ndarray, u: np.ndarray, n_children: np.ndarray, eps1: float,
+                          eps2: float) -> np.ndarray:
+    """AG's two-level inference, vectorised over level-1 cells.
+
+    ``v``: noisy level-1 counts (ε1 each); ``u``: noisy level-2 counts (ε2 each) laid out cell after
+    cell, ``n_children[i]`` of them for cell i. Both levels have the same sensitivity, so
+    var(v) ∝ 1/ε1² and var(Σu) ∝ m2²/ε2²; the inverse-variance average is
+    v' = (ε1²·m2²·v + ε2²·Σu) / (ε1²·m2² + ε2²), which with ε1 = αε, ε2 = (1−α)ε is the paper's
+    formula. Returns the children shifted equally so that they sum to v'.
+    """
+    n_children = np.asarray(n_children, dtype=np.int64)
+    leaf_cell = np.repeat(np.arange(n_children.size), n_children)
+    child_sum = np.bincount(leaf_cell, weights=u, minlength=n_children.size)
+    w_parent = (eps1 ** 2) * n_children.astype(np.float64)
+    w_children = eps2 ** 2
+    v_prime = (w_parent * np.asarray(v, dtype=np.float64) + w_children * child_sum) / (w_parent + w_children)
+    return np.asarray(u, dtype=np.float64) + ((v_prime - child_sum) / n_children)[leaf_cell]
+
+
 class AdaptiveGrid(Mechanism):
     """Two-level adaptive grid; see the module docstring for sizes, budget split and inference."""
 
@@ -102,13 +121,8 @@ class AdaptiveGrid(Mechanism):
                                     "disjoint, L1 sensitivity = contribution bound")
         u = noise.add_discrete_laplace(leaf_counts, k, eps2).astype(np.float64)
 
-        # Constrained inference, vectorised over level-1 cells.
         leaf_cell = np.repeat(np.arange(m1 * m1), n_leaves)
-        child_sum = np.bincount(leaf_cell, weights=u, minlength=m1 * m1)
-        a2 = (eps1 ** 2) * n_leaves.astype(np.float64)  # ∝ 1/var(v) · m2²-scaled weight
-        b2 = eps2 ** 2
-        v_prime = (a2 * v + b2 * child_sum) / (a2 + b2)
-        u = u + ((v_prime - child_sum) / n_leaves)[leaf_cell]
+        u = constrained_inference(v, u, n_leaves, eps1, eps2)
         notes.append(f"alpha = {alpha:g}, c = {self.c:g}, c2 = c/2, m1 = {m1}; constrained inference: "
                      "inverse-variance average of each level-1 count with its children's sum, then "
                      "mean-consistency spreading")
