@@ -61,24 +61,30 @@ def bound_contributions(user: np.ndarray, max_points_per_user: int, rng: np.rand
     n = u.size
     if n == 0:
         return BoundingResult(np.empty(0, dtype=np.int64), 0, 0, 0, k)
-    if u.dtype.kind not in "iu":
-        _, u = np.unique(u, return_inverse=True)
-    uniq, inverse, counts = np.unique(u, return_inverse=True, return_counts=True)
+    if u.dtype.kind in "iu" and u.min() >= 0 and u.max() < 2 * n + 1_000_000:
+        codes = u.astype(np.int64, copy=False)  # already small ints (Points.user is dense): no sort
+    else:
+        _, codes = np.unique(u, return_inverse=True)
+    counts = np.bincount(codes)
     heavy_user = counts > k
-    heavy_rec = heavy_user[inverse]
-    light_idx = np.flatnonzero(~heavy_rec)
+    heavy_rec = heavy_user[codes]
     heavy_idx = np.flatnonzero(heavy_rec)
     if heavy_idx.size:
-        # Sort heavy records by (user, random key) with one argsort of a combined int64 key.
-        h_user = inverse[heavy_idx].astype(np.int64)
-        rand = rng.integers(0, 1 << 31, size=heavy_idx.size, dtype=np.int64)
-        order = np.argsort((h_user << 31) | rand, kind="stable")
-        sorted_user = h_user[order]
-        starts = np.flatnonzero(np.r_[True, sorted_user[1:] != sorted_user[:-1]])
-        group_start = np.repeat(starts, np.diff(np.r_[starts, sorted_user.size]))
-        rank = np.arange(sorted_user.size) - group_start
-        kept_heavy = heavy_idx[order[rank < k]]
-        keep = np.sort(np.concatenate([light_idx, kept_heavy]))
+        # A uniform k-subset per user = the first k of a uniformly random order. Shuffle the heavy
+        # records, then stable-sort them by user (a radix sort when user codes fit in 16 bits):
+        # each user's records stay in shuffled order, and rank < k keeps k of them uniformly.
+        n_heavy = int(heavy_user.sum())
+        dense = (np.cumsum(heavy_user) - 1)[codes[heavy_idx]]
+        perm = rng.permutation(heavy_idx.size)
+        shuffled_user = dense[perm].astype(np.uint16 if n_heavy <= 65536 else np.uint32)
+        order = np.argsort(shuffled_user, kind="stable")
+        per_user = counts[heavy_user]
+        starts = np.cumsum(per_user) - per_user
+        rank = np.arange(order.size) - np.repeat(starts, per_user)
+        kept_heavy = heavy_idx[perm[order[rank < k]]]
+        keep = np.flatnonzero(~heavy_rec)
+        keep = np.sort(np.concatenate([keep, kept_heavy]))
     else:
-        keep = light_idx
-    return BoundingResult(keep.astype(np.int64), n, int(uniq.size), int(heavy_user.sum()), k)
+        keep = np.arange(n)
+    n_users = int(np.count_nonzero(counts))
+    return BoundingResult(keep.astype(np.int64), n, n_users, int(heavy_user.sum()), k)

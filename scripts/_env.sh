@@ -15,10 +15,13 @@ fi
 # Reinstall when pyproject.toml changed since the last install.
 if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ]; then
     echo "[geodp] installing torch==2.13.0 (CPU) then geodp[test] into .venv" >&2
-    "$VENV/bin/python" -m pip install --quiet --upgrade "pip>=24" >&2
+    # This machine's pip config lists local mirrors that may be absent; drop those warnings only.
+    pipq() { "$VENV/bin/python" -m pip install --quiet "$@" 2>&1 | grep -v "is ignored: it is neither" >&2 || true; \
+             return "${PIPESTATUS[0]}"; }
+    pipq --upgrade "pip>=24"
     # torch first, pinned: a range would let pip fetch a newer build with CUDA packages.
-    "$VENV/bin/python" -m pip install --quiet "torch==2.13.0" >&2
-    "$VENV/bin/python" -m pip install --quiet -e ".[test]" >&2
+    pipq "torch==2.13.0"
+    pipq -e ".[test]"
     touch "$STAMP"
 fi
 export PATH="$VENV/bin:$PATH"

@@ -1,0 +1,99 @@
+"""Budget accounting and user-level contribution bounding."""
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from dpcore.budget import (
+    Accountant,
+    BudgetError,
+    BudgetExceeded,
+    LedgerEntry,
+    remaining_budget,
+    split_epsilon,
+)
+from dpcore.sampling import SamplingError, bound_contributions, count_sensitivity
+
+
+def test_accountant_records_and_refuses_overspend():
+    acct = Accountant(1.0)
+    acct.spend_fraction("a", 0.3, sensitivity=5)
+    acct.spend("b", 0.5, sensitivity=5)
+    with pytest.raises(BudgetExceeded, match="only 0.2"):
+        acct.spend("c", 0.25, sensitivity=5)
+    acct.spend_rest("c", sensitivity=5)
+    assert acct.spent == pytest.approx(1.0)
+    assert [c.name for c in acct.charges] == ["a", "b", "c"]
+    with pytest.raises(BudgetExceeded):
+        acct.spend("d", 1e-6, sensitivity=1)
+
+
+@pytest.mark.parametrize("bad", [0, -1, float("nan"), float("inf"), "x"])
+def test_bad_epsilon_rejected(bad):
+    with pytest.raises(BudgetError):
+        Accountant(bad)
+
+
+def test_split_adds_up():
+    parts = split_epsilon(0.7, {"tree": 1, "leaves": 3, "n": 0.2})
+    assert sum(parts.values()) == pytest.approx(0.7, rel=1e-12)
+    assert parts["leaves"] == pytest.approx(3 * parts["tree"])
+
+
+def test_ledger_remaining_counts_a_release_once():
+    e = [LedgerEntry("d", "nyc", "2024-01-01", 0.4, "h", "key1", "t"),
+         LedgerEntry("d", "nyc", "2024-01-01", 0.4, "h", "key1", "t"),
+         LedgerEntry("d", "sf", "2024-01-01", 0.3, "h", "key2", "t"),
+         LedgerEntry("d", "sf", "2024-01-02", 0.3, "h", "key3", "t")]
+    assert remaining_budget(e, "d", "2024-01-01", 1.0) == pytest.approx(0.3)
+
+
+def test_sensitivity_by_privacy_unit():
+    assert count_sensitivity("user", 7) == 7
+    assert count_sensitivity("record", None) == 1
+    with pytest.raises(SamplingError):
+        count_sensitivity("user", None)
+    with pytest.raises(SamplingError):
+        count_sensitivity("household", 3)
+
+
+def test_bounding_caps_every_user_and_keeps_light_users():
+    rng = np.random.default_rng(0)
+    user = np.repeat(np.arange(500), rng.integers(1, 60, 500))
+    res = bound_contributions(user, 10, rng)
+    kept = np.bincount(user[res.keep], minlength=500)
+    orig = np.bincount(user, minlength=500)
+    assert kept.max() <= 10
+    assert np.array_equal(kept, np.minimum(orig, 10))
+    assert np.all(np.diff(res.keep) > 0)
+    assert res.n_users == 500 and res.n_users_truncated == int((orig > 10).sum())
+
+
+def test_bounding_is_uniform_within_a_user():
+    # One user with 12 records, k = 3: each record must be kept with probability 1/4.
+    user = np.zeros(12, dtype=np.int64)
+    rng = np.random.default_rng(1)
+    hits = np.zeros(12)
+    for _ in range(4000):
+        hits[bound_contributions(user, 3, rng).keep] += 1
+    assert stats.chisquare(hits).pvalue > 1e-4
+    assert hits.sum() == 3 * 4000
+
+
+def test_bounding_spans_the_whole_release_not_each_city():
+    # A user present in three cities keeps at most k points in total, not k per city.
+    rng = np.random.default_rng(2)
+    user = np.zeros(300, dtype=np.int64)
+    city = np.repeat([0, 1, 2], 100)
+    keep = bound_contributions(user, 5, rng).keep
+    assert keep.size == 5
+    per_city = np.bincount(city[keep], minlength=3)
+    assert per_city.sum() == 5
+
+
+def test_bounding_accepts_string_ids_and_rejects_bad_k():
+    rng = np.random.default_rng(3)
+    res = bound_contributions(np.array(["a", "b", "a", "a"]), 2, rng)
+    assert res.keep.size == 3
+    with pytest.raises(SamplingError):
+        bound_contributions(np.zeros(3, dtype=np.int64), 0, rng)

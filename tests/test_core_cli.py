@@ -1,0 +1,109 @@
+"""The CLI as a user types it: release, query, evaluate, and clean errors for bad input."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dpcore.geo import city_region
+from dpcore.synthetic import generate_checkins
+
+GEODP = [sys.executable, "-m", "flows.cli"]
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def geodp(*args, ok=True):
+    proc = subprocess.run([*GEODP, *map(str, args)], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    if ok:
+        assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+@pytest.fixture(scope="module")
+def synth_file(tmp_path_factory):
+    p = tmp_path_factory.mktemp("data") / "checkins.parquet"
+    generate_checkins(city_region("new-york"), n_users=800, days=14, seed=3).to_parquet(p)
+    return p
+
+
+def test_release_then_query(synth_file, tmp_path):
+    out = tmp_path / "rel"
+    r = geodp("release", synth_file, "--city", "new-york", "--epsilon", "1", "--mechanism", "identity",
+              "--param", "cell_width_m=500", "--max-points-per-user", "10", "--out", out)
+    assert "release written to" in r.stdout and "geodp query" in r.stdout
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["epsilon"] == 1.0 and manifest["max_points_per_user"] == 10
+    assert manifest["privacy_unit"] == "user" and manifest["noise_source"] == "secure:os.urandom"
+    assert sum(c["epsilon"] for c in manifest["privacy"]["charges"]) == pytest.approx(1.0)
+    assert all(c["sensitivity"] == 10 for c in manifest["privacy"]["charges"])
+    assert {f["path"] for f in manifest["files"]} >= {"grid.npz", "synopsis.json"}
+    q = geodp("query", out, "--box", "40.70,-74.02,40.72,-74.00", "--json")
+    est = json.loads(q.stdout)
+    assert len(est) == 1 and np.isfinite(est[0]["estimate"])
+    # a second release into the same folder is refused: nothing is overwritten
+    again = geodp("release", synth_file, "--city", "new-york", "--epsilon", "1", "--out", out, ok=False)
+    assert again.returncode == 2 and "never overwritten" in again.stderr
+    # tampering is detected on read
+    (out / "grid.npz").write_bytes((out / "grid.npz").read_bytes() + b"x")
+    bad = geodp("query", out, "--box", "40.70,-74.02,40.72,-74.00", ok=False)
+    assert bad.returncode == 2 and "integrity" in bad.stderr
+
+
+def test_boxes_csv_batch(synth_file, tmp_path):
+    out = tmp_path / "rel"
+    geodp("release", synth_file, "--city", "new-york", "--epsilon", "2", "--privacy-unit", "record",
+          "--seed", "1", "--out", out)
+    csv = tmp_path / "boxes.csv"
+    csv.write_text("min_lat,min_lon,max_lat,max_lon\n40.70,-74.02,40.72,-74.00\n40.6,-74.1,40.8,-73.9\n")
+    lines = geodp("query", out, "--boxes", csv).stdout.strip().splitlines()
+    assert len(lines) == 2
+    assert "NOT FOR PUBLICATION" in json.loads((out / "manifest.json").read_text())["noise_source"]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--city", "atlantis", "--epsilon", "1"], "unknown city"),
+    (["--city", "new-york", "--epsilon", "0"], "epsilon must be"),
+    (["--city", "new-york", "--epsilon", "-2"], "epsilon must be"),
+    (["--center", "123,5", "--epsilon", "1"], "latitude"),
+    (["--city", "new-york", "--epsilon", "1", "--mechanism", "magic"], "unknown mechanism"),
+])
+def test_bad_release_arguments_give_clean_errors(synth_file, tmp_path, args, message):
+    r = geodp("release", synth_file, *args, "--out", tmp_path / "o", ok=False)
+    assert r.returncode == 2
+    assert message in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_malformed_rows_and_strict(tmp_path):
+    p = tmp_path / "bad.csv"
+    p.write_text("user_id,timestamp,lat,lon\na,2024-01-01T00:00:00Z,40.71,-74.0\nb,2024-01-01,oops,-74\n")
+    r = geodp("release", p, "--city", "new-york", "--epsilon", "1", "--out", tmp_path / "o")
+    assert "dropped 1" in r.stderr
+    r = geodp("release", p, "--city", "new-york", "--epsilon", "1", "--strict", "--out", tmp_path / "o2", ok=False)
+    assert r.returncode == 2 and "row 2 is invalid" in r.stderr and "Traceback" not in r.stderr
+    r = geodp("release", tmp_path / "missing.csv", "--city", "new-york", "--epsilon", "1", "--out",
+              tmp_path / "o3", ok=False)
+    assert r.returncode == 2 and "not found" in r.stderr
+
+
+def test_evaluate_json_schema(synth_file, tmp_path):
+    out = tmp_path / "ev.json"
+    r = geodp("evaluate", synth_file, "--city", "new-york", "--mechanisms", "identity", "--epsilon", "0.5,2",
+              "--queries", "300", "--trials", "2", "--query-sides-m", "100:1000,1000:5000", "--json", out)
+    assert "mean rel.err" in r.stdout
+    report = json.loads(out.read_text())
+    assert {"n_points", "n_users", "privacy_unit", "results"} <= set(report)
+    keys = {"mechanism", "epsilon", "query_sides_m", "max_points_per_user", "mean_relative_error",
+            "median_relative_error", "trials", "queries", "fit_seconds", "answer_seconds"}
+    assert len(report["results"]) == 4 and all(keys <= set(x) for x in report["results"])
+    by_eps = {(x["epsilon"], tuple(x["query_sides_m"])): x["mean_relative_error"] for x in report["results"]}
+    # more budget, less error
+    assert by_eps[(2.0, (1000.0, 5000.0))] < by_eps[(0.5, (1000.0, 5000.0))]
+
+
+def test_cities_lists_catalog():
+    cities = json.loads(geodp("cities", "--json").stdout)
+    assert {"new-york", "san-francisco", "kansas-city", "salt-lake-city"} <= {c["city"] for c in cities}
