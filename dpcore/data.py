@@ -142,10 +142,18 @@ def _detect_format(path: Path) -> str:
     raise DataError(f"cannot tell the format of {path.name}: use .parquet, .csv, .tsv or SNAP .txt(.gz)")
 
 
+def _read_parquet(path: Path) -> pd.DataFrame:
+    import pyarrow.parquet as pq
+
+    names = pq.ParquetFile(path).schema_arrow.names
+    # Dictionary-decode string ids: a few hundred distinct cab ids need not become 11 M strings.
+    return pq.read_table(path, read_dictionary=[c for c in names if c == "user_id"]).to_pandas()
+
+
 def _read_frame(path: Path, fmt: str) -> pd.DataFrame:
     try:
         if fmt == "parquet":
-            return pd.read_parquet(path)
+            return _read_parquet(path)
         if fmt == "csv":
             return pd.read_csv(path, dtype=str, keep_default_na=False)
         if fmt == "tsv":
@@ -162,16 +170,17 @@ def _read_frame(path: Path, fmt: str) -> pd.DataFrame:
 
 def _to_epoch_seconds(col: pd.Series) -> np.ndarray:
     """int64 seconds UTC; unparseable → INT64_MIN sentinel."""
-    if pd.api.types.is_datetime64_any_dtype(col):
-        ts = col if getattr(col.dt, "tz", None) is not None else col.dt.tz_localize("UTC")
-    elif pd.api.types.is_numeric_dtype(col):
+    if pd.api.types.is_numeric_dtype(col) and not pd.api.types.is_datetime64_any_dtype(col):
         return _numeric_epoch(pd.to_numeric(col, errors="coerce"))
+    if pd.api.types.is_datetime64_any_dtype(col):
+        ts = col.dt.tz_convert("UTC") if getattr(col.dt, "tz", None) is not None else col.dt.tz_localize("UTC")
     else:
         ts = pd.to_datetime(col, errors="coerce", utc=True, format="ISO8601")
-    out = np.full(len(ts), np.iinfo(np.int64).min, dtype=np.int64)
-    ok = ts.notna().to_numpy()
-    out[ok] = ((ts[ok] - pd.Timestamp(0, tz="UTC")) // pd.Timedelta(seconds=1)).to_numpy(dtype=np.int64)
-    return out
+    # Naive UTC datetime64 → integer seconds without per-element Timestamp objects.
+    naive = ts.dt.tz_convert(None)
+    ok = naive.notna().to_numpy()
+    secs = naive.to_numpy(dtype="datetime64[s]", na_value=np.datetime64("NaT")).astype(np.int64)
+    return np.where(ok, secs, np.iinfo(np.int64).min)
 
 
 def _numeric_epoch(vals: pd.Series) -> np.ndarray:
@@ -196,9 +205,12 @@ def validate_frame(df: pd.DataFrame, strict: bool = False, source: str = "") -> 
     lat = pd.to_numeric(df["lat"], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
     lon = pd.to_numeric(df["lon"], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
     ts = _to_epoch_seconds(df["timestamp"])
-    uid = df["user_id"]
-    uid_str = uid.astype(str).str.strip()
-    bad_user = (uid.isna() | (uid_str == "") | (uid_str.str.lower().isin(["nan", "none", "null"]))).to_numpy()
+    # Factorise first (hash-based, O(n)) and judge only the distinct ids: string work on 11 M rows
+    # would dominate loading otherwise.
+    codes, uniques = pd.factorize(df["user_id"], use_na_sentinel=True)
+    unique_str = pd.Index(uniques).astype(str).str.strip()
+    bad_unique = np.asarray((unique_str == "") | unique_str.str.lower().isin(["nan", "none", "null", "<na>"]))
+    bad_user = (codes < 0) | np.append(bad_unique, True)[codes]
     checks = [
         ("missing_user", bad_user),
         ("bad_coordinate", ~np.isfinite(lat) | ~np.isfinite(lon)),
@@ -226,8 +238,12 @@ def validate_frame(df: pd.DataFrame, strict: bool = False, source: str = "") -> 
     report.rows_kept = int(keep.sum())
     if report.rows_kept == 0:
         raise DataError(f"{source or 'input'} has no valid rows ({report.summary()})")
-    user_ids, user_codes = np.unique(uid_str.to_numpy()[keep], return_inverse=True)
-    pts = Points(user_codes.astype(np.int64), ts[keep], lat[keep], lon[keep], user_ids)
+    kept_codes = codes[keep]
+    present = np.flatnonzero(np.bincount(kept_codes, minlength=len(uniques)))
+    remap = np.full(len(uniques), -1, dtype=np.int64)
+    remap[present] = np.arange(present.size)
+    user_ids = np.asarray(unique_str)[present]
+    pts = Points(remap[kept_codes], ts[keep], lat[keep], lon[keep], user_ids)
     return pts, report
 
 
