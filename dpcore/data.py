@@ -10,6 +10,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import os
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -154,13 +155,17 @@ def _read_frame(path: Path, fmt: str) -> pd.DataFrame:
     try:
         if fmt == "parquet":
             return _read_parquet(path)
+        text_opts = {"dtype": str, "keep_default_na": False, "encoding_errors": "replace"}
         if fmt == "csv":
-            return pd.read_csv(path, dtype=str, keep_default_na=False)
+            return pd.read_csv(path, **text_opts)
         if fmt == "tsv":
-            return pd.read_csv(path, sep="\t", dtype=str, keep_default_na=False)
+            return pd.read_csv(path, sep="\t", **text_opts)
         if fmt == "snap":
-            return pd.read_csv(path, sep="\t", header=None, names=list(SNAP_COLUMNS), dtype=str,
-                               keep_default_na=False, on_bad_lines="skip", engine="c")
+            # Headerless TSV: columns are named by position ("0", "1", …) so that --columns can
+            # map any layout; the 5-column SNAP layout is recognised without a mapping.
+            df = pd.read_csv(path, sep="\t", header=None, on_bad_lines="skip", **text_opts)
+            df.columns = [str(i) for i in range(df.shape[1])]
+            return df
     except FileNotFoundError as exc:
         raise DataError(f"input file not found: {path}") from exc
     except Exception as exc:  # pyarrow / parser errors vary by format; all mean "unreadable"
@@ -176,6 +181,14 @@ def _to_epoch_seconds(col: pd.Series) -> np.ndarray:
         ts = col.dt.tz_convert("UTC") if getattr(col.dt, "tz", None) is not None else col.dt.tz_localize("UTC")
     else:
         ts = pd.to_datetime(col, errors="coerce", utc=True, format="ISO8601")
+        retry = ts.isna() & col.astype(str).str.strip().ne("")
+        if retry.any():
+            # Non-ISO layouts (e.g. Foursquare's "Tue Apr 03 18:00:09 +0000 2012"): parse only the
+            # rows ISO-8601 missed, element by element, so ISO files stay fast.
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                ts = ts.copy()
+                ts[retry] = pd.to_datetime(col[retry], errors="coerce", utc=True, format="mixed")
     # Naive UTC datetime64 → integer seconds without per-element Timestamp objects.
     naive = ts.dt.tz_convert(None)
     ok = naive.notna().to_numpy()
@@ -280,6 +293,14 @@ def load_points(path: str | os.PathLike, columns: dict[str, str] | None = None, 
     df = _read_frame(p, kind)
     if columns:
         df = df.rename(columns=columns)
+    elif kind == "snap":
+        if df.shape[1] != len(SNAP_COLUMNS):
+            raise DataError(
+                f"{p} is a headerless table with {df.shape[1]} columns, not the 5-column SNAP layout "
+                "(user, time, lat, lon, location_id); map columns by position, e.g. "
+                "--columns user_id=0,timestamp=7,lat=4,lon=5"
+            )
+        df.columns = list(SNAP_COLUMNS)
     if len(df) == 0:
         raise DataError(f"{p} holds no rows")
     pts, report = validate_frame(df, strict=strict, source=str(p))

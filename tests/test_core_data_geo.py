@@ -155,3 +155,16 @@ def test_true_counts_brute_force():
     brute = ((x[None] >= boxes[:, :1]) & (x[None] < boxes[:, 2:3]) & (y[None] >= boxes[:, 1:2])
              & (y[None] < boxes[:, 3:4])).sum(1)
     assert np.array_equal(true_counts(x, y, boxes), brute)
+
+
+def test_headerless_tsv_by_position_and_non_iso_times(tmp_path):
+    # Foursquare-style layout: 8 columns, no header, Twitter-style timestamps, latin-1 bytes.
+    rows = ["470\t49bbd6c0f964a520f4531fe3\tc1\tArts \xe9\t40.7198\t-74.0025\t-240\tTue Apr 03 18:00:09 +0000 2012",
+            "979\t4a43c0aef964a520c6a61fe3\tc2\tBar\t40.6061\t-74.0441\t-240\tTue Apr 03 18:00:25 +0000 2012"]
+    p = tmp_path / "fsq.txt"
+    p.write_bytes("\n".join(rows).encode("latin-1"))
+    with pytest.raises(DataError, match="map columns by position"):
+        load_points(p)
+    res = load_points(p, columns=parse_column_map("user_id=0,timestamp=7,lat=4,lon=5"))
+    assert len(res.points) == 2
+    assert res.points.ts[0] == pd.Timestamp("2012-04-03T18:00:09Z").timestamp()
