@@ -1,0 +1,455 @@
+"""The release store and the privacy ledger: immutable, versioned releases on any fsspec URL.
+
+Storage I/O lives here, outside dpcore. A store is an fsspec URL (``file://`` or a plain path by
+default, ``s3://bucket/prefix`` against any S3-compatible endpoint). Layout::
+
+    releases/<dataset>/<city>/<period>/v<N>/_CLAIM.json        version N reserved for one release key
+    releases/<dataset>/<city>/<period>/v<N>/<attempt>/...      data files of one attempt
+    releases/<dataset>/<city>/<period>/v<N>/<attempt>/_STAGED.json   attempt complete (file list + hashes)
+    releases/<dataset>/<city>/<period>/v<N>/_MANIFEST.json     the commit point, written last
+    ledger/<dataset>/<period>/<seq>.json                       append-only charges
+
+Every object is written **create-only** (``O_EXCL`` locally, ``If-None-Match: *`` on S3): nothing
+is ever overwritten. The ledger and the version claims are *create-only logs*: a writer lists the
+log, checks it (no entry for its release key yet; the cap is not exceeded) and creates entry number
+``len(log)``. Two writers racing for the same number cannot both succeed, and the loser re-reads the
+log and checks again, so a successful writer has always seen every earlier entry. That makes the
+log linearizable without any lock service: parallel releases cannot overspend, and a release key is
+charged and claimed at most once.
+
+Exactly once: a release key (dataset, city, period, config hash) gets one ledger charge and one
+version. A re-run finds the committed manifest and returns it. A run that crashed after staging its
+data but before the manifest is finished by the next run *with the already-noised data* (no second
+noisy copy is drawn); an attempt that crashed mid-upload is deleted before new noise is staged.
+Readers only see versions whose ``_MANIFEST.json`` exists, and verify sha256 and size on read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+import tempfile
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import fsspec
+
+from dpcore import GeoDPError
+from dpcore.budget import BudgetExceeded
+
+MANIFEST = "_MANIFEST.json"
+CLAIM = "_CLAIM.json"
+STAGED = "_STAGED.json"
+MANIFEST_FORMAT = "geodp-release/1"
+_MAX_APPEND_TRIES = 200
+_SLUG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
+
+
+class StoreError(GeoDPError, OSError):
+    """The release store is unreachable, malformed, or refused an operation."""
+
+
+class IntegrityError(StoreError):
+    """A released file does not match the sha256 or size its manifest records."""
+
+
+class LedgerRefused(BudgetExceeded):
+    """A release would take a (dataset, period) past its budget cap; refused before any noise."""
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def utc_now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def check_slug(value: str, what: str) -> str:
+    if not isinstance(value, str) or not _SLUG.match(value):
+        raise StoreError(f"{what} {value!r} must be letters, digits, '.', '_', '+' or '-' (no slashes)")
+    return value
+
+
+def _storage_options_from_env(protocol: str) -> dict[str, Any]:
+    """S3 endpoint from the environment, so the same command works against AWS, MinIO or moto."""
+    if protocol not in ("s3", "s3a"):
+        return {}
+    endpoint = os.environ.get("GEODP_S3_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT_URL_S3") \
+        or os.environ.get("AWS_ENDPOINT_URL")
+    return {"client_kwargs": {"endpoint_url": endpoint}} if endpoint else {}
+
+
+@dataclass(frozen=True)
+class ReleaseRef:
+    """Where one committed version lives inside a store."""
+
+    dataset: str
+    city: str
+    period: str
+    version: int
+
+    @property
+    def rel(self) -> str:
+        return f"releases/{self.dataset}/{self.city}/{self.period}/v{self.version}"
+
+
+class ReleaseStore:
+    """One store URL. Safe to share between processes and machines (no local state but a read cache
+    of immutable objects)."""
+
+    def __init__(self, url: str, storage_options: dict[str, Any] | None = None):
+        if not url:
+            raise StoreError("a store URL is required (a local folder, file:///path or s3://bucket/prefix)")
+        self.url = str(url).rstrip("/")
+        protocol = self.url.split("://", 1)[0] if "://" in self.url else "file"
+        opts = {**_storage_options_from_env(protocol), **(storage_options or {})}
+        try:
+            self.fs, root = fsspec.core.url_to_fs(self.url, **opts)
+        except (ImportError, ValueError) as exc:
+            raise StoreError(f"cannot open store {self.url!r}: {exc}") from exc
+        self.protocol = protocol
+        self.local = protocol in ("file", "local")
+        self.root = root.rstrip("/")
+        if self.local:
+            self.root = str(Path(self.root).resolve())
+            Path(self.root).mkdir(parents=True, exist_ok=True)
+        self._cache: dict[str, bytes] = {}  # immutable objects only (create-only writes)
+
+    # -- primitives -----------------------------------------------------------------------------
+    def path(self, rel: str) -> str:
+        return f"{self.root}/{rel}" if rel else self.root
+
+    def url_of(self, rel: str) -> str:
+        if self.local:
+            return f"{self.root}/{rel}"
+        return f"{self.protocol}://{self.root}/{rel}"
+
+    def create(self, rel: str, data: bytes) -> None:
+        """Write an object that must not exist yet; FileExistsError if it does (create-only)."""
+        p = self.path(rel)
+        if self.local:
+            Path(p).parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+            except BaseException:
+                # A half-written create-only object would block its name forever; remove it.
+                Path(p).unlink(missing_ok=True)
+                raise
+            return
+        try:
+            self.fs.pipe_file(p, data, mode="create")
+        except FileExistsError:
+            raise
+        except OSError as exc:
+            raise StoreError(f"cannot write {self.url_of(rel)}: {exc}") from exc
+
+    def read(self, rel: str, cache: bool = True) -> bytes:
+        if cache and rel in self._cache:
+            return self._cache[rel]
+        try:
+            data = self.fs.cat_file(self.path(rel))
+        except FileNotFoundError:
+            raise
+        except OSError as exc:
+            raise StoreError(f"cannot read {self.url_of(rel)}: {exc}") from exc
+        if cache:
+            self._cache[rel] = data
+        return data
+
+    def read_json(self, rel: str) -> dict:
+        try:
+            return json.loads(self.read(rel))
+        except json.JSONDecodeError as exc:
+            raise StoreError(f"{self.url_of(rel)} is not valid JSON: {exc}") from exc
+
+    def exists(self, rel: str) -> bool:
+        return bool(self.fs.exists(self.path(rel)))
+
+    def listdir(self, rel: str) -> list[str]:
+        """Names directly under rel (empty when it does not exist)."""
+        p = self.path(rel)
+        try:
+            self.fs.invalidate_cache(p)
+            entries = self.fs.ls(p, detail=False)
+        except FileNotFoundError:
+            return []
+        return sorted({e.rstrip("/").rsplit("/", 1)[-1] for e in entries} - {""})
+
+    def remove_tree(self, rel: str) -> None:
+        """Best-effort removal of an unreferenced attempt (never of a committed version)."""
+        try:
+            self.fs.rm(self.path(rel), recursive=True)
+        except (FileNotFoundError, OSError):
+            pass
+
+    # -- create-only logs -----------------------------------------------------------------------
+    def _log_entries(self, prefix: str, pattern: re.Pattern) -> list[tuple[int, str]]:
+        out = []
+        for name in self.listdir(prefix):
+            m = pattern.match(name)
+            if m:
+                out.append((int(m.group(1)), name))
+        return sorted(out)
+
+    # -- ledger ---------------------------------------------------------------------------------
+    _LEDGER_NAME = re.compile(r"^(\d{8})\.json$")
+
+    def ledger_entries(self, dataset: str | None = None, period: str | None = None) -> list[dict]:
+        """Every ledger entry, optionally for one dataset and/or period, in append order."""
+        out = []
+        datasets = [dataset] if dataset else self.listdir("ledger")
+        for ds in datasets:
+            periods = [period] if period else self.listdir(f"ledger/{ds}")
+            for per in periods:
+                prefix = f"ledger/{ds}/{per}"
+                for _, name in self._log_entries(prefix, self._LEDGER_NAME):
+                    out.append(self.read_json(f"{prefix}/{name}"))
+        return out
+
+    def spent(self, dataset: str, period: str) -> float:
+        return math.fsum(float(e["epsilon"]) for e in self.ledger_entries(dataset, period))
+
+    def charge(self, *, dataset: str, period: str, city: str, epsilon: float, cap: float,
+               release_key: str, config_hash: str, extra: dict | None = None) -> tuple[dict, bool]:
+        """Charge ε for one city-release against the (dataset, period) cap, exactly once per key.
+
+        Returns (entry, created). An existing entry for the release key is returned unchanged
+        (``created`` False): that is how a retry reuses the charge of a crashed run. Raises
+        :class:`LedgerRefused`, saying what is left, when the charge would exceed the cap. Sequential
+        composition: entries of a (dataset, period) add up.
+        """
+        check_slug(dataset, "dataset")
+        check_slug(period, "period")
+        prefix = f"ledger/{dataset}/{period}"
+        for _ in range(_MAX_APPEND_TRIES):
+            names = self._log_entries(prefix, self._LEDGER_NAME)
+            entries = [self.read_json(f"{prefix}/{name}") for _, name in names]
+            for e in entries:
+                if e["release_key"] == release_key:
+                    return e, False
+            spent = math.fsum(float(e["epsilon"]) for e in entries)
+            if spent + epsilon > cap * (1 + 1e-9):
+                raise LedgerRefused(
+                    f"budget cap reached for dataset {dataset!r}, period {period!r}: cap ε={cap:g}, "
+                    f"spent ε={spent:g} in {len(entries)} release(s), left ε={max(0.0, cap - spent):g}; "
+                    f"this release ({city}) needs ε={epsilon:g}. Nothing was noised or published."
+                )
+            seq = len(entries)
+            entry = {"seq": seq, "dataset": dataset, "period": period, "city": city,
+                     "epsilon": float(epsilon), "cap": float(cap), "spent_before": spent,
+                     "release_key": release_key, "config_hash": config_hash, "created_at": utc_now(),
+                     **(extra or {})}
+            try:
+                self.create(f"{prefix}/{seq:08d}.json", json.dumps(entry, indent=2).encode())
+            except FileExistsError:
+                continue  # someone else appended entry `seq` first: re-read and check again
+            return entry, True
+        raise StoreError(f"ledger {prefix} is too contended: gave up after {_MAX_APPEND_TRIES} tries")
+
+    def budget_summary(self, caps: Callable[[str, str], float | None] | None = None) -> list[dict]:
+        """Per (dataset, period): spent, number of entries, and what is left of the cap."""
+        groups: dict[tuple[str, str], list[dict]] = {}
+        for e in self.ledger_entries():
+            groups.setdefault((e["dataset"], e["period"]), []).append(e)
+        out = []
+        for (ds, per), es in sorted(groups.items()):
+            spent = math.fsum(float(e["epsilon"]) for e in es)
+            cap = caps(ds, per) if caps else None
+            if cap is None:  # the cap in force at the latest charge
+                cap = float(es[-1].get("cap", math.nan))
+            out.append({"dataset": ds, "period": per, "entries": len(es), "spent": spent, "cap": cap,
+                        "left": max(0.0, cap - spent) if math.isfinite(cap) else None})
+        return out
+
+    # -- versions -------------------------------------------------------------------------------
+    _VERSION_NAME = re.compile(r"^v(\d+)$")
+
+    def _period_prefix(self, dataset: str, city: str, period: str) -> str:
+        for v, what in ((dataset, "dataset"), (city, "city"), (period, "period")):
+            check_slug(v, what)
+        return f"releases/{dataset}/{city}/{period}"
+
+    def versions(self, dataset: str, city: str, period: str) -> list[int]:
+        return [n for n, _ in self._log_entries(self._period_prefix(dataset, city, period), self._VERSION_NAME)]
+
+    def claim_version(self, dataset: str, city: str, period: str, release_key: str) -> tuple[int, bool]:
+        """The version number of a release key: an existing claim, or the next number, claimed
+        create-only (``v<N>/_CLAIM.json``). Returns (N, created)."""
+        prefix = self._period_prefix(dataset, city, period)
+        for _ in range(_MAX_APPEND_TRIES):
+            nums = self.versions(dataset, city, period)
+            for n in nums:
+                try:
+                    claim = self.read_json(f"{prefix}/v{n}/{CLAIM}")
+                except FileNotFoundError:
+                    continue
+                if claim["release_key"] == release_key:
+                    return n, False
+            n = (max(nums) + 1) if nums else 1
+            claim = {"release_key": release_key, "version": n, "created_at": utc_now()}
+            try:
+                self.create(f"{prefix}/v{n}/{CLAIM}", json.dumps(claim).encode())
+            except FileExistsError:
+                continue
+            return n, True
+        raise StoreError(f"{prefix} is too contended: gave up claiming a version")
+
+    def manifest(self, ref: ReleaseRef) -> dict | None:
+        try:
+            return self.read_json(f"{ref.rel}/{MANIFEST}")
+        except FileNotFoundError:
+            return None
+
+    def stage(self, ref: ReleaseRef, local_dir: str | Path, names: list[str]) -> tuple[str, list[dict]]:
+        """Upload data files of a new attempt under v<N>/<attempt>/, then its _STAGED.json.
+
+        Incomplete attempts of this version (a crash mid-upload) are removed first: they were never
+        committed and are superseded by this one.
+        """
+        for attempt in self._attempts(ref):
+            if not self.exists(f"{ref.rel}/{attempt}/{STAGED}"):
+                self.remove_tree(f"{ref.rel}/{attempt}")
+        attempt = "a-" + uuid.uuid4().hex[:12]
+        files = []
+        for name in names:
+            data = (Path(local_dir) / name).read_bytes()
+            path = f"{attempt}/{name}"
+            self.create(f"{ref.rel}/{path}", data)
+            files.append({"name": name, "path": path, "sha256": sha256_bytes(data), "size": len(data)})
+        self.create(f"{ref.rel}/{attempt}/{STAGED}", json.dumps({"files": files}, indent=2).encode())
+        return attempt, files
+
+    def _attempts(self, ref: ReleaseRef) -> list[str]:
+        return [n for n in self.listdir(ref.rel) if n.startswith("a-")]
+
+    def staged_attempt(self, ref: ReleaseRef) -> tuple[str, list[dict]] | None:
+        """A complete, verified attempt of this version left by a run that died before its manifest."""
+        for attempt in self._attempts(ref):
+            try:
+                staged = self.read_json(f"{ref.rel}/{attempt}/{STAGED}")
+            except FileNotFoundError:
+                continue
+            try:
+                for f in staged["files"]:
+                    self._verified(ref.rel, f)
+            except (IntegrityError, FileNotFoundError):
+                continue
+            return attempt, staged["files"]
+        return None
+
+    def commit(self, ref: ReleaseRef, manifest: dict) -> tuple[dict, bool]:
+        """Write the manifest create-only: the commit point. If another run of the same release key
+        committed first, its manifest is returned (``created`` False) and ours is dropped."""
+        body = {"format": MANIFEST_FORMAT, **manifest, "committed_at": utc_now()}
+        try:
+            self.create(f"{ref.rel}/{MANIFEST}", json.dumps(body, indent=2, default=_json_default).encode())
+        except FileExistsError:
+            existing = self.manifest(ref)
+            if existing is None:  # pragma: no cover - create-only says it exists
+                raise StoreError(f"{ref.rel}/{MANIFEST} exists but cannot be read") from None
+            return existing, False
+        return body, True
+
+    def find_committed(self, dataset: str, city: str, period: str, release_key: str) -> dict | None:
+        for n in self.versions(dataset, city, period):
+            m = self.manifest(ReleaseRef(dataset, city, period, n))
+            if m is not None and m.get("release_key") == release_key:
+                return m
+        return None
+
+    # -- readers --------------------------------------------------------------------------------
+    def list_releases(self, dataset: str | None = None, city: str | None = None,
+                      period: str | None = None) -> list[dict]:
+        """Manifests of every committed version (versions without a manifest do not exist)."""
+        out = []
+        for ds in [dataset] if dataset else self.listdir("releases"):
+            for c in [city] if city else self.listdir(f"releases/{ds}"):
+                for per in [period] if period else self.listdir(f"releases/{ds}/{c}"):
+                    for n in self.versions(ds, c, per):
+                        ref = ReleaseRef(ds, c, per, n)
+                        m = self.manifest(ref)
+                        if m is not None:
+                            out.append({**m, "url": self.url_of(ref.rel)})
+        return out
+
+    def _verified(self, version_rel: str, f: dict) -> bytes:
+        data = self.read(f"{version_rel}/{f['path']}")
+        if len(data) != int(f["size"]) or sha256_bytes(data) != f["sha256"]:
+            raise IntegrityError(
+                f"integrity check failed for {self.url_of(version_rel + '/' + f['path'])}: expected sha256 "
+                f"{f['sha256'][:16]}… and {f['size']} bytes, got {sha256_bytes(data)[:16]}… and {len(data)} bytes"
+            )
+        return data
+
+    def fetch(self, version_rel: str, dest: str | Path) -> tuple[dict, Path]:
+        """Download a committed version's files into dest, verifying every sha256; returns (manifest, dest)."""
+        try:
+            manifest = self.read_json(f"{version_rel}/{MANIFEST}")
+        except FileNotFoundError:
+            raise StoreError(f"no committed release at {self.url_of(version_rel)} (no {MANIFEST})") from None
+        d = Path(dest)
+        d.mkdir(parents=True, exist_ok=True)
+        for f in manifest["files"]:
+            data = self._verified(version_rel, f)
+            (d / f["name"]).write_bytes(data)
+        return manifest, d
+
+
+def _json_default(o: Any) -> Any:
+    import numpy as np
+
+    if isinstance(o, np.integer):
+        return int(o)
+    if isinstance(o, np.floating):
+        return float(o)
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    raise TypeError(f"not JSON serialisable: {type(o)}")
+
+
+def open_store(url: str, storage_options: dict[str, Any] | None = None) -> ReleaseStore:
+    return ReleaseStore(url, storage_options)
+
+
+def resolve_release(target: str, storage_options: dict[str, Any] | None = None) -> tuple[ReleaseStore, str]:
+    """A store and the relative path of one committed version, from what a user typed.
+
+    Accepts a version URL (``.../releases/<dataset>/<city>/<period>/v<N>``), or a store root holding
+    exactly one committed release (the core CLI's ``--out DIR``).
+    """
+    t = str(target).rstrip("/")
+    m = re.match(r"^(.*?)/?(releases/[^/]+/[^/]+/[^/]+/v\d+)$", t)
+    if m:
+        store = ReleaseStore(m.group(1) or ".", storage_options)
+        if not store.exists(f"{m.group(2)}/{MANIFEST}"):
+            raise StoreError(f"no committed release at {t} (no {MANIFEST}; uncommitted versions do not exist)")
+        return store, m.group(2)
+    if "://" not in t and not Path(t).exists():
+        raise StoreError(f"release {t!r} not found")
+    store = ReleaseStore(t, storage_options)
+    found = store.list_releases()
+    if not found:
+        raise StoreError(f"{t} holds no committed release")
+    if len(found) > 1:
+        listing = "\n  ".join(r["url"] for r in found[:20])
+        raise StoreError(f"{t} holds {len(found)} releases; name one of them:\n  {listing}")
+    r = found[0]
+    return store, ReleaseRef(r["dataset"], r["city"], r["period"], int(r["version"])).rel
+
+
+def fetch_to_temp(target: str, storage_options: dict[str, Any] | None = None) -> tuple[dict, Path]:
+    """Resolve, download and verify a release into a fresh temporary folder (caller removes it)."""
+    store, rel = resolve_release(target, storage_options)
+    return store.fetch(rel, tempfile.mkdtemp(prefix="geodp-release-"))

@@ -1,0 +1,185 @@
+"""Typed parameters of the platform flows (pydantic: the Prefect UI renders them as forms), periods,
+config hashes and the platform configuration file (budget caps, schedules).
+
+A release key names one (dataset, city, period, config): it is derived from public configuration and
+the input's data version only, never from noise, so a retry or re-run maps to the same key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+import tomllib
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, field_validator
+
+from dpcore import GeoDPError
+
+DEFAULT_BUDGET_CAP = 10.0
+DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "deploy" / "geodp.toml"
+
+
+class ConfigError(GeoDPError, ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Period:
+    """A half-open UTC time window [start_s, end_s) with the label used in store paths.
+
+    ``label`` 'all' with no bounds is the whole input (the core CLI's single release).
+    """
+
+    label: str
+    start_s: int | None
+    end_s: int | None
+
+    @property
+    def seconds(self) -> int | None:
+        return None if self.start_s is None or self.end_s is None else self.end_s - self.start_s
+
+    def to_dict(self) -> dict:
+        iso = lambda s: None if s is None else datetime.fromtimestamp(s, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")  # noqa: E731
+        return {"label": self.label, "start": iso(self.start_s), "end": iso(self.end_s)}
+
+
+def _day(text: str) -> date:
+    try:
+        return date.fromisoformat(text)
+    except ValueError as exc:
+        raise ConfigError(f"a date must be YYYY-MM-DD, got {text!r}") from exc
+
+
+def _epoch(d: date) -> int:
+    return int(datetime(d.year, d.month, d.day, tzinfo=UTC).timestamp())
+
+
+def parse_period(text: str | None) -> Period:
+    """'2010-05-01' (a UTC day), '2010-05' (a month), '2010-05-01..2010-05-07' (days, inclusive), or
+    None / 'all' (the whole input)."""
+    if text is None or str(text).strip().lower() in ("", "all"):
+        return Period("all", None, None)
+    t = str(text).strip()
+    if ".." in t:
+        a, b = (_day(s) for s in t.split("..", 1))
+        if b < a:
+            raise ConfigError(f"period {t!r} ends before it starts")
+        return Period(f"{a.isoformat()}_{b.isoformat()}", _epoch(a), _epoch(b + timedelta(days=1)))
+    if re.fullmatch(r"\d{4}-\d{2}", t):
+        a = _day(t + "-01")
+        nxt = date(a.year + (a.month == 12), a.month % 12 + 1, 1)
+        return Period(t, _epoch(a), _epoch(nxt))
+    d = _day(t)
+    return Period(d.isoformat(), _epoch(d), _epoch(d + timedelta(days=1)))
+
+
+def days_between(start: str, end: str) -> list[str]:
+    """Every day from start to end inclusive, as YYYY-MM-DD."""
+    a, b = _day(start), _day(end)
+    if b < a:
+        raise ConfigError(f"--end {end} is before --start {start}")
+    if (b - a).days > 3660:
+        raise ConfigError("a backfill covers at most ten years of days")
+    return [(a + timedelta(days=i)).isoformat() for i in range((b - a).days + 1)]
+
+
+def canonical_hash(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str).encode()).hexdigest()
+
+
+class ReleaseParams(BaseModel):
+    """One release: a dataset, a period, a list of cities, the mechanism and its budget."""
+
+    data: str = Field(description="input point table (path or URL readable on the workers)")
+    cities: list[str] = Field(default_factory=list,
+                              description="catalog city slugs; empty = every catalog city with data")
+    period: str | None = Field(default=None, description="YYYY-MM-DD, YYYY-MM, A..B, or empty for the whole input")
+    epsilon: float = Field(gt=0, description="ε per city-release")
+    mechanism: str = "identity"
+    mechanism_params: dict[str, Any] = Field(default_factory=dict)
+    max_points_per_user: int = Field(default=20, ge=1, description="k: contribution bound per user per release")
+    privacy_unit: Literal["user", "record"] = "user"
+    store: str = Field(default="./geodp-store", description="release store URL: folder, file://, s3://")
+    dataset: str | None = Field(default=None, description="dataset name in the store (default: file stem)")
+    budget_cap: float | None = Field(default=None, gt=0,
+                                     description="ε cap per dataset and period (default: config file)")
+    center: str | None = Field(default=None, description="custom region LAT,LON instead of cities")
+    side_km: float | None = Field(default=None, gt=0)
+    slot: str = Field(default="1h", description="time slot for spatio-temporal mechanisms")
+    public_total: float | None = Field(default=None, description="PUBLIC point total (single region only)")
+    seed: int | None = Field(default=None, description="seeded noise for experiments (NOT for publication)")
+    columns: str | None = None
+    format: str = "auto"
+    dask_address: str | None = Field(default=None, description="Dask scheduler address; empty = LocalCluster")
+    n_workers: int = Field(default=2, ge=1, le=64, description="LocalCluster workers when no address is given")
+
+    @field_validator("cities", mode="before")
+    @classmethod
+    def _split_cities(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            return [c.strip() for c in v.split(",") if c.strip()]
+        return v
+
+
+class BackfillParams(BaseModel):
+    """A backfill: one release per day from start to end (inclusive), skipping committed days."""
+
+    release: ReleaseParams
+    start: str = Field(description="first day, YYYY-MM-DD")
+    end: str = Field(description="last day, YYYY-MM-DD (inclusive)")
+
+
+class EvaluateParams(BaseModel):
+    """The evaluation harness as a flow: one task per (city, mechanism, ε)."""
+
+    data: str
+    cities: list[str]
+    mechanisms: list[str] = Field(default_factory=lambda: ["identity", "ug", "ag", "hb", "privtree"])
+    epsilons: list[float] = Field(default_factory=lambda: [0.1, 0.4, 1.6])
+    privacy_unit: Literal["user", "record"] = "user"
+    max_points_per_user: int = Field(default=20, ge=1)
+    query_sides_m: list[tuple[float, float]] = Field(default_factory=lambda: [(25, 100), (100, 1000), (1000, 5000)])
+    queries: int = Field(default=2000, ge=1)
+    trials: int = Field(default=3, ge=1)
+    seed: int = 0
+    dask_address: str | None = None
+    n_workers: int = Field(default=2, ge=1, le=64)
+
+    @field_validator("cities", "mechanisms", mode="before")
+    @classmethod
+    def _split(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            return [c.strip() for c in v.split(",") if c.strip()]
+        return v
+
+
+def load_platform_config(path: str | Path | None = None) -> dict:
+    """The TOML platform config (budget caps, schedules). Missing default file = built-in defaults."""
+    p = Path(path) if path else DEFAULT_CONFIG
+    if not p.exists():
+        if path:
+            raise ConfigError(f"config file {p} not found")
+        return {}
+    try:
+        return tomllib.loads(p.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{p} is not valid TOML: {exc}") from exc
+
+
+def budget_cap_for(dataset: str, config: dict | None = None, override: float | None = None) -> float:
+    """The ε cap per (dataset, period): explicit override, else [budget.caps] for the dataset, else
+    [budget] default_cap, else DEFAULT_BUDGET_CAP."""
+    if override is not None:
+        cap = float(override)
+    else:
+        budget = (config or {}).get("budget", {})
+        cap = float(budget.get("caps", {}).get(dataset, budget.get("default_cap", DEFAULT_BUDGET_CAP)))
+    if not math.isfinite(cap) or cap <= 0:
+        raise ConfigError(f"budget cap must be a positive number, got {cap}")
+    return cap

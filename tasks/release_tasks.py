@@ -1,0 +1,346 @@
+"""Prefect tasks of a release, one step each, as thin wrappers over dpcore and the release store.
+
+Steps: load and validate → plan (release keys) → charge the ledger → bound contributions (once, all
+cities together) → split by city → privatize (histogram + mechanism: the only step that draws noise)
+→ render preview (of the released map only) → persist (stage files, then the manifest).
+
+Retries go on the steps that touch storage. No task caches on anything derived from noise: the
+release key is a hash of public configuration and the input's data version, and the exactly-once
+logic lives in the store (flows/store.py), so a retried task finds what an earlier attempt did.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from dpcore import GeoDPError, __version__
+from dpcore.data import LoadResult, Points, load_points, parse_column_map
+from dpcore.geo import Region, parse_slot, resolve_region, time_slots
+from dpcore.mechanisms import FitInput, get_mechanism, get_mechanism_class
+from dpcore.noise import NoiseSource
+from dpcore.sampling import bound_contributions
+from dpcore.synopsis import Synopsis
+from flows.store import ReleaseRef, ReleaseStore, check_slug
+from tasks.config import Period, canonical_hash
+
+PREVIEW = "preview.png"
+
+
+class ReleaseError(GeoDPError, ValueError):
+    pass
+
+
+def _retry_unless_refused(task, task_run, state) -> bool:
+    """Retry storage hiccups, never a deliberate refusal (budget cap, bad input)."""
+    try:
+        state.result()
+    except GeoDPError as exc:
+        from flows.store import IntegrityError, StoreError
+
+        return isinstance(exc, StoreError) and not isinstance(exc, IntegrityError)
+    except Exception:
+        return True
+    return False
+
+
+def code_version() -> str:
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
+                             cwd=Path(__file__).resolve().parent).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        rev = ""
+    return f"geodp {__version__}" + (f" ({rev})" if rev else "")
+
+
+def dataset_name(path: str, given: str | None = None) -> str:
+    if given:
+        return check_slug(given, "dataset")
+    stem = Path(str(path)).name
+    stem = re.sub(r"(\.(gz|bz2|zst|parquet|pq|csv|tsv|txt))+$", "", stem, flags=re.IGNORECASE)
+    return check_slug(re.sub(r"[^A-Za-z0-9._+-]", "-", stem).strip("-.") or "dataset", "dataset")
+
+
+# -- plan ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CityPlan:
+    """Everything public about one city-release; its release key names it in the ledger and store."""
+
+    dataset: str
+    city: str
+    region: Region
+    period: Period
+    mechanism: str
+    params: dict
+    epsilon: float
+    privacy_unit: str
+    max_points_per_user: int
+    noise: str  # "secure" or "seeded:<seed>"
+    data_version: str
+    slot_seconds: int | None = None
+    public_total: float | None = None
+    source: str = ""
+    config: dict = field(default_factory=dict)
+
+    @property
+    def config_hash(self) -> str:
+        return canonical_hash(self.config)[:24]
+
+    @property
+    def release_key(self) -> str:
+        return canonical_hash([self.dataset, self.city, self.period.label, self.config_hash])[:32]
+
+
+def make_plans(*, dataset: str, cities: list[str], center: str | None, side_km: float | None,
+               period: Period, mechanism: str, params: dict, epsilon: float, privacy_unit: str,
+               max_points_per_user: int, seed: int | None, data_version: str, slot: str = "1h",
+               public_total: float | None = None, source: str = "") -> list[CityPlan]:
+    """One plan per region. Validates names and parameters before any data is touched."""
+    mech_cls = get_mechanism_class(mechanism)
+    get_mechanism(mechanism, **params)  # bad parameters fail here, not on a worker
+    slot_seconds = None
+    if mech_cls.spatio_temporal:
+        if period.start_s is None:
+            raise ReleaseError(f"{mechanism} is spatio-temporal: give a --period (the time window is public "
+                               "configuration, never read from the data)")
+        slot_seconds = parse_slot(slot)
+    if center:
+        regions = [resolve_region(center=center, side_km=side_km)]
+    else:
+        if not cities:
+            raise ReleaseError("give --cities A,B (catalog slugs, see `geodp cities`) or --center LAT,LON")
+        regions = [resolve_region(city=c, side_km=side_km) for c in cities]
+    if len({r.name for r in regions}) != len(regions):
+        raise ReleaseError("a city is listed twice")
+    if public_total is not None and len(regions) != 1:
+        raise ReleaseError("--public-total applies to a single-region release")
+    plans = []
+    for region in regions:
+        city = re.sub(r"[^A-Za-z0-9._+-]", "-", region.name)
+        config = {"dataset": dataset, "region": region.to_dict(), "period": period.to_dict(),
+                  "mechanism": mechanism, "params": params, "epsilon": float(epsilon),
+                  "privacy_unit": privacy_unit,
+                  "max_points_per_user": int(max_points_per_user) if privacy_unit == "user" else None,
+                  "noise": "secure" if seed is None else f"seeded:{seed}", "data_version": data_version,
+                  "slot_seconds": slot_seconds, "public_total": public_total}
+        plans.append(CityPlan(dataset, city, region, period, mechanism, dict(params), float(epsilon), privacy_unit,
+                              int(max_points_per_user), config["noise"], data_version, slot_seconds, public_total,
+                              source, config))
+    return plans
+
+
+# -- tasks --------------------------------------------------------------------------------------
+@task(name="load-and-validate", retries=2, retry_delay_seconds=1, cache_policy=NO_CACHE,
+      retry_condition_fn=_retry_unless_refused)
+def load_and_validate(path: str, columns: str | None = None, fmt: str = "auto") -> LoadResult:
+    return load_points(path, columns=parse_column_map(columns), fmt=fmt)
+
+
+@task(name="check-committed", retries=3, retry_delay_seconds=1, cache_policy=NO_CACHE,
+      retry_condition_fn=_retry_unless_refused)
+def check_committed(store_url: str, plans: list[CityPlan]) -> dict[str, dict | None]:
+    """The committed manifest of each plan's release key, or None (re-running a commit is a no-op)."""
+    store = ReleaseStore(store_url)
+    return {p.city: store.find_committed(p.dataset, p.city, p.period.label, p.release_key) for p in plans}
+
+
+@task(name="charge-ledger", retries=3, retry_delay_seconds=1, cache_policy=NO_CACHE,
+      retry_condition_fn=_retry_unless_refused)
+def charge_ledger(store_url: str, plans: list[CityPlan], cap: float) -> dict[str, dict]:
+    """Charge every city before any noise is drawn. Refuses the whole run up front when the new
+    charges would exceed what is left of the cap (charges already held by these keys are reused)."""
+    store = ReleaseStore(store_url)
+    if not plans:
+        return {}
+    ds, per = plans[0].dataset, plans[0].period.label
+    existing = {e["release_key"] for e in store.ledger_entries(ds, per)}
+    need = sum(p.epsilon for p in plans if p.release_key not in existing)
+    spent = store.spent(ds, per)
+    if spent + need > cap * (1 + 1e-9):
+        from flows.store import LedgerRefused
+
+        raise LedgerRefused(
+            f"budget cap reached for dataset {ds!r}, period {per!r}: cap ε={cap:g}, spent ε={spent:g}, "
+            f"left ε={max(0.0, cap - spent):g}; this release needs ε={need:g} "
+            f"({len(plans)} city-release(s)). Nothing was noised or published."
+        )
+    out = {}
+    for p in plans:
+        entry, _ = store.charge(dataset=p.dataset, period=per, city=p.city, epsilon=p.epsilon, cap=cap,
+                                release_key=p.release_key, config_hash=p.config_hash,
+                                extra={"mechanism": p.mechanism, "privacy_unit": p.privacy_unit,
+                                       "max_points_per_user": p.max_points_per_user
+                                       if p.privacy_unit == "user" else None})
+        out[p.city] = entry
+    return out
+
+
+@dataclass
+class CityInput:
+    """One city's share of the bounded release data (private; stays on the workers)."""
+
+    x: np.ndarray
+    y: np.ndarray
+    user: np.ndarray
+    slot: np.ndarray | None
+    n_points_raw: int
+    n_users_raw: int
+
+
+@task(name="bound-and-split", cache_policy=NO_CACHE)
+def bound_and_split(points: Points, plans: list[CityPlan], seed: int | None) -> dict[str, CityInput]:
+    """Keep the period's points inside any release region, bound each user to k points over all of
+    them together (one sample for the whole release), then split by city and project to metres.
+
+    Regions are half-open squares; a point inside two overlapping custom regions counts in both,
+    and its user's bound still holds per region (each city-release is charged separately)."""
+    if not plans:
+        return {}
+    period = plans[0].period
+    pts = points.between(period.start_s, period.end_s)
+    inside_any = np.zeros(len(pts), dtype=bool)
+    projected = []
+    for p in plans:
+        x, y = p.region.project(pts.lat, pts.lon)
+        m = p.region.contains_m(x, y)
+        projected.append((x, y, m))
+        inside_any |= m
+    sel = np.flatnonzero(inside_any)
+    if plans[0].privacy_unit == "user":
+        rng = NoiseSource.secure().rng if seed is None else np.random.default_rng([seed, 0x5A17])
+        keep = sel[bound_contributions(pts.user[sel], plans[0].max_points_per_user, rng).keep]
+    else:
+        keep = sel
+    kept = np.zeros(len(pts), dtype=bool)
+    kept[keep] = True
+    out = {}
+    for p, (x, y, m) in zip(plans, projected, strict=True):
+        idx = np.flatnonzero(m & kept)
+        slot = None
+        if p.slot_seconds:
+            n_slots = -(-p.period.seconds // p.slot_seconds)
+            slot = time_slots(pts.ts[idx], p.period.start_s, p.slot_seconds, n_slots)
+        raw_users = pts.user[m]
+        out[p.city] = CityInput(x[idx], y[idx], pts.user[idx], slot, int(m.sum()),
+                                int(np.unique(raw_users).size))
+    return out
+
+
+def _noise_for(plan: CityPlan) -> NoiseSource:
+    if plan.noise == "secure":
+        return NoiseSource.secure()
+    seed = int(plan.noise.split(":", 1)[1])
+    return NoiseSource.seeded(seed).spawn(int(plan.release_key[:8], 16))
+
+
+@task(name="privatize", cache_policy=NO_CACHE)
+def privatize(plan: CityPlan, data: CityInput) -> Synopsis:
+    """Histogram + mechanism fit: the only step that reads private values and draws noise."""
+    n_slots = None
+    if plan.slot_seconds:
+        n_slots = -(-plan.period.seconds // plan.slot_seconds)
+    fit_input = FitInput(data.x, data.y, plan.region, plan.privacy_unit,
+                         plan.max_points_per_user if plan.privacy_unit == "user" else None, user=data.user,
+                         slot=data.slot, n_slots=n_slots, slot_seconds=plan.slot_seconds,
+                         window_start_s=plan.period.start_s)
+    noise = _noise_for(plan)
+    if plan.public_total is not None and plan.privacy_unit == "user":
+        from dpcore.scaling import fit_scaled
+
+        return fit_scaled(plan.mechanism, plan.params, fit_input, plan.epsilon, noise, plan.public_total,
+                          "public total declared by the releaser (--public-total)")
+    return get_mechanism(plan.mechanism, **plan.params).fit(fit_input, plan.epsilon, noise)
+
+
+def render_heatmap_png(synopsis: Synopsis, title: str, pixels: int = 128) -> bytes:
+    """PNG of the RELEASED density (post-processing); the true map is never rendered."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = min(pixels, 200)
+    dens = np.clip(synopsis.density(n, n), 0.0, None)
+    fig, ax = plt.subplots(figsize=(3.2, 3.2), dpi=80)
+    # density is [ix, iy] (x east, y north): transpose for imshow's [row, col] with north up.
+    xmin, ymin, xmax, ymax = synopsis.region.bounds_m
+    ax.imshow(np.log1p(dens.T), origin="lower", cmap="magma", extent=(xmin, xmax, ymin, ymax))
+    ax.set_title(title, fontsize=8)
+    ax.set_xticks([])
+    ax.set_yticks([])
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", bbox_inches="tight")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+@task(name="render-preview", cache_policy=NO_CACHE)
+def render_preview(plan: CityPlan, synopsis: Synopsis) -> bytes:
+    return render_heatmap_png(synopsis, f"{plan.city} {plan.period.label} (released, ε={plan.epsilon:g})")
+
+
+def _release_cache_key(context, parameters: dict[str, Any]) -> str:
+    """Public inputs only: store, release key (dataset, city, period, config hash incl. data version)."""
+    return f"persist-{canonical_hash([parameters['store_url'], parameters['plan'].release_key])[:32]}"
+
+
+@task(name="persist-release", retries=3, retry_delay_seconds=1, retry_condition_fn=_retry_unless_refused,
+      cache_key_fn=_release_cache_key, persist_result=True)
+def persist_release(store_url: str, plan: CityPlan, synopsis: Synopsis | None, preview: bytes | None,
+                    ledger_entry: dict, code: str) -> dict:
+    """Commit one city-release exactly once: claim a version, stage files, write the manifest.
+
+    A committed manifest for the key is returned as is. A complete staged attempt left by a crashed
+    run is committed instead of the new synopsis, so the noise drawn first is the noise published.
+    ``synopsis`` may be None only when such a staged attempt exists."""
+    store = ReleaseStore(store_url)
+    committed = store.find_committed(plan.dataset, plan.city, plan.period.label, plan.release_key)
+    if committed is not None:
+        return committed
+    version, _ = store.claim_version(plan.dataset, plan.city, plan.period.label, plan.release_key)
+    ref = ReleaseRef(plan.dataset, plan.city, plan.period.label, version)
+    existing = store.manifest(ref)
+    if existing is not None:
+        return existing
+    staged = store.staged_attempt(ref)
+    if staged is not None:
+        attempt, files = staged
+        privacy = json.loads(store.read(f"{ref.rel}/{attempt}/synopsis.json"))["privacy"]
+        resumed = True
+    else:
+        if synopsis is None:
+            raise ReleaseError(f"{plan.city}: nothing staged and no synopsis to persist")
+        with tempfile.TemporaryDirectory(prefix="geodp-stage-") as tmp:
+            names = synopsis.save(tmp)
+            if preview:
+                (Path(tmp) / PREVIEW).write_bytes(preview)
+                names.append(PREVIEW)
+            attempt, files = store.stage(ref, tmp, names)
+        privacy = synopsis.privacy.to_dict()
+        resumed = False
+    manifest = {
+        "dataset": plan.dataset, "city": plan.city, "period": plan.period.label, "window": plan.period.to_dict(),
+        "version": version, "release_key": plan.release_key, "config_hash": plan.config_hash,
+        "mechanism": plan.mechanism, "params": privacy.get("params", plan.params), "epsilon": plan.epsilon,
+        "max_points_per_user": plan.max_points_per_user if plan.privacy_unit == "user" else None,
+        "privacy_unit": plan.privacy_unit, "noise_source": privacy.get("noise_source"),
+        "region": plan.region.to_dict(), "slot_seconds": plan.slot_seconds,
+        "input": {"source": plan.source, "data_version": plan.data_version},
+        "code_version": code, "config": plan.config, "privacy": privacy,
+        "ledger_entry": ledger_entry, "attempt": attempt, "resumed_staged_attempt": resumed,
+        "bounding": "each user bounded to k points once over all regions of the run, before the split by city"
+        if plan.privacy_unit == "user" else "record-level: no bounding, sensitivity 1",
+        "files": files,
+    }
+    body, _ = store.commit(ref, manifest)
+    return {**body, "url": store.url_of(ref.rel)}

@@ -1,0 +1,73 @@
+"""Where flows run: a Dask task runner (LocalCluster or a scheduler address) and, for local commands,
+one Prefect API server shared by the flow process and every Dask worker process.
+
+Without PREFECT_API_URL, Prefect starts an *ephemeral* server per process; Dask worker processes
+would each start their own (slow, and several writers on one SQLite file). ``local_prefect`` starts
+one server and exports its URL, so worker processes inherit it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Iterator
+
+from prefect_dask import DaskTaskRunner
+
+
+def dask_task_runner(address: str | None = None, n_workers: int = 2) -> DaskTaskRunner:
+    """A DaskTaskRunner on an existing scheduler (``address``) or a LocalCluster of processes."""
+    if address:
+        return DaskTaskRunner(address=address)
+    return DaskTaskRunner(cluster_kwargs={
+        "n_workers": int(n_workers), "threads_per_worker": 1, "processes": True,
+        "dashboard_address": None, "silence_logs": logging.WARNING,
+    })
+
+
+def _api_url_configured() -> bool:
+    if os.environ.get("PREFECT_API_URL"):
+        return True
+    from prefect.settings import PREFECT_API_URL
+
+    return bool(PREFECT_API_URL.value())
+
+
+@contextlib.contextmanager
+def local_prefect(timeout: int = 120) -> Iterator[str | None]:
+    """Use the configured Prefect API, or start one local server for this command and stop it after.
+
+    Yields the API URL in use (None when an external one is configured and not known here).
+    """
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    for name in ("distributed", "distributed.nanny", "distributed.scheduler", "distributed.core"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    if _api_url_configured():
+        yield os.environ.get("PREFECT_API_URL")
+        return
+    from prefect.server.api.server import SubprocessASGIServer
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    server = SubprocessASGIServer()
+    server.start(timeout=timeout)
+    os.environ["PREFECT_API_URL"] = server.api_url
+    try:
+        with temporary_settings({PREFECT_API_URL: server.api_url}):
+            try:
+                yield server.api_url
+            finally:
+                _drain_logs()
+    finally:
+        os.environ.pop("PREFECT_API_URL", None)
+        server.stop()
+
+
+def _drain_logs() -> None:
+    """Send queued run logs before the server goes away (else the exit waits on failed retries)."""
+    try:
+        from prefect.logging.handlers import APILogWorker
+
+        APILogWorker.drain_all(timeout=5)
+    except Exception:
+        pass
