@@ -11,6 +11,7 @@ import sys
 # Keep the order stable: it is the order of `geodp --help`.
 COMMAND_MODULES = [
     "flows.cli_core",
+    "flows.cli_platform",
 ]
 
 

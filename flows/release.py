@@ -41,15 +41,19 @@ def _artifact_key(text: str) -> str:
     return "".join(c if c.isalnum() else "-" for c in text.lower()).strip("-")[:100] or "geodp"
 
 
-def release_cities(params: ReleaseParams, config_path: str | None = None) -> dict:
-    """Body of the release flow (call inside a flow run). Returns a JSON-able summary."""
+def release_cities(params: ReleaseParams, config_path: str | None = None, loaded=None,
+                   artifacts: bool = True) -> dict:
+    """Body of the release flow (call inside a flow run). Returns a JSON-able summary.
+
+    ``loaded`` (a LoadResult of params.data) lets a backfill read its input once for all periods."""
     logger = get_run_logger()
     t0 = time.perf_counter()
     period = parse_period(params.period)
     cap = budget_cap_for(dataset_name(params.data, params.dataset), load_platform_config(config_path),
                          params.budget_cap)
     store = ReleaseStore(params.store)  # fails fast on a bad URL
-    loaded = load_and_validate(params.data, params.columns, params.format)
+    if loaded is None:
+        loaded = load_and_validate(params.data, params.columns, params.format)
     dataset = dataset_name(params.data, params.dataset)
     cities = params.cities
     if not cities and not params.center:
@@ -94,7 +98,8 @@ def release_cities(params: ReleaseParams, config_path: str | None = None) -> dic
     summary = {"dataset": dataset, "period": period.label, "store": store.url, "cap": cap,
                "spent": store.spent(dataset, period.label), "seconds": round(time.perf_counter() - t0, 2),
                "releases": [_row(results[p.city], stats.get(p.city)) for p in plans]}
-    _artifacts(summary, results, store)
+    if artifacts:
+        _artifacts(summary, results, store)
     return summary
 
 

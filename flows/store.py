@@ -359,14 +359,15 @@ class ReleaseStore:
             existing = self.manifest(ref)
             if existing is None:  # pragma: no cover - create-only says it exists
                 raise StoreError(f"{ref.rel}/{MANIFEST} exists but cannot be read") from None
-            return existing, False
-        return body, True
+            return {**existing, "url": self.url_of(ref.rel)}, False
+        return {**body, "url": self.url_of(ref.rel)}, True
 
     def find_committed(self, dataset: str, city: str, period: str, release_key: str) -> dict | None:
         for n in self.versions(dataset, city, period):
-            m = self.manifest(ReleaseRef(dataset, city, period, n))
+            ref = ReleaseRef(dataset, city, period, n)
+            m = self.manifest(ref)
             if m is not None and m.get("release_key") == release_key:
-                return m
+                return {**m, "url": self.url_of(ref.rel)}
         return None
 
     # -- readers --------------------------------------------------------------------------------
@@ -402,8 +403,12 @@ class ReleaseStore:
         d = Path(dest)
         d.mkdir(parents=True, exist_ok=True)
         for f in manifest["files"]:
+            name = Path(f["name"])
+            if name.is_absolute() or ".." in name.parts:
+                raise IntegrityError(f"manifest of {self.url_of(version_rel)} names an unsafe path {f['name']!r}")
             data = self._verified(version_rel, f)
-            (d / f["name"]).write_bytes(data)
+            (d / name).parent.mkdir(parents=True, exist_ok=True)
+            (d / name).write_bytes(data)
         return manifest, d
 
 

@@ -311,7 +311,7 @@ def persist_release(store_url: str, plan: CityPlan, synopsis: Synopsis | None, p
     ref = ReleaseRef(plan.dataset, plan.city, plan.period.label, version)
     existing = store.manifest(ref)
     if existing is not None:
-        return existing
+        return {**existing, "url": store.url_of(ref.rel)}
     staged = store.staged_attempt(ref)
     if staged is not None:
         attempt, files = staged
@@ -343,4 +343,4 @@ def persist_release(store_url: str, plan: CityPlan, synopsis: Synopsis | None, p
         "files": files,
     }
     body, _ = store.commit(ref, manifest)
-    return {**body, "url": store.url_of(ref.rel)}
+    return body

@@ -34,20 +34,24 @@ def test_release_then_query(synth_file, tmp_path):
     r = geodp("release", synth_file, "--city", "new-york", "--epsilon", "1", "--mechanism", "identity",
               "--param", "cell_width_m=500", "--max-points-per-user", "10", "--out", out)
     assert "release written to" in r.stdout and "geodp query" in r.stdout
-    manifest = json.loads((out / "manifest.json").read_text())
+    # --out DIR is a local release store (flows/store.py): DIR/releases/<dataset>/<city>/<period>/v<N>/
+    (version,) = out.glob("releases/*/new-york/all/v1")
+    manifest = json.loads((version / "_MANIFEST.json").read_text())
     assert manifest["epsilon"] == 1.0 and manifest["max_points_per_user"] == 10
     assert manifest["privacy_unit"] == "user" and manifest["noise_source"] == "secure:os.urandom"
     assert sum(c["epsilon"] for c in manifest["privacy"]["charges"]) == pytest.approx(1.0)
     assert all(c["sensitivity"] == 10 for c in manifest["privacy"]["charges"])
-    assert {f["path"] for f in manifest["files"]} >= {"grid.npz", "synopsis.json"}
+    assert {f["name"] for f in manifest["files"]} >= {"grid.npz", "synopsis.json"}
     q = geodp("query", out, "--box", "40.70,-74.02,40.72,-74.00", "--json")
     est = json.loads(q.stdout)
     assert len(est) == 1 and np.isfinite(est[0]["estimate"])
-    # a second release into the same folder is refused: nothing is overwritten
-    again = geodp("release", synth_file, "--city", "new-york", "--epsilon", "1", "--out", out, ok=False)
-    assert again.returncode == 2 and "never overwritten" in again.stderr
+    # re-running the same release is a no-op: nothing is overwritten, nothing charged twice
+    again = geodp("release", synth_file, "--city", "new-york", "--epsilon", "1", "--mechanism", "identity",
+                  "--param", "cell_width_m=500", "--max-points-per-user", "10", "--out", out)
+    assert "already committed" in again.stdout and not (version.parent / "v2").exists()
     # tampering is detected on read
-    (out / "grid.npz").write_bytes((out / "grid.npz").read_bytes() + b"x")
+    (grid,) = version.glob("*/grid.npz")
+    grid.write_bytes(grid.read_bytes() + b"x")
     bad = geodp("query", out, "--box", "40.70,-74.02,40.72,-74.00", ok=False)
     assert bad.returncode == 2 and "integrity" in bad.stderr
 
@@ -60,7 +64,8 @@ def test_boxes_csv_batch(synth_file, tmp_path):
     csv.write_text("min_lat,min_lon,max_lat,max_lon\n40.70,-74.02,40.72,-74.00\n40.6,-74.1,40.8,-73.9\n")
     lines = geodp("query", out, "--boxes", csv).stdout.strip().splitlines()
     assert len(lines) == 2
-    assert "NOT FOR PUBLICATION" in json.loads((out / "manifest.json").read_text())["noise_source"]
+    (manifest,) = out.glob("releases/*/new-york/all/v1/_MANIFEST.json")
+    assert "NOT FOR PUBLICATION" in json.loads(manifest.read_text())["noise_source"]
 
 
 @pytest.mark.parametrize("args,message", [

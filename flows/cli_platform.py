@@ -1,0 +1,388 @@
+"""Platform subcommands: release, query, backfill, releases (list/show), ledger, serve.
+
+``release`` has two forms. The platform form (``--cities A,B --period P --store URL``) runs the Prefect
+release flow with one Dask task per city. The core form (``--city NAME | --center LAT,LON ... --out
+DIR``) runs the same steps in-process without Prefect, into DIR as a local release store. Both
+go through the same ledger and exactly-once logic.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from dpcore import GeoDPError
+from flows.cli_common import CLIError, add_data_args, eprint, parse_params
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("release", help="make DP releases of one period for some cities into a release store")
+    add_data_args(p)
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--cities", help="comma-separated catalog city slugs (platform form, Prefect + Dask)")
+    g.add_argument("--city", help="one catalog city (core form)")
+    g.add_argument("--center", metavar="LAT,LON", help="custom region centre")
+    p.add_argument("--side-km", type=float, default=None, help="side of each square region in km (default 20)")
+    p.add_argument("--period", default=None,
+                   help="YYYY-MM-DD (a UTC day), YYYY-MM, A..B (days, inclusive); default: the whole file")
+    p.add_argument("--epsilon", required=True, type=float, help="ε per city-release")
+    p.add_argument("--mechanism", default="identity")
+    p.add_argument("--param", action="append", metavar="KEY=VALUE", help="mechanism parameter (repeatable)")
+    _add_privacy_args(p)
+    p.add_argument("--public-total", type=float, default=None,
+                   help="PUBLIC total point count of the region (single region); scales a user-level release")
+    p.add_argument("--seed", type=int, default=None,
+                   help="seeded noise for experiments (recorded as NOT FOR PUBLICATION); default: secure noise")
+    dest = p.add_mutually_exclusive_group(required=True)
+    dest.add_argument("--store", help="release store URL: a folder, file:///path or s3://bucket/prefix")
+    dest.add_argument("--out", help="core form: a local folder used as the release store")
+    _add_platform_args(p)
+    p.add_argument("--no-prefect", action="store_true",
+                   help="run in-process without Prefect/Dask (default for the --out form)")
+    p.add_argument("--json", action="store_true", help="print the run summary as JSON")
+    p.set_defaults(func=cmd_release)
+
+    p = sub.add_parser("query", help="range counts on a committed release (folder, store URL or version URL)")
+    p.add_argument("release", metavar="RELEASE",
+                   help="version URL (…/releases/DATASET/CITY/PERIOD/vN) or a store holding one release")
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--box", metavar="MINLAT,MINLON,MAXLAT,MAXLON")
+    g.add_argument("--boxes", metavar="CSV", help="CSV with min_lat,min_lon,max_lat,max_lon rows")
+    p.add_argument("--time", metavar="START/END",
+                   help="time window (ISO dates or times, UTC) for spatio-temporal releases")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_query)
+
+    p = sub.add_parser("backfill", help="one release per day over a date range (skips committed days)")
+    add_data_args(p)
+    p.add_argument("--cities", required=True, help="comma-separated catalog city slugs")
+    p.add_argument("--side-km", type=float, default=None)
+    p.add_argument("--start", required=True, help="first day YYYY-MM-DD")
+    p.add_argument("--end", required=True, help="last day YYYY-MM-DD (inclusive)")
+    p.add_argument("--epsilon", required=True, type=float, help="ε per city-release")
+    p.add_argument("--mechanism", default="identity")
+    p.add_argument("--param", action="append", metavar="KEY=VALUE")
+    _add_privacy_args(p)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--store", required=True, help="release store URL")
+    _add_platform_args(p)
+    p.add_argument("--deployment", metavar="NAME", default=None,
+                   help="submit one run per day to a served deployment (e.g. release/release) instead")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_backfill)
+
+    p = sub.add_parser("releases", help="list or show committed releases in a store")
+    rs = p.add_subparsers(dest="releases_command", metavar="ACTION", required=True)
+    q = rs.add_parser("list", help="committed versions, one per line")
+    q.add_argument("store", metavar="STORE_URL")
+    q.add_argument("--dataset")
+    q.add_argument("--city")
+    q.add_argument("--period")
+    q.add_argument("--json", action="store_true", help="JSON list of dataset, city, period, version, epsilon, "
+                   "mechanism, url")
+    q.set_defaults(func=cmd_releases_list)
+    q = rs.add_parser("show", help="a release's manifest, after checking every file's sha256")
+    q.add_argument("release", metavar="RELEASE")
+    q.add_argument("--json", action="store_true")
+    q.set_defaults(func=cmd_releases_show)
+
+    p = sub.add_parser("ledger", help="privacy ledger entries and what is left of each cap")
+    p.add_argument("store", metavar="STORE_URL")
+    p.add_argument("--config", default=None, help="platform config TOML with [budget] caps")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_ledger)
+
+    p = sub.add_parser("serve", help="serve the release/backfill/evaluate deployments with the nightly schedule")
+    p.add_argument("--config", default=None, help="platform config TOML (default deploy/geodp.toml)")
+    p.set_defaults(func=cmd_serve)
+
+
+def _add_privacy_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--privacy-unit", choices=["user", "record"], default="user",
+                   help="user: neighbours differ by one user's records (default); record: by one record")
+    p.add_argument("--max-points-per-user", type=int, default=20, metavar="K",
+                   help="contribution bound k under user-level privacy, over the whole release (default 20)")
+
+
+def _add_platform_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dataset", default=None, help="dataset name in the store (default: the file's stem)")
+    p.add_argument("--budget-cap", type=float, default=None,
+                   help="ε cap per dataset and period (default: [budget] in the config file, else 10)")
+    p.add_argument("--config", default=None, help="platform config TOML (default deploy/geodp.toml)")
+    p.add_argument("--dask-address", default=None, help="Dask scheduler address (default: a LocalCluster)")
+    p.add_argument("--workers", type=int, default=2, help="LocalCluster worker processes (default 2)")
+    p.add_argument("--slot", default="1h", help="time slot of spatio-temporal mechanisms (default 1h)")
+
+
+def _release_params(args: argparse.Namespace, period: str | None) -> object:
+    from pydantic import ValidationError
+
+    from tasks.config import ReleaseParams
+
+    cities = args.cities if getattr(args, "cities", None) else (args.city or "")
+    if args.epsilon is None or not args.epsilon > 0:
+        raise CLIError(f"epsilon must be > 0, got {args.epsilon}")
+    if args.max_points_per_user < 1:
+        raise CLIError("--max-points-per-user must be ≥ 1")
+    try:
+        return ReleaseParams(
+            data=str(args.data), cities=cities, period=period, epsilon=args.epsilon, mechanism=args.mechanism,
+            mechanism_params=parse_params(args.param), max_points_per_user=args.max_points_per_user,
+            privacy_unit=args.privacy_unit, store=str(getattr(args, "store", None) or args.out),
+            dataset=args.dataset, budget_cap=args.budget_cap, center=getattr(args, "center", None),
+            side_km=args.side_km, slot=args.slot, public_total=getattr(args, "public_total", None), seed=args.seed,
+            columns=args.columns, format=args.format, dask_address=args.dask_address, n_workers=args.workers)
+    except ValidationError as exc:
+        raise CLIError(f"bad release parameters: {exc.errors()[0]['loc']}: {exc.errors()[0]['msg']}") from exc
+
+
+def _prevalidate(params) -> None:
+    """Fail on names and parameters before starting Prefect or reading data."""
+    from dpcore.geo import resolve_region
+    from dpcore.mechanisms import get_mechanism
+    from flows.store import ReleaseStore
+    from tasks.config import parse_period
+
+    parse_period(params.period)
+    get_mechanism(params.mechanism, **params.mechanism_params)
+    if params.center:
+        resolve_region(center=params.center, side_km=params.side_km)
+    for c in params.cities:
+        resolve_region(city=c, side_km=params.side_km)
+    if not Path(params.data).exists() and "://" not in params.data:
+        raise CLIError(f"input file not found: {params.data}")
+    ReleaseStore(params.store)
+
+
+def run_release_inprocess(params, config_path: str | None = None, strict: bool = False) -> dict:
+    """The release steps without Prefect or Dask (same tasks' functions, same store semantics)."""
+    from dpcore.data import load_points, parse_column_map
+    from flows.store import ReleaseStore
+    from tasks.config import budget_cap_for, load_platform_config, parse_period
+    from tasks.release_tasks import (
+        bound_and_split,
+        charge_ledger,
+        check_committed,
+        code_version,
+        dataset_name,
+        make_plans,
+        persist_release,
+        privatize,
+        render_preview,
+    )
+
+    period = parse_period(params.period)
+    dataset = dataset_name(params.data, params.dataset)
+    cap = budget_cap_for(dataset, load_platform_config(config_path), params.budget_cap)
+    store = ReleaseStore(params.store)
+    loaded = load_points(params.data, columns=parse_column_map(params.columns), fmt=params.format, strict=strict)
+    eprint(f"loaded {params.data}: {loaded.report.summary()}")
+    plans = make_plans(dataset=dataset, cities=params.cities, center=params.center, side_km=params.side_km,
+                       period=period, mechanism=params.mechanism, params=params.mechanism_params,
+                       epsilon=params.epsilon, privacy_unit=params.privacy_unit,
+                       max_points_per_user=params.max_points_per_user, seed=params.seed,
+                       data_version=loaded.data_version, slot=params.slot, public_total=params.public_total,
+                       source=loaded.source)
+    committed = check_committed.fn(params.store, plans)
+    todo = [p for p in plans if committed[p.city] is None]
+    rows = {p.city: {**committed[p.city], "status": "already committed"} for p in plans if committed[p.city]}
+    if todo:
+        entries = charge_ledger.fn(params.store, todo, cap)
+        inputs = bound_and_split.fn(loaded.points, todo, params.seed)
+        code = code_version()
+        for p in todo:
+            if inputs[p.city].n_points_raw == 0:
+                eprint(f"warning: no valid points inside {p.city} for period {period.label}")
+            syn = privatize.fn(p, inputs[p.city])
+            m = persist_release.fn(params.store, p, syn, render_preview.fn(p, syn), entries[p.city], code)
+            rows[p.city] = {**m, "status": "committed"}
+    return {"dataset": dataset, "period": period.label, "store": store.url, "cap": cap,
+            "spent": store.spent(dataset, period.label),
+            "releases": [{"city": r["city"], "version": r["version"], "epsilon": r["epsilon"],
+                          "mechanism": r["mechanism"], "status": r["status"], "url": r["url"],
+                          "region": r["region"]} for r in (rows[p.city] for p in plans)]}
+
+
+def cmd_release(args: argparse.Namespace) -> int:
+    params = _release_params(args, args.period)
+    _prevalidate(params)
+    use_prefect = bool(args.store) and not args.no_prefect
+    if use_prefect:
+        from flows.release import run_release
+        from tasks.runtime import local_prefect
+
+        with local_prefect():
+            summary = run_release(params, args.config)
+        from flows.store import ReleaseStore
+
+        store = ReleaseStore(params.store)
+        for r in summary["releases"]:
+            r["region"] = next(m["region"] for m in store.list_releases(summary["dataset"], r["city"],
+                                                                        summary["period"])
+                               if int(m["version"]) == int(r["version"]))
+    else:
+        summary = run_release_inprocess(params, args.config, strict=args.strict)
+    if args.json:
+        print(json.dumps(summary, indent=2, default=str))
+        return 0
+    for r in summary["releases"]:
+        word = "release written to" if r["status"] == "committed" else "already committed (no-op):"
+        print(f"{r['city']} {summary['period']} v{r['version']}: {word} {r['url']}")
+    print(f"ledger {summary['dataset']}/{summary['period']}: ε spent {summary['spent']:g} of cap "
+          f"{summary['cap']:g}")
+    r = summary["releases"][0]
+    clat, clon = r["region"]["center_lat"], r["region"]["center_lon"]
+    print("query it with:\n  geodp query " + r["url"] +
+          f" --box {clat - 0.005:.4f},{clon - 0.005:.4f},{clat + 0.005:.4f},{clon + 0.005:.4f}")
+    return 0
+
+
+def parse_time_window(text: str) -> tuple[int, int]:
+    import pandas as pd
+
+    try:
+        a, b = text.split("/")
+        t0 = pd.Timestamp(a, tz="UTC") if pd.Timestamp(a).tzinfo is None else pd.Timestamp(a)
+        t1 = pd.Timestamp(b, tz="UTC") if pd.Timestamp(b).tzinfo is None else pd.Timestamp(b)
+    except (ValueError, TypeError) as exc:
+        raise CLIError(f"--time must be START/END, e.g. 2008-05-18/2008-05-19, got {text!r}") from exc
+    if t1 <= t0:
+        raise CLIError("--time END must be after START")
+    return int(t0.timestamp()), int(t1.timestamp())
+
+
+def cmd_query(args: argparse.Namespace) -> int:
+    from dpcore.queries import parse_box, read_boxes_csv
+    from dpcore.synopsis import load_synopsis
+    from flows.store import fetch_to_temp
+
+    boxes_ll = parse_box(args.box) if args.box else read_boxes_csv(args.boxes)
+    _, tmp = fetch_to_temp(args.release)  # verifies every file's sha256 and size
+    try:
+        synopsis = load_synopsis(tmp)
+        boxes_m = synopsis.region.box_latlon_to_m(boxes_ll)
+        if args.time:
+            if not hasattr(synopsis, "answer_st_time"):
+                raise CLIError("--time needs a spatio-temporal release (e.g. mechanism identity3d or vdr)")
+            t0, t1 = parse_time_window(args.time)
+            est = synopsis.answer_st_time(boxes_m, np.full(len(boxes_m), t0), np.full(len(boxes_m), t1))
+        else:
+            est = synopsis.answer(boxes_m)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if args.json:
+        print(json.dumps([{"box": list(map(float, b)), "estimate": float(e)}
+                          for b, e in zip(boxes_ll, est, strict=True)]))
+    else:
+        for b, e in zip(boxes_ll, est, strict=True):
+            print(f"{b[0]:.5f},{b[1]:.5f},{b[2]:.5f},{b[3]:.5f}\t{e:.1f}")
+    return 0
+
+
+def cmd_backfill(args: argparse.Namespace) -> int:
+    from tasks.config import BackfillParams, days_between
+
+    days = days_between(args.start, args.end)
+    params = _release_params(args, None)
+    _prevalidate(params)
+    bp = BackfillParams(release=params, start=args.start, end=args.end)
+    if args.deployment:
+        from flows.backfill import submit_to_deployment
+
+        runs = submit_to_deployment(bp, args.deployment)
+        for r in runs:
+            print(f"{r['period']}: flow run {r['flow_run_id']} ({r['state']})")
+        return 0
+    from flows.backfill import run_backfill
+    from tasks.runtime import local_prefect
+
+    eprint(f"backfill of {len(days)} day(s) × {len(params.cities)} cities through Prefect")
+    with local_prefect():
+        summary = run_backfill(bp, args.config)
+    if args.json:
+        print(json.dumps(summary, indent=2, default=str))
+    else:
+        for day in summary["periods"]:
+            states = ", ".join(f"{r['city']} v{r['version']} {r['status']}" for r in day["releases"])
+            print(f"{day['period']}: {states}")
+        print(f"committed {summary['committed']} new version(s); {summary['skipped']} already committed")
+    return 0
+
+
+def cmd_releases_list(args: argparse.Namespace) -> int:
+    from flows.store import ReleaseStore
+
+    store = ReleaseStore(args.store)
+    rows = [{"dataset": m["dataset"], "city": m["city"], "period": m["period"], "version": m["version"],
+             "epsilon": m["epsilon"], "mechanism": m["mechanism"], "url": m["url"]}
+            for m in store.list_releases(args.dataset, args.city, args.period)]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        for r in rows:
+            print(f"{r['dataset']}\t{r['city']}\t{r['period']}\tv{r['version']}\tε={r['epsilon']:g}\t"
+                  f"{r['mechanism']}\t{r['url']}")
+        if not rows:
+            eprint(f"no committed releases in {store.url}")
+    return 0
+
+
+def cmd_releases_show(args: argparse.Namespace) -> int:
+    from flows.store import fetch_to_temp
+
+    manifest, tmp = fetch_to_temp(args.release)
+    shutil.rmtree(tmp, ignore_errors=True)
+    if args.json:
+        print(json.dumps(manifest, indent=2))
+        return 0
+    print(f"{manifest['dataset']}/{manifest['city']}/{manifest['period']} v{manifest['version']} "
+          f"(committed {manifest.get('committed_at')})")
+    print(f"  mechanism {manifest['mechanism']} {json.dumps(manifest['params'])}")
+    print(f"  ε={manifest['epsilon']:g}, privacy unit {manifest['privacy_unit']}, k={manifest['max_points_per_user']}")
+    print(f"  noise: {manifest['noise_source']}; code: {manifest['code_version']}")
+    for c in manifest["privacy"]["charges"]:
+        print(f"  charge {c['name']}: ε={c['epsilon']:g}, sensitivity {c['sensitivity']:g}")
+    print(f"  ledger entry #{manifest['ledger_entry']['seq']} ({manifest['ledger_entry']['created_at']})")
+    for f in manifest["files"]:
+        print(f"  {f['name']}\t{f['size']} bytes\tsha256 {f['sha256'][:16]}… ok")
+    return 0
+
+
+def cmd_ledger(args: argparse.Namespace) -> int:
+    from flows.store import ReleaseStore
+    from tasks.config import budget_cap_for, load_platform_config
+
+    store = ReleaseStore(args.store)
+    config = load_platform_config(args.config) if args.config else None
+    caps = (lambda ds, per: budget_cap_for(ds, config)) if config else None
+    entries = store.ledger_entries()
+    summary = store.budget_summary(caps)
+    if args.json:
+        print(json.dumps({"entries": entries, "caps": summary}, indent=2))
+        return 0
+    for e in entries:
+        print(f"{e['dataset']}\t{e['period']}\t#{e['seq']}\t{e['city']}\tε={e['epsilon']:g}\t{e['created_at']}")
+    for s in summary:
+        left = "?" if s["left"] is None else f"{s['left']:g}"
+        print(f"{s['dataset']}/{s['period']}: {s['entries']} entries, ε spent {s['spent']:g} of cap "
+              f"{s['cap']:g}, left {left}")
+    if not entries:
+        eprint(f"the ledger of {store.url} is empty")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from flows.serve import serve_from_config
+
+    try:
+        serve_from_config(args.config)
+    except GeoDPError:
+        raise
+    except KeyboardInterrupt:
+        print("stopped", file=sys.stderr)
+    return 0
