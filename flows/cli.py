@@ -12,6 +12,7 @@ import sys
 COMMAND_MODULES = [
     "flows.cli_core",
     "flows.cli_platform",
+    "flows.cli_st",
 ]
 
 

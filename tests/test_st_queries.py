@@ -193,3 +193,14 @@ def test_theta_forecast_follows_weekly_seasonal_series():
     flat = smape(np.full((1, 7), series[0, :28].mean()), series[:1, 28:])
     assert err[0] < flat[0]
     assert err[1] == 0
+
+
+def test_answer_st_time_counts_partial_slots_pro_rata():
+    h = np.zeros((2, 2, 3))
+    h[:, :, 0] = 1.0
+    h[:, :, 1] = 10.0
+    syn = SpatioTemporalSynopsis(h, REGION, _privacy(), slot_seconds=100, window_start_s=1000)
+    whole = np.array([[-1000, -1000, 1000, 1000]])
+    assert syn.answer_st_time(whole, 1000, 1200)[0] == pytest.approx(44.0)
+    assert syn.answer_st_time(whole, 1050, 1150)[0] == pytest.approx(2.0 + 20.0)
+    assert syn.answer_st_time(whole, 0, 99999)[0] == pytest.approx(44.0)

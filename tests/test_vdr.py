@@ -1,0 +1,125 @@
+"""VDR: γ against brute force, the denoiser on a moving hotspot, the mechanism end to end."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dpcore.geo import Region
+from dpcore.histogram import grid_counts_3d
+from dpcore.mechanisms import get_mechanism
+from dpcore.mechanisms.base import FitInput, MechanismError
+from dpcore.mechanisms.vdr import gamma_factor
+from dpcore.noise import NoiseSource, discrete_laplace_variance
+from dpcore.synopsis import load_synopsis
+
+torch = pytest.importorskip("torch")
+
+REGION = Region("toy", 37.76, -122.43, 4.0)
+
+
+def test_gamma_matches_brute_force_minimisation():
+    rng = np.random.default_rng(0)
+    m, n, total, k, eps = 12, 400, 2000.0, 20.0, 0.8
+    mu = rng.dirichlet(np.full(m, 0.7))
+    trials = 40000
+    sample = rng.multinomial(n, mu, size=trials).astype(float)
+    noisy = sample + rng.laplace(0.0, k / eps, size=sample.shape)  # test-only float noise
+    target = total * mu
+    grid = np.linspace(0.5, 8.0, 1501)
+    # E Σ_c (γ·H̄_c − N·μ_c)² as a quadratic in γ, averaged over the simulated draws
+    a = (noisy ** 2).sum(axis=1).mean()
+    b = (noisy * target).sum(axis=1).mean()
+    mse = grid ** 2 * a - 2 * grid * b + (target ** 2).sum()
+    best = grid[np.argmin(mse)]
+    c = float((mu ** 2).sum())
+    assert gamma_factor(n, total, c, m, k, eps) == pytest.approx(best, rel=0.01)
+    # and the formula is not trivially N/n here: the noise term shrinks it
+    assert gamma_factor(n, total, c, m, k, eps) < 0.9 * total / n
+
+
+def _moving_hotspot(m: int, t: int, n_per_slot: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    xs, ys, ss = [], [], []
+    for s in range(t):
+        cx = -1200 + 400 * s
+        xs.append(rng.normal(cx, 250, n_per_slot))
+        ys.append(rng.normal(300 - 150 * s, 250, n_per_slot))
+        ss.append(np.full(n_per_slot, s))
+    x, y, slot = (np.concatenate(v) for v in (xs, ys, ss))
+    return grid_counts_3d(x, y, slot, REGION.bounds_m, m, m, t).astype(float)
+
+
+def test_denoiser_learns_moving_hotspot():
+    from dpcore.models.vqvae import DenoiserConfig, SliceDenoiser
+
+    truth = _moving_hotspot(32, 6, 3000)
+    scale = 4.0
+    noisy = NoiseSource.seeded(0).add_discrete_laplace(truth, 1, 1 / scale).astype(float)
+    sd = float(np.sqrt(discrete_laplace_variance(scale)))
+    den = SliceDenoiser(DenoiserConfig(steps=150, batch_size=8, crop=32, hidden=16, max_seconds=60), "cpu")
+    report = den.fit(noisy, sd)
+    out = np.maximum(den.denoise(noisy, sd), 0.0)
+    assert out.shape == truth.shape and report.steps > 0
+    mse_noisy = np.mean((noisy - truth) ** 2)
+    mse_out = np.mean((out - truth) ** 2)
+    assert mse_out < 0.5 * mse_noisy
+    # the hotspot is tracked: the denoised peak of every slice is near the true peak
+    for s in range(truth.shape[2]):
+        pt = np.unravel_index(np.argmax(truth[:, :, s]), truth.shape[:2])
+        po = np.unravel_index(np.argmax(out[:, :, s]), truth.shape[:2])
+        assert np.hypot(pt[0] - po[0], pt[1] - po[1]) <= 3
+
+
+def test_denoiser_is_fully_convolutional():
+    from dpcore.models.vqvae import VQVAE
+
+    model = VQVAE(in_channels=3, hidden=8, code_dim=4, n_codes=8)
+    for shape in [(30, 30), (17, 41), (64, 8)]:
+        out = model(torch.zeros(2, 3, *shape))[0]
+        assert out.shape == (2, 1, *shape)
+
+
+def _fit_input(public_total=None):
+    rng = np.random.default_rng(3)
+    t = 6
+    n = 6000
+    slot = rng.integers(0, t, n)
+    x = rng.normal(-1000 + 300 * slot, 300).clip(-1999, 1999)
+    y = rng.normal(0, 400, n).clip(-1999, 1999)
+    return FitInput(x, y, REGION, "user", 5, user=np.arange(n) % 600, slot=slot, n_slots=t, slot_seconds=86400,
+                    window_start_s=1_210_000_000, public_total=public_total)
+
+
+def test_vdr_end_to_end_budget_nonnegative_and_saved(tmp_path):
+    data = _fit_input(public_total=12000.0)
+    mech = get_mechanism("vdr", grid_size=32, steps=40, batch_size=4, crop=32, hidden=8, code_dim=4, n_codes=16)
+    seen = []
+    mech.progress = lambda done, total, msg: seen.append(done)
+    syn = mech.fit(data, 1.0, NoiseSource.seeded(1))
+    charges = syn.privacy.charges
+    assert [c["name"] for c in charges] == ["sample_size", "cell_counts"]
+    assert sum(c["epsilon"] for c in charges) == pytest.approx(1.0)
+    assert all(c["sensitivity"] == 5 for c in charges)
+    assert syn.values.min() >= 0
+    assert syn.values.sum() == pytest.approx(12000.0, rel=1e-6)  # mass refinement to the public total
+    assert seen, "training progress was reported"
+    syn.save(tmp_path)
+    back = load_synopsis(tmp_path)
+    np.testing.assert_allclose(back.values, syn.values, rtol=1e-5)
+    assert any(k.startswith("vqvae.") for k in back.attachments)
+    boxes = np.array([[-2000, -2000, 0, 2000]])
+    assert back.answer_st(boxes, np.array([[0, 2]]))[0] == pytest.approx(syn.answer_st(boxes, np.array([[0, 2]]))[0],
+                                                                         rel=1e-4)
+
+
+def test_vdr_gamma_refinement_and_bad_params():
+    data = _fit_input()
+    syn = get_mechanism("vdr", grid_size=16, steps=10, batch_size=2, crop=16, hidden=8, code_dim=4, n_codes=8,
+                        refinement="gamma").fit(data, 0.5, NoiseSource.seeded(2))
+    g = syn.extra_meta()["gamma"]
+    assert g is not None and 0 < g
+    with pytest.raises(MechanismError):
+        get_mechanism("vdr", refinement="magic").fit(data, 1.0, NoiseSource.seeded(0))
+    with pytest.raises(MechanismError, match="slot"):
+        get_mechanism("vdr", grid_size=8).fit(FitInput(data.x, data.y, REGION, "user", 5), 1.0, NoiseSource.seeded(0))
