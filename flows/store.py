@@ -9,7 +9,7 @@ default, ``s3://bucket/prefix`` against any S3-compatible endpoint). Layout::
     releases/<dataset>/<city>/<period>/v<N>/_MANIFEST.json     the commit point, written last
     ledger/<dataset>/<period>/<seq>.json                       append-only charges
 
-Every object is written **create-only** (``O_EXCL`` locally, ``If-None-Match: *`` on S3): nothing
+Every object is written **create-only** (temp file + ``link()`` locally, ``If-None-Match: *`` on S3): nothing
 is ever overwritten. The ledger and the version claims are *create-only logs*: a writer lists the
 log, checks it (no entry for its release key yet; the cap is not exceeded) and creates entry number
 ``len(log)``. Two writers racing for the same number cannot both succeed, and the loser re-reads the
@@ -136,17 +136,20 @@ class ReleaseStore:
         """Write an object that must not exist yet; FileExistsError if it does (create-only)."""
         p = self.path(rel)
         if self.local:
-            Path(p).parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            # Write a private temporary file, then hard-link it to the final name: link() fails if the
+            # name exists (create-only) and publishes the complete content atomically, so a reader never
+            # sees a half-written object.
+            parent = Path(p).parent
+            parent.mkdir(parents=True, exist_ok=True)
+            tmp = parent / f".tmp-{uuid.uuid4().hex}"
             try:
-                with os.fdopen(fd, "wb") as f:
+                with open(tmp, "xb") as f:
                     f.write(data)
                     f.flush()
                     os.fsync(f.fileno())
-            except BaseException:
-                # A half-written create-only object would block its name forever; remove it.
-                Path(p).unlink(missing_ok=True)
-                raise
+                os.link(tmp, p)
+            finally:
+                tmp.unlink(missing_ok=True)
             return
         try:
             self.fs.pipe_file(p, data, mode="create")

@@ -34,3 +34,82 @@ def gowalla_sample_path() -> Path:
 @pytest.fixture(scope="session")
 def sf_cabs_path() -> Path:
     return _shared_file("sf_cabs.parquet")
+
+
+# -- platform fixtures (issue 3) ----------------------------------------------------------------
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def prefect_harness(tmp_path_factory):
+    """One real Prefect API server for the session, in a temporary PREFECT_HOME. Its URL is also
+    exported to the environment so Dask worker processes report to the same server."""
+    home = tmp_path_factory.mktemp("prefect-home")
+    old = {k: os.environ.get(k) for k in ("PREFECT_HOME", "PREFECT_API_URL", "PREFECT_SERVER_ANALYTICS_ENABLED")}
+    os.environ["PREFECT_HOME"] = str(home)
+    os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+    from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
+    from prefect.testing.utilities import prefect_test_harness
+
+    with temporary_settings({PREFECT_HOME: str(home)}), prefect_test_harness(server_startup_timeout=120):
+        os.environ["PREFECT_API_URL"] = PREFECT_API_URL.value()
+        try:
+            yield PREFECT_API_URL.value()
+        finally:
+            from tasks.runtime import _drain_logs
+
+            _drain_logs()
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+@pytest.fixture(scope="session")
+def moto_s3():
+    """A real S3 endpoint over HTTP: moto's server on 127.0.0.1 and a free port, stopped by its PID.
+    Yields the endpoint URL; AWS credentials are dummies set for the session."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    port = _free_port()
+    exe = Path(sys.executable).with_name("moto_server")
+    proc = subprocess.Popen([str(exe), "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 60
+    while True:
+        try:
+            urllib.request.urlopen(url, timeout=1)
+            break
+        except OSError:
+            if proc.poll() is not None or time.time() > deadline:
+                proc.kill()
+                pytest.fail(f"moto_server did not start on {url}")
+            time.sleep(0.2)
+    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+           "GEODP_S3_ENDPOINT_URL": url}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield url
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
