@@ -1,0 +1,145 @@
+"""The contract every registered mechanism keeps, checked for every name in ``mechanism_names()``.
+
+New mechanisms are picked up automatically. A mechanism whose training is expensive gets quick
+parameters from its class attribute ``fast_params`` (a dict) when it has one, else from
+``FAST_PARAMS`` below. A mechanism whose charges are calibrated to something other than the count
+sensitivity (k, or 1 at record level) declares it with ``charge_sensitivity(data)``; for every
+other mechanism each charge must be calibrated to exactly the count sensitivity.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dpcore.budget import BudgetError
+from dpcore.geo import Region
+from dpcore.mechanisms import FitInput, get_mechanism, get_mechanism_class, mechanism_names
+from dpcore.noise import NoiseSource
+from dpcore.synopsis import Synopsis, load_synopsis
+
+K = 5
+EPSILON = 0.8
+N_SLOTS = 4
+SLOT_SECONDS = 3600
+
+#: Quick settings for mechanisms that train models (the defaults are for real releases).
+FAST_PARAMS: dict[str, dict] = {
+    "snh": {"n_sizes": 2, "hidden": 8, "depth": 1, "max_epochs": 1, "samples_per_epoch": 1024, "batch_size": 256},
+    "vdr": {"grid_size": 16, "steps": 2, "batch_size": 2, "crop": 16, "hidden": 8, "n_codes": 8, "code_dim": 4,
+            "max_train_seconds": 10.0},
+}
+
+
+def _params(name: str) -> dict:
+    cls = get_mechanism_class(name)
+    return dict(getattr(cls, "fast_params", None) or FAST_PARAMS.get(name, {}))
+
+
+@pytest.fixture(scope="module")
+def region() -> Region:
+    return Region("contract", 40.7, -74.0, side_km=2.0)
+
+
+@pytest.fixture(scope="module")
+def fit_inputs(region: Region) -> dict[bool, FitInput]:
+    """Small synthetic user-level inputs: 300 users, ≤ K points each, a cluster plus background."""
+    rng = np.random.default_rng(11)
+    n_users = 300
+    per_user = rng.integers(1, K + 1, n_users)
+    user = np.repeat(np.arange(n_users), per_user)
+    n = user.size
+    h = region.half_m
+    clustered = rng.random(n) < 0.5
+    x = np.where(clustered, rng.normal(200, 60, n), rng.uniform(-h, h, n)).clip(-h + 1e-6, h - 1e-6)
+    y = np.where(clustered, rng.normal(-100, 60, n), rng.uniform(-h, h, n)).clip(-h + 1e-6, h - 1e-6)
+    slot = rng.integers(0, N_SLOTS, n)
+    spatial = FitInput(x, y, region, "user", K, user=user)
+    st = FitInput(x, y, region, "user", K, user=user, slot=slot, n_slots=N_SLOTS, slot_seconds=SLOT_SECONDS,
+                  window_start_s=1_700_000_000)
+    return {False: spatial, True: st}
+
+
+def _input_for(name: str, fit_inputs: dict[bool, FitInput]) -> FitInput:
+    return fit_inputs[bool(get_mechanism_class(name).spatio_temporal)]
+
+
+def _boxes(region: Region) -> np.ndarray:
+    rng = np.random.default_rng(5)
+    h = region.half_m
+    c = rng.uniform(-h, h, (50, 2))
+    s = rng.uniform(50, 800, 50)
+    return np.c_[c - s[:, None] / 2, c + s[:, None] / 2]
+
+
+def _expected_sensitivity(name: str, data: FitInput) -> float:
+    cls = get_mechanism_class(name)
+    declared = getattr(cls, "charge_sensitivity", None)
+    return float(declared(data)) if declared is not None else float(data.sensitivity)
+
+
+@pytest.fixture(scope="module")
+def fitted(fit_inputs: dict[bool, FitInput]) -> dict[str, Synopsis]:
+    """One fit per mechanism, shared by the checks below (training mechanisms are the slow part)."""
+    return {}
+
+
+def _fit(name: str, fit_inputs: dict[bool, FitInput], fitted: dict[str, Synopsis]) -> Synopsis:
+    if name not in fitted:
+        mech = get_mechanism(name, **_params(name))
+        fitted[name] = mech.fit(_input_for(name, fit_inputs), EPSILON, NoiseSource.seeded(123))
+    return fitted[name]
+
+
+def test_registry_lists_the_classic_mechanisms() -> None:
+    assert {"identity", "ug", "ag", "hb", "privtree"} <= set(mechanism_names())
+
+
+@pytest.mark.parametrize("name", mechanism_names())
+def test_fit_returns_synopsis_and_charges_add_up(name: str, fit_inputs: dict[bool, FitInput],
+                                                 fitted: dict[str, Synopsis]) -> None:
+    syn = _fit(name, fit_inputs, fitted)
+    assert isinstance(syn, Synopsis)
+    charges = syn.privacy.charges
+    assert charges, f"{name} recorded no charge"
+    spent = math.fsum(c["epsilon"] for c in charges)
+    assert 0.999 * EPSILON <= spent <= EPSILON * (1 + 1e-9), (name, spent)
+    assert all(c["epsilon"] > 0 for c in charges)
+    assert syn.privacy.epsilon == pytest.approx(EPSILON)
+    assert syn.privacy.privacy_unit == "user"
+
+
+@pytest.mark.parametrize("name", mechanism_names())
+def test_every_charge_is_calibrated_to_the_stated_sensitivity(name: str, fit_inputs: dict[bool, FitInput],
+                                                               fitted: dict[str, Synopsis]) -> None:
+    syn = _fit(name, fit_inputs, fitted)
+    expected = _expected_sensitivity(name, _input_for(name, fit_inputs))
+    for c in syn.privacy.charges:
+        assert c["sensitivity"] == pytest.approx(expected), (name, c)
+
+
+@pytest.mark.parametrize("name", mechanism_names())
+def test_save_load_round_trip_answers_identically(name: str, fit_inputs: dict[bool, FitInput],
+                                                  fitted: dict[str, Synopsis], tmp_path: Path,
+                                                  region: Region) -> None:
+    syn = _fit(name, fit_inputs, fitted)
+    syn.save(tmp_path / name)
+    back = load_synopsis(tmp_path / name)
+    assert type(back) is type(syn)
+    boxes = _boxes(region)
+    before = syn.answer(boxes)
+    assert before.shape == (boxes.shape[0],) and np.all(np.isfinite(before))
+    assert np.array_equal(back.answer(boxes), before)
+    assert np.array_equal(back.density(16), syn.density(16))
+    assert back.privacy.to_dict() == syn.privacy.to_dict()
+
+
+@pytest.mark.parametrize("name", mechanism_names())
+@pytest.mark.parametrize("epsilon", [0.0, -1.0, float("nan")])
+def test_non_positive_epsilon_is_refused(name: str, epsilon: float, fit_inputs: dict[bool, FitInput]) -> None:
+    mech = get_mechanism(name, **_params(name))
+    with pytest.raises(BudgetError):
+        mech.fit(_input_for(name, fit_inputs), epsilon, NoiseSource.seeded(0))
