@@ -1,0 +1,84 @@
+"""The spatio-temporal CLI as a user types it: evaluate-st, release + query --time, hotspot, forecast."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dpcore.geo import city_region
+from dpcore.synthetic import generate_checkins
+
+GEODP = [sys.executable, "-m", "flows.cli"]
+ROOT = Path(__file__).resolve().parents[1]
+SMALL_VDR = ["--param", "vdr.grid_size=32", "--param", "vdr.steps=20", "--param", "vdr.batch_size=4",
+             "--param", "vdr.crop=32", "--param", "vdr.hidden=8", "--param", "vdr.n_codes=16",
+             "--param", "identity3d.grid_size=32"]
+
+
+def geodp(*args, ok=True):
+    proc = subprocess.run([*GEODP, *map(str, args)], capture_output=True, text=True, cwd=ROOT, timeout=300,
+                          env={**__import__("os").environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"})
+    if ok:
+        assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+@pytest.fixture(scope="module")
+def synth_file(tmp_path_factory):
+    p = tmp_path_factory.mktemp("data") / "checkins.parquet"
+    generate_checkins(city_region("new-york"), n_users=600, start="2024-01-01", days=14, seed=5).to_parquet(p)
+    return p
+
+
+def test_evaluate_st_json_schema(synth_file, tmp_path):
+    out = tmp_path / "st.json"
+    r = geodp("evaluate-st", synth_file, "--city", "new-york", "--window", "2024-01-01/2024-01-15", "--slot", "1d",
+              "--epsilon", "0.5,1", "--mechanisms", "identity3d,vdr", "--queries", "100", "--hotspot-queries", "40",
+              "--forecast-queries", "4", "--hotspot-extent-km", "3", "--json", out, *SMALL_VDR)
+    assert "identity3d" in r.stdout and "vdr" in r.stdout
+    rep = json.loads(out.read_text())
+    assert rep["window"]["n_slots"] == 14 and rep["window"]["slot_seconds"] == 86400
+    assert rep["psi"] == pytest.approx(max(1.0, 0.001 * rep["n_points"]))
+    assert rep["workloads"]["range"]["query_sides_m"] == [[100.0, 1000.0], [1000.0, 5000.0]]
+    assert rep["workloads"]["hotspot"]["thresholds"] == [10.0, 20.0, 40.0]
+    assert rep["workloads"]["forecast"]["horizon"] == 3  # 14 daily slots < 3 weeks: T // 4
+    assert {(r["mechanism"], r["epsilon"]) for r in rep["results"]} == {
+        ("identity3d", 0.5), ("identity3d", 1.0), ("vdr", 0.5), ("vdr", 1.0)}
+    for res in rep["results"]:
+        for key in ("mean_relative_error", "hotspot_distance_error", "hotspot_regret", "forecast_smape"):
+            assert np.isfinite(res[key]) and res[key] >= 0, key
+        assert [h["threshold"] for h in res["hotspot"]] == [10.0, 20.0, 40.0]
+        assert 0 <= res["forecast_smape"] <= 2
+
+
+def test_evaluate_st_rejects_bad_input(synth_file, tmp_path):
+    bad = geodp("evaluate-st", synth_file, "--city", "new-york", "--window", "2024-01-05/2024-01-01",
+                "--json", tmp_path / "x.json", ok=False)
+    assert bad.returncode == 2 and "error:" in bad.stderr and "Traceback" not in bad.stderr
+    bad = geodp("evaluate-st", synth_file, "--city", "new-york", "--window", "2024-01-01/2024-01-05",
+                "--mechanisms", "identity", "--json", tmp_path / "x.json", ok=False)
+    assert bad.returncode == 2 and "not spatio-temporal" in bad.stderr
+
+
+def test_release_then_query_time_hotspot_forecast(synth_file, tmp_path):
+    out = tmp_path / "rel"
+    geodp("release", synth_file, "--city", "new-york", "--period", "2024-01-01..2024-01-14", "--epsilon", "1",
+          "--mechanism", "identity3d", "--param", "grid_size=32", "--param", "clamp_negative=true",
+          "--slot", "1d", "--max-points-per-user", "20", "--out", out, "--no-prefect")
+    q = geodp("query", out, "--box", "40.60,-74.10,40.80,-73.90", "--time", "2024-01-03/2024-01-05", "--json")
+    assert np.isfinite(json.loads(q.stdout)[0]["estimate"])
+    h = geodp("hotspot", out, "--at", "40.713,-74.006", "--at", "40.75,-73.99", "--threshold", "5",
+              "--extent-km", "5", "--json")
+    rows = json.loads(h.stdout)
+    assert len(rows) == 2
+    for row in rows:
+        if row["found"]:
+            assert row["released_count"] >= 5 and row["distance_m"] <= 5000
+    f = geodp("forecast", out, "--box", "40.60,-74.10,40.80,-73.90", "--horizon", "3", "--json")
+    fc = json.loads(f.stdout)
+    assert len(fc["forecast"]) == 3 and len(fc["history"]) == 14 and all(np.isfinite(fc["forecast"]))
+    bad = geodp("hotspot", out, "--at", "nowhere", "--threshold", "5", ok=False)
+    assert bad.returncode == 2 and "--at" in bad.stderr
