@@ -284,3 +284,18 @@ def test_output_probability_ratio_within_e_eps(name: str, params: dict) -> None:
     bad_d = _answers(name, params, x, y, "record", 20_000)
     bad_d2 = _answers(name, params, x2, y2, "record", 30_000)
     assert _max_ratio_lower_bound(bad_d, bad_d2, thresholds) > math.exp(EPS)
+
+
+def test_ug_matches_independent_reference(user_data: FitInput) -> None:
+    """dpcore's ug is within 10% of bench/independent_ug.py (written separately from the paper)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "independent_ug.py"
+    spec = importlib.util.spec_from_file_location("independent_ug", path)
+    ref = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ref)
+    rows = ref.compare(user_data.x[::4], user_data.y[::4], REGION, [0.2, 1.0], [(100.0, 1000.0)], sensitivity=1,
+                       n_queries=300, trials=15, seed=0, public_total=False)
+    for r in rows:
+        assert abs(r["ratio"] - 1) <= 0.10, r
