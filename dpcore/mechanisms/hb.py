@@ -2,10 +2,12 @@
 Qardaji, Yang, Li VLDB 2013 "Understanding hierarchical methods"; Cormode et al. ICDE 2012).
 
 Structure: levels ℓ = 1..h, level ℓ being a bᶫ × bᶫ grid over the region (``branching`` b per axis,
-default 4, so every node has b² = 16 children). The leaf grid b^h is the smallest power of b at least
-the UG size sqrt(N·ε/(c·k)) (c = 10, N in units of k as in :mod:`dpcore.mechanisms.ug`), capped at
-``max_leaf_grid``; ``levels`` fixes h instead (then N is not needed). There is no root node: the
-top level's b × b counts are measured directly.
+default 4, so every node has b² = 16 children). h is chosen so that the leaf grid b^h is the power of
+b closest to the UG size at the per-level budget, sqrt(N·(ε/h)/(c·k)) (c = 10, N in units of k as in
+:mod:`dpcore.mechanisms.ug`), capped at ``max_leaf_grid``; ``levels`` fixes h instead (then N is not
+needed). In 2-D a hierarchy mostly helps large queries; Qardaji et al. (ICDE 2013) found UG/AG
+usually as good or better on city-scale data, and our benchmark agrees (bench/README.md).
+There is no root node: the top level's b × b counts are measured directly.
 
 Budget: ``total_fraction`` of ε estimates N (unless ``FitInput.public_total`` is given or ``levels``
 is set); the rest is split *uniformly* over the h levels, ε/h each. Within a level the cells are
@@ -76,6 +78,16 @@ def hierarchy_consistency(noisy: list[np.ndarray], variances: list[float], b: in
     return x
 
 
+def choose_levels(total: float, epsilon: float, sensitivity: float, c: float, b: int, h_cap: int) -> int:
+    """Number of levels h whose leaf grid b^h is closest, in ratio, to the UG size computed with the
+    per-level budget ε/h. Each leaf carries ε/h of noise, so this is UG's noise/uniformity balance at
+    the leaves; the upper levels then only add accuracy for large queries via consistency."""
+    def gap(h: int) -> float:
+        target = max(grid_size_rule(total, epsilon / h, sensitivity, c), 1.0)
+        return abs(h * math.log(b) - math.log(target))
+    return min(range(1, h_cap + 1), key=gap)
+
+
 class HierarchicalGrid(Mechanism):
     """Grid hierarchy with uniform per-level budget and least-squares consistency (module docstring)."""
 
@@ -107,11 +119,11 @@ class HierarchicalGrid(Mechanism):
             notes.append(f"{h} levels fixed by parameter (public)")
         else:
             total = private_total(data, acct, noise, check_fraction(self.total_fraction, "total_fraction"), notes)
-            m_target = grid_size_rule(total, acct.epsilon - acct.spent, k, self.c)
-            h = max(1, int(math.ceil(math.log(max(m_target, 1.0)) / math.log(b) - 1e-9)))
-            h = min(h, h_cap)
-            notes.append(f"h = {h}: leaf grid b^h = {b ** h} ≥ sqrt(N·ε/(c·k)) = {m_target:.1f} (c = {self.c:g}), "
-                         f"capped at {self.max_leaf_grid}")
+            eps_rest = acct.epsilon - acct.spent
+            h = choose_levels(total, eps_rest, k, self.c, b, h_cap)
+            notes.append(f"h = {h}: leaf grid b^h = {b ** h} closest (in ratio) to the UG size at the per-level "
+                         f"budget, sqrt(N·(ε/h)/(c·k)) = {grid_size_rule(total, eps_rest / h, k, self.c):.1f} "
+                         f"(c = {self.c:g}); leaf grid capped at {self.max_leaf_grid}")
         leaf = b ** h
         counts_leaf = grid_counts(data.x, data.y, data.region.bounds_m, leaf, leaf)
         true_levels = [counts_leaf]
