@@ -1,0 +1,88 @@
+"""Heatmap baselines of Ghazi et al. (AAAI 2023): Laplace on every cell, optionally keeping the top t%.
+
+Input is the same user-normalised grid as ``dpheatmap`` (each user has mass 1 over the Δ × Δ
+grid), so the cell vector has **L1 sensitivity 1** whatever k is (:meth:`charge_sensitivity`).
+The whole ε goes to one step: discrete Laplace of scale Q/ε on integer masses in units of 1/Q
+(see dpcore.heatmap). Post-processing: negatives are zeroed (``laplace``), and ``laplace-top``
+further keeps only the ``top_percent`` % of cells with the largest noisy mass, zeroing the rest.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dpcore.budget import Accountant
+from dpcore.heatmap import (
+    DEFAULT_QUANTUM,
+    HeatmapError,
+    HeatmapSynopsis,
+    check_resolution,
+    heatmap_privacy,
+    user_normalised_grid,
+)
+from dpcore.mechanisms.base import FitInput, Mechanism, MechanismError, _jsonable
+from dpcore.mechanisms.dpheatmap import heatmap_users
+from dpcore.noise import NoiseSource
+
+
+class LaplaceHeatmap(Mechanism):
+    """Discrete Laplace on every cell of the user-normalised Δ × Δ grid, negatives zeroed."""
+
+    name = "laplace"
+
+    def __init__(self, *, resolution: int = 256, quantum: int = DEFAULT_QUANTUM):
+        self.resolution = resolution
+        self.quantum = quantum
+
+    @staticmethod
+    def charge_sensitivity(data: FitInput | None = None) -> float:
+        """L1 sensitivity of the charge: 1 (one user's normalised mass), whatever k is."""
+        return 1.0
+
+    def _noisy_cells(self, data: FitInput, acct: Accountant, noise: NoiseSource) -> tuple[np.ndarray, int]:
+        try:
+            d = check_resolution(self.resolution, power_of_two=False)
+            if int(self.quantum) < 1:
+                raise HeatmapError("quantum must be ≥ 1")
+        except HeatmapError as exc:
+            raise MechanismError(str(exc)) from exc
+        q = int(self.quantum)
+        units = user_normalised_grid(data.x, data.y, heatmap_users(data), data.region.bounds_m, d, q)
+        eps = acct.spend("cells", acct.epsilon, 1.0, note=(
+            f"{d}x{d} user-normalised grid; each user adds mass ≤ 1: L1 sensitivity 1 (= {q} integer "
+            f"units); discrete Laplace scale {q}/ε units"))
+        noisy = (units + noise.discrete_laplace(q / eps, units.shape)) / q
+        return np.maximum(noisy, 0.0), d
+
+    def _post(self, noisy: np.ndarray) -> tuple[np.ndarray, list[str]]:
+        return noisy, ["negatives zeroed"]
+
+    def _fit(self, data: FitInput, acct: Accountant, noise: NoiseSource) -> HeatmapSynopsis:
+        noisy, d = self._noisy_cells(data, acct, noise)
+        grid, notes = self._post(noisy)
+        notes = [f"user-normalised input: each {data.privacy_unit} has mass 1 over the {d}x{d} grid",
+                 "charge has L1 sensitivity 1 (user mass), independent of k", *notes, "values are user mass"]
+        privacy = heatmap_privacy(self.name, _jsonable(self.get_params()), acct, data.privacy_unit,
+                                  data.max_points_per_user, noise, notes)
+        return HeatmapSynopsis(grid, data.region, privacy, {"resolution": d, "units": "user_mass"})
+
+
+class LaplaceTopHeatmap(LaplaceHeatmap):
+    """:class:`LaplaceHeatmap` keeping only the ``top_percent`` % largest noisy cells."""
+
+    name = "laplace-top"
+
+    def __init__(self, *, resolution: int = 256, top_percent: float = 1.0, quantum: int = DEFAULT_QUANTUM):
+        super().__init__(resolution=resolution, quantum=quantum)
+        self.top_percent = top_percent
+
+    def _post(self, noisy: np.ndarray) -> tuple[np.ndarray, list[str]]:
+        t = float(self.top_percent)
+        if not (0 < t <= 100):
+            raise MechanismError(f"top_percent must be in (0, 100], got {self.top_percent}")
+        flat = noisy.ravel()
+        keep = max(1, int(round(flat.size * t / 100.0)))
+        out = np.zeros_like(flat)
+        top = np.argpartition(-flat, keep - 1)[:keep]
+        out[top] = flat[top]
+        return out.reshape(noisy.shape), [f"negatives zeroed; only the top {t:g}% ({keep}) cells kept"]
