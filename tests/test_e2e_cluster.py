@@ -1,0 +1,155 @@
+"""End to end with separate processes on loopback, each stopped by its PID: `prefect server start`,
+a Dask scheduler and two workers, and moto's S3 server. A release of two cities from ../shared/data
+goes through the CLI to S3, is read back through the CLI, and the ledger is checked. Then a worker is
+killed in the middle of a release: the release still completes, exactly once."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import _free_port
+
+pytestmark = [pytest.mark.shared_data, pytest.mark.slow]
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+def _wait_http(url: str, proc: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args[:3]} exited with {proc.returncode}")
+        try:
+            urllib.request.urlopen(url, timeout=2)
+            return
+        except OSError:
+            time.sleep(0.5)
+    raise RuntimeError(f"{url} did not come up in {timeout} s")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)  # own process group: the server's children stop too
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=5)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory, moto_s3):
+    tmp = tmp_path_factory.mktemp("e2e")
+    env = {**os.environ, "PREFECT_HOME": str(tmp / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           "PREFECT_UI_ENABLED": "false", "PYTHONPATH": str(ROOT)}
+    env.pop("PREFECT_API_URL", None)
+    procs: list[subprocess.Popen] = []
+
+    def start(cmd, log):
+        p = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=open(tmp / log, "wb"), stderr=subprocess.STDOUT,
+                             start_new_session=True)
+        procs.append(p)
+        return p
+
+    try:
+        pport, dport = _free_port(), _free_port()
+        server = start([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(pport)],
+                       "prefect.log")
+        _wait_http(f"http://127.0.0.1:{pport}/api/health", server)
+        env["PREFECT_API_URL"] = f"http://127.0.0.1:{pport}/api"
+        sched = start([str(BIN / "dask"), "scheduler", "--host", "127.0.0.1", "--port", str(dport),
+                       "--no-dashboard"], "scheduler.log")
+        address = f"tcp://127.0.0.1:{dport}"
+        workers = [start([str(BIN / "dask"), "worker", address, "--nthreads", "1", "--no-dashboard",
+                          "--name", f"w{i}", "--host", "127.0.0.1"], f"worker{i}.log") for i in range(2)]
+        from distributed import Client
+
+        deadline = time.time() + 120
+        with Client(address, timeout=60) as c:
+            while len(c.scheduler_info()["workers"]) < 2:
+                if time.time() > deadline or sched.poll() is not None:
+                    raise RuntimeError("dask workers did not register")
+                time.sleep(0.5)
+        yield {"env": env, "address": address, "workers": workers, "tmp": tmp, "s3": moto_s3}
+    finally:
+        for p in reversed(procs):
+            _stop(p)
+
+
+def geodp(cluster, *args, ok=True, extra_env=None):
+    env = {**cluster["env"], **(extra_env or {})}
+    proc = subprocess.run([sys.executable, "-m", "flows.cli", *map(str, args)], capture_output=True, text=True,
+                          cwd=ROOT, env=env, timeout=400)
+    if ok:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def _bucket(cluster) -> str:
+    import boto3
+
+    name = "e2e-" + uuid.uuid4().hex[:8]
+    boto3.client("s3", endpoint_url=cluster["s3"]).create_bucket(Bucket=name)
+    return f"s3://{name}/geodp"
+
+
+def test_release_two_cities_to_s3_then_read_back(cluster, gowalla_sample_path):
+    store = _bucket(cluster)
+    r = geodp(cluster, "release", gowalla_sample_path, "--cities", "austin,san-francisco", "--period", "2010-05",
+              "--epsilon", "0.5", "--mechanism", "identity", "--max-points-per-user", "10", "--store", store,
+              "--dask-address", cluster["address"], "--budget-cap", "2")
+    assert "austin 2010-05 v1: release written to s3://" in r.stdout
+    listed = json.loads(geodp(cluster, "releases", "list", store, "--json").stdout)
+    assert sorted((x["city"], x["version"], x["epsilon"]) for x in listed) == [("austin", 1, 0.5),
+                                                                               ("san-francisco", 1, 0.5)]
+    austin = next(x for x in listed if x["city"] == "austin")
+    q = json.loads(geodp(cluster, "query", austin["url"], "--box", "30.25,-97.76,30.28,-97.73", "--json").stdout)
+    assert len(q) == 1 and isinstance(q[0]["estimate"], float)
+    ledger = json.loads(geodp(cluster, "ledger", store, "--json").stdout)
+    assert len(ledger["entries"]) == 2
+    (cap,) = ledger["caps"]
+    assert cap["spent"] == pytest.approx(1.0) and cap["left"] == pytest.approx(1.0)
+    # the same command again is a no-op: no new version, no new charge
+    again = geodp(cluster, "release", gowalla_sample_path, "--cities", "austin,san-francisco", "--period",
+                  "2010-05", "--epsilon", "0.5", "--max-points-per-user", "10", "--store", store,
+                  "--dask-address", cluster["address"], "--budget-cap", "2")
+    assert again.stdout.count("already committed") == 2
+    assert len(json.loads(geodp(cluster, "ledger", store, "--json").stdout)["entries"]) == 2
+
+
+def test_killing_a_worker_mid_release_still_commits_exactly_once(cluster, gowalla_sample_path):
+    from distributed import Client
+
+    store = _bucket(cluster)
+    cmd = [sys.executable, "-m", "flows.cli", "release", str(gowalla_sample_path), "--cities",
+           "austin,new-york", "--period", "2010-06", "--epsilon", "0.5", "--store", store,
+           "--dask-address", cluster["address"], "--json"]
+    env = {**cluster["env"], "GEODP_FAULT_PRIVATIZE_SLEEP_S": "6"}
+    release = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    killed = None
+    with Client(cluster["address"], timeout=60) as c:
+        deadline = time.time() + 180
+        while killed is None and time.time() < deadline and release.poll() is None:
+            busy = {w: ts for w, ts in c.processing().items() if any("privatize" in str(t) for t in ts)}
+            if busy:
+                addr = next(iter(busy))
+                pid = c.run(os.getpid, workers=[addr])[addr]  # the worker process under our `dask worker`
+                os.kill(pid, signal.SIGKILL)
+                killed = addr
+            time.sleep(0.2)
+    out, err = release.communicate(timeout=400)
+    assert killed is not None, "no privatize task was seen running on a worker"
+    assert release.returncode == 0, err[-3000:]
+    summary = json.loads(out)
+    assert sorted(r["city"] for r in summary["releases"]) == ["austin", "new-york"]
+    listed = json.loads(geodp(cluster, "releases", "list", store, "--json").stdout)
+    assert sorted((x["city"], x["version"]) for x in listed) == [("austin", 1), ("new-york", 1)]
+    assert len(json.loads(geodp(cluster, "ledger", store, "--json").stdout)["entries"]) == 2
