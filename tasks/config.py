@@ -66,6 +66,9 @@ def parse_period(text: str | None) -> Period:
     if text is None or str(text).strip().lower() in ("", "all"):
         return Period("all", None, None)
     t = str(text).strip()
+    if t.lower() in ("yesterday", "today"):  # resolved when the run starts (the nightly schedule)
+        d = datetime.now(UTC).date() - timedelta(days=1 if t.lower() == "yesterday" else 0)
+        return Period(d.isoformat(), _epoch(d), _epoch(d + timedelta(days=1)))
     if ".." in t:
         a, b = (_day(s) for s in t.split("..", 1))
         if b < a:
