@@ -88,6 +88,10 @@ def test_ag_level1_size_rule(user_data: FitInput) -> None:
         data = FitInput(user_data.x, user_data.y, REGION, "record", None, public_total=n)
         syn = get_mechanism("ag").fit(data, eps, NoiseSource.seeded(0))
         assert syn.extra_meta()["m1"] == max(10, math.ceil(math.sqrt(n * eps / 10) / 4))
+    # Tiny N·ε/k: the floor of 10 drops to the UG size, never finer than UG.
+    data = FitInput(user_data.x, user_data.y, REGION, "user", 5, public_total=n)
+    syn = get_mechanism("ag").fit(data, 0.05, NoiseSource.seeded(0))
+    assert syn.extra_meta()["m1"] == math.ceil(math.sqrt(n * 0.05 / (10 * 5))) < 10
 
 
 def test_ag_adapts_level2_to_density(user_data: FitInput) -> None:

@@ -1,6 +1,8 @@
 """AG: the two-level adaptive grid of Qardaji, Yang, Li (ICDE 2013).
 
-Level 1 is an m1 × m1 grid, m1 = max(10, ⌈sqrt(N·ε/c)/4⌉), whose noisy counts v use α·ε. Each
+Level 1 is an m1 × m1 grid, m1 = max(10, ⌈sqrt(N·ε/c)/4⌉), whose noisy counts v use α·ε. (One
+deviation, for tiny N·ε only: when the UG size sqrt(N·ε/c) is below 10, the floor 10 is lowered to
+⌈sqrt(N·ε/c)⌉, so AG never starts from a finer, noisier grid than UG would use; ``min_m1`` = 10.) Each
 level-1 cell is then cut into an m2 × m2 grid with m2 = ⌈sqrt(v⁺·(1−α)·ε/c2)⌉, c2 = c/2, sized from
 the *noisy* count v⁺ = max(v, 0) (post-processing, free), and its level-2 counts u use (1−α)·ε.
 Defaults α = 0.5, c = 10. Under user-level privacy every size rule divides by k, as in
@@ -69,8 +71,10 @@ class AdaptiveGrid(Mechanism):
     name = "ag"
 
     def __init__(self, *, alpha: float = 0.5, c: float = DEFAULT_C, total_fraction: float = 0.05,
-                 max_m2: int = 256, raster_size: int = MAX_RASTER, clamp_negative: bool = False):
+                 min_m1: int = 10, max_m2: int = 256, raster_size: int = MAX_RASTER,
+                 clamp_negative: bool = False):
         self.alpha = alpha
+        self.min_m1 = min_m1
         self.c = c
         self.total_fraction = total_fraction
         self.max_m2 = max_m2
@@ -81,14 +85,18 @@ class AdaptiveGrid(Mechanism):
         alpha = check_fraction(self.alpha, "alpha")
         if self.c <= 0:
             raise MechanismError(f"c must be > 0, got {self.c}")
-        if int(self.max_m2) < 1 or int(self.raster_size) < 1:
-            raise MechanismError("max_m2 and raster_size must be ≥ 1")
+        if min(int(self.min_m1), int(self.max_m2), int(self.raster_size)) < 1:
+            raise MechanismError("min_m1, max_m2 and raster_size must be ≥ 1")
         k = data.sensitivity
         notes: list[str] = []
         total = private_total(data, acct, noise, check_fraction(self.total_fraction, "total_fraction"), notes)
         eps_rest = acct.epsilon - acct.spent
-        m1 = max(10, int(math.ceil(grid_size_rule(total, eps_rest, k, self.c) / 4.0)))
-        m1 = min(m1, int(self.raster_size))
+        m_ug = grid_size_rule(total, eps_rest, k, self.c)
+        # The paper's floor of 10 assumes a large N·ε; when even UG would use fewer than 10 cells per
+        # axis (tiny N·ε/k, e.g. user level at small ε), the floor is lowered to UG's size, so AG never
+        # starts coarser-noisier than UG. For m_ug ≥ 10 this is exactly max(10, ⌈m_ug/4⌉).
+        floor = min(int(self.min_m1), max(1, int(math.ceil(m_ug))))
+        m1 = min(max(floor, int(math.ceil(m_ug / 4.0))), int(self.raster_size))
 
         # Level 1.
         xmin, ymin, xmax, ymax = data.region.bounds_m
@@ -123,7 +131,8 @@ class AdaptiveGrid(Mechanism):
 
         leaf_cell = np.repeat(np.arange(m1 * m1), n_leaves)
         u = constrained_inference(v, u, n_leaves, eps1, eps2)
-        notes.append(f"alpha = {alpha:g}, c = {self.c:g}, c2 = c/2, m1 = {m1}; constrained inference: "
+        notes.append(f"alpha = {alpha:g}, c = {self.c:g}, c2 = c/2, m1 = {m1} (UG size {m_ug:.1f}); "
+                     "constrained inference: "
                      "inverse-variance average of each level-1 count with its children's sum, then "
                      "mean-consistency spreading")
         if self.clamp_negative:
