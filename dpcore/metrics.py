@@ -16,3 +16,7 @@ def relative_error(estimate: np.ndarray, truth: np.ndarray, psi: float) -> np.nd
     est = np.asarray(estimate, dtype=np.float64)
     tru = np.asarray(truth, dtype=np.float64)
     return np.abs(est - tru) / np.maximum(tru, psi)
+
+
+# Heatmap quality metrics (EMD, KL, Pearson) live in dpcore.heatmap_metrics; re-exported here.
+from dpcore.heatmap_metrics import emd, emd_coarsening_bound, kl_divergence, pearson  # noqa: E402, F401

@@ -13,6 +13,7 @@ COMMAND_MODULES = [
     "flows.cli_core",
     "flows.cli_platform",
     "flows.cli_st",
+    "flows.cli_heatmap",
 ]
 
 
