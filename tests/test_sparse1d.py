@@ -1,0 +1,147 @@
+"""Sparse 1-D histograms: thresholding, its sparse sampler, top-t%, and the sparse vector technique,
+including the statistical privacy test that tells the correct SVT from a known-broken one."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from dpcore.budget import Accountant
+from dpcore.noise import NoiseSource
+from dpcore.sparse1d import (
+    NOT_ANSWERED,
+    POSITIVE,
+    SparseHistogramError,
+    audit_event_ratio,
+    laplace_histogram,
+    noise_then_threshold,
+    noise_then_threshold_sparse,
+    sparse_vector,
+    svt_decisions,
+    svt_decisions_BROKEN_no_query_noise,
+    svt_split,
+    threshold_for,
+    top_percent,
+)
+
+
+def sparse_counts(n_bins=20_000, occupied=60, seed=0):
+    rng = np.random.default_rng(seed)
+    counts = np.zeros(n_bins, dtype=np.int64)
+    counts[rng.choice(n_bins, occupied, replace=False)] = rng.integers(20, 400, occupied)
+    return counts
+
+
+def test_threshold_formula_scales_with_sensitivity_and_log_domain():
+    assert threshold_for(2.0, 1000, 0.5, 1) == pytest.approx(2.0 * math.log(1000) / 0.5)
+    assert threshold_for(2.0, 1000, 0.5, 4) == pytest.approx(4 * threshold_for(2.0, 1000, 0.5, 1))
+
+
+@pytest.mark.parametrize("eps", [0.5, 2.0])
+def test_thresholding_lowers_total_absolute_error_against_plain_laplace(eps):
+    counts = sparse_counts()
+    lap = laplace_histogram(counts, eps, 3, NoiseSource.seeded(1))
+    thr = noise_then_threshold(counts, eps, 3, 1.0, NoiseSource.seeded(1))
+    top = top_percent(counts, eps, 3, 0.5, NoiseSource.seeded(1))
+    err_lap = np.abs(lap - counts).sum()
+    assert np.abs(thr - counts).sum() < 0.1 * err_lap
+    assert np.abs(top - counts).sum() < 0.1 * err_lap
+    assert np.count_nonzero(top) <= 100
+
+
+def test_sparse_sampler_matches_the_dense_release_in_distribution():
+    n_bins, eps, k, eta = 5_000, 1.0, 1, 0.5  # low threshold: several empty bins pass per run
+    counts = sparse_counts(n_bins, 30, seed=2)
+    keys = np.flatnonzero(counts)
+    theta = threshold_for(eta, n_bins, eps, k)
+    m = math.ceil(theta)
+    t = math.exp(-eps / k)
+    expected_spurious = (n_bins - keys.size) * t ** m / (1 + t)
+    sparse_spurious, dense_spurious, values = [], [], []
+    for seed in range(200):
+        rel = noise_then_threshold_sparse(keys, counts[keys], n_bins, eps, k, eta, NoiseSource.seeded(seed))
+        assert np.all(np.diff(rel.keys) > 0) and rel.keys.min() >= 0 and rel.keys.max() < n_bins
+        assert np.all(rel.values >= theta)
+        spurious = ~np.isin(rel.keys, keys)
+        sparse_spurious.append(spurious.sum())
+        values.append(rel.values[spurious])
+        dense = noise_then_threshold(counts, eps, k, eta, NoiseSource.seeded(10_000 + seed))
+        dense_spurious.append(np.count_nonzero(dense[counts == 0]))
+        assert set(keys[counts[keys] > theta + 40]) <= set(rel.keys.tolist())  # heavy bins survive
+    se = math.sqrt(expected_spurious / 200)
+    assert abs(np.mean(sparse_spurious) - expected_spurious) < 5 * se
+    assert abs(np.mean(dense_spurious) - expected_spurious) < 5 * se
+    # Spurious values are m + Geometric: mean m + t/(1 − t).
+    v = np.concatenate(values)
+    assert abs(v.mean() - (m + t / (1 - t))) < 5 * math.sqrt(t) / (1 - t) / math.sqrt(v.size)
+
+
+def test_sparse_sampler_rejects_keys_outside_the_public_domain():
+    with pytest.raises(SparseHistogramError, match="domain"):
+        noise_then_threshold_sparse(np.array([5, 10]), np.array([1, 2]), 8, 1.0, 1, 1.0, NoiseSource.seeded(0))
+    with pytest.raises(SparseHistogramError, match="distinct"):
+        noise_then_threshold_sparse(np.array([1, 1]), np.array([1, 2]), 8, 1.0, 1, 1.0, NoiseSource.seeded(0))
+    with pytest.raises(SparseHistogramError, match="sensitivity"):
+        laplace_histogram(np.array([1, 2]), 1.0, 0.5, NoiseSource.seeded(0))
+
+
+@pytest.mark.parametrize("c", [1, 3, 10])
+@pytest.mark.parametrize("frac", [0.0, 0.25])
+def test_svt_budget_split_adds_up_and_follows_the_paper_ratio(c, frac):
+    e1, e2, e3 = svt_split(2.0, c, frac)
+    assert e1 + e2 + e3 == pytest.approx(2.0)
+    assert e3 == pytest.approx(2.0 * frac)
+    assert e2 / e1 == pytest.approx((2 * c) ** (2 / 3))
+
+
+def test_svt_stops_after_c_positives():
+    queries = np.full(50, 100)  # far above the threshold: every answered query is positive
+    dec = svt_decisions(queries, 0.0, 3, 0.5, 0.5, 1, NoiseSource.seeded(0), runs=200)
+    assert ((dec == POSITIVE).sum(axis=1) == 3).all()
+    assert (dec[:, 3:] == NOT_ANSWERED).all()
+    low = svt_decisions(np.zeros(20, dtype=np.int64), 1000.0, 3, 0.5, 0.5, 1, NoiseSource.seeded(1), runs=50)
+    assert (low == 0).all()  # nothing clears a far threshold; nothing is cut off
+
+
+def test_sparse_vector_charges_and_answers():
+    acct = Accountant(1.0)
+    q = np.array([0, 0, 500, 0, 800, 0, 900])
+    res = sparse_vector(q, 100.0, 2, 1.0, 1, NoiseSource.seeded(0), answer_fraction=0.5, acct=acct)
+    assert acct.spent == pytest.approx(1.0)
+    assert [c.name for c in acct.charges] == ["svt_threshold", "svt_queries", "svt_answers"]
+    assert res.positives.tolist() == [2, 4]
+    assert res.answers is not None and np.all(np.abs(res.answers - q[[2, 4]]) < 100)
+
+
+# ---- the statistical privacy test -------------------------------------------------------------
+# Neighbouring inputs (each query moves by at most Δ = 1): the order of two queries flips, which is
+# where a missing query noise shows (Lyu et al. Sec. 3, Alg. 5).
+D = np.array([0, 0, 1])
+D_PRIME = np.array([1, 1, 0])
+EPS = 1.0
+RUNS = 60_000
+
+
+def _correct(q, noise, runs):
+    e1, e2, _ = svt_split(EPS, 1)
+    return svt_decisions(q, 0.5, 1, e1, e2, 1, noise, runs)
+
+
+def _broken(q, noise, runs):
+    e1, e2, _ = svt_split(EPS, 1)
+    return svt_decisions_BROKEN_no_query_noise(q, 0.5, 1, e1, e2, 1, noise, runs)
+
+
+def test_statistical_privacy_test_passes_the_correct_svt():
+    audit = audit_event_ratio(_correct, D, D_PRIME, EPS, RUNS, NoiseSource.seeded(7))
+    assert not audit.violation, audit
+    # It is not vacuous: some event's loss is bounded away from zero, close to the ε it must stay under.
+    assert audit.max_log_ratio_lower > 0.3 * EPS
+
+
+def test_statistical_privacy_test_detects_the_broken_svt():
+    audit = audit_event_ratio(_broken, D, D_PRIME, EPS, RUNS, NoiseSource.seeded(7))
+    assert audit.violation, audit
+    assert audit.worst_event == "FFT"  # ⊥⊥⊤ is impossible on D' when queries carry no noise
