@@ -155,8 +155,13 @@ def main(argv: list[str] | None = None) -> int:
             print(table)
             print("\n".join(verdicts))
             print(f"({took:.0f} s)\n", flush=True)
-            sections.append(title + "\n\nMean relative error.\n\n" + table + "\n\n"
-                            + "\n".join(f"- {v}" for v in verdicts))
+            wins = {c: sum(1 for v in verdicts if v.startswith(f"{c} beats")) for c in ("ag", "privtree")}
+            total = {c: sum(1 for v in verdicts if v.startswith(c + " ")) for c in ("ag", "privtree")}
+            losses = [v for v in verdicts if "does NOT" in v]
+            summary = (f"At ε ≤ 0.2: ag beats ug in {wins['ag']}/{total['ag']} (ε, workload) cells, privtree in "
+                       f"{wins['privtree']}/{total['privtree']}."
+                       + ("" if not losses else " Where not:\n" + "\n".join(f"- {v}" for v in losses)))
+            sections.append(title + "\n\nMean relative error.\n\n" + table + "\n\n" + summary)
     if args.json:
         Path(args.json).write_text(json.dumps(reports, indent=1))
     cmd = ".venv/bin/python bench/bench_accuracy.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
