@@ -272,7 +272,8 @@ def _max_ratio_lower_bound(out_d: np.ndarray, out_d2: np.ndarray, thresholds: np
     return best
 
 
-@pytest.mark.parametrize(("name", "params"), [("identity", {"grid_size": 4}), ("ug", {})])
+@pytest.mark.parametrize(("name", "params"), [("identity", {"grid_size": 4}), ("ug", {}),
+                                              ("hb", {"levels": 2, "branching": 2})])
 def test_output_probability_ratio_within_e_eps(name: str, params: dict) -> None:
     """P[answer on the target box ≥ t] on D' vs D must stay ≤ e^ε up to sampling error, and the
     same check must expose the mechanism calibrated to sensitivity 1 under user-level privacy."""
