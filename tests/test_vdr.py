@@ -54,16 +54,20 @@ def test_denoiser_learns_moving_hotspot():
     from dpcore.models.vqvae import DenoiserConfig, SliceDenoiser
 
     truth = _moving_hotspot(32, 6, 3000)
-    scale = 4.0
+    scale = 20.0  # noise std ≈ 28 per cell against a peak of ≈ 120: structure is buried cell by cell
     noisy = NoiseSource.seeded(0).add_discrete_laplace(truth, 1, 1 / scale).astype(float)
     sd = float(np.sqrt(discrete_laplace_variance(scale)))
-    den = SliceDenoiser(DenoiserConfig(steps=150, batch_size=8, crop=32, hidden=16, max_seconds=60), "cpu")
-    report = den.fit(noisy, sd)
-    out = np.maximum(den.denoise(noisy, sd), 0.0)
-    assert out.shape == truth.shape and report.steps > 0
     mse_noisy = np.mean((noisy - truth) ** 2)
-    mse_out = np.mean((out - truth) ** 2)
-    assert mse_out < 0.5 * mse_noisy
+    config = DenoiserConfig(steps=80, batch_size=8, crop=32, hidden=16, residual_window=0)
+    den = SliceDenoiser(config, "cpu")
+    report = den.fit(noisy, sd)
+    assert report.steps == 80 and report.codes_used > 1
+    vq_only = np.maximum(den.denoise(noisy, sd), 0.0)
+    assert vq_only.shape == truth.shape
+    assert np.mean((vq_only - truth) ** 2) < 0.5 * mse_noisy  # the VQ-VAE alone removes most noise
+    den.config.residual_window = 5  # add back the structure the bottleneck missed (same trained model)
+    out = np.maximum(den.denoise(noisy, sd), 0.0)
+    assert np.mean((out - truth) ** 2) < 0.15 * mse_noisy
     # the hotspot is tracked: the denoised peak of every slice is near the true peak
     for s in range(truth.shape[2]):
         pt = np.unravel_index(np.argmax(truth[:, :, s]), truth.shape[:2])

@@ -67,7 +67,7 @@ class VDR(Mechanism):
                  count_fraction: float = 0.05, refinement: str = "mass", n_codes: int = 128,
                  alpha: float = 1.0, steps: int = 300, batch_size: int = 16, crop: int = 64,
                  hidden: int = 32, code_dim: int = 16, levels: int = 2, temporal_context: int = 1,
-                 resolutions: tuple[int, ...] = (1, 2, 4), lr: float = 2e-3,
+                 window_mean: bool = True, residual_window: int = 5, resolutions: tuple[int, ...] = (1, 2, 4), lr: float = 2e-3,
                  max_train_seconds: float | None = 150.0, device: str | None = None, train_seed: int = 0):
         self.grid_size = grid_size
         self.cell_width_m = cell_width_m
@@ -82,6 +82,8 @@ class VDR(Mechanism):
         self.code_dim = code_dim
         self.levels = levels
         self.temporal_context = temporal_context
+        self.window_mean = window_mean
+        self.residual_window = residual_window
         self.resolutions = tuple(resolutions)
         self.lr = lr
         self.max_train_seconds = max_train_seconds
@@ -125,6 +127,7 @@ class VDR(Mechanism):
         noise_std = float(np.sqrt(discrete_laplace_variance(scale)))
         config = DenoiserConfig(n_codes=self.n_codes, alpha=self.alpha, hidden=self.hidden, code_dim=self.code_dim,
                                 levels=self.levels, temporal_context=self.temporal_context,
+                                window_mean=bool(self.window_mean), residual_window=int(self.residual_window),
                                 resolutions=tuple(int(s) for s in self.resolutions), steps=self.steps,
                                 batch_size=self.batch_size, crop=self.crop, lr=self.lr,
                                 max_seconds=self.max_train_seconds, seed=self.train_seed)
