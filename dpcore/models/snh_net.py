@@ -1,0 +1,186 @@
+"""Torch modules for Spatial Neural Histograms (SNH): k_s small MLPs trained as one batched model.
+
+SNH (Zeighami et al., VLDB 2022) trains one network per query size. Training them one after the
+other costs k_s times the Python/kernel overhead; here the k_s networks' weights are stacked into
+(k_s, d_in, d_out) tensors and every layer is one ``torch.baddbmm``, so a step trains all of them.
+
+Architecture (paper): first activation sine, swish (SiLU) after, linear output. The sine layer
+is SIREN-style, ``sin(ω₀ · (W x + b))``, which lets a small net represent a spatially varying count
+surface; the inputs are query centres normalised to [-1, 1].
+
+Everything here is post-processing of a noisy grid: it never sees private data.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import nn
+
+
+def pick_device(device: str | None = None) -> torch.device:
+    """``device`` if given, else CUDA when present, else CPU."""
+    if device:
+        return torch.device(device)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+class BatchedSineSwishMLP(nn.Module):
+    """``n_models`` independent MLPs R^in_dim → R evaluated together.
+
+    ``forward(x)`` takes (n_models, batch, in_dim) and returns (n_models, batch).
+    ``forward_one(i, x)`` evaluates model i alone on (batch, in_dim) (used when answering).
+    """
+
+    def __init__(self, n_models: int, in_dim: int = 2, hidden: int = 64, depth: int = 3,
+                 omega0: float = 8.0, generator: torch.Generator | None = None):
+        super().__init__()
+        if n_models < 1 or hidden < 1 or depth < 1:
+            raise ValueError("n_models, hidden and depth must be ≥ 1")
+        self.n_models, self.in_dim, self.hidden, self.depth, self.omega0 = n_models, in_dim, hidden, depth, omega0
+        dims = [in_dim] + [hidden] * depth + [1]
+        self.weights = nn.ParameterList()
+        self.biases = nn.ParameterList()
+        for layer, (d_in, d_out) in enumerate(zip(dims[:-1], dims[1:], strict=True)):
+            # SIREN init for the sine layer (uniform ±1/d_in, scaled by ω₀ in forward); PyTorch's
+            # default Linear bound 1/sqrt(d_in) for the others.
+            bound = 1.0 / d_in if layer == 0 else 1.0 / math.sqrt(d_in)
+            w = (torch.rand(n_models, d_in, d_out, generator=generator) * 2 - 1) * bound
+            b = (torch.rand(n_models, 1, d_out, generator=generator) * 2 - 1) * (1.0 / math.sqrt(d_in))
+            self.weights.append(nn.Parameter(w))
+            self.biases.append(nn.Parameter(b))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w, b = self.weights, self.biases
+        h = torch.sin(self.omega0 * torch.baddbmm(b[0], x, w[0]))
+        for layer in range(1, len(w) - 1):
+            h = nn.functional.silu(torch.baddbmm(b[layer], h, w[layer]))
+        return torch.baddbmm(b[-1], h, w[-1]).squeeze(-1)
+
+    def forward_one(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        w, b = self.weights, self.biases
+        h = torch.sin(self.omega0 * torch.addmm(b[0][i], x, w[0][i]))
+        for layer in range(1, len(w) - 1):
+            h = nn.functional.silu(torch.addmm(b[layer][i], h, w[layer][i]))
+        return torch.addmm(b[-1][i], h, w[-1][i]).squeeze(-1)
+
+    def state_arrays(self) -> dict[str, np.ndarray]:
+        """Weights as float32 numpy arrays (saved with np.savez: no pickle in a release)."""
+        out = {}
+        for layer, (w, b) in enumerate(zip(self.weights, self.biases, strict=True)):
+            out[f"w{layer}"] = w.detach().cpu().numpy().astype(np.float32)
+            out[f"b{layer}"] = b.detach().cpu().numpy().astype(np.float32)
+        return out
+
+    def load_state_arrays(self, arrays: dict[str, np.ndarray]) -> None:
+        with torch.no_grad():
+            for layer, (w, b) in enumerate(zip(self.weights, self.biases, strict=True)):
+                w.copy_(torch.from_numpy(np.asarray(arrays[f"w{layer}"], dtype=np.float32)))
+                b.copy_(torch.from_numpy(np.asarray(arrays[f"b{layer}"], dtype=np.float32)))
+
+
+@dataclass
+class TrainConfig:
+    lr: float = 1e-3
+    batch_size: int = 1024
+    max_epochs: int = 40
+    #: Early stopping on the *training* loss: stop after ``patience`` epochs without a relative
+    #: improvement of at least ``min_rel_improvement`` (never on test error: that would need truth).
+    patience: int = 4
+    min_rel_improvement: float = 0.01
+    #: Samples drawn per model per "epoch" (cycling through shuffled copies of small training sets):
+    #: a fixed amount of work per epoch whatever the grid size, so coarse grids still get enough steps.
+    samples_per_epoch: int = 32768
+
+
+@dataclass
+class TrainResult:
+    epochs: int
+    losses: list[float] = field(default_factory=list)
+    seconds: float = 0.0
+    stopped_early: bool = False
+
+
+def train_batched(model: BatchedSineSwishMLP, inputs: list[np.ndarray], targets: list[np.ndarray],
+                  weights: list[np.ndarray], config: TrainConfig, device: torch.device,
+                  generator: torch.Generator,
+                  progress: Callable[[int, float], None] | None = None) -> TrainResult:
+    """Train model i on (inputs[i], targets[i]) with per-sample loss weights[i], all models at once.
+
+    Each epoch draws ``min(samples_per_epoch, n_i)`` samples per model (a permutation when the set
+    is smaller, uniform with replacement otherwise), so models with different sample counts train in
+    lockstep on equal-shaped (n_models, batch, in_dim) tensors.
+    """
+    k = model.n_models
+    if not (len(inputs) == len(targets) == len(weights) == k):
+        raise ValueError("need one input/target/weight array per model")
+    model.to(device)
+    xs = [torch.as_tensor(a, dtype=torch.float32, device=device) for a in inputs]
+    ys = [torch.as_tensor(a, dtype=torch.float32, device=device) for a in targets]
+    ws = [torch.as_tensor(a, dtype=torch.float32, device=device) for a in weights]
+    sizes = [int(a.shape[0]) for a in xs]
+    per_epoch = config.samples_per_epoch
+    steps = max(1, math.ceil(per_epoch / config.batch_size))
+    opt = torch.optim.Adam(model.parameters(), lr=config.lr)
+    result = TrainResult(0)
+    best = math.inf
+    stale = 0
+    t0 = time.perf_counter()
+    for epoch in range(config.max_epochs):
+        # Index plan for this epoch: (k, steps*batch) sample indices per model.
+        idx = torch.stack([
+            _epoch_indices(n, steps * config.batch_size, generator).to(device) for n in sizes
+        ])
+        total = 0.0
+        for s in range(steps):
+            sl = idx[:, s * config.batch_size:(s + 1) * config.batch_size]
+            xb = torch.stack([xs[i][sl[i]] for i in range(k)])
+            yb = torch.stack([ys[i][sl[i]] for i in range(k)])
+            wb = torch.stack([ws[i][sl[i]] for i in range(k)])
+            loss = (wb * (model(xb) - yb) ** 2).mean()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            total += float(loss.detach())
+        epoch_loss = total / steps
+        result.losses.append(epoch_loss)
+        result.epochs = epoch + 1
+        if progress is not None:
+            progress(epoch + 1, epoch_loss)
+        if epoch_loss < best * (1 - config.min_rel_improvement):
+            best = epoch_loss
+            stale = 0
+        else:
+            stale += 1
+            if stale >= config.patience:
+                result.stopped_early = True
+                break
+    result.seconds = time.perf_counter() - t0
+    return result
+
+
+def _epoch_indices(n: int, count: int, generator: torch.Generator) -> torch.Tensor:
+    if n >= count:
+        return torch.randperm(n, generator=generator)[:count]
+    reps = math.ceil(count / n)
+    return torch.cat([torch.randperm(n, generator=generator) for _ in range(reps)])[:count]
+
+
+@torch.no_grad()
+def predict_grouped(model: BatchedSineSwishMLP, x: np.ndarray, which: np.ndarray, device: torch.device,
+                    chunk: int = 262144) -> np.ndarray:
+    """Evaluate model ``which[j]`` at ``x[j]`` for every j: one pass per model over its own rows."""
+    model.eval()
+    out = np.empty(x.shape[0], dtype=np.float64)
+    for i in np.unique(which):
+        rows = np.flatnonzero(which == i)
+        for start in range(0, rows.size, chunk):
+            r = rows[start:start + chunk]
+            xt = torch.as_tensor(x[r], dtype=torch.float32, device=device)
+            out[r] = model.forward_one(int(i), xt).double().cpu().numpy()
+    return out

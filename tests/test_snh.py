@@ -1,0 +1,186 @@
+"""Spatial Neural Histograms: augmentation, training, answering, save/load, privacy accounting."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from dpcore.geo import Region
+from dpcore.histogram import grid_counts
+from dpcore.mechanisms import FitInput, get_mechanism
+from dpcore.mechanisms.base import MechanismError
+from dpcore.mechanisms.snh import SNHSynopsis, augment, query_sides
+from dpcore.models.snh_net import BatchedSineSwishMLP, pick_device, predict_grouped
+from dpcore.noise import NoiseSource
+from dpcore.synopsis import load_synopsis
+
+# Small, fast configuration for tests (the defaults are sized for 20 × 20 km releases).
+TINY = dict(n_sizes=3, hidden=16, depth=2, max_epochs=6, samples_per_epoch=2048, batch_size=512, device="cpu")
+
+
+def small_region(side_km: float = 2.0) -> Region:
+    return Region("test", 40.0, -74.0, side_km)
+
+
+def brute_force_label(noisy: np.ndarray, bounds, box) -> float:
+    """Sum over cells of value × (overlap area / cell area), one cell at a time."""
+    xmin, ymin, xmax, ymax = bounds
+    nx, ny = noisy.shape
+    cw, ch = (xmax - xmin) / nx, (ymax - ymin) / ny
+    total = 0.0
+    for i in range(nx):
+        for j in range(ny):
+            ox = max(0.0, min(box[2], xmin + (i + 1) * cw) - max(box[0], xmin + i * cw))
+            oy = max(0.0, min(box[3], ymin + (j + 1) * ch) - max(box[1], ymin + j * ch))
+            total += noisy[i, j] * ox * oy / (cw * ch)
+    return total
+
+
+@pytest.mark.parametrize("side_m", [130.0, 200.0, 370.0])
+def test_augmentation_labels_equal_brute_force(side_m):
+    region = small_region(1.0)  # 10 × 10 grid of 100 m cells
+    rng = np.random.default_rng(3)
+    noisy = rng.integers(-5, 30, size=(10, 10)).astype(np.float64)
+    centres, labels = augment(noisy, region, side_m)
+    xmin, ymin, xmax, ymax = region.bounds_m
+    # Every square's bottom-left corner is a cell corner and the square stays inside the region.
+    x0 = centres[:, 0] - side_m / 2
+    y0 = centres[:, 1] - side_m / 2
+    assert np.allclose(np.mod(x0 - xmin + 1e-6, 100.0), 1e-6, atol=1e-4)
+    assert (x0 + side_m <= xmax + 1e-6).all() and (y0 + side_m <= ymax + 1e-6).all()
+    expected_positions = (int((1000 - side_m) // 100) + 1) ** 2
+    assert labels.shape == (expected_positions,)
+    for k in range(labels.size):
+        box = (x0[k], y0[k], x0[k] + side_m, y0[k] + side_m)
+        assert labels[k] == pytest.approx(brute_force_label(noisy, region.bounds_m, box), rel=1e-9, abs=1e-9)
+
+
+def test_query_sides_follow_the_paper_spacing():
+    r = query_sides(25.0, 105.0, 4)
+    assert np.allclose(r, [35.0, 55.0, 75.0, 95.0])
+    with pytest.raises(MechanismError):
+        query_sides(100.0, 10.0, 4)
+
+
+def test_batched_model_matches_per_model_evaluation():
+    gen = torch.Generator().manual_seed(0)
+    net = BatchedSineSwishMLP(3, 2, 8, 2, 5.0, generator=gen)
+    x = torch.rand(3, 7, 2, generator=gen) * 2 - 1
+    batched = net(x)
+    for i in range(3):
+        assert torch.allclose(batched[i], net.forward_one(i, x[i]), atol=1e-6)
+    which = np.array([0, 2, 1, 2, 0, 1, 1])
+    flat = x[which, np.arange(7)].numpy()
+    got = predict_grouped(net, flat, which, torch.device("cpu"))
+    want = batched[which, np.arange(7)].detach().numpy()
+    assert np.allclose(got, want, atol=1e-6)
+
+
+def test_pick_device_prefers_cuda_only_when_present():
+    assert pick_device("cpu").type == "cpu"
+    assert pick_device(None).type == ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _structured_points(region: Region, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Smooth known structure: two broad Gaussian bumps plus a uniform floor."""
+    rng = np.random.default_rng(seed)
+    h = region.half_m
+    parts = [rng.normal([-0.3 * h, -0.2 * h], 0.35 * h, size=(n // 2, 2)),
+             rng.normal([0.4 * h, 0.35 * h], 0.25 * h, size=(n // 4, 2)),
+             rng.uniform(-h, h, size=(n - n // 2 - n // 4, 2))]
+    xy = np.concatenate(parts)
+    xy = xy[(np.abs(xy) < h).all(axis=1)]
+    return xy[:, 0], xy[:, 1]
+
+
+def test_trained_model_beats_noisy_grid_on_structured_data():
+    region = small_region(2.0)
+    x, y = _structured_points(region, 40_000, seed=1)
+    data = FitInput(x, y, region, "record", None)
+    eps = 0.05  # noise scale 20 per 50 m cell: the grid is noise-dominated, the nets can smooth it out
+    params = dict(cell_width_m=50.0, query_sides_m=(150.0, 450.0), n_sizes=3, hidden=32, depth=2, omega0=8.0,
+                  max_epochs=25, samples_per_epoch=4096, batch_size=512, device="cpu")
+    snh = get_mechanism("snh", **params).fit(data, eps, NoiseSource.seeded(7))
+    grid = get_mechanism("identity", cell_width_m=50.0).fit(data, eps, NoiseSource.seeded(7))
+    assert np.array_equal(grid.values, snh.noisy)  # same seed → same noisy grid: a fair comparison
+
+    rng = np.random.default_rng(11)
+    side = rng.uniform(150, 450, 1500)
+    c = rng.uniform(-region.half_m + 250, region.half_m - 250, size=(1500, 2))
+    boxes = np.stack([c[:, 0] - side / 2, c[:, 1] - side / 2, c[:, 0] + side / 2, c[:, 1] + side / 2], axis=1)
+    inside = (x[None, :] >= boxes[:, :1]) & (x[None, :] < boxes[:, 2:3]) & (y[None, :] >= boxes[:, 1:2]) \
+        & (y[None, :] < boxes[:, 3:4])
+    truth = inside.sum(axis=1)
+    err_snh = np.abs(snh.answer(boxes) - truth).mean()
+    err_grid = np.abs(grid.answer(boxes) - truth).mean()
+    assert err_snh < 0.9 * err_grid, (err_snh, err_grid)
+
+
+def test_save_load_round_trip_gives_identical_answers(tmp_path):
+    region = small_region(2.0)
+    x, y = _structured_points(region, 5000, seed=2)
+    syn = get_mechanism("snh", cell_width_m=100.0, query_sides_m=(50.0, 400.0), **TINY).fit(
+        FitInput(x, y, region, "record", None), 0.5, NoiseSource.seeded(1))
+    rng = np.random.default_rng(0)
+    c = rng.uniform(-900, 900, size=(300, 2))
+    side = rng.uniform(20, 900, 300)  # spans nets and the large-query grid fallback
+    boxes = np.stack([c[:, 0] - side / 2, c[:, 1] - side / 2, c[:, 0] + side / 2, c[:, 1] + side / 2], axis=1)
+    files = syn.save(tmp_path / "rel")
+    assert "snh_weights.npz" in files and "synopsis.json" in files
+    loaded = load_synopsis(tmp_path / "rel")
+    assert isinstance(loaded, SNHSynopsis)
+    assert np.array_equal(loaded.answer(boxes), syn.answer(boxes))
+    assert np.array_equal(loaded.density(16), syn.density(16))
+    assert loaded.privacy.to_dict() == syn.privacy.to_dict()
+
+
+def test_large_queries_use_grid_and_scaling_uses_nearest_side():
+    region = small_region(2.0)
+    x, y = _structured_points(region, 5000, seed=4)
+    syn = get_mechanism("snh", cell_width_m=100.0, query_sides_m=(100.0, 300.0), **TINY).fit(
+        FitInput(x, y, region, "record", None), 1.0, NoiseSource.seeded(2))
+    big = np.array([[-800.0, -800.0, 0.0, 0.0]])
+    grid_answer = get_mechanism("identity", cell_width_m=100.0).fit(
+        FitInput(x, y, region, "record", None), 1.0, NoiseSource.seeded(2)).answer(big)
+    assert syn.answer(big) == pytest.approx(grid_answer)
+    # A query of side r_i/2 at the same centre as one of side r_i gets exactly a quarter of its answer.
+    r0 = syn.sides[0]
+    q_full = np.array([[-r0 / 2, -r0 / 2, r0 / 2, r0 / 2]])
+    q_half = q_full / 2
+    assert syn.answer(q_half)[0] == pytest.approx(syn.answer(q_full)[0] / 4, rel=1e-6)
+
+
+def test_user_level_charges_sensitivity_k_and_spends_exactly_epsilon():
+    region = small_region(2.0)
+    x, y = _structured_points(region, 3000, seed=5)
+    data = FitInput(x, y, region, "user", 7, user=np.arange(x.size) % 500)
+    syn = get_mechanism("snh", cell_width_m=200.0, **TINY).fit(data, 0.3, NoiseSource.seeded(0))
+    charges = syn.privacy.charges
+    assert [c["sensitivity"] for c in charges] == [7.0]
+    assert sum(c["epsilon"] for c in charges) == pytest.approx(0.3)
+    assert syn.privacy.sensitivity == 7.0
+
+
+def test_noisy_grid_is_the_only_data_dependent_input_of_training():
+    """Two datasets with the same grid counts give identical synopses under the same seed."""
+    region = small_region(1.0)
+    rng = np.random.default_rng(0)
+    x, y = rng.uniform(-500, 500, (2, 2000))
+    # Move every point within its own 100 m cell: counts unchanged, raw coordinates changed.
+    cell = 100.0
+    x2 = np.floor((x + 500) / cell) * cell - 500 + rng.uniform(0, cell, x.size)
+    y2 = np.floor((y + 500) / cell) * cell - 500 + rng.uniform(0, cell, y.size)
+    assert np.array_equal(grid_counts(x, y, region.bounds_m, 10), grid_counts(x2, y2, region.bounds_m, 10))
+    mech = get_mechanism("snh", cell_width_m=cell, query_sides_m=(50.0, 300.0), **TINY)
+    a = mech.fit(FitInput(x, y, region, "record", None), 1.0, NoiseSource.seeded(3))
+    b = mech.fit(FitInput(x2, y2, region, "record", None), 1.0, NoiseSource.seeded(3))
+    boxes = np.array([[-100.0, -100.0, 50.0, 60.0], [0.0, 0.0, 250.0, 250.0]])
+    assert np.array_equal(a.answer(boxes), b.answer(boxes))
+
+
+def test_bad_cell_width_is_a_clear_error():
+    region = small_region(1.0)
+    with pytest.raises(MechanismError):
+        get_mechanism("snh", cell_width_m=-5.0, **TINY).fit(
+            FitInput(np.zeros(3), np.zeros(3), region, "record", None), 1.0, NoiseSource.seeded(0))
