@@ -21,8 +21,9 @@ weights, v' = (α²·m2²·v + (1−α)²·Σu) / (α²·m2² + (1−α)²); the
 equally over the children (mean consistency), so the children add up to v'. Negative leaf counts
 that remain are kept (unbiased range sums); ``clamp_negative=True`` zeroes them after inference.
 
-The leaves are rasterised onto a public ``raster_size`` grid (default 2048), each leaf's count
-spread uniformly over its area, so the synopsis answers by prefix sums.
+The leaves are rasterised onto a public ``raster_size`` grid (default: ~10 m cells, at most 2048 per
+axis), each leaf's count spread exactly uniformly over its area, so the synopsis answers by prefix
+sums.
 """
 
 from __future__ import annotations
@@ -65,13 +66,18 @@ def constrained_inference(v: np.ndarray, u: np.ndarray, n_children: np.ndarray, 
     return np.asarray(u, dtype=np.float64) + ((v_prime - child_sum) / n_children)[leaf_cell]
 
 
+def default_raster(side_m: float, cell_m: float = 10.0) -> int:
+    """Raster cells per axis: about ``cell_m`` metres each, between 16 and MAX_RASTER."""
+    return int(min(MAX_RASTER, max(16, math.ceil(side_m / cell_m))))
+
+
 class AdaptiveGrid(Mechanism):
     """Two-level adaptive grid; see the module docstring for sizes, budget split and inference."""
 
     name = "ag"
 
     def __init__(self, *, alpha: float = 0.5, c: float = DEFAULT_C, total_fraction: float = 0.05,
-                 min_m1: int = 10, max_m2: int = 256, raster_size: int = MAX_RASTER,
+                 min_m1: int = 10, max_m2: int = 256, raster_size: int | None = None,
                  clamp_negative: bool = False):
         self.alpha = alpha
         self.min_m1 = min_m1
@@ -85,7 +91,8 @@ class AdaptiveGrid(Mechanism):
         alpha = check_fraction(self.alpha, "alpha")
         if self.c <= 0:
             raise MechanismError(f"c must be > 0, got {self.c}")
-        if min(int(self.min_m1), int(self.max_m2), int(self.raster_size)) < 1:
+        raster_size = int(self.raster_size) if self.raster_size is not None else default_raster(data.region.side_m)
+        if min(int(self.min_m1), int(self.max_m2), raster_size) < 1:
             raise MechanismError("min_m1, max_m2 and raster_size must be ≥ 1")
         k = data.sensitivity
         notes: list[str] = []
@@ -96,7 +103,7 @@ class AdaptiveGrid(Mechanism):
         # axis (tiny N·ε/k, e.g. user level at small ε), the floor is lowered to UG's size, so AG never
         # starts coarser-noisier than UG. For m_ug ≥ 10 this is exactly max(10, ⌈m_ug/4⌉).
         floor = min(int(self.min_m1), max(1, int(math.ceil(m_ug))))
-        m1 = min(max(floor, int(math.ceil(m_ug / 4.0))), int(self.raster_size))
+        m1 = min(max(floor, int(math.ceil(m_ug / 4.0))), raster_size)
 
         # Level 1.
         xmin, ymin, xmax, ymax = data.region.bounds_m
@@ -149,8 +156,7 @@ class AdaptiveGrid(Mechanism):
         cy0 = ymin + (leaf_cell % m1) * h1
         x0 = cx0 + lx * (w1 / lm2)
         y0 = cy0 + ly * (h1 / lm2)
-        raster = rasterise_rectangles(x0, y0, x0 + w1 / lm2, y0 + h1 / lm2, u, data.region,
-                                      int(self.raster_size))
+        raster = rasterise_rectangles(x0, y0, x0 + w1 / lm2, y0 + h1 / lm2, u, data.region, raster_size)
         extra = {"m1": m1, "m2_min": int(m2.min()), "m2_max": int(m2.max()), "n_leaves": int(u.size),
-                 "raster_size": int(self.raster_size)}
+                 "raster_size": raster_size}
         return GridSynopsis(raster, data.region, self.privacy_info(data, acct, noise, notes), extra)
