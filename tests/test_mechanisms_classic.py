@@ -13,7 +13,7 @@ from dpcore.budget import Accountant, BudgetExceeded
 from dpcore.geo import Region
 from dpcore.mechanisms import FitInput, Mechanism, get_mechanism
 from dpcore.mechanisms.ag import constrained_inference
-from dpcore.mechanisms.hb import block_sum, hierarchy_consistency
+from dpcore.mechanisms.hb import block_sum, hierarchy_consistency, level_budgets
 from dpcore.mechanisms.privtree import privtree_parameters
 from dpcore.mechanisms.ug import rasterise_rectangles
 from dpcore.noise import NoiseSource
@@ -160,6 +160,16 @@ def test_hb_consistency_reduces_error_of_large_queries(user_data: FitInput) -> N
         hb_err.append((hb.answer(boxes) - truth) ** 2)
         flat_err.append((flat.answer(boxes) - truth) ** 2)
     assert np.mean(hb_err) < 0.5 * np.mean(flat_err)
+
+
+def test_hb_level_budgets_add_up(user_data: FitInput) -> None:
+    assert level_budgets(0.9, 3, 4, "uniform") == pytest.approx([0.3, 0.3, 0.3])
+    geo = level_budgets(0.9, 3, 4, "geometric")
+    assert sum(geo) == pytest.approx(0.9)
+    assert geo[2] / geo[1] == pytest.approx(2 ** (1 / 3)) and geo[1] / geo[0] == pytest.approx(2 ** (1 / 3))
+    syn = get_mechanism("hb", level_split="geometric", levels=3).fit(user_data, 0.9, NoiseSource.seeded(0))
+    eps = [c["epsilon"] for c in syn.privacy.charges]
+    assert eps == pytest.approx(geo)
 
 
 def test_privtree_parameters_and_user_scaling() -> None:

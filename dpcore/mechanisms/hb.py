@@ -10,7 +10,8 @@ usually as good or better on city-scale data, and our benchmark agrees (bench/RE
 There is no root node: the top level's b × b counts are measured directly.
 
 Budget: ``total_fraction`` of ε estimates N (unless ``FitInput.public_total`` is given or ``levels``
-is set); the rest is split *uniformly* over the h levels, ε/h each. Within a level the cells are
+is set); the rest is split *uniformly* over the h levels, ε/h each (``level_split="geometric"``
+gives the leaves more, as Cormode et al. 2012; the consistency below uses each level's variance). Within a level the cells are
 disjoint, so each level is one Laplace step of L1 sensitivity k (user) or 1 (record); levels compose
 sequentially.
 
@@ -39,6 +40,18 @@ from dpcore.mechanisms.base import FitInput, Mechanism, MechanismError
 from dpcore.mechanisms.ug import DEFAULT_C, MAX_RASTER, check_fraction, grid_size_rule, private_total
 from dpcore.noise import NoiseSource, discrete_laplace_variance
 from dpcore.synopsis import GridSynopsis
+
+LEVEL_SPLITS = ("uniform", "geometric")
+
+
+def level_budgets(epsilon: float, h: int, b: int, split: str) -> list[float]:
+    """ε per level, top first. ``uniform``: ε/h each. ``geometric``: ε ∝ (b²)^(−height/6), height 0
+    at the leaves — Cormode et al. (ICDE 2012)'s 2^(−height/3) for quadtrees, generalised to b² children
+    — so the many leaves, which every small query uses, get the most."""
+    if split == "uniform":
+        return [epsilon / h] * h
+    weights = np.array([(b * b) ** (-(h - 1 - lvl) / 6.0) for lvl in range(h)])
+    return list(epsilon * weights / weights.sum())
 
 
 def block_sum(a: np.ndarray, b: int) -> np.ndarray:
@@ -94,8 +107,10 @@ class HierarchicalGrid(Mechanism):
     name = "hb"
 
     def __init__(self, *, branching: int = 4, levels: int | None = None, c: float = DEFAULT_C,
-                 total_fraction: float = 0.05, max_leaf_grid: int = MAX_RASTER, clamp_negative: bool = False):
+                 total_fraction: float = 0.05, max_leaf_grid: int = MAX_RASTER, level_split: str = "uniform",
+                 clamp_negative: bool = False):
         self.branching = branching
+        self.level_split = level_split
         self.levels = levels
         self.c = c
         self.total_fraction = total_fraction
@@ -108,6 +123,8 @@ class HierarchicalGrid(Mechanism):
             raise MechanismError(f"branching must be ≥ 2, got {self.branching}")
         if self.c <= 0:
             raise MechanismError(f"c must be > 0, got {self.c}")
+        if self.level_split not in LEVEL_SPLITS:
+            raise MechanismError(f"level_split must be one of {LEVEL_SPLITS}, got {self.level_split!r}")
         k = data.sensitivity
         notes: list[str] = []
         # Deepest level allowed by the cap on the leaf grid.
@@ -129,7 +146,7 @@ class HierarchicalGrid(Mechanism):
         true_levels = [counts_leaf]
         for _ in range(h - 1):
             true_levels.insert(0, block_sum(true_levels[0], b))
-        eps_level = (acct.epsilon - acct.spent) / h
+        eps_levels = level_budgets(acct.epsilon - acct.spent, h, b, self.level_split)
         noisy, variances = [], []
         for lvl, counts in enumerate(true_levels):
             side = counts.shape[0]
@@ -137,13 +154,14 @@ class HierarchicalGrid(Mechanism):
                 eps_l = acct.spend_rest(f"level{lvl + 1}_counts", k,
                                         note=f"{side}x{side} grid (leaves); disjoint cells")
             else:
-                eps_l = acct.spend(f"level{lvl + 1}_counts", eps_level, k, note=f"{side}x{side} grid; disjoint cells")
+                eps_l = acct.spend(f"level{lvl + 1}_counts", eps_levels[lvl], k,
+                                   note=f"{side}x{side} grid; disjoint cells")
             noisy.append(noise.add_discrete_laplace(counts, k, eps_l).astype(np.float64))
             variances.append(discrete_laplace_variance(k / eps_l))
         consistent = hierarchy_consistency(noisy, variances, b)
         values = consistent[-1]
-        notes.append(f"branching {b} per axis ({b * b} children per node), {h} levels, ε split uniformly "
-                     "over levels; least-squares consistency (Hay et al. 2010)")
+        notes.append(f"branching {b} per axis ({b * b} children per node), {h} levels, ε split "
+                     f"{self.level_split} over levels; least-squares consistency (Hay et al. 2010)")
         if self.clamp_negative:
             values = np.maximum(values, 0.0)
             notes.append("negative leaves clamped to 0 after consistency")
