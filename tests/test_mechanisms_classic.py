@@ -166,7 +166,10 @@ def test_hb_level_budgets_add_up(user_data: FitInput) -> None:
     assert level_budgets(0.9, 3, 4, "uniform") == pytest.approx([0.3, 0.3, 0.3])
     geo = level_budgets(0.9, 3, 4, "geometric")
     assert sum(geo) == pytest.approx(0.9)
-    assert geo[2] / geo[1] == pytest.approx(2 ** (1 / 3)) and geo[1] / geo[0] == pytest.approx(2 ** (1 / 3))
+    # 16 children per node: ratio 16^(1/6) between levels; a quadtree (b = 2) gets Cormode's 2^(1/3).
+    assert geo[2] / geo[1] == pytest.approx(16 ** (1 / 6)) and geo[1] / geo[0] == pytest.approx(16 ** (1 / 6))
+    quad = level_budgets(1.0, 4, 2, "geometric")
+    assert quad[3] / quad[2] == pytest.approx(2 ** (1 / 3))
     syn = get_mechanism("hb", level_split="geometric", levels=3).fit(user_data, 0.9, NoiseSource.seeded(0))
     eps = [c["epsilon"] for c in syn.privacy.charges]
     assert eps == pytest.approx(geo)
