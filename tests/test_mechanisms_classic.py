@@ -345,3 +345,33 @@ def test_ag_and_privtree_beat_ug_on_skewed_real_data_at_small_epsilon(gowalla_ny
             err[name] = np.mean(per_trial, axis=0)
         assert np.all(err["ag"] < err["ug"]), (eps, err)
         assert np.all(err["privtree"] < err["ug"]), (eps, err)
+
+
+def test_privtree_split_decisions_are_user_level_private() -> None:
+    """PrivTree's tree shape at user level: one user with k points in an empty quadrant must change
+    the probability that the quadrant is split by ≤ e^ε_tree; λ, δ calibrated to sensitivity 1
+    instead of k must be caught by the same check."""
+    k, eps, runs = 20, 0.5, 2000  # ε_tree = ε/2
+    rng = np.random.default_rng(3)
+    # 2,000 points in the three other quadrants: the root always splits.
+    x = rng.uniform(0, 2000, 2000)
+    y = rng.uniform(-2000, 2000, 2000)
+    x2, y2 = np.r_[x, np.full(k, -1000.0)], np.r_[y, np.full(k, -1000.0)]  # + one user in quadrant (−, −)
+
+    def split_rate(xs: np.ndarray, ys: np.ndarray, unit: str, seed0: int) -> int:
+        data = FitInput(xs, ys, REGION, unit, k if unit == "user" else None)
+        mech = get_mechanism("privtree", min_leaf_m=1000.0)  # depth ≤ 2: a 4 × 4 raster
+        hits = 0
+        for s in range(runs):
+            quadrant = mech.fit(data, eps, NoiseSource.seeded(seed0 + s)).values[:2, :2]
+            hits += quadrant.max() != quadrant.min()  # a leaf is uniform; split children differ
+        return hits
+
+    def ratio_lower_bound(hi: int, lo: int, alpha: float = 1e-3) -> float:
+        return beta_dist.ppf(alpha, hi, runs - hi + 1) / beta_dist.ppf(1 - alpha, lo + 1, runs - lo)
+
+    lo, hi = split_rate(x, y, "user", 0), split_rate(x2, y2, "user", 50_000)
+    assert 150 < lo < 350  # P[Lap(λ) > δ] = 1/(2β) = 1/8 for an empty node
+    assert ratio_lower_bound(hi, lo) <= math.exp(eps / 2)
+    bad_lo, bad_hi = split_rate(x, y, "record", 100_000), split_rate(x2, y2, "record", 150_000)
+    assert ratio_lower_bound(bad_hi, bad_lo) > math.exp(eps / 2)
