@@ -223,7 +223,7 @@ def _children(nodes: np.ndarray) -> np.ndarray:
 
 def measure_quadtree(leaf_units: np.ndarray, w: int, level_eps: list[float], quantum: int,
                      noise: NoiseSource | None, acct: Accountant | None = None,
-                     threshold_factor: float = 0.0) -> NoisyQuadtree:
+                     threshold_factor: float = 0.0, reserve_epsilon: float = 0.0) -> NoisyQuadtree:
     """Noisy top-w descent of the quadtree over ``leaf_units`` (int64 masses in units of 1/Q).
 
     At each level the children of the previous level's kept nodes are measured and the top-``w``
@@ -233,9 +233,14 @@ def measure_quadtree(leaf_units: np.ndarray, w: int, level_eps: list[float], qua
     stops the descent where noise dominates instead of keeping w nodes of pure noise, whose
     selection bias (the top of many Laplace draws is far above zero) would add spurious mass.
 
+    ``reserve_epsilon`` (on top of the level budgets) is spent after the descent on measuring the
+    pruned tree's leaves a second time, together with the budget of any level never reached.
+
     ``noise=None`` measures exactly (no noise, no charge): for tests of the reconstruction only.
     With an accountant, each level is charged ε_j at L1 sensitivity 1 (user mass) before its noise.
     """
+    if reserve_epsilon < 0:
+        raise HeatmapError("reserve_epsilon must be ≥ 0")
     d = leaf_units.shape[0]
     levels = pyramid(leaf_units)
     n_levels = len(level_eps)
@@ -273,17 +278,18 @@ def measure_quadtree(leaf_units: np.ndarray, w: int, level_eps: list[float], qua
         tree.noisy.append(noisy_units[order] / quantum)
         tree.measured.append(int(cand.shape[0]))
         parents = cand[order]
-    unspent = float(sum(level_eps[j] for j in range(n_levels) if tree.measured[j] == 0))
+    unspent = float(reserve_epsilon) + float(sum(level_eps[j] for j in range(n_levels) if tree.measured[j] == 0))
     terms = _terminals(tree)
     if unspent > 0 and terms:
-        # The descent stopped early, so the planned budget of the levels below was never used. Spend
-        # it on measuring the pruned tree's leaves again: they are disjoint nodes, so their mass
-        # vector has L1 sensitivity 1; which nodes they are depends on noisy output only.
+        # The reserve, plus the planned budget of levels the descent never reached, measures the
+        # pruned tree's leaves again: they are disjoint nodes, so their mass vector has L1
+        # sensitivity 1; which nodes they are depends on noisy output only. The descent needs only
+        # to *find* the heavy leaves; this second look makes their values precise.
         n_terms = sum(n.shape[0] for _, n in terms)
         if noise is not None and acct is not None:
             unspent = min(unspent, acct.remaining)
             acct.spend("terminal_nodes", unspent, 1.0, note=(
-                f"budget of the levels the descent never reached, re-measuring the {n_terms} leaves of the "
+                f"reserve + budget of levels the descent never reached, re-measuring the {n_terms} leaves of the "
                 f"pruned tree (disjoint nodes: L1 sensitivity 1); discrete Laplace scale {quantum}/ε units"))
         for j, nodes in terms:
             true_units = levels[j][nodes[:, 0], nodes[:, 1]]

@@ -214,3 +214,15 @@ def test_accountant_refuses_a_budget_overrun_in_the_tree():
     acct = Accountant(0.5)
     with pytest.raises(Exception, match="only"):
         measure_quadtree(units, 4, [0.3, 0.3, 0.3], Q, NoiseSource.seeded(0), acct)
+
+
+def test_reserved_budget_remeasures_the_pruned_leaves_and_everything_adds_up():
+    data = fit_input()
+    syn = get_mechanism("dpheatmap", resolution=64, remeasure_fraction=0.3).fit(data, 2.0, NoiseSource.seeded(3))
+    names = [c["name"] for c in syn.privacy.charges]
+    assert names[0] == "root" and names[-1] == "terminal_nodes"
+    assert sum(c["epsilon"] for c in syn.privacy.charges) == pytest.approx(2.0)
+    terminal = syn.privacy.charges[-1]["epsilon"]
+    assert terminal >= 0.3 * (2.0 - syn.privacy.charges[0]["epsilon"]) - 1e-12
+    with pytest.raises(MechanismError, match="remeasure_fraction"):
+        get_mechanism("dpheatmap", resolution=64, remeasure_fraction=1.0).fit(data, 1.0, NoiseSource.seeded(0))

@@ -65,7 +65,9 @@ class DPHeatmap(Mechanism):
 
     def __init__(self, *, resolution: int = 256, w: int = 30, threshold_factor: float = 1.0,
                  level_split: str | float = 1.3, depth: str | int = "auto", root_fraction: float = 0.05,
-                 signal_to_noise: float = 0.5, reconstruction: str = "lp", quantum: int = DEFAULT_QUANTUM):
+                 signal_to_noise: float = 0.5, remeasure_fraction: float = 0.0, reconstruction: str = "lp",
+                 quantum: int = DEFAULT_QUANTUM):
+        self.remeasure_fraction = remeasure_fraction
         self.resolution = resolution
         self.depth = depth
         self.root_fraction = root_fraction
@@ -96,6 +98,8 @@ class DPHeatmap(Mechanism):
                     raise HeatmapError(f"depth must be 'auto' or an integer in [1, {max_levels}], got {self.depth!r}")
             elif not 0 < float(self.root_fraction) < 1:
                 raise HeatmapError(f"root_fraction must be in (0, 1), got {self.root_fraction!r}")
+            if not 0 <= float(self.remeasure_fraction) < 1:
+                raise HeatmapError(f"remeasure_fraction must be in [0, 1), got {self.remeasure_fraction!r}")
             level_epsilons(acct.epsilon, max_levels, self.level_split)  # validates the split early
         except (HeatmapError, ValueError) as exc:
             raise MechanismError(str(exc)) from exc
@@ -110,11 +114,12 @@ class DPHeatmap(Mechanism):
             n_hat = float(units.sum() + noise.discrete_laplace(q / eps_root, 1)[0]) / q
             root = (n_hat, eps_root)
             eps_tree = acct.epsilon - eps_root
-            depth = choose_depth(n_hat, eps_tree, max_levels, int(self.w), self.level_split,
+            depth = choose_depth(n_hat, eps_tree * (1 - float(self.remeasure_fraction)), max_levels, int(self.w), self.level_split,
                                  float(self.signal_to_noise))
         split = self.level_split[:depth] if isinstance(self.level_split, list) else self.level_split
-        eps_levels = level_epsilons(eps_tree, depth, split)
-        tree = measure_quadtree(units, self.w, eps_levels, q, noise, acct, float(self.threshold_factor))
+        reserve = float(self.remeasure_fraction) * eps_tree
+        eps_levels = level_epsilons(eps_tree - reserve, depth, split)
+        tree = measure_quadtree(units, self.w, eps_levels, q, noise, acct, float(self.threshold_factor), reserve)
         tree.root = root
         grid = reconstruct(tree, self.reconstruction)
         notes = [
