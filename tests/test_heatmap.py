@@ -140,7 +140,7 @@ def test_charges_add_up_and_declare_sensitivity_one_not_k(name):
 
 def test_fixed_depth_uniform_split_is_the_papers_and_adds_up():
     data = fit_input()
-    syn = get_mechanism("dpheatmap", resolution=64, depth=6, threshold_factor=0.0).fit(data, 0.9, NoiseSource.seeded(1))
+    syn = get_mechanism("dpheatmap", resolution=64, depth=6, threshold_factor=0.0, level_split="uniform").fit(data, 0.9, NoiseSource.seeded(1))
     levels = [c for c in syn.privacy.charges if c["name"].startswith("level_")]
     assert len(levels) == 6
     assert all(c["epsilon"] == pytest.approx(0.15) for c in levels)
