@@ -8,11 +8,14 @@ Scaling by N / n̂ restores full counts, where
 - n̂, the size of the bounded sample, is estimated with a stated fraction of ε (a discrete-Laplace
   count of sensitivity k), recorded as the charge ``sample_total_for_scaling``. Using the
   synopsis's own total instead would be free but, for a fine identity grid, its noise (the sum
-  of every cell's noise) swamps the total at small ε.
+  of every cell's noise) swamps the total at small ε. n̂ is clamped to [1, N] (post-processing)
+  and handed to the mechanism as its N (``public_total``), so mechanisms that size a grid from N
+  (UG, AG, HB) do not pay for the same count twice.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -81,11 +84,18 @@ def fit_scaled(mechanism_name: str, params: dict, data: FitInput, epsilon: float
     acct = Accountant(eps)
     eps_n = acct.spend_fraction("sample_total_for_scaling", scale_fraction, data.sensitivity,
                                 note="n̂ = |bounded sample| + DLap(k/ε_n); scales the release to the public total")
-    n_hat = float(noise.add_discrete_laplace(np.array([data.n]), data.sensitivity, eps_n)[0])
+    raw_n_hat = float(noise.add_discrete_laplace(np.array([data.n]), data.sensitivity, eps_n)[0])
+    # The bounded sample can be neither empty nor larger than the full data: clamping to [1, N] is
+    # post-processing, and keeps a wild draw at tiny ε from blowing the factor up (factor ≥ 1).
+    n_hat = min(max(raw_n_hat, 1.0), float(total_points))
+    # n̂ is already a paid DP estimate of the sample size, so the mechanism may use it as its N
+    # instead of spending a second share of ε on the same count.
+    if data.public_total is None:
+        data = dataclasses.replace(data, public_total=n_hat)
     inner = get_mechanism(mechanism_name, **params).fit(data, acct.remaining, noise)
     charges = acct.to_list() + inner.privacy.charges
     p = inner.privacy
     privacy = PrivacyInfo(p.mechanism, p.params, eps, charges, p.privacy_unit, p.sensitivity,
                           p.max_points_per_user, p.noise_source,
                           [*p.notes, f"scaled to full counts: factor N/n̂ with N={total_points:g} ({total_source})"])
-    return ScaledSynopsis(inner, float(total_points) / max(n_hat, 1.0), total_points, total_source, privacy)
+    return ScaledSynopsis(inner, float(total_points) / n_hat, total_points, total_source, privacy)

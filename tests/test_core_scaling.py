@@ -1,0 +1,50 @@
+"""Scaling a user-level release to full counts: charges add up, the factor is bounded, N is reused."""
+
+import numpy as np
+import pytest
+
+from dpcore.geo import Region
+from dpcore.mechanisms import FitInput
+from dpcore.noise import NoiseSource
+from dpcore.scaling import fit_scaled
+from dpcore.synopsis import load_synopsis
+
+
+def fit_input(n=5000, k=5):
+    rng = np.random.default_rng(0)
+    region = Region("t", 40.0, -74.0, 4.0)
+    return FitInput(rng.uniform(-2000, 2000, n), rng.uniform(-2000, 2000, n), region, "user", k)
+
+
+def test_charges_add_up_and_the_sample_total_is_not_paid_twice():
+    syn = fit_scaled("ug", {}, fit_input(), 1.0, NoiseSource.seeded(1), 20_000, "test")
+    names = [c["name"] for c in syn.privacy.charges]
+    assert names[0] == "sample_total_for_scaling" and "total_count" not in names
+    assert sum(c["epsilon"] for c in syn.privacy.charges) == pytest.approx(1.0)
+    assert all(c["sensitivity"] == 5 for c in syn.privacy.charges)
+    h = syn.region.half_m
+    total = syn.answer(np.array([[-h, -h, h, h]]))[0]
+    assert total == pytest.approx(20_000, rel=0.1)
+
+
+def test_factor_never_below_one_even_at_tiny_epsilon():
+    for seed in range(30):
+        syn = fit_scaled("identity", {"cell_width_m": 500.0}, fit_input(n=50), 0.001, NoiseSource.seeded(seed),
+                         60, "test")
+        assert 1.0 <= syn.factor <= 60.0
+
+
+def test_scaled_synopsis_round_trips(tmp_path):
+    syn = fit_scaled("identity", {"cell_width_m": 500.0}, fit_input(), 1.0, NoiseSource.seeded(2), 9000, "test")
+    syn.save(tmp_path / "s")
+    loaded = load_synopsis(tmp_path / "s")
+    boxes = np.array([[-1000, -1000, 500, 700], [0, 0, 100, 100]])
+    assert np.array_equal(loaded.answer(boxes), syn.answer(boxes))
+    assert loaded.privacy.to_dict() == syn.privacy.to_dict()
+
+
+def test_record_level_is_refused():
+    data = fit_input()
+    rec = FitInput(data.x, data.y, data.region, "record", None)
+    with pytest.raises(ValueError):
+        fit_scaled("identity", {}, rec, 1.0, NoiseSource.seeded(0), 10, "test")
