@@ -12,6 +12,7 @@ approximation bound).
 from __future__ import annotations
 
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
@@ -76,7 +77,8 @@ class HeatmapEvalConfig:
 
 
 def _seed_for(*parts: object) -> int:
-    return int(np.random.SeedSequence([abs(hash(str(p))) % (2**32) for p in parts]).generate_state(1)[0])
+    # crc32, not hash(): str hashes are salted per process, which would make runs irreproducible.
+    return int(np.random.SeedSequence([zlib.crc32(str(p).encode()) for p in parts]).generate_state(1)[0])
 
 
 def evaluate_heatmap(points: Points, region: Region, config: HeatmapEvalConfig,

@@ -456,11 +456,13 @@ def heatmap_privacy(name: str, params: dict, acct: Accountant, privacy_unit: str
 # 4. rendering
 # ---------------------------------------------------------------------------------------------
 def render_heatmaps(panels: list[tuple[str, np.ndarray]], path: str | Path, gamma: float = 0.5,
-                    suptitle: str | None = None) -> Path:
+                    suptitle: str | None = None, display_side: int | None = 128) -> Path:
     """Write a PNG with one panel per (title, grid[ix, iy]) side by side (x east, y north).
 
-    Each panel is normalised to its own maximum and shown with a power-law colour scale
-    (``gamma`` < 1 lifts faint cells), so released and true heatmaps are visually comparable.
+    Grids finer than ``display_side`` are block-summed to it (a 256² heatmap of check-ins is a few
+    bright pixels on a screen-sized figure otherwise). Each panel is normalised to sum 1, its colour
+    scale tops out at its 99.9th percentile, and a power law (``gamma`` < 1) lifts faint cells, so
+    released and true heatmaps are visually comparable.
     """
     import matplotlib
 
@@ -468,11 +470,16 @@ def render_heatmaps(panels: list[tuple[str, np.ndarray]], path: str | Path, gamm
     from matplotlib import colors
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(3.2 * len(panels), 3.4), dpi=100)
+    fig = Figure(figsize=(3.2 * len(panels), 3.4), dpi=80)
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
     for ax, (title, grid) in zip(axes, panels, strict=True):
         g = normalise(grid)
-        ax.imshow(g.T, origin="lower", cmap="inferno", norm=colors.PowerNorm(gamma, vmin=0.0, vmax=max(g.max(), 1e-12)),
+        side = g.shape[0]
+        if display_side and side > display_side and side % display_side == 0 and g.shape[1] == side:
+            f = side // display_side
+            g = g.reshape(display_side, f, display_side, f).sum(axis=(1, 3))
+        vmax = max(float(np.quantile(g, 0.999)), 1e-12)
+        ax.imshow(g.T, origin="lower", cmap="inferno", norm=colors.PowerNorm(gamma, vmin=0.0, vmax=vmax, clip=True),
                   interpolation="nearest")
         ax.set_title(title, fontsize=9)
         ax.set_xticks([])
