@@ -57,12 +57,12 @@ def release_cities(params: ReleaseParams, config_path: str | None = None, loaded
     dataset = dataset_name(params.data, params.dataset)
     cities = params.cities
     if not cities and not params.center:
-        from dpcore.geo import city_names, city_region
+        from dpcore.geo import city_names
 
-        # "every catalog city with data": which cities hold points is read from the private data, but
-        # only to choose which releases to run; each chosen release is charged in full.
-        pts = loaded.points
-        cities = [c for c in city_names() if city_region(c, params.side_km or 20.0).contains(pts.lat, pts.lon).any()]
+        # Every catalog city, whether or not it holds points: choosing cities by "has data" would let
+        # the mere existence of a release reveal that someone was there, unpaid. A city without data
+        # gets a noise-only release, which is still correct and costs the same.
+        cities = city_names()
     plans = make_plans(dataset=dataset, cities=cities, center=params.center, side_km=params.side_km,
                        period=period, mechanism=params.mechanism, params=params.mechanism_params,
                        epsilon=params.epsilon, privacy_unit=params.privacy_unit,

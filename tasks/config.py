@@ -101,7 +101,7 @@ class ReleaseParams(BaseModel):
 
     data: str = Field(description="input point table (path or URL readable on the workers)")
     cities: list[str] = Field(default_factory=list,
-                              description="catalog city slugs; empty = every catalog city with data")
+                              description="catalog city slugs; empty = every catalog city (not chosen by data, see release flow)")
     period: str | None = Field(default=None, description="YYYY-MM-DD, YYYY-MM, A..B, or empty for the whole input")
     epsilon: float = Field(gt=0, description="ε per city-release")
     mechanism: str = "identity"
