@@ -14,6 +14,7 @@ COMMAND_MODULES = [
     "flows.cli_platform",
     "flows.cli_st",
     "flows.cli_heatmap",
+    "flows.cli_snh",
 ]
 
 

@@ -21,6 +21,7 @@ _BUILTIN: dict[str, str] = {
     "dpheatmap": "dpcore.mechanisms.dpheatmap:DPHeatmap",
     "laplace": "dpcore.mechanisms.heatmap_baselines:LaplaceHeatmap",
     "laplace-top": "dpcore.mechanisms.heatmap_baselines:LaplaceTopHeatmap",
+    "auto": "dpcore.mechanisms.auto:AutoMechanism",
 }
 
 _EXTRA: dict[str, type[Mechanism]] = {}

@@ -99,7 +99,7 @@ class SpatialNeuralHistogram(Mechanism):
     def __init__(self, *, cell_width_m: float | None = None, query_sides_m: tuple[float, float] = (25.0, 1000.0),
                  n_sizes: int = 8, hidden: int = 64, depth: int = 3, omega0: float | None = None, lr: float = 1e-3,
                  batch_size: int = 1024, max_epochs: int = 40, patience: int = 4, samples_per_epoch: int = 32768,
-                 total_fraction: float = 0.05, device: str | None = None):
+                 total_fraction: float = 0.05, paramselect_model: str | None = None, device: str | None = None):
         self.cell_width_m = cell_width_m
         self.query_sides_m = query_sides_m
         self.n_sizes = n_sizes
@@ -112,6 +112,7 @@ class SpatialNeuralHistogram(Mechanism):
         self.patience = patience
         self.samples_per_epoch = samples_per_epoch
         self.total_fraction = total_fraction
+        self.paramselect_model = paramselect_model
         self.device = device
 
     # -- step 1: the only step that reads data --------------------------------------------------
@@ -122,9 +123,12 @@ class SpatialNeuralHistogram(Mechanism):
             return float(self.cell_width_m), "cell width given as a public parameter"
         from dpcore.paramselect import public_n_for_fit, select_params
 
-        n_public, how = public_n_for_fit(data, acct, noise, self.total_fraction)
+        n_public, how, bounded = public_n_for_fit(data, acct, noise, self.total_fraction)
+        lo, hi = (float(v) for v in self.query_sides_m)
         choice = select_params(region=data.region, n=n_public, epsilon=acct.remaining,
-                               sensitivity=float(data.sensitivity), mechanisms=("snh",))
+                               sensitivity=float(data.sensitivity), privacy_unit=data.privacy_unit,
+                               max_points_per_user=data.max_points_per_user, band=(lo, hi),
+                               mechanisms=("snh",), n_is_bounded=bounded, model_path=self.paramselect_model)
         return choice.cell_width_m, f"cell width {choice.cell_width_m:.1f} m chosen by ParamSelect; n from {how}"
 
     def _fit(self, data: FitInput, acct: Accountant, noise: NoiseSource) -> SNHSynopsis:

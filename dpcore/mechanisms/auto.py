@@ -1,0 +1,66 @@
+"""`auto`: ParamSelect picks the mechanism and its grid width from public inputs, then runs it.
+
+Privacy accounting:
+- ParamSelect's inputs are public: the region, ε, the sensitivity (k or 1), the query band, the
+  shipped model trained on public data, and n. n is ``public_total`` when the caller declares one
+  (free); otherwise a noisy count is paid with ``total_fraction`` of ε (step ``total_count``,
+  sensitivity k user-level / 1 record-level).
+- The chosen mechanism then runs on the rest of the budget; its own charges are recorded as
+  ``<mechanism>/<step>`` so the ledger shows every part, and the parts sum to ε.
+k (``max_points_per_user``) is fixed before a mechanism sees the data (bounding happens upstream for the
+whole release), so ``auto`` does not change it; ``geodp paramselect predict`` recommends k.
+"""
+
+from __future__ import annotations
+
+from dpcore.budget import Accountant
+from dpcore.mechanisms.base import FitInput, Mechanism, MechanismError
+from dpcore.noise import NoiseSource
+from dpcore.synopsis import Synopsis
+
+
+class AutoMechanism(Mechanism):
+    name = "auto"
+
+    def __init__(self, *, mechanisms: tuple[str, ...] | str = ("identity", "ug", "ag", "privtree"),
+                 query_sides_m: tuple[float, float] = (100.0, 1000.0), total_fraction: float = 0.05,
+                 model_path: str | None = None):
+        self.mechanisms = mechanisms
+        self.query_sides_m = query_sides_m
+        self.total_fraction = total_fraction
+        self.model_path = model_path
+
+    def _candidates(self) -> tuple[str, ...]:
+        from dpcore.paramselect import ALL_MECHANISMS
+
+        cands = tuple(m.strip() for m in self.mechanisms.split(",")) if isinstance(self.mechanisms, str) \
+            else tuple(self.mechanisms)
+        bad = [m for m in cands if m not in ALL_MECHANISMS]
+        if not cands or bad:
+            raise MechanismError(f"auto chooses among {list(ALL_MECHANISMS)}; got {list(cands)}")
+        return cands
+
+    def _fit(self, data: FitInput, acct: Accountant, noise: NoiseSource) -> Synopsis:
+        from dpcore.mechanisms import get_mechanism
+        from dpcore.paramselect import public_n_for_fit, select_params
+
+        cands = self._candidates()
+        lo, hi = (float(v) for v in self.query_sides_m)
+        n, how, bounded = public_n_for_fit(data, acct, noise, self.total_fraction)
+        choice = select_params(region=data.region, n=n, epsilon=acct.remaining, sensitivity=float(data.sensitivity),
+                               privacy_unit=data.privacy_unit, max_points_per_user=data.max_points_per_user,
+                               band=(lo, hi), mechanisms=cands, n_is_bounded=bounded, model_path=self.model_path)
+        inner_params = choice.mechanism_params()
+        inner = get_mechanism(choice.mechanism, **inner_params)
+        # The inner mechanism splits its own (smaller) budget; its charges are copied into ours.
+        sub = Accountant(acct.remaining)
+        synopsis = inner._fit(data, sub, noise)
+        for c in sub.charges:
+            acct.spend(f"{choice.mechanism}/{c.name}", c.epsilon, c.sensitivity, c.noise, c.note)
+        params = {**self.get_params(), "mechanisms": list(cands), "query_sides_m": [lo, hi],
+                  "chosen": {"mechanism": choice.mechanism, "params": inner_params,
+                             "predicted_error": choice.predicted_error}}
+        notes = [f"ParamSelect chose {choice.mechanism} {inner_params} from public inputs; n from {how}",
+                 *synopsis.privacy.notes]
+        synopsis.privacy = self.privacy_info(data, acct, noise, notes, params=params)
+        return synopsis

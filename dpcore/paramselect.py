@@ -1,0 +1,420 @@
+"""ParamSelect: choose the grid width ρ (and k, and the mechanism) from PUBLIC data only, no budget.
+
+SNH paper (Zeighami et al., VLDB 2022, §5): the best cell width depends on n, ε and how skewed the
+data are; learn it from public datasets with a tree ensemble. Here:
+
+- **Features** of a release: n, ε/s (s = sensitivity: k user-level, 1 record-level — user-level
+  noise at ε with sensitivity k is record-level noise at ε/k), 1/(n·ε/s), 1/sqrt(n·ε/s), the entropy
+  (bits) of a 512 × 512 histogram of a *public* dataset of the same region, the query band, and for
+  user-level releases the fraction of points that survive bounding to k, measured on public data.
+  No feature is ever computed from the dataset being released: :func:`select_params` has no data
+  argument. n must be public (``public_total``) or a DP estimate paid from the budget
+  (:func:`public_n_for_fit` charges it); the release records which.
+- **Labels** (training table, built by ``flows/paramselect_flow.py`` on public data): the mean
+  relative error of every (mechanism, ρ, k) configuration on public datasets × ε × query bands.
+- **Models** (scikit-learn ExtraTrees, as in the paper):
+  ``rho_model`` regresses log10 of the empirically best identity-grid ρ (the paper's ParamSelect);
+  ``cost_model`` regresses log10 of the error of a configuration, which generalises ParamSelect to
+  choosing k (``max_points_per_user``) and the mechanism: the choice is the argmin of predicted error.
+- **The released city is never in its own training set**: the shipped model file holds the training
+  table; a prediction for a city that appears in it refits both models without that city's rows.
+
+Pure library code (numpy, pandas, scikit-learn); the Prefect/Dask flow that builds the table lives in
+``flows/paramselect_flow.py``.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+
+from dpcore import GeoDPError
+from dpcore.geo import Region
+from dpcore.histogram import grid_counts
+
+if TYPE_CHECKING:  # pragma: no cover
+    from dpcore.budget import Accountant
+    from dpcore.mechanisms.base import FitInput
+    from dpcore.noise import NoiseSource
+
+MODEL_DIR = Path(__file__).resolve().parent / "models"
+DEFAULT_MODEL_PATH = MODEL_DIR / "paramselect_model.joblib"
+DEFAULT_TABLE_PATH = MODEL_DIR / "paramselect_table.csv"
+DEFAULT_REPORT_PATH = MODEL_DIR / "paramselect_model.json"
+
+#: Cell widths searched when building labels (geometric, ×√2 steps from 25 m to 3.2 km).
+RHO_GRID_M: tuple[float, ...] = tuple(float(round(25 * 2 ** (i / 2), 1)) for i in range(15))
+#: Contribution bounds searched for user-level releases.
+K_GRID: tuple[int, ...] = (1, 2, 5, 10, 20, 50)
+#: Mechanisms the cost model knows. ρ-parameterised ones are searched over RHO_GRID_M.
+RHO_MECHANISMS: tuple[str, ...] = ("identity", "snh")
+FIXED_MECHANISMS: tuple[str, ...] = ("ug", "ag", "privtree")
+ALL_MECHANISMS: tuple[str, ...] = RHO_MECHANISMS + FIXED_MECHANISMS
+DEFAULT_BAND_M: tuple[float, float] = (100.0, 1000.0)
+ENTROPY_BINS = 512
+
+BASE_FEATURES = ["log_n", "log_eps_s", "inv_n_eps", "inv_sqrt_n_eps", "entropy", "log_band", "kept_fraction"]
+COST_FEATURES = BASE_FEATURES + ["log_rho"] + [f"is_{m}" for m in ALL_MECHANISMS]
+
+
+class ParamSelectError(GeoDPError, ValueError):
+    pass
+
+
+# -- public-data features ----------------------------------------------------------------------------
+def histogram_entropy(x: np.ndarray, y: np.ndarray, region: Region, bins: int = ENTROPY_BINS) -> float:
+    """Shannon entropy (bits) of the bins × bins histogram of (public) points over the region."""
+    counts = grid_counts(x, y, region.bounds_m, bins).ravel().astype(np.float64)
+    total = counts.sum()
+    if total <= 0:
+        raise ParamSelectError("no public points inside the region: cannot compute the entropy feature")
+    p = counts[counts > 0] / total
+    return float(-(p * np.log2(p)).sum())
+
+
+def kept_fractions(user: np.ndarray, ks: tuple[int, ...] = K_GRID) -> dict[int, float]:
+    """Fraction of points kept when every user is bounded to k points (exact expectation), per k."""
+    _, counts = np.unique(np.asarray(user), return_counts=True)
+    total = counts.sum()
+    return {int(k): float(np.minimum(counts, k).sum() / total) for k in ks}
+
+
+@dataclass
+class PublicProfile:
+    """What ParamSelect knows about a region, measured on a PUBLIC dataset of it."""
+
+    region: str
+    source: str
+    n_points: int
+    n_users: int
+    entropy: float
+    kept_fraction: dict[int, float] = field(default_factory=dict)
+
+    @classmethod
+    def from_points(cls, x: np.ndarray, y: np.ndarray, user: np.ndarray, region: Region, source: str) -> PublicProfile:
+        return cls(region.name, source, int(x.size), int(np.unique(user).size), histogram_entropy(x, y, region),
+                   kept_fractions(user))
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["kept_fraction"] = {str(k): v for k, v in self.kept_fraction.items()}
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> PublicProfile:
+        return cls(d["region"], d["source"], int(d["n_points"]), int(d["n_users"]), float(d["entropy"]),
+                   {int(k): float(v) for k, v in d.get("kept_fraction", {}).items()})
+
+
+def feature_row(n: float, epsilon: float, sensitivity: float, entropy: float, band: tuple[float, float],
+                kept_fraction: float = 1.0) -> dict[str, float]:
+    """The paper's features plus query band and bounding survival; n is the number of points noised."""
+    n = max(float(n), 1.0)
+    eps_s = float(epsilon) / float(sensitivity)
+    ne = n * eps_s
+    return {"log_n": math.log10(n), "log_eps_s": math.log10(eps_s), "inv_n_eps": 1.0 / ne,
+            "inv_sqrt_n_eps": 1.0 / math.sqrt(ne), "entropy": float(entropy),
+            "log_band": math.log10(math.sqrt(band[0] * band[1])), "kept_fraction": float(kept_fraction)}
+
+
+def config_columns(mechanism: str, rho: float | None) -> dict[str, float]:
+    row = {"log_rho": math.log10(rho) if rho else 0.0}
+    for m in ALL_MECHANISMS:
+        row[f"is_{m}"] = 1.0 if m == mechanism else 0.0
+    return row
+
+
+# -- the model -----------------------------------------------------------------------------------
+@dataclass
+class Choice:
+    """What ParamSelect recommends, and why."""
+
+    mechanism: str
+    cell_width_m: float
+    max_points_per_user: int | None
+    predicted_error: float
+    inputs: dict
+    excluded_groups: list[str]
+
+    def mechanism_params(self) -> dict:
+        if self.mechanism in RHO_MECHANISMS:
+            return {"cell_width_m": self.cell_width_m}
+        return {}
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class ParamSelectModel:
+    """Two ExtraTrees regressors trained on a public training table (see module docstring)."""
+
+    def __init__(self, table: pd.DataFrame, profiles: dict[str, PublicProfile], seed: int = 0,
+                 n_estimators: int = 100, exclude_groups: tuple[str, ...] = ()):
+        self.table = table.reset_index(drop=True)
+        self.profiles = profiles
+        self.seed = seed
+        self.n_estimators = n_estimators
+        self.exclude_groups = tuple(sorted(set(exclude_groups)))
+        train = self.table[~self.table["group"].isin(self.exclude_groups)]
+        if train.empty:
+            raise ParamSelectError("the ParamSelect training table is empty after excluding "
+                                   f"{list(self.exclude_groups)}")
+        self.cost_model = _extra_trees(seed, n_estimators).fit(train[COST_FEATURES].to_numpy(),
+                                                                np.log10(train["error"].to_numpy() + 1e-6))
+        best = best_rho_labels(train)
+        self.rho_model = _extra_trees(seed, n_estimators).fit(best[BASE_FEATURES].to_numpy(),
+                                                               np.log10(best["best_rho"].to_numpy()))
+        self.groups = sorted(train["group"].unique())
+
+    # Training-time helpers are static so the flow and the CV can use them on any table.
+    def without(self, groups: tuple[str, ...]) -> ParamSelectModel:
+        """The same model retrained without some groups (cities) of the table."""
+        return ParamSelectModel(self.table, self.profiles, self.seed, self.n_estimators,
+                                tuple(set(self.exclude_groups) | set(groups)))
+
+    def predict_rho(self, features: dict[str, float]) -> float:
+        x = np.array([[features[c] for c in BASE_FEATURES]])
+        return float(10 ** self.rho_model.predict(x)[0])
+
+    def predict_error(self, features: dict[str, float], mechanism: str, rho: float | None) -> float:
+        row = {**features, **config_columns(mechanism, rho)}
+        x = np.array([[row[c] for c in COST_FEATURES]])
+        return float(10 ** self.cost_model.predict(x)[0])
+
+    def save(self, path: str | Path = DEFAULT_MODEL_PATH) -> None:
+        import joblib
+
+        joblib.dump({"cost_model": self.cost_model, "rho_model": self.rho_model, "seed": self.seed,
+                     "n_estimators": self.n_estimators, "exclude_groups": self.exclude_groups,
+                     "profiles": {k: v.to_dict() for k, v in self.profiles.items()},
+                     "table": self.table}, path, compress=3)
+
+    @classmethod
+    def load(cls, path: str | Path = DEFAULT_MODEL_PATH) -> ParamSelectModel:
+        import joblib
+
+        p = Path(path)
+        if not p.exists():
+            raise ParamSelectError(f"no ParamSelect model at {p}; train one with `geodp paramselect train`")
+        blob = joblib.load(p)
+        obj = cls.__new__(cls)
+        obj.table = blob["table"]
+        obj.profiles = {k: PublicProfile.from_dict(v) for k, v in blob["profiles"].items()}
+        obj.seed, obj.n_estimators = blob["seed"], blob["n_estimators"]
+        obj.exclude_groups = tuple(blob["exclude_groups"])
+        obj.cost_model, obj.rho_model = blob["cost_model"], blob["rho_model"]
+        obj.groups = sorted(obj.table[~obj.table["group"].isin(obj.exclude_groups)]["group"].unique())
+        return obj
+
+
+def _extra_trees(seed: int, n_estimators: int):
+    from sklearn.ensemble import ExtraTreesRegressor
+
+    return ExtraTreesRegressor(n_estimators=n_estimators, min_samples_leaf=2, random_state=seed, n_jobs=1)
+
+
+def best_rho_labels(table: pd.DataFrame) -> pd.DataFrame:
+    """One row per (dataset, ε, unit, k, band): the identity-grid ρ with the lowest error (the label)."""
+    ident = table[table["mechanism"] == "identity"]
+    keys = ["dataset", "group", "epsilon", "privacy_unit", "k", "band_lo", "band_hi"]
+    idx = ident.groupby(keys, dropna=False)["error"].idxmin()
+    best = ident.loc[idx].copy()
+    best["best_rho"] = best["rho"]
+    return best
+
+
+@functools.lru_cache(maxsize=16)
+def _cached_model(path: str, exclude: tuple[str, ...]) -> ParamSelectModel:
+    base = ParamSelectModel.load(path)
+    present = tuple(g for g in exclude if g in set(base.table["group"]))
+    return base.without(present) if present else base
+
+
+def load_model(path: str | Path | None = None, exclude_groups: tuple[str, ...] = ()) -> ParamSelectModel:
+    """The shipped model (default), retrained without ``exclude_groups`` when they are in its table."""
+    return _cached_model(str(path or DEFAULT_MODEL_PATH), tuple(sorted(exclude_groups)))
+
+
+# -- choosing ----------------------------------------------------------------------------------------
+def select_params(*, region: Region, n: float, epsilon: float, sensitivity: float = 1.0,
+                  privacy_unit: str = "record", band: tuple[float, float] = DEFAULT_BAND_M,
+                  mechanisms: tuple[str, ...] = ("identity",), choose_k: bool = False,
+                  max_points_per_user: int | None = None, profile: PublicProfile | None = None,
+                  n_is_bounded: bool = False, model_path: str | Path | None = None) -> Choice:
+    """Recommend (mechanism, ρ, k) from public inputs only. There is no private-data argument.
+
+    ``n`` is the public (or DP-estimated) number of points in the region; under user-level privacy it
+    is the unbounded count and the number surviving bounding is estimated with the public profile's
+    kept fraction (unless ``n_is_bounded``: n already counts the bounded sample). ``profile`` defaults to the shipped public profile of ``region.name`` (Gowalla
+    sample), else the median of the training profiles. With ``choose_k`` the bound k is chosen from
+    K_GRID (user-level only); otherwise ``sensitivity`` (= k or 1) is used as given.
+    """
+    if not (n > 0 and math.isfinite(n)):
+        raise ParamSelectError(f"n must be a positive number, got {n}")
+    if not (epsilon > 0 and math.isfinite(epsilon)):
+        raise ParamSelectError(f"epsilon must be a positive number, got {epsilon}")
+    unknown = [m for m in mechanisms if m not in ALL_MECHANISMS]
+    if unknown:
+        raise ParamSelectError(f"ParamSelect knows mechanisms {list(ALL_MECHANISMS)}, not {unknown}")
+    model = load_model(model_path, exclude_groups=(region.name,))
+    prof = profile or model.profiles.get(region.name) or _median_profile(model)
+    if privacy_unit == "user":
+        ks = list(K_GRID) if choose_k else [int(max_points_per_user or sensitivity)]
+    else:
+        ks = [None]
+    best: tuple[float, str, float, int | None, dict] | None = None
+    for k in ks:
+        kept = _kept(prof, k) if k is not None else 1.0
+        sens = float(k) if k is not None else float(sensitivity)
+        feats = feature_row(n if n_is_bounded else n * kept, epsilon, sens, prof.entropy, band, kept)
+        rho_paper = model.predict_rho(feats)
+        for mech in mechanisms:
+            rho = rho_paper if mech in RHO_MECHANISMS else None
+            err = model.predict_error(feats, mech, rho)
+            if best is None or err < best[0]:
+                best = (err, mech, rho_paper, k, feats)
+    assert best is not None
+    err, mech, rho, k, feats = best
+    inputs = {"region": region.name, "n": float(n), "epsilon": float(epsilon), "privacy_unit": privacy_unit,
+              "band_m": list(band), "profile_source": prof.source, "features": feats}
+    return Choice(mech, float(rho), k, float(err), inputs, list(model.exclude_groups))
+
+
+def _kept(profile: PublicProfile, k: int) -> float:
+    if k in profile.kept_fraction:
+        return profile.kept_fraction[k]
+    # Interpolate in log k between the grid values measured on public data.
+    ks = np.array(sorted(profile.kept_fraction))
+    vs = np.array([profile.kept_fraction[int(v)] for v in ks])
+    return float(np.interp(np.log(k), np.log(ks), vs)) if ks.size else 1.0
+
+
+def _median_profile(model: ParamSelectModel) -> PublicProfile:
+    profs = list(model.profiles.values())
+    if not profs:
+        raise ParamSelectError("the ParamSelect model has no public profiles")
+    ent = float(np.median([p.entropy for p in profs]))
+    kept = {k: float(np.median([p.kept_fraction.get(k, 1.0) for p in profs])) for k in K_GRID}
+    return PublicProfile("unknown", "median of the training profiles", 0, 0, ent, kept)
+
+
+def public_n_for_fit(data: FitInput, acct: Accountant, noise: NoiseSource,
+                     total_fraction: float) -> tuple[float, str, bool]:
+    """n for ParamSelect inside a mechanism: ``public_total`` when declared, else a paid DP estimate.
+
+    The estimate is the point count plus discrete Laplace noise of scale sensitivity/ε_n with
+    ε_n = total_fraction·ε (a count has L1 sensitivity k user-level, 1 record-level); it is charged
+    to the accountant as step ``total_count``. Returns (n, where it came from, whether n counts the
+    bounded sample): ``public_total`` is the unbounded public count, the estimate counts what was noised.
+    """
+    if data.public_total is not None:
+        return float(data.public_total), "public_total (declared public by the caller)", False
+    eps_n = acct.spend_fraction("total_count", total_fraction, data.sensitivity,
+                                note="noisy point count for ParamSelect (n is private)")
+    noisy_n = float(noise.add_discrete_laplace(np.array([data.n]), data.sensitivity, eps_n)[0])
+    return max(noisy_n, 1.0), f"a DP estimate paid with ε={eps_n:g} (step total_count)", True
+
+
+# -- evaluation of the model (cross-validation by group) ---------------------------------------------
+def cross_validate(table: pd.DataFrame, profiles: dict[str, PublicProfile], seed: int = 0,
+                   n_estimators: int = 100) -> dict:
+    """Leave-one-group(city)-out CV of the ρ choice: error at predicted ρ / error at the best ρ.
+
+    For each held-out group, ρ is predicted by a model that never saw it, snapped to the nearest
+    searched ρ, and the identity-grid error there is compared with the best searched ρ's error.
+    """
+    groups = sorted(table["group"].unique())
+    ratios, rho_log_err = [], []
+    per_group = {}
+    for g in groups:
+        train = table[table["group"] != g]
+        if train.empty:
+            continue
+        model = ParamSelectModel(train, profiles, seed, n_estimators)
+        best = best_rho_labels(table[table["group"] == g])
+        ident = table[(table["group"] == g) & (table["mechanism"] == "identity")]
+        g_ratios = []
+        for _, row in best.iterrows():
+            feats = {c: row[c] for c in BASE_FEATURES}
+            rho_hat = model.predict_rho(feats)
+            cand = ident[(ident["dataset"] == row["dataset"]) & (ident["epsilon"] == row["epsilon"])
+                         & (ident["privacy_unit"] == row["privacy_unit"]) & (ident["band_lo"] == row["band_lo"])
+                         & (ident["k"].fillna(-1) == (-1 if pd.isna(row["k"]) else row["k"]))]
+            snapped = cand.iloc[int(np.argmin(np.abs(np.log(cand["rho"].to_numpy()) - math.log(rho_hat))))]
+            g_ratios.append(float(snapped["error"] / max(row["error"], 1e-12)))
+            rho_log_err.append(abs(math.log10(rho_hat) - math.log10(row["best_rho"])))
+        ratios.extend(g_ratios)
+        per_group[g] = {"mean_error_ratio": float(np.mean(g_ratios)),
+                        "within_10pct": float(np.mean(np.array(g_ratios) <= 1.10))}
+    return {"cv": "leave-one-group-out", "groups": groups,
+            "mean_error_ratio_at_predicted_rho": float(np.mean(ratios)),
+            "median_error_ratio_at_predicted_rho": float(np.median(ratios)),
+            "fraction_within_10pct_of_best": float(np.mean(np.array(ratios) <= 1.10)),
+            "mean_abs_log10_rho_error": float(np.mean(rho_log_err)), "per_group": per_group}
+
+
+def write_report(path: str | Path, report: dict) -> None:
+    Path(path).write_text(json.dumps(report, indent=2, default=float))
+
+
+# -- building the training table (called per dataset by flows/paramselect_flow.py) ------------------
+def training_rows(dataset: str, group: str, x: np.ndarray, y: np.ndarray, user: np.ndarray, region: Region,
+                  profile: PublicProfile, *, epsilons: tuple[float, ...], privacy_unit: str,
+                  ks: tuple[int | None, ...] = (None,), mechanisms: tuple[str, ...] = ("identity",),
+                  rhos: tuple[float, ...] = RHO_GRID_M, bands: tuple[tuple[float, float], ...] | None = None,
+                  n_queries: int = 400, trials: int = 1, seed: int = 0,
+                  mechanism_params: dict[str, dict] | None = None) -> list[dict]:
+    """Error of every configuration on one PUBLIC dataset, with the evaluation harness's protocol.
+
+    ``profile`` is the public profile used for the features (the dataset's own: it is public data).
+    Rows carry the features, the configuration and ``error`` (mean relative error over the band).
+    """
+    from dpcore.evaluate import RegionData, fit_and_scale, make_fit_input
+    from dpcore.metrics import psi_for, relative_error
+    from dpcore.noise import NoiseSource
+    from dpcore.queries import DEFAULT_QUERY_SIDES_M, square_workload, true_counts
+
+    bands = tuple(bands or DEFAULT_QUERY_SIDES_M)
+    data = RegionData(np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64), np.asarray(user), region)
+    if data.n_points == 0:
+        raise ParamSelectError(f"public dataset {dataset} has no points in {region.name}")
+    psi = psi_for(data.n_points)
+    wl_rng = np.random.default_rng([seed, 0x5E1EC7])
+    workloads = []
+    for a, b in bands:
+        boxes = square_workload(region, n_queries, a, b, wl_rng)
+        workloads.append(((a, b), boxes, true_counts(data.x, data.y, boxes)))
+    extra = mechanism_params or {}
+    rows = []
+    for k in ks:
+        kept = profile.kept_fraction.get(k, _kept(profile, k)) if k is not None else 1.0
+        for eps in epsilons:
+            configs = [(m, r) for m in mechanisms if m in RHO_MECHANISMS for r in rhos]
+            configs += [(m, None) for m in mechanisms if m not in RHO_MECHANISMS]
+            for mech, rho in configs:
+                errs: list[list[np.ndarray]] = [[] for _ in workloads]
+                for trial in range(trials):
+                    noise = NoiseSource.seeded(int(np.random.SeedSequence(
+                        [seed, trial, int(eps * 1e6), k or 0, sum(map(ord, mech)), int(rho or 0)]).generate_state(1)[0]))
+                    fit_input = make_fit_input(data, privacy_unit, int(k) if k is not None else 1, noise.rng)
+                    params = {**extra.get(mech, {}), **({"cell_width_m": rho} if rho else {})}
+                    syn = fit_and_scale(mech, params, fit_input, eps, noise, data.n_points)
+                    for w, (_, boxes, truth) in enumerate(workloads):
+                        errs[w].append(relative_error(syn.answer(boxes), truth, psi))
+                sens = float(k) if k is not None else 1.0
+                n_noised = data.n_points * kept
+                for w, ((a, b), _, _) in enumerate(workloads):
+                    rows.append({"dataset": dataset, "group": group, "privacy_unit": privacy_unit,
+                                 "k": k, "epsilon": eps, "band_lo": a, "band_hi": b, "mechanism": mech,
+                                 "rho": rho, "n_points": data.n_points,
+                                 "error": float(np.concatenate(errs[w]).mean()),
+                                 **feature_row(n_noised, eps, sens, profile.entropy, (a, b), kept),
+                                 **config_columns(mech, rho)})
+    return rows

@@ -1,0 +1,126 @@
+"""`geodp paramselect predict|train`: ParamSelect from public data (see dpcore.paramselect)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from flows.cli_common import CLIError, add_region_args, eprint, region_from_args
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    ps = sub.add_parser("paramselect", help="choose grid width ρ, k and mechanism from public data (no budget)")
+    psub = ps.add_subparsers(dest="paramselect_command", required=True)
+
+    p = psub.add_parser("predict", help="recommend ρ (and k, mechanism) for a release; reads no private data")
+    add_region_args(p)
+    p.add_argument("--n", type=float, required=True,
+                   help="PUBLIC number of points in the region (a published figure or a DP estimate)")
+    p.add_argument("--epsilon", type=float, required=True)
+    p.add_argument("--privacy-unit", choices=["record", "user"], default="user")
+    p.add_argument("--max-points-per-user", type=int, default=None,
+                   help="k for user-level releases; omit to let ParamSelect choose it")
+    p.add_argument("--mechanisms", default="identity",
+                   help="candidates, comma-separated, from identity,snh,ug,ag,privtree (default identity: "
+                        "the paper's ρ choice); several → ParamSelect also picks the mechanism")
+    p.add_argument("--query-sides-m", default="100:1000", help="query band A:B in metres (default 100:1000)")
+    p.add_argument("--public-data", metavar="PATH",
+                   help="a PUBLIC dataset of the region for the entropy feature (default: the shipped profile)")
+    p.add_argument("--model", default=None, help="model file (default: the one shipped with geodp)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_predict)
+
+    t = psub.add_parser("train", help="build the training table on public data (Prefect + Dask, cached) and train")
+    t.add_argument("--shared-data", default="../shared/data", help="folder of public datasets")
+    t.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "geodp" / "paramselect"))
+    t.add_argument("--out-dir", default=None, help="where to write model, table and report (default: the package)")
+    t.add_argument("--epsilons", default="0.05,0.1,0.2,0.4,0.8,1.6")
+    t.add_argument("--mechanisms", default="identity,ug,ag,privtree")
+    t.add_argument("--user-ks", default="1,5,20", help="k values for user-level rows ('' for none)")
+    t.add_argument("--fractions", default="1,0.3", help="user subsample fractions of each public dataset")
+    t.add_argument("--synthetic-seeds", default="1,2,3")
+    t.add_argument("--queries", type=int, default=400)
+    t.add_argument("--workers", type=int, default=2)
+    t.add_argument("--dask-address", default=None)
+    t.add_argument("--quick", action="store_true", help="tiny search (for smoke tests): 2 ε, 1 band, few ρ")
+    t.set_defaults(func=cmd_train)
+
+
+def _floats(text: str, what: str) -> list[float]:
+    try:
+        return [float(v) for v in text.split(",") if v.strip()]
+    except ValueError as exc:
+        raise CLIError(f"{what} must be comma-separated numbers, got {text!r}") from exc
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    from dpcore.paramselect import PublicProfile, select_params
+    from dpcore.queries import parse_query_sides
+
+    region = region_from_args(args)
+    bands = parse_query_sides(args.query_sides_m)
+    if len(bands) != 1:
+        raise CLIError("--query-sides-m takes one band A:B")
+    mechanisms = tuple(m.strip() for m in args.mechanisms.split(",") if m.strip())
+    profile = None
+    if args.public_data:
+        from dpcore.data import clip_to_region, load_points
+
+        pts = load_points(args.public_data).points
+        idx, x, y = clip_to_region(pts, region)
+        profile = PublicProfile.from_points(x, y, pts.user[idx], region, source=str(args.public_data))
+    if args.max_points_per_user is not None and args.max_points_per_user < 1:
+        raise CLIError("--max-points-per-user must be ≥ 1")
+    user = args.privacy_unit == "user"
+    choice = select_params(region=region, n=args.n, epsilon=args.epsilon,
+                           sensitivity=float(args.max_points_per_user or 1) if user else 1.0,
+                           privacy_unit=args.privacy_unit, band=bands[0], mechanisms=mechanisms,
+                           choose_k=user and args.max_points_per_user is None,
+                           max_points_per_user=args.max_points_per_user, profile=profile, model_path=args.model)
+    if args.json:
+        print(json.dumps(choice.to_dict(), indent=2))
+        return 0
+    print(f"region {region.name}: n={args.n:g}, ε={args.epsilon:g}, {args.privacy_unit}-level, "
+          f"queries {bands[0][0]:g}-{bands[0][1]:g} m")
+    print(f"  cell width ρ       {choice.cell_width_m:.0f} m")
+    if choice.max_points_per_user is not None:
+        print(f"  max points / user  {choice.max_points_per_user}")
+    print(f"  mechanism          {choice.mechanism}")
+    print(f"  predicted error    {choice.predicted_error:.3f} (mean relative error)")
+    print(f"  public profile     {choice.inputs['profile_source']}"
+          + (f"; trained without {', '.join(choice.excluded_groups)}" if choice.excluded_groups else ""))
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from flows.paramselect_flow import TrainParams, run_paramselect_train
+    from tasks.runtime import local_prefect
+
+    params = TrainParams(shared_data=args.shared_data, cache_dir=args.cache_dir,
+                         epsilons=_floats(args.epsilons, "--epsilons"),
+                         mechanisms=[m.strip() for m in args.mechanisms.split(",") if m.strip()],
+                         user_ks=[int(v) for v in _floats(args.user_ks, "--user-ks")],
+                         fractions=_floats(args.fractions, "--fractions"),
+                         synthetic_seeds=[int(v) for v in _floats(args.synthetic_seeds, "--synthetic-seeds")],
+                         n_queries=args.queries, n_workers=args.workers, dask_address=args.dask_address)
+    if args.quick:
+        params.epsilons, params.bands = params.epsilons[:2], [[100.0, 1000.0]]
+        params.rhos, params.user_ks, params.n_estimators = [100.0, 200.0, 400.0, 800.0], [], 20
+        params.fractions, params.synthetic_seeds, params.include_nyc_full = [1.0], params.synthetic_seeds[:1], False
+    if args.out_dir:
+        out = Path(args.out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        params.model_path = str(out / "paramselect_model.joblib")
+        params.table_path = str(out / "paramselect_table.csv")
+        params.report_path = str(out / "paramselect_model.json")
+    if not Path(params.shared_data).exists():
+        raise CLIError(f"--shared-data {params.shared_data} does not exist")
+    eprint(f"paramselect-train: public data from {params.shared_data}, cache {params.cache_dir}")
+    with local_prefect():
+        report = run_paramselect_train(params)
+    cv = report["cross_validation"]
+    print(f"model: {params.model_path}\ntable: {params.table_path} ({report['rows']} rows)\n"
+          f"report: {params.report_path}\nleave-one-city-out: error at predicted ρ / best ρ = "
+          f"{cv['mean_error_ratio_at_predicted_rho']:.3f} mean, {cv['fraction_within_10pct_of_best']:.0%} within 10%")
+    return 0

@@ -1,0 +1,127 @@
+"""`paramselect-train`: build ParamSelect's training table on public data (Dask, cached), train, save.
+
+One Dask task per public dataset (Gowalla sample cities × user subsamples, Gowalla NYC, synthetic
+cities). Each task's rows are cached as CSV under ``cache_dir`` keyed by the dataset spec and the
+search configuration, so a re-run only computes what changed. The flow then trains the ExtraTrees
+models, runs leave-one-city-out cross-validation and writes the model file, the training table (CSV)
+and a JSON report with the CV error.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import pandas as pd
+from prefect import flow
+from prefect.artifacts import create_markdown_artifact
+
+from dpcore.paramselect import (
+    DEFAULT_MODEL_PATH,
+    DEFAULT_REPORT_PATH,
+    DEFAULT_TABLE_PATH,
+    RHO_GRID_M,
+    ParamSelectModel,
+    PublicProfile,
+    cross_validate,
+    write_report,
+)
+from tasks.paramselect_tasks import dataset_rows
+from tasks.runtime import dask_task_runner
+
+#: Gowalla-sample cities with enough points to learn from (PROVENANCE.md: rows per 20 km box).
+GOWALLA_SAMPLE_CITIES = ("austin", "san-francisco", "new-york", "kansas-city", "chicago", "boston", "los-angeles")
+
+
+@dataclass
+class TrainParams:
+    shared_data: str = "../shared/data"
+    cache_dir: str = str(Path.home() / ".cache" / "geodp" / "paramselect")
+    model_path: str = str(DEFAULT_MODEL_PATH)
+    table_path: str = str(DEFAULT_TABLE_PATH)
+    report_path: str = str(DEFAULT_REPORT_PATH)
+    epsilons: list[float] = field(default_factory=lambda: [0.05, 0.1, 0.2, 0.4, 0.8, 1.6])
+    fractions: list[float] = field(default_factory=lambda: [1.0, 0.3])
+    synthetic_seeds: list[int] = field(default_factory=lambda: [1, 2, 3])
+    mechanisms: list[str] = field(default_factory=lambda: ["identity", "ug", "ag", "privtree"])
+    rhos: list[float] = field(default_factory=lambda: list(RHO_GRID_M))
+    user_ks: list[int] = field(default_factory=lambda: [1, 5, 20])
+    bands: list[list[float]] = field(default_factory=lambda: [[25.0, 100.0], [100.0, 1000.0], [1000.0, 5000.0]])
+    n_queries: int = 400
+    trials: int = 1
+    seed: int = 0
+    n_estimators: int = 100
+    include_nyc_full: bool = True
+    dask_address: str | None = None
+    n_workers: int = 2
+
+
+def public_datasets(p: TrainParams) -> list[dict]:
+    """The public training datasets. Every one has a group = its city, for leave-city-out use."""
+    root = Path(p.shared_data)
+    specs = []
+    sample = root / "gowalla_sample_1000users.parquet"
+    if sample.exists():
+        for city in GOWALLA_SAMPLE_CITIES:
+            for frac in p.fractions:
+                specs.append({"name": f"gowalla-sample-{city}-{frac:g}", "group": city, "city": city,
+                              "source": str(sample), "fraction": frac, "seed": p.seed})
+    nyc = root / "gowalla_nyc_checkins.tsv.gz"
+    if p.include_nyc_full and nyc.exists():
+        for frac in p.fractions:
+            specs.append({"name": f"gowalla-nyc-{frac:g}", "group": "new-york", "city": "new-york",
+                          "source": str(nyc), "fraction": frac, "seed": p.seed})
+    for s in p.synthetic_seeds:
+        # Synthetic cities are placed in catalog cities the real data do not cover, as their own groups.
+        city = ("phoenix", "houston", "miami", "tulsa", "fargo")[s % 5]
+        specs.append({"name": f"synthetic-{city}-{s}", "group": f"synthetic-{s}", "city": city,
+                      "source": "synthetic", "seed": s, "n_users": 1500 * s, "n_hotspots": 20 * s})
+    return specs
+
+
+def search_config(p: TrainParams) -> dict:
+    return {"epsilons": p.epsilons, "mechanisms": p.mechanisms, "rhos": p.rhos, "user_ks": p.user_ks,
+            "bands": p.bands, "n_queries": p.n_queries, "trials": p.trials, "seed": p.seed}
+
+
+@flow(name="paramselect-train", log_prints=True)
+def paramselect_train_flow(params: TrainParams) -> dict:
+    specs = public_datasets(params)
+    if not specs:
+        raise FileNotFoundError(f"no public training data under {params.shared_data}")
+    config = search_config(params)
+    futures = [dataset_rows.submit(spec, config, params.cache_dir) for spec in specs]
+    outs = [f.result() for f in futures]
+    table = pd.concat([pd.read_csv(o["rows"]) for o in outs], ignore_index=True)
+    profiles: dict[str, PublicProfile] = {}
+    for spec, o in zip(specs, outs, strict=True):
+        # One public profile per city for predictions: the full-size dataset of that city.
+        if spec.get("fraction", 1.0) == 1.0 and not spec["group"].startswith("synthetic"):
+            prof = PublicProfile.from_dict(o["profile"])
+            if spec["name"].startswith("gowalla-sample") or spec["group"] not in profiles:
+                profiles[spec["group"]] = prof
+    print(f"training table: {len(table)} rows from {len(specs)} public datasets "
+          f"({sum(o['cached'] for o in outs)} cached)")
+    model = ParamSelectModel(table, profiles, params.seed, params.n_estimators)
+    cv = cross_validate(table, profiles, params.seed, params.n_estimators)
+    Path(params.model_path).parent.mkdir(parents=True, exist_ok=True)
+    model.save(params.model_path)
+    table.to_csv(params.table_path, index=False, float_format="%.6g")
+    report = {"datasets": [s["name"] for s in specs], "rows": len(table), "config": config,
+              "profiles": {k: v.to_dict() for k, v in profiles.items()}, "cross_validation": cv,
+              "params": asdict(params)}
+    write_report(params.report_path, report)
+    create_markdown_artifact(
+        f"# ParamSelect\n\n{len(table)} rows, {len(specs)} public datasets.\n\n"
+        f"Leave-one-city-out: error at predicted ρ / error at best ρ = "
+        f"{cv['mean_error_ratio_at_predicted_rho']:.3f} (mean), "
+        f"{cv['fraction_within_10pct_of_best']:.0%} of cases within 10%.\n",
+        key="paramselect-train", description="ParamSelect training")
+    print(f"cross-validated: mean error ratio {cv['mean_error_ratio_at_predicted_rho']:.3f}, "
+          f"{cv['fraction_within_10pct_of_best']:.0%} within 10% of the best ρ")
+    return report
+
+
+def run_paramselect_train(params: TrainParams) -> dict:
+    return paramselect_train_flow.with_options(
+        task_runner=dask_task_runner(params.dask_address, params.n_workers))(params)
