@@ -22,6 +22,7 @@ The device is CUDA when available, else CPU; the code is the same.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 Progress = Callable[[int, int, str], None]
+logger = logging.getLogger(__name__)
 
 
 def default_device() -> torch.device:
@@ -207,8 +209,11 @@ class SliceDenoiser:
             if step % 25 == 0:
                 self._restart_dead_codes(usage, z, rng)
                 usage.zero_()
+                message = f"VQ-VAE loss {loss_ema:.4f} ({time.perf_counter() - t0:.0f}s)"
                 if progress:
-                    progress(step, c.steps, f"VQ-VAE loss {loss_ema:.4f} ({time.perf_counter() - t0:.0f}s)")
+                    progress(step, c.steps, message)
+                else:  # e.g. inside a Prefect task: its log handlers pick this up when configured
+                    logger.info("step %d/%d %s", step, c.steps, message)
             if c.max_seconds is not None and time.perf_counter() - t0 > c.max_seconds:
                 stopped = True
                 break
