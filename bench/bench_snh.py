@@ -1,0 +1,197 @@
+"""SNH and ParamSelect benchmark: training time, query throughput, accuracy against the baselines.
+
+    nice -n 10 .venv/bin/python bench/bench_snh.py speed            # 20 × 20 km training time, queries/s
+    nice -n 10 .venv/bin/python bench/bench_snh.py accuracy --epsilons 0.05,0.1,0.2 --privacy-unit record
+    nice -n 10 .venv/bin/python bench/bench_snh.py rho              # ParamSelect ρ vs the best searched ρ
+
+Data: Gowalla NYC from ../shared/data (falls back to the synthetic generator when it is absent, and
+says so). Prints numbers; nothing here asserts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from dpcore.data import Points, clip_to_region, load_points
+from dpcore.geo import city_region
+from dpcore.mechanisms import FitInput, get_mechanism
+from dpcore.noise import NoiseSource
+
+SHARED = Path(os.environ.get("GEODP_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+
+
+def load_city(city: str) -> tuple[Points, str]:
+    path = SHARED / "gowalla_nyc_checkins.tsv.gz"
+    if city == "new-york" and path.exists():
+        return load_points(path).points, str(path)
+    from dpcore.data import validate_frame
+    from dpcore.synthetic import generate_checkins
+
+    df = generate_checkins(city_region(city), n_users=6000, seed=0)
+    return validate_frame(df)[0], "synthetic (dpcore.synthetic, seed 0)"
+
+
+def cmd_speed(args: argparse.Namespace) -> None:
+    import torch
+
+    pts, source = load_city(args.city)
+    region = city_region(args.city)
+    idx, x, y = clip_to_region(pts, region)
+    print(f"data {source}: {x.size:,} points in {region.name} {region.side_km:g} km; torch threads "
+          f"{torch.get_num_threads()}, load average {os.getloadavg()[0]:.1f} (shared machine)")
+    for rho in args.rhos:
+        params = {} if rho == 0 else {"cell_width_m": rho}
+        mech = get_mechanism("snh", **params)
+        t0 = time.perf_counter()
+        syn = mech.fit(FitInput(x, y, region, "record", None), args.epsilon, NoiseSource.seeded(0))
+        fit_s = time.perf_counter() - t0
+        tr = syn.config["training"]
+        print(f"snh ρ={'ParamSelect' if rho == 0 else rho}: grid {syn.config['grid_size']}², "
+              f"{sum(tr['samples_per_size']):,} training squares, {tr['epochs']} epochs "
+              f"(early stop {tr['stopped_early']}), train {tr['seconds']:.1f} s, fit total {fit_s:.1f} s, "
+              f"device {'cuda' if torch.cuda.is_available() else 'cpu'}")
+        rng = np.random.default_rng(1)
+        q = args.queries
+        side = rng.uniform(25, 1000, q)
+        c = rng.uniform(-region.half_m, region.half_m, (q, 2))
+        boxes = np.stack([c[:, 0] - side / 2, c[:, 1] - side / 2, c[:, 0] + side / 2, c[:, 1] + side / 2], axis=1)
+        syn.answer(boxes[:1000])
+        t0 = time.perf_counter()
+        syn.answer(boxes)
+        dt = time.perf_counter() - t0
+        print(f"  answering {q:,} queries (25-1000 m): {dt:.2f} s = {q / dt:,.0f} queries/s")
+
+
+def _rows(report: dict) -> list[dict]:
+    return report["results"]
+
+
+def cmd_accuracy(args: argparse.Namespace) -> None:
+    from dpcore.evaluate import EvalConfig, evaluate
+    from dpcore.paramselect import select_params
+    from dpcore.queries import parse_query_sides
+
+    pts, source = load_city(args.city)
+    region = city_region(args.city)
+    sides = parse_query_sides(args.query_sides_m)
+    epsilons = [float(e) for e in args.epsilons.split(",")]
+    k = args.max_points_per_user
+    idx, _, _ = clip_to_region(pts, region)
+    n_public = idx.size  # the evaluation protocol's public N (as in dpcore.evaluate)
+    print(f"data {source}; {args.privacy_unit}-level; k={k if args.privacy_unit == 'user' else '-'}; "
+          f"load average {os.getloadavg()[0]:.1f} (shared machine)")
+    all_rows = []
+    for eps in epsilons:
+        mechs = [m for m in args.mechanisms.split(",") if m]
+        params: dict[str, dict] = {}
+        for a, b in sides:
+            # identity@ParamSelect: ρ from public inputs only (the release city is left out).
+            choice = select_params(region=region, n=n_public, epsilon=eps,
+                                   sensitivity=float(k) if args.privacy_unit == "user" else 1.0,
+                                   privacy_unit=args.privacy_unit, max_points_per_user=k, band=(a, b))
+            params[f"identity@{a:g}-{b:g}"] = {"cell_width_m": choice.cell_width_m}
+        for (a, b) in sides:
+            cfg_params = {"identity": params[f"identity@{a:g}-{b:g}"],
+                          "snh": {"query_sides_m": (min(a, 25.0), max(b, 1000.0))},
+                          "auto": {"query_sides_m": (a, b)}}
+            cfg = EvalConfig(mechanisms=mechs, epsilons=[eps], privacy_unit=args.privacy_unit,
+                             max_points_per_user=k, query_sides_m=[(a, b)], n_queries=args.queries,
+                             trials=args.trials, seed=0, mechanism_params=cfg_params)
+            rep = evaluate(pts, region, cfg)
+            for r in _rows(rep):
+                all_rows.append(r)
+                print(f"ε={eps:<5g} {a:g}-{b:g} m  {r['mechanism']:<9} {r['mean_relative_error']:.4f}  "
+                      f"fit {r['fit_seconds']:.1f}s  params {r.get('params')}", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(all_rows, indent=2, default=str))
+    # Goal summary: snh / auto vs the best of the others per (ε, band).
+    print("\nsummary (mean relative error; ratio = mechanism / best of the others):")
+    keys = sorted({(r["epsilon"], tuple(r["query_sides_m"])) for r in all_rows})
+    for key in keys:
+        rows = {r["mechanism"]: r["mean_relative_error"] for r in all_rows
+                if (r["epsilon"], tuple(r["query_sides_m"])) == key}
+        base = {m: v for m, v in rows.items() if m not in ("snh", "auto")}
+        if not base:
+            continue
+        best_m = min(base, key=base.get)
+        line = f"ε={key[0]:<5g} {key[1][0]:g}-{key[1][1]:g} m: best baseline {best_m} {base[best_m]:.4f}"
+        for m in ("snh", "auto"):
+            if m in rows:
+                line += f"; {m} {rows[m]:.4f} (×{rows[m] / base[best_m]:.2f})"
+        print(line)
+
+
+def cmd_rho(args: argparse.Namespace) -> None:
+    from dpcore.evaluate import EvalConfig, evaluate
+    from dpcore.paramselect import RHO_GRID_M, select_params
+    from dpcore.queries import parse_query_sides
+
+    pts, source = load_city(args.city)
+    region = city_region(args.city)
+    idx, _, _ = clip_to_region(pts, region)
+    sides = parse_query_sides(args.query_sides_m)
+    k = args.max_points_per_user
+    print(f"data {source}; {args.privacy_unit}-level; identity grid over ρ ∈ {list(RHO_GRID_M)}")
+    ratios = []
+    for eps in [float(e) for e in args.epsilons.split(",")]:
+        for a, b in sides:
+            errs = {}
+            for rho in RHO_GRID_M:
+                cfg = EvalConfig(mechanisms=["identity"], epsilons=[eps], privacy_unit=args.privacy_unit,
+                                 max_points_per_user=k, query_sides_m=[(a, b)], n_queries=args.queries,
+                                 trials=args.trials, mechanism_params={"identity": {"cell_width_m": rho}})
+                errs[rho] = evaluate(pts, region, cfg)["results"][0]["mean_relative_error"]
+            choice = select_params(region=region, n=idx.size, epsilon=eps,
+                                   sensitivity=float(k) if args.privacy_unit == "user" else 1.0,
+                                   privacy_unit=args.privacy_unit, max_points_per_user=k, band=(a, b))
+            cfg = EvalConfig(mechanisms=["identity"], epsilons=[eps], privacy_unit=args.privacy_unit,
+                             max_points_per_user=k, query_sides_m=[(a, b)], n_queries=args.queries,
+                             trials=args.trials, mechanism_params={"identity": {"cell_width_m": choice.cell_width_m}})
+            err_ps = evaluate(pts, region, cfg)["results"][0]["mean_relative_error"]
+            best_rho = min(errs, key=errs.get)
+            ratio = err_ps / errs[best_rho]
+            ratios.append(ratio)
+            print(f"ε={eps:<5g} {a:g}-{b:g} m: best ρ {best_rho:g} m err {errs[best_rho]:.4f}; ParamSelect ρ "
+                  f"{choice.cell_width_m:.0f} m err {err_ps:.4f} (×{ratio:.3f}) [trained without "
+                  f"{choice.excluded_groups}]", flush=True)
+    r = np.array(ratios)
+    print(f"\nParamSelect / best: mean ×{r.mean():.3f}, within 10% in {np.mean(r <= 1.10):.0%} of {r.size} cases")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("speed")
+    s.add_argument("--city", default="new-york")
+    s.add_argument("--epsilon", type=float, default=0.1)
+    s.add_argument("--rhos", type=lambda t: [float(v) for v in t.split(",")], default=[0.0, 200.0],
+                   help="cell widths to time; 0 = chosen by ParamSelect")
+    s.add_argument("--queries", type=int, default=1_000_000)
+    s.set_defaults(func=cmd_speed)
+    for name, fn in (("accuracy", cmd_accuracy), ("rho", cmd_rho)):
+        p = sub.add_parser(name)
+        p.add_argument("--city", default="new-york")
+        p.add_argument("--epsilons", default="0.05,0.1,0.2")
+        p.add_argument("--privacy-unit", default="record", choices=["record", "user"])
+        p.add_argument("--max-points-per-user", type=int, default=20)
+        p.add_argument("--query-sides-m", default="25:100,100:1000")
+        p.add_argument("--queries", type=int, default=1000)
+        p.add_argument("--trials", type=int, default=1)
+        p.add_argument("--mechanisms", default="identity,ug,ag,privtree,snh,auto")
+        p.add_argument("--json", default=None)
+        p.set_defaults(func=fn)
+    args = ap.parse_args()
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main()
