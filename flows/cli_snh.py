@@ -121,6 +121,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         report = run_paramselect_train(params)
     cv = report["cross_validation"]
     print(f"model: {params.model_path}\ntable: {params.table_path} ({report['rows']} rows)\n"
-          f"report: {params.report_path}\nleave-one-city-out: error at predicted ρ / best ρ = "
-          f"{cv['mean_error_ratio_at_predicted_rho']:.3f} mean, {cv['fraction_within_10pct_of_best']:.0%} within 10%")
+          f"report: {params.report_path}\nleave-one-city-out, error at chosen ρ / best ρ: median "
+          f"{cv['chosen_rho']['median_error_ratio']:.3f}, {cv['chosen_rho']['within_10pct']:.0%} within 10%, "
+          f"{cv['chosen_rho']['worse_than_2x']:.0%} worse than 2×")
     return 0

@@ -50,7 +50,7 @@ class TrainParams:
     n_queries: int = 400
     trials: int = 1
     seed: int = 0
-    n_estimators: int = 100
+    n_estimators: int = 50
     include_nyc_full: bool = True
     dask_address: str | None = None
     n_workers: int = 2
@@ -105,20 +105,19 @@ def paramselect_train_flow(params: TrainParams) -> dict:
     model = ParamSelectModel(table, profiles, params.seed, params.n_estimators)
     cv = cross_validate(table, profiles, params.seed, params.n_estimators)
     Path(params.model_path).parent.mkdir(parents=True, exist_ok=True)
-    model.save(params.model_path)
-    table.to_csv(params.table_path, index=False, float_format="%.6g")
+    model.save(params.model_path, params.table_path)
     report = {"datasets": [s["name"] for s in specs], "rows": len(table), "config": config,
               "profiles": {k: v.to_dict() for k, v in profiles.items()}, "cross_validation": cv,
               "params": asdict(params)}
     write_report(params.report_path, report)
     create_markdown_artifact(
         f"# ParamSelect\n\n{len(table)} rows, {len(specs)} public datasets.\n\n"
-        f"Leave-one-city-out: error at predicted ρ / error at best ρ = "
-        f"{cv['mean_error_ratio_at_predicted_rho']:.3f} (mean), "
-        f"{cv['fraction_within_10pct_of_best']:.0%} of cases within 10%.\n",
+        f"Leave-one-city-out, error at the chosen ρ / error at the best ρ: median "
+        f"{cv['chosen_rho']['median_error_ratio']:.3f}, {cv['chosen_rho']['within_10pct']:.0%} of "
+        f"{cv['chosen_rho']['cases']} cases within 10%.\n",
         key="paramselect-train", description="ParamSelect training")
-    print(f"cross-validated: mean error ratio {cv['mean_error_ratio_at_predicted_rho']:.3f}, "
-          f"{cv['fraction_within_10pct_of_best']:.0%} within 10% of the best ρ")
+    print(f"cross-validated: median error ratio {cv['chosen_rho']['median_error_ratio']:.3f}, "
+          f"{cv['chosen_rho']['within_10pct']:.0%} within 10% of the best ρ")
     return report
 
 

@@ -1,0 +1,182 @@
+"""ParamSelect: public features, training table, models, leave-city-out, and never reading private data."""
+
+from __future__ import annotations
+
+import inspect
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from dpcore.geo import Region, city_region
+from dpcore.mechanisms import FitInput, get_mechanism
+from dpcore.noise import NoiseSource
+from dpcore.paramselect import (
+    DEFAULT_MODEL_PATH,
+    ParamSelectError,
+    ParamSelectModel,
+    PublicProfile,
+    best_rho_labels,
+    cross_validate,
+    histogram_entropy,
+    kept_fractions,
+    select_params,
+    training_rows,
+)
+from dpcore.synopsis import load_synopsis
+from dpcore.synthetic import generate_checkins
+
+RHOS = (100.0, 200.0, 400.0, 800.0, 1600.0)
+EPSILONS = (0.05, 0.4, 1.6)
+TRAIN_CITIES = ("phoenix", "houston", "miami")
+
+
+def _synthetic(city: str, seed: int, n_users: int = 400):
+    region = city_region(city)
+    df = generate_checkins(region, n_users=n_users, seed=seed, days=7)
+    x, y = region.project(df["lat"].to_numpy(), df["lon"].to_numpy())
+    return region, x, y, df["user_id"].to_numpy()
+
+
+@pytest.fixture(scope="module")
+def small_model(tmp_path_factory):
+    rows, profiles = [], {}
+    for i, city in enumerate(TRAIN_CITIES):
+        region, x, y, user = _synthetic(city, seed=10 + i, n_users=300 + 300 * i)
+        prof = PublicProfile.from_points(x, y, user, region, source=f"synthetic-{city}")
+        profiles[city] = prof
+        for unit, ks in (("record", (None,)), ("user", (5,))):
+            rows += training_rows(f"syn-{city}", city, x, y, user, region, prof, epsilons=EPSILONS,
+                                  privacy_unit=unit, ks=ks, mechanisms=("identity", "ug"), rhos=RHOS,
+                                  bands=((100.0, 1000.0),), n_queries=200)
+    table = pd.DataFrame(rows)
+    model = ParamSelectModel(table, profiles, seed=0, n_estimators=30)
+    path = tmp_path_factory.mktemp("ps") / "model.joblib"
+    model.save(path)
+    return path, table, profiles
+
+
+def test_entropy_feature_bounds():
+    region = Region("t", 40.0, -74.0, 2.0)
+    rng = np.random.default_rng(0)
+    x, y = rng.uniform(-1000, 1000, (2, 2_000_000))
+    assert histogram_entropy(x, y, region) == pytest.approx(np.log2(512 * 512), rel=0.03)
+    assert histogram_entropy(np.zeros(50), np.zeros(50), region) == 0.0
+    with pytest.raises(ParamSelectError):
+        histogram_entropy(np.array([5000.0]), np.array([0.0]), region)
+
+
+def test_kept_fraction_is_exact():
+    user = np.array([0] * 10 + [1] * 2 + [2])  # 13 points
+    kept = kept_fractions(user, (1, 2, 5))
+    assert kept[1] == pytest.approx(3 / 13)
+    assert kept[2] == pytest.approx(5 / 13)
+    assert kept[5] == pytest.approx(8 / 13)
+
+
+def test_training_table_and_labels(small_model):
+    _, table, _ = small_model
+    assert set(table["mechanism"]) == {"identity", "ug"}
+    assert (table["error"] > 0).all()
+    best = best_rho_labels(table)
+    # One label per (dataset, ε, unit, k, band).
+    assert len(best) == len(TRAIN_CITIES) * len(EPSILONS) * 2
+    # More budget never makes the best grid coarser (averaged over datasets, in log ρ).
+    mean_log_rho = best.groupby("epsilon")["best_rho"].apply(lambda r: np.log(r).mean())
+    assert mean_log_rho.loc[1.6] <= mean_log_rho.loc[0.05]
+
+
+def test_cross_validation_compares_with_the_best_rho(small_model):
+    _, table, profiles = small_model
+    cv = cross_validate(table, profiles, n_estimators=20)
+    assert cv["groups"] == sorted(TRAIN_CITIES)
+    for key in ("paper_rho", "chosen_rho"):
+        assert cv[key]["median_error_ratio"] >= 1.0  # the best searched ρ is a lower bound
+        assert 0.0 <= cv[key]["within_10pct"] <= 1.0
+    assert cv["chosen_rho"]["cases"] + cv["skipped_useless_cases"] == len(TRAIN_CITIES) * len(EPSILONS) * 2
+
+
+def test_select_params_has_no_private_data_argument():
+    params = set(inspect.signature(select_params).parameters)
+    assert not params & {"x", "y", "data", "points", "user"}
+
+
+def test_released_city_is_left_out_of_its_own_training(small_model):
+    path, _, _ = small_model
+    inside = select_params(region=city_region("houston"), n=5000, epsilon=0.2, model_path=path)
+    outside = select_params(region=city_region("chicago"), n=5000, epsilon=0.2, model_path=path)
+    assert inside.excluded_groups == ["houston"]
+    assert outside.excluded_groups == []
+    assert inside.inputs["profile_source"] == "synthetic-houston"  # a public profile, not the private data
+    assert RHOS[0] / 2 <= inside.cell_width_m <= RHOS[-1] * 2
+
+
+def test_choose_k_and_mechanism(small_model):
+    path, _, _ = small_model
+    c = select_params(region=city_region("phoenix"), n=20000, epsilon=0.4, privacy_unit="user",
+                      choose_k=True, mechanisms=("identity", "ug"), model_path=path)
+    assert c.max_points_per_user in (1, 2, 5, 10, 20, 50)
+    assert c.mechanism in ("identity", "ug")
+    with pytest.raises(ParamSelectError):
+        select_params(region=city_region("phoenix"), n=-3, epsilon=0.4, model_path=path)
+    with pytest.raises(ParamSelectError):
+        select_params(region=city_region("phoenix"), n=10, epsilon=0.4, mechanisms=("dawa",), model_path=path)
+
+
+def _two_private_datasets(region: Region):
+    """Same size, very different contents: one tight cluster vs uniform spread."""
+    rng = np.random.default_rng(1)
+    n = 4000
+    x1, y1 = rng.normal(0, 150, (2, n))
+    x2, y2 = rng.uniform(-region.half_m * 0.99, region.half_m * 0.99, (2, n))
+    return (x1, y1), (x2, y2)
+
+
+@pytest.mark.parametrize("mechanism", ["auto", "snh"])
+def test_paramselect_never_reads_the_private_dataset(small_model, mechanism):
+    """With a public n, the choice must not move when the private contents change."""
+    path, _, _ = small_model
+    region = city_region("houston")
+    (x1, y1), (x2, y2) = _two_private_datasets(region)
+    # The private data would change the answer if it were read: the entropies differ by a lot.
+    assert abs(histogram_entropy(x1, y1, region) - histogram_entropy(x2, y2, region)) > 3
+    if mechanism == "auto":
+        params = dict(model_path=str(path), mechanisms=("identity", "ug"))
+    else:
+        params = dict(paramselect_model=str(path), n_sizes=2, hidden=8, depth=1, max_epochs=1,
+                      samples_per_epoch=256, device="cpu")
+    mech = get_mechanism(mechanism, **params)
+    chosen = []
+    for x, y in ((x1, y1), (x2, y2)):
+        data = FitInput(x, y, region, "record", None, public_total=50_000.0)
+        syn = mech.fit(data, 0.2, NoiseSource.seeded(0))
+        chosen.append(syn.config["cell_width_m"] if mechanism == "snh" else syn.privacy.params["chosen"])
+        assert "total_count" not in [c["name"] for c in syn.privacy.charges]  # public n: nothing paid
+    assert chosen[0] == chosen[1]
+
+
+def test_auto_pays_for_a_private_n_and_spends_exactly_epsilon(small_model, tmp_path):
+    path, _, _ = small_model
+    region, x, y, user = _synthetic("chicago", seed=5)
+    mech = get_mechanism("auto", mechanisms=("identity", "ug"), model_path=str(path))
+    syn = mech.fit(FitInput(x, y, region, "user", 5, user=user), 0.3, NoiseSource.seeded(2))
+    names = [c["name"] for c in syn.privacy.charges]
+    assert names[0] == "total_count"
+    chosen = syn.privacy.params["chosen"]["mechanism"]
+    assert all(n.startswith(chosen + "/") for n in names[1:]) and len(names) >= 2
+    assert sum(c["epsilon"] for c in syn.privacy.charges) == pytest.approx(0.3)
+    assert all(c["sensitivity"] == 5.0 for c in syn.privacy.charges)
+    assert syn.privacy.mechanism == "auto"
+    syn.save(tmp_path / "auto")
+    boxes = np.array([[-500.0, -500.0, 500.0, 500.0], [0.0, 0.0, 3000.0, 2000.0]])
+    assert np.array_equal(load_synopsis(tmp_path / "auto").answer(boxes), syn.answer(boxes))
+
+
+def test_shipped_model_predicts_for_every_catalog_city():
+    if not DEFAULT_MODEL_PATH.exists():
+        pytest.fail(f"the shipped ParamSelect model {DEFAULT_MODEL_PATH} is missing")
+    for city in ("new-york", "fargo"):
+        c = select_params(region=city_region(city), n=100_000, epsilon=0.1)
+        assert 10 <= c.cell_width_m <= 5000
+        fine = select_params(region=city_region(city), n=100_000, epsilon=1.6)
+        assert fine.cell_width_m <= c.cell_width_m * 1.05  # more budget → a grid at least as fine
