@@ -175,17 +175,19 @@ def choose_depth(n_hat: float, epsilon: float, max_levels: int, w: int,
                  split: str | float | list[float] = "uniform", signal_to_noise: float = 1.0) -> int:
     """Deepest level D ≤ max_levels worth measuring, from a *noisy* user count n̂ (post-processing).
 
-    Spreading ε over D levels gives the deepest level noise of scale 1/ε_D on each of its (at most
-    min(4^D, w)) kept nodes; the mass there is n̂ at most, so the level carries signal only while
-    min(4^D, w) / ε_D ≤ n̂ / signal_to_noise, i.e. while the average kept node's mass exceeds the
-    noise. With few users or a small ε this stops the tree after 2–3 levels and gives them the whole
-    budget, instead of drowning every level in noise (the paper's fixed-depth split fails there).
+    Spreading ε over D levels puts noise of scale 1/ε_j on each of the (at most min(4^j, w)) nodes
+    kept at level j, so the kept nodes of all levels carry about Σ_j min(4^j, w)/ε_j of noise mass
+    against n̂ of signal. D is the largest depth with Σ_j min(4^j, w)/ε_j ≤ n̂ / signal_to_noise
+    (at least 1). With few users or a small ε this stops the tree after 2–3 levels and gives them
+    the whole budget, instead of drowning every level in noise (the paper's fixed-depth split
+    fails there); a deeper tree is only chosen when every one of its levels keeps enough budget.
     """
     best = 1
     for depth in range(1, max_levels + 1):
         split_d = split[:depth] if isinstance(split, list) else split
-        eps_d = level_epsilons(epsilon, depth, split_d)[-1]
-        if min(4.0 ** depth, float(w)) / eps_d <= max(n_hat, 0.0) / signal_to_noise:
+        eps_d = level_epsilons(epsilon, depth, split_d)
+        noise_mass = sum(min(4.0 ** (j + 1), float(w)) / e for j, e in enumerate(eps_d))
+        if noise_mass <= max(n_hat, 0.0) / signal_to_noise:
             best = depth
     return best
 
