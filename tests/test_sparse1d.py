@@ -145,3 +145,16 @@ def test_statistical_privacy_test_detects_the_broken_svt():
     audit = audit_event_ratio(_broken, D, D_PRIME, EPS, RUNS, NoiseSource.seeded(7))
     assert audit.violation, audit
     assert audit.worst_event == "FFT"  # ⊥⊥⊤ is impossible on D' when queries carry no noise
+
+
+def test_statistical_privacy_test_catches_a_subtle_bug_too():
+    # Alg. 1 with the *monotonic* query-noise scale cΔ/ε₂ on non-monotone neighbours (q₁, q₂ go up,
+    # q₃ goes down): the true loss is up to ε₁ + 2ε₂ > ε, which the audit proves from samples.
+    def half_noise(q, noise, runs):
+        e1, e2, _ = svt_split(EPS, 1)
+        return svt_decisions(q, 0.5, 1, e1, e2, 1, noise, runs, monotonic=True)
+
+    audit = audit_event_ratio(half_noise, D, D_PRIME, EPS, 100_000, NoiseSource.seeded(3))
+    assert audit.violation, audit
+    correct = audit_event_ratio(_correct, D, D_PRIME, EPS, 100_000, NoiseSource.seeded(3))
+    assert not correct.violation, correct
