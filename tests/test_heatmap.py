@@ -22,6 +22,7 @@ from dpcore.heatmap import (
 )
 from dpcore.heatmap_metrics import emd, pearson
 from dpcore.mechanisms import FitInput, MechanismError, get_mechanism
+from dpcore.mechanisms.dpheatmap import heatmap_units
 from dpcore.noise import NoiseSource
 from dpcore.synopsis import load_synopsis
 
@@ -226,3 +227,22 @@ def test_reserved_budget_remeasures_the_pruned_leaves_and_everything_adds_up():
     assert terminal >= 0.3 * (2.0 - syn.privacy.charges[0]["epsilon"]) - 1e-12
     with pytest.raises(MechanismError, match="remeasure_fraction"):
         get_mechanism("dpheatmap", resolution=64, remeasure_fraction=1.0).fit(data, 1.0, NoiseSource.seeded(0))
+
+
+def test_bound_normalisation_gives_each_point_mass_one_over_k():
+    data = fit_input(k=4)
+    units = heatmap_units(data, 32, Q, "bound")
+    assert units.sum() == data.n * (Q // 4)
+    per_user = np.bincount(data.user)
+    assert per_user.max() > 4  # some users have more than k points in this input...
+    # ...so the bound normalisation is only for inputs already bounded to k per user (as releases are):
+    keep = np.concatenate([np.flatnonzero(data.user == u)[:4] for u in np.unique(data.user)])
+    bounded = FitInput(data.x[keep], data.y[keep], REGION, "user", 4, user=data.user[keep])
+    one_user = bounded.user == bounded.user[0]
+    without = FitInput(bounded.x[~one_user], bounded.y[~one_user], REGION, "user", 4, user=bounded.user[~one_user])
+    diff = np.abs(heatmap_units(bounded, 32, Q, "bound") - heatmap_units(without, 32, Q, "bound")).sum()
+    assert 0 < diff <= Q
+    syn = get_mechanism("dpheatmap", resolution=32, normalisation="bound").fit(bounded, 1.0, NoiseSource.seeded(0))
+    assert all(c["sensitivity"] == 1.0 for c in syn.privacy.charges)
+    with pytest.raises(MechanismError, match="normalisation"):
+        get_mechanism("laplace", resolution=32, normalisation="sideways").fit(bounded, 1.0, NoiseSource.seeded(0))

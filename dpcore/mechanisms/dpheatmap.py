@@ -22,6 +22,8 @@ The root mass (= number of users, private) is only used through its noisy, paid-
 
 from __future__ import annotations
 
+import numpy as np
+
 from dpcore.budget import Accountant
 from dpcore.heatmap import (
     DEFAULT_QUANTUM,
@@ -39,15 +41,33 @@ from dpcore.heatmap import (
 from dpcore.mechanisms.base import FitInput, Mechanism, MechanismError, _jsonable
 from dpcore.noise import NoiseSource
 
+NORMALISATIONS = ("user", "bound")
 
-def heatmap_users(data: FitInput):
-    """The user codes a heatmap normalises by: the users under user-level privacy, none (every record
-    its own unit) under record-level privacy."""
+
+def heatmap_units(data: FitInput, resolution: int, quantum: int, normalisation: str = "user") -> np.ndarray:
+    """Integer masses (units of 1/Q) of the heatmap input, each privacy unit adding at most Q.
+
+    ``"user"`` (the paper's): each user's points *in this region* share mass 1. A user present in
+    several regions of one release then has mass 1 in each, so every region's heatmap is a separate
+    ε-release for that user (the ledger must charge each). ``"bound"``: every point has mass 1/k with
+    the release-wide bound k (≤ k points per user over all regions), so a user's mass over the whole
+    multi-region release is ≤ 1 and the regions compose in parallel. Record level: each record is
+    its own unit with mass 1 (both normalisations agree).
+    """
+    if normalisation not in NORMALISATIONS:
+        raise MechanismError(f"normalisation must be one of {NORMALISATIONS}, got {normalisation!r}")
+    bounds = data.region.bounds_m
     if data.privacy_unit == "record":
-        return None
+        return user_normalised_grid(data.x, data.y, None, bounds, resolution, quantum)
+    if normalisation == "bound":
+        k = data.max_points_per_user
+        if k is None or int(k) < 1:
+            raise MechanismError("normalisation='bound' needs the release-wide bound max_points_per_user (k)")
+        unit = user_normalised_grid(data.x, data.y, None, bounds, resolution, quantum)  # Q per point
+        return (unit // quantum) * (quantum // int(k))  # ⌊Q/k⌋ units per point: ≤ Q per user
     if data.user is None:
         raise MechanismError("a user-level heatmap needs the user of every point (FitInput.user)")
-    return data.user
+    return user_normalised_grid(data.x, data.y, data.user, bounds, resolution, quantum)
 
 
 class DPHeatmap(Mechanism):
@@ -67,8 +87,9 @@ class DPHeatmap(Mechanism):
     def __init__(self, *, resolution: int = 256, w: int = 30, threshold_factor: float = 1.0,
                  level_split: str | float = 1.3, depth: str | int = "auto", root_fraction: float = 0.1,
                  signal_to_noise: float = 0.25, remeasure_fraction: float = 0.0, reconstruction: str = "lp",
-                 quantum: int = DEFAULT_QUANTUM):
+                 normalisation: str = "user", quantum: int = DEFAULT_QUANTUM):
         self.remeasure_fraction = remeasure_fraction
+        self.normalisation = normalisation
         self.resolution = resolution
         self.depth = depth
         self.root_fraction = root_fraction
@@ -105,7 +126,7 @@ class DPHeatmap(Mechanism):
         except (HeatmapError, ValueError) as exc:
             raise MechanismError(str(exc)) from exc
         q = int(self.quantum)
-        units = user_normalised_grid(data.x, data.y, heatmap_users(data), data.region.bounds_m, d, q)
+        units = heatmap_units(data, d, q, self.normalisation)
         root = None
         eps_tree = acct.epsilon
         if auto_depth:
@@ -124,7 +145,8 @@ class DPHeatmap(Mechanism):
         tree.root = root
         grid = reconstruct(tree, self.reconstruction)
         notes = [
-            f"user-normalised input: each {data.privacy_unit} has mass 1 over the {d}x{d} grid",
+            (f"input: each {data.privacy_unit} has mass 1 over the {d}x{d} grid" if self.normalisation == "user"
+             else f"input: each point has mass 1/k (k = {data.max_points_per_user}), ≤ 1 per user over the release"),
             (f"root measured with ε={root[1]:.4g} (noisy users {root[0]:.1f}) to choose depth {depth}"
              if root else f"fixed depth {depth}"),
             f"{depth} of {max_levels} levels, ε per level ({self.level_split}): "

@@ -18,10 +18,9 @@ from dpcore.heatmap import (
     HeatmapSynopsis,
     check_resolution,
     heatmap_privacy,
-    user_normalised_grid,
 )
 from dpcore.mechanisms.base import FitInput, Mechanism, MechanismError, _jsonable
-from dpcore.mechanisms.dpheatmap import heatmap_users
+from dpcore.mechanisms.dpheatmap import heatmap_units
 from dpcore.noise import NoiseSource
 
 
@@ -30,8 +29,9 @@ class LaplaceHeatmap(Mechanism):
 
     name = "laplace"
 
-    def __init__(self, *, resolution: int = 256, quantum: int = DEFAULT_QUANTUM):
+    def __init__(self, *, resolution: int = 256, normalisation: str = "user", quantum: int = DEFAULT_QUANTUM):
         self.resolution = resolution
+        self.normalisation = normalisation
         self.quantum = quantum
 
     @staticmethod
@@ -40,6 +40,7 @@ class LaplaceHeatmap(Mechanism):
         return 1.0
 
     def _noisy_cells(self, data: FitInput, acct: Accountant, noise: NoiseSource) -> tuple[np.ndarray, int]:
+        self._validate()
         try:
             d = check_resolution(self.resolution, power_of_two=False)
             if int(self.quantum) < 1:
@@ -47,12 +48,15 @@ class LaplaceHeatmap(Mechanism):
         except HeatmapError as exc:
             raise MechanismError(str(exc)) from exc
         q = int(self.quantum)
-        units = user_normalised_grid(data.x, data.y, heatmap_users(data), data.region.bounds_m, d, q)
+        units = heatmap_units(data, d, q, self.normalisation)
         eps = acct.spend("cells", acct.epsilon, 1.0, note=(
             f"{d}x{d} user-normalised grid; each user adds mass ≤ 1: L1 sensitivity 1 (= {q} integer "
             f"units); discrete Laplace scale {q}/ε units"))
         noisy = (units + noise.discrete_laplace(q / eps, units.shape)) / q
         return np.maximum(noisy, 0.0), d
+
+    def _validate(self) -> None:
+        """Parameter checks that must fail before any budget is spent."""
 
     def _post(self, noisy: np.ndarray) -> tuple[np.ndarray, list[str]]:
         return noisy, ["negatives zeroed"]
@@ -60,7 +64,8 @@ class LaplaceHeatmap(Mechanism):
     def _fit(self, data: FitInput, acct: Accountant, noise: NoiseSource) -> HeatmapSynopsis:
         noisy, d = self._noisy_cells(data, acct, noise)
         grid, notes = self._post(noisy)
-        notes = [f"user-normalised input: each {data.privacy_unit} has mass 1 over the {d}x{d} grid",
+        notes = [(f"input: each {data.privacy_unit} has mass 1 over the {d}x{d} grid" if self.normalisation == "user"
+                  else f"input: each point has mass 1/k (k = {data.max_points_per_user}), ≤ 1 per user"),
                  "charge has L1 sensitivity 1 (user mass), independent of k", *notes, "values are user mass"]
         privacy = heatmap_privacy(self.name, _jsonable(self.get_params()), acct, data.privacy_unit,
                                   data.max_points_per_user, noise, notes)
@@ -72,14 +77,21 @@ class LaplaceTopHeatmap(LaplaceHeatmap):
 
     name = "laplace-top"
 
-    def __init__(self, *, resolution: int = 256, top_percent: float = 1.0, quantum: int = DEFAULT_QUANTUM):
-        super().__init__(resolution=resolution, quantum=quantum)
+    def __init__(self, *, resolution: int = 256, top_percent: float = 1.0, normalisation: str = "user",
+                 quantum: int = DEFAULT_QUANTUM):
+        super().__init__(resolution=resolution, normalisation=normalisation, quantum=quantum)
         self.top_percent = top_percent
+
+    def _validate(self) -> None:
+        try:
+            ok = 0 < float(self.top_percent) <= 100
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise MechanismError(f"top_percent must be in (0, 100], got {self.top_percent!r}")
 
     def _post(self, noisy: np.ndarray) -> tuple[np.ndarray, list[str]]:
         t = float(self.top_percent)
-        if not (0 < t <= 100):
-            raise MechanismError(f"top_percent must be in (0, 100], got {self.top_percent}")
         flat = noisy.ravel()
         keep = max(1, int(round(flat.size * t / 100.0)))
         out = np.zeros_like(flat)
