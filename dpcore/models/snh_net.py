@@ -120,10 +120,18 @@ def train_batched(model: BatchedSineSwishMLP, inputs: list[np.ndarray], targets:
     if not (len(inputs) == len(targets) == len(weights) == k):
         raise ValueError("need one input/target/weight array per model")
     model.to(device)
-    xs = [torch.as_tensor(a, dtype=torch.float32, device=device) for a in inputs]
-    ys = [torch.as_tensor(a, dtype=torch.float32, device=device) for a in targets]
-    ws = [torch.as_tensor(a, dtype=torch.float32, device=device) for a in weights]
-    sizes = [int(a.shape[0]) for a in xs]
+    sizes = [int(np.asarray(a).shape[0]) for a in inputs]
+    # One padded (k, n_max, ·) tensor per quantity, so a step gathers every model's batch with a single
+    # advanced-indexing op; each model's indices stay below its own size, so padding is never read.
+    n_max = max(sizes)
+    xs = torch.zeros(k, n_max, model.in_dim, dtype=torch.float32, device=device)
+    ys = torch.zeros(k, n_max, dtype=torch.float32, device=device)
+    ws = torch.zeros(k, n_max, dtype=torch.float32, device=device)
+    for i in range(k):
+        xs[i, :sizes[i]] = torch.as_tensor(np.asarray(inputs[i]), dtype=torch.float32, device=device)
+        ys[i, :sizes[i]] = torch.as_tensor(np.asarray(targets[i]), dtype=torch.float32, device=device)
+        ws[i, :sizes[i]] = torch.as_tensor(np.asarray(weights[i]), dtype=torch.float32, device=device)
+    rows = torch.arange(k, device=device)[:, None]
     per_epoch = config.samples_per_epoch
     steps = max(1, math.ceil(per_epoch / config.batch_size))
     opt = torch.optim.Adam(model.parameters(), lr=config.lr)
@@ -139,10 +147,7 @@ def train_batched(model: BatchedSineSwishMLP, inputs: list[np.ndarray], targets:
         total = 0.0
         for s in range(steps):
             sl = idx[:, s * config.batch_size:(s + 1) * config.batch_size]
-            xb = torch.stack([xs[i][sl[i]] for i in range(k)])
-            yb = torch.stack([ys[i][sl[i]] for i in range(k)])
-            wb = torch.stack([ws[i][sl[i]] for i in range(k)])
-            loss = (wb * (model(xb) - yb) ** 2).mean()
+            loss = (ws[rows, sl] * (model(xs[rows, sl]) - ys[rows, sl]) ** 2).mean()
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
