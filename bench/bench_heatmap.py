@@ -85,7 +85,8 @@ def sparse_venues(path: Path, domain: int, bin_column: str, trials: int, epsilon
 
     keys, counts = venue_counts(str(path), bin_column, domain, k, np.random.default_rng(0))
     print(f"\n## sparse 1-D: {path.name} {bin_column}, domain {domain:,} bins, k = {k}, "
-          f"{int(counts.sum()):,} records in {keys.size:,} occupied bins, {trials} trials")
+          f"{int(counts.sum()):,} records in {keys.size:,} occupied bins, {trials} trials; "
+          f"releasing all zeros would have total error {int(counts.sum()):,}")
     print(f"  {'eps':>5s} {'laplace':>14s} {'thr η=0.5':>11s} {'thr η=1':>11s} {'thr η=2':>11s} {'top-0.1%':>11s}")
     for eps in epsilons:
         acc: dict[str, list[float]] = {}
