@@ -6,7 +6,7 @@ Protocol (stated in every result):
   Truth is the exact count over *all* points, so the synopsis is scaled to full counts by
   N / n̂, where N (the region's point count) is an explicit *public input* of the evaluation
   (recorded as ``total_points_source``) and n̂ is a DP estimate of the bounded sample's size that
-  costs 5% of ε (see dpcore.scaling); the mechanism gets the other 95%.
+  costs 10% of ε (see dpcore.scaling); the mechanism gets the other 90%.
 - Record-level: no bounding, sensitivity 1, no scaling (the UG/AG/SNH papers' setting).
 - Relative error |est − truth| / max(truth, ψ), ψ = 0.1% of N. Workloads are squares with side
   uniform in [a, b] metres, centres uniform over the region; the same workload is used for every
