@@ -5,13 +5,17 @@ Privacy accounting:
   shipped model trained on public data, and n. n is ``public_total`` when the caller declares one
   (free); otherwise a noisy count is paid with ``total_fraction`` of ε (step ``total_count``,
   sensitivity k user-level / 1 record-level).
-- The chosen mechanism then runs on the rest of the budget; its own charges are recorded as
+- The chosen mechanism then runs on the rest of the budget, given that n as ``public_total`` (the
+  noisy count is already released, so re-using it is post-processing: nothing is paid twice); its
+  own charges are recorded as
   ``<mechanism>/<step>`` so the ledger shows every part, and the parts sum to ε.
 k (``max_points_per_user``) is fixed before a mechanism sees the data (bounding happens upstream for the
 whole release), so ``auto`` does not change it; ``geodp paramselect predict`` recommends k.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 from dpcore.budget import Accountant
 from dpcore.mechanisms.base import FitInput, Mechanism, MechanismError
@@ -54,7 +58,8 @@ class AutoMechanism(Mechanism):
         inner = get_mechanism(choice.mechanism, **inner_params)
         # The inner mechanism splits its own (smaller) budget; its charges are copied into ours.
         sub = Accountant(acct.remaining)
-        synopsis = inner._fit(data, sub, noise)
+        inner_data = data if data.public_total is not None else dataclasses.replace(data, public_total=n)
+        synopsis = inner._fit(inner_data, sub, noise)
         for c in sub.charges:
             acct.spend(f"{choice.mechanism}/{c.name}", c.epsilon, c.sensitivity, c.noise, c.note)
         params = {**self.get_params(), "mechanisms": list(cands), "query_sides_m": [lo, hi],
