@@ -1,0 +1,59 @@
+"""`geodp paramselect predict` and the cached per-dataset step of the paramselect-train flow."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+
+from flows.cli import main
+from flows.paramselect_flow import TrainParams, public_datasets
+from tasks.paramselect_tasks import dataset_rows
+
+
+def test_predict_prints_a_choice_from_the_shipped_model(capsys):
+    rc = main(["paramselect", "predict", "--city", "new-york", "--n", "115000", "--epsilon", "0.1",
+               "--privacy-unit", "record", "--json"])
+    assert rc == 0
+    choice = json.loads(capsys.readouterr().out)
+    assert choice["mechanism"] == "identity"
+    assert 25 <= choice["cell_width_m"] <= 3200
+    assert choice["excluded_groups"] == ["new-york"]  # never trained on the city it predicts for
+
+
+def test_predict_chooses_k_for_user_level(capsys):
+    rc = main(["paramselect", "predict", "--city", "fargo", "--n", "30000", "--epsilon", "0.4",
+               "--mechanisms", "identity,ug,ag,privtree", "--json"])
+    assert rc == 0
+    choice = json.loads(capsys.readouterr().out)
+    assert choice["max_points_per_user"] in (1, 2, 5, 10, 20, 50)
+    assert choice["mechanism"] in ("identity", "ug", "ag", "privtree")
+    assert choice["inputs"]["profile_source"] == "median of the training profiles"  # fargo has no public data
+
+
+def test_predict_bad_input_is_a_clean_error(capsys):
+    assert main(["paramselect", "predict", "--city", "new-york", "--n", "-1", "--epsilon", "0.1"]) == 2
+    assert "n must be a positive number" in capsys.readouterr().err
+    assert main(["paramselect", "predict", "--city", "new-york", "--n", "100", "--epsilon", "0.1",
+                 "--mechanisms", "identity,snh"]) == 2  # no training rows for snh in the shipped table
+
+
+def test_dataset_rows_are_cached(tmp_path):
+    spec = {"name": "synthetic-tulsa-9", "group": "synthetic-9", "city": "tulsa", "source": "synthetic",
+            "seed": 9, "n_users": 200, "n_hotspots": 10}
+    config = {"epsilons": [0.5], "mechanisms": ["identity"], "rhos": [200.0, 800.0], "user_ks": [5],
+              "bands": [[100.0, 1000.0]], "n_queries": 100, "trials": 1, "seed": 0}
+    first = dataset_rows.fn(spec, config, str(tmp_path))
+    second = dataset_rows.fn(spec, config, str(tmp_path))
+    assert not first["cached"] and second["cached"]
+    rows = pd.read_csv(first["rows"])
+    assert len(rows) == 2 * 2  # 2 ρ × (record + user k=5)
+    assert set(rows["privacy_unit"]) == {"record", "user"}
+    changed = dataset_rows.fn(spec, {**config, "epsilons": [0.25]}, str(tmp_path))
+    assert not changed["cached"]  # another configuration is another cache entry
+
+
+def test_training_datasets_group_by_city(tmp_path):
+    specs = public_datasets(TrainParams(shared_data=str(tmp_path), synthetic_seeds=[1, 2]))
+    assert [s["source"] for s in specs] == ["synthetic", "synthetic"]  # no public files in tmp_path
+    assert len({s["group"] for s in specs}) == 2
