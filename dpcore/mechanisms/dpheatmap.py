@@ -122,9 +122,11 @@ class DPHeatmap(Mechanism):
                 raise HeatmapError(f"root_fraction must be in (0, 1), got {self.root_fraction!r}")
             if not 0 <= float(self.remeasure_fraction) < 1:
                 raise HeatmapError(f"remeasure_fraction must be in [0, 1), got {self.remeasure_fraction!r}")
+            if int(self.w) < 1 or float(self.threshold_factor) < 0 or not float(self.signal_to_noise) > 0:
+                raise HeatmapError("need w ≥ 1, threshold_factor ≥ 0 and signal_to_noise > 0")
             level_epsilons(acct.epsilon, max_levels, self.level_split)  # validates the split early
-        except (HeatmapError, ValueError) as exc:
-            raise MechanismError(str(exc)) from exc
+        except (HeatmapError, ValueError, TypeError) as exc:
+            raise MechanismError(f"bad {self.name} parameter: {exc}") from exc
         q = int(self.quantum)
         units = heatmap_units(data, d, q, self.normalisation)
         root = None

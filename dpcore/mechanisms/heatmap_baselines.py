@@ -45,8 +45,8 @@ class LaplaceHeatmap(Mechanism):
             d = check_resolution(self.resolution, power_of_two=False)
             if int(self.quantum) < 1:
                 raise HeatmapError("quantum must be ≥ 1")
-        except HeatmapError as exc:
-            raise MechanismError(str(exc)) from exc
+        except (HeatmapError, ValueError, TypeError) as exc:
+            raise MechanismError(f"bad {self.name} parameter: {exc}") from exc
         q = int(self.quantum)
         units = heatmap_units(data, d, q, self.normalisation)
         eps = acct.spend("cells", acct.epsilon, 1.0, note=(
