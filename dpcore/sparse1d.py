@@ -92,7 +92,7 @@ def threshold_for(eta: float, n_bins: int, epsilon: float, sensitivity: float = 
         raise SparseHistogramError(f"eta must be a finite number ≥ 0, got {eta!r}")
     if n_bins < 1:
         raise SparseHistogramError("the domain needs at least one bin")
-    return float(eta) * float(sensitivity) * math.log(max(n_bins, 2)) / eps
+    return float(eta) * float(sensitivity) * math.log(n_bins) / eps
 
 
 def laplace_histogram(counts: np.ndarray, epsilon: float, sensitivity: float, noise: NoiseSource,
@@ -165,6 +165,8 @@ def noise_then_threshold_sparse(keys: np.ndarray, counts: np.ndarray, n_bins: in
     k = _check_sensitivity(sensitivity)
     eps = check_epsilon(epsilon)
     theta = threshold_for(eta, n_bins, eps, k)
+    if not theta > 0:
+        raise SparseHistogramError("the sparse sampler needs a positive threshold (eta > 0 and n_bins ≥ 2)")
     if acct is not None:
         acct.spend("bins", eps, k, note=f"{n_bins} disjoint public bins; L1 sensitivity {k}")
     scale = k / eps
@@ -172,7 +174,7 @@ def noise_then_threshold_sparse(keys: np.ndarray, counts: np.ndarray, n_bins: in
     keep = noisy >= theta
     out_keys, out_vals = [keys[keep]], [noisy[keep]]
     n_empty = int(n_bins - keys.size)
-    m = max(1, math.ceil(theta))  # integer noise ≥ θ ⇔ ≥ ⌈θ⌉ (θ > 0 assumed for sparsity)
+    m = math.ceil(theta)  # integer noise ≥ θ ⇔ ≥ ⌈θ⌉ ≥ 1
     t = math.exp(-1.0 / scale)
     p_pass = t ** m / (1.0 + t)  # P(DLap ≥ m) for m ≥ 1
     if n_empty > 0 and p_pass > 0:

@@ -158,3 +158,8 @@ def test_statistical_privacy_test_catches_a_subtle_bug_too():
     assert audit.violation, audit
     correct = audit_event_ratio(_correct, D, D_PRIME, EPS, 100_000, NoiseSource.seeded(3))
     assert not correct.violation, correct
+
+
+def test_sparse_sampler_needs_a_positive_threshold():
+    with pytest.raises(SparseHistogramError, match="positive threshold"):
+        noise_then_threshold_sparse(np.array([1]), np.array([5]), 100, 1.0, 1, 0.0, NoiseSource.seeded(0))
