@@ -96,6 +96,10 @@ class TrainConfig:
     #: Samples drawn per model per "epoch" (cycling through shuffled copies of small training sets):
     #: a fixed amount of work per epoch whatever the grid size, so coarse grids still get enough steps.
     samples_per_epoch: int = 32768
+    #: Intra-op CPU threads while training (restored afterwards). The nets' matmuls are small, so a
+    #: second thread gains little, and on a busy machine OpenMP threads that wait for each other made
+    #: epochs ~6x slower (bench/README.md); 1 is the robust default. Ignored on CUDA.
+    cpu_threads: int = 1
 
 
 @dataclass
@@ -119,6 +123,20 @@ def train_batched(model: BatchedSineSwishMLP, inputs: list[np.ndarray], targets:
     k = model.n_models
     if not (len(inputs) == len(targets) == len(weights) == k):
         raise ValueError("need one input/target/weight array per model")
+    if device.type != "cpu" or not config.cpu_threads:
+        return _train(model, inputs, targets, weights, config, device, generator, progress)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(int(config.cpu_threads))
+    try:
+        return _train(model, inputs, targets, weights, config, device, generator, progress)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _train(model: BatchedSineSwishMLP, inputs: list[np.ndarray], targets: list[np.ndarray],
+           weights: list[np.ndarray], config: TrainConfig, device: torch.device, generator: torch.Generator,
+           progress: Callable[[int, float], None] | None) -> TrainResult:
+    k = model.n_models
     model.to(device)
     sizes = [int(np.asarray(a).shape[0]) for a in inputs]
     # One padded (k, n_max, ·) tensor per quantity, so a step gathers every model's batch with a single
