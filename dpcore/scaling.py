@@ -8,7 +8,7 @@ Scaling by N / n̂ restores full counts, where
 - n̂, the size of the bounded sample, is estimated with a stated fraction of ε (a discrete-Laplace
   count of sensitivity k), recorded as the charge ``sample_total_for_scaling``. Using the
   synopsis's own total instead would be free but, for a fine identity grid, its noise (the sum
-  of every cell's noise) swamps the total at small ε. n̂ is clamped to [1, N] (post-processing)
+  of every cell's noise) swamps the total at small ε. n̂ is clamped to [k/ε_n, N] (post-processing)
   and handed to the mechanism as its N (``public_total``), so mechanisms that size a grid from N
   (UG, AG, HB) do not pay for the same count twice.
 """
@@ -87,9 +87,10 @@ def fit_scaled(mechanism_name: str, params: dict, data: FitInput, epsilon: float
     eps_n = acct.spend_fraction("sample_total_for_scaling", scale_fraction, data.sensitivity,
                                 note="n̂ = |bounded sample| + DLap(k/ε_n); scales the release to the public total")
     raw_n_hat = float(noise.add_discrete_laplace(np.array([data.n]), data.sensitivity, eps_n)[0])
-    # The bounded sample can be neither empty nor larger than the full data: clamping to [1, N] is
-    # post-processing, and keeps a wild draw at tiny ε from blowing the factor up (factor ≥ 1).
-    n_hat = min(max(raw_n_hat, 1.0), float(total_points))
+    # Post-processing with public quantities only: the sample is never larger than the full data
+    # (factor ≥ 1), and an estimate below one noise scale (k/ε_n) says nothing about n, so it is
+    # floored there; otherwise a draw near 0 at tiny ε would multiply every answer by up to N.
+    n_hat = min(max(raw_n_hat, data.sensitivity / eps_n, 1.0), float(total_points))
     # n̂ is already a paid DP estimate of the sample size, so the mechanism may use it as its N
     # instead of spending a second share of ε on the same count.
     if data.public_total is None:

@@ -48,3 +48,12 @@ def test_record_level_is_refused():
     rec = FitInput(data.x, data.y, data.region, "record", None)
     with pytest.raises(ValueError):
         fit_scaled("identity", {}, rec, 1.0, NoiseSource.seeded(0), 10, "test")
+
+
+def test_factor_is_bounded_by_the_noise_floor():
+    # n̂ is floored at one noise scale k/ε_n, so the factor never exceeds N·ε_n/k however bad the draw.
+    eps, k, total = 0.05, 5, 1_000_000
+    eps_n = 0.10 * eps
+    for seed in range(40):
+        syn = fit_scaled("ug", {}, fit_input(n=200, k=k), eps, NoiseSource.seeded(seed), total, "test")
+        assert 1.0 <= syn.factor <= total * eps_n / k + 1e-9
