@@ -96,11 +96,12 @@ class Synopsis(ABC):
         files = self._save_arrays(d)
         meta = {"kind": f"{type(self).__module__}:{type(self).__qualname__}", "region": self.region.to_dict(),
                 "privacy": self.privacy.to_dict(), "extra": self.extra_meta(), "files": files}
-        (d / SYNOPSIS_META).write_text(json.dumps(meta, indent=2, default=_json_default))
+        (d / SYNOPSIS_META).write_text(json.dumps(meta, indent=2, default=json_default))
         return [*files, SYNOPSIS_META]
 
 
-def _json_default(o: Any) -> Any:
+def json_default(o: Any) -> Any:
+    """``json.dumps(default=...)`` for numpy scalars and arrays in metadata and manifests."""
     if isinstance(o, np.integer):
         return int(o)
     if isinstance(o, np.floating):

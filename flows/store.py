@@ -43,6 +43,7 @@ import fsspec
 
 from dpcore import GeoDPError
 from dpcore.budget import BudgetExceeded
+from dpcore.synopsis import json_default
 
 MANIFEST = "_MANIFEST.json"
 CLAIM = "_CLAIM.json"
@@ -357,7 +358,7 @@ class ReleaseStore:
         committed first, its manifest is returned (``created`` False) and ours is dropped."""
         body = {"format": MANIFEST_FORMAT, **manifest, "committed_at": utc_now()}
         try:
-            self.create(f"{ref.rel}/{MANIFEST}", json.dumps(body, indent=2, default=_json_default).encode())
+            self.create(f"{ref.rel}/{MANIFEST}", json.dumps(body, indent=2, default=json_default).encode())
         except FileExistsError:
             existing = self.manifest(ref)
             if existing is None:  # pragma: no cover - create-only says it exists
@@ -413,18 +414,6 @@ class ReleaseStore:
             (d / name).parent.mkdir(parents=True, exist_ok=True)
             (d / name).write_bytes(data)
         return manifest, d
-
-
-def _json_default(o: Any) -> Any:
-    import numpy as np
-
-    if isinstance(o, np.integer):
-        return int(o)
-    if isinstance(o, np.floating):
-        return float(o)
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    raise TypeError(f"not JSON serialisable: {type(o)}")
 
 
 def open_store(url: str, storage_options: dict[str, Any] | None = None) -> ReleaseStore:
