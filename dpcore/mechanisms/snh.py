@@ -90,8 +90,10 @@ class SpatialNeuralHistogram(Mechanism):
     """SNH mechanism. See the module docstring for the method and its privacy accounting.
 
     Defaults are chosen so a 20 × 20 km release trains in well under 2 minutes on a 2-core CPU
-    (``bench/bench_snh.py``): 8 query sides, nets of 3 hidden layers × 64 units, ≤ 40 epochs of
-    32k samples per net, early stopping on the training loss.
+    (``bench/bench_snh.py``: 12–26 s under load): 8 query sides, nets of 3 hidden layers × 64 units,
+    sine frequency ω₀ = m/6 for an m × m grid (clipped to [4, 40]), ≤ 40 epochs of 32k samples per
+    net, early stopping on the training loss, one CPU training thread. Without ``cell_width_m``, ρ
+    comes from ParamSelect (the shipped model holds no SNH rows, so this is the identity grid's ρ).
     """
 
     name = "snh"
