@@ -14,7 +14,7 @@ from dpcore.data import clip_to_region, load_points
 from dpcore.geo import city_region
 from dpcore.paramselect import PublicProfile, training_rows
 
-ROWS_VERSION = 1  # bump when training_rows changes meaning, so stale caches are not reused
+ROWS_VERSION = 2  # bump when training_rows or the evaluation protocol it uses changes (v2: scaling floor)
 
 
 def dataset_points(spec: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
