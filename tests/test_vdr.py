@@ -68,11 +68,13 @@ def test_denoiser_learns_moving_hotspot():
     den.config.residual_window = 5  # add back the structure the bottleneck missed (same trained model)
     out = np.maximum(den.denoise(noisy, sd), 0.0)
     assert np.mean((out - truth) ** 2) < 0.15 * mse_noisy
-    # the hotspot is tracked: the denoised peak of every slice is near the true peak
+    # the hotspot is tracked: the densest 3×3 area of every denoised slice is near the true one
+    from scipy.ndimage import uniform_filter
+
     for s in range(truth.shape[2]):
-        pt = np.unravel_index(np.argmax(truth[:, :, s]), truth.shape[:2])
-        po = np.unravel_index(np.argmax(out[:, :, s]), truth.shape[:2])
-        assert np.hypot(pt[0] - po[0], pt[1] - po[1]) <= 3
+        pt = np.unravel_index(np.argmax(uniform_filter(truth[:, :, s], 3)), truth.shape[:2])
+        po = np.unravel_index(np.argmax(uniform_filter(out[:, :, s], 3)), truth.shape[:2])
+        assert np.hypot(pt[0] - po[0], pt[1] - po[1]) <= 2
 
 
 def test_denoiser_is_fully_convolutional():
@@ -127,3 +129,18 @@ def test_vdr_gamma_refinement_and_bad_params():
         get_mechanism("vdr", refinement="magic").fit(data, 1.0, NoiseSource.seeded(0))
     with pytest.raises(MechanismError, match="slot"):
         get_mechanism("vdr", grid_size=8).fit(FitInput(data.x, data.y, REGION, "user", 5), 1.0, NoiseSource.seeded(0))
+
+
+def test_nonnegative_projection_keeps_tile_totals():
+    from dpcore.models.vqvae import nonnegative_keep_block_mass
+
+    rng = np.random.default_rng(0)
+    v = rng.normal(2.0, 3.0, (10, 12, 3))  # sizes not multiples of the tile: padded tiles
+    out = nonnegative_keep_block_mass(v, 4)
+    assert out.min() >= 0
+    pad = np.pad(v, ((0, 2), (0, 0), (0, 0)))
+    pad_out = np.pad(out, ((0, 2), (0, 0), (0, 0)))
+    tiles = pad.reshape(3, 4, 3, 4, 3).sum(axis=(1, 3))
+    tiles_out = pad_out.reshape(3, 4, 3, 4, 3).sum(axis=(1, 3))
+    np.testing.assert_allclose(tiles_out, np.maximum(tiles, 0), atol=1e-9)
+    assert np.maximum(v, 0).sum() > out.sum()  # plain clamping would have added mass

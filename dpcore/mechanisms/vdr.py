@@ -10,7 +10,8 @@ Privacy (the only steps that read private data):
 3. ``cell_counts``: H̄ = H + DLap(k / ε_c) on every cell, ε_c = the rest of ε.
 The charges add up to ε. Everything after is post-processing (no budget):
 4. Denoising: a VQ-VAE (dpcore.models.vqvae) trained on H̄'s slices and their 2×2 and 4×4 aggregates,
-   with neighbouring slices as input channels; Ĥ = its reconstruction, clamped to ≥ 0.
+   with neighbouring slices and the window's mean slice as input channels; Ĥ = its reconstruction
+   plus the part of the residual H̄ − Ĥ that a multi-scale local Wiener test finds to be signal.
 5. Refinement, scaling Ĥ to counts of all N points:
    - N is the region's total. It is private with unbounded user-level sensitivity, so it is used only
      when the caller declares it public (``FitInput.public_total``); otherwise N = n̂ and the release
@@ -23,7 +24,8 @@ The charges add up to ε. Everything after is post-processing (no budget):
      grid at small ε the noise term 2mk²/ε² dwarfs C·n², so γ shrinks totals towards 0 and range
      counts suffer. Kept for fidelity and comparison.
    - ``refinement="none"``: Ĥ · N / n̂.
-6. Output is non-negative (the paper's code leaves negative cells).
+6. Output is non-negative (the paper's code leaves negative cells): negatives are zeroed and each
+   ``nonneg_block``² tile is rescaled to its signed total, so the projection adds no mass.
 """
 
 from __future__ import annotations
@@ -67,7 +69,8 @@ class VDR(Mechanism):
                  count_fraction: float = 0.05, refinement: str = "mass", n_codes: int = 128,
                  alpha: float = 1.0, steps: int = 300, batch_size: int = 16, crop: int = 64,
                  hidden: int = 32, code_dim: int = 16, levels: int = 2, temporal_context: int = 1,
-                 window_mean: bool = True, residual_window: int = 5, resolutions: tuple[int, ...] = (1, 2, 4), lr: float = 2e-3,
+                 window_mean: bool = True, residual_window: int = 5, nonneg_block: int = 16,
+                 resolutions: tuple[int, ...] = (1, 2, 4), lr: float = 2e-3,
                  max_train_seconds: float | None = 150.0, device: str | None = None, train_seed: int = 0):
         self.grid_size = grid_size
         self.cell_width_m = cell_width_m
@@ -84,6 +87,7 @@ class VDR(Mechanism):
         self.temporal_context = temporal_context
         self.window_mean = window_mean
         self.residual_window = residual_window
+        self.nonneg_block = nonneg_block
         self.resolutions = tuple(resolutions)
         self.lr = lr
         self.max_train_seconds = max_train_seconds
@@ -108,7 +112,7 @@ class VDR(Mechanism):
             raise MechanismError(f"resolutions must be block sizes ≥ 1 including 1, got {self.resolutions}")
 
     def _fit(self, data: FitInput, acct: Accountant, noise: NoiseSource) -> SpatioTemporalSynopsis:
-        from dpcore.models.vqvae import DenoiserConfig, SliceDenoiser
+        from dpcore.models.vqvae import DenoiserConfig, SliceDenoiser, nonnegative_keep_block_mass
 
         self._check()
         m = st_grid_size(data, self.grid_size, self.cell_width_m)
@@ -134,7 +138,7 @@ class VDR(Mechanism):
         denoiser = SliceDenoiser(config, self.device)
         report = denoiser.fit(noisy, noise_std, self.progress)
         t0 = time.perf_counter()
-        denoised = np.maximum(denoiser.denoise(noisy, noise_std), 0.0)
+        denoised = nonnegative_keep_block_mass(denoiser.denoise(noisy, noise_std), self.nonneg_block)
         infer_s = time.perf_counter() - t0
 
         public = data.public_total is not None
@@ -157,7 +161,7 @@ class VDR(Mechanism):
             f"N = {'public total ' + format(total, 'g') if public else 'n̂ (no public total: bounded-sample scale)'}",
             f"refinement {self.refinement}" + (f": γ={gamma:.4g}, C estimated from the denoised histogram={c_hat:.3g}"
                                                if gamma is not None else ""),
-            "output clamped to ≥ 0",
+            f"output projected to ≥ 0 keeping {self.nonneg_block}x{self.nonneg_block}-cell tile totals",
             f"denoiser trained {report.steps} steps in {report.seconds:.1f}s on {report.device}"
             + (" (stopped by max_train_seconds)" if report.stopped_early else ""),
         ]

@@ -119,6 +119,8 @@ class DenoiserConfig:
     max_seconds: float | None = None  # optional wall-clock cap (stops early; recorded)
     seed: int = 0
     residual_window: int = 5    # local Wiener correction of the residual (0 = off), see residual_wiener
+    # block sizes at which the residual is corrected, coarse first (block totals, then detail)
+    residual_scales: tuple[int, ...] = (256, 128, 64, 32, 16, 8, 4, 2, 1)
 
 
 @dataclass
@@ -247,7 +249,7 @@ class SliceDenoiser:
             out[a:a + batch] = self.model(x)[0][:, 0].double().cpu().numpy()
         denoised = np.moveaxis(np.sinh(out) * noise_std, 0, 2)
         if c.residual_window:
-            denoised = residual_wiener(noisy, denoised, noise_std, c.residual_window)
+            denoised = residual_wiener(noisy, denoised, noise_std, c.residual_window, c.residual_scales)
         return denoised
 
     def state_arrays(self) -> dict[str, np.ndarray]:
@@ -260,22 +262,65 @@ class SliceDenoiser:
         self.model.load_state_dict(state)
 
 
-def residual_wiener(noisy: np.ndarray, denoised: np.ndarray, noise_std: float, window: int) -> np.ndarray:
-    """Add back the part of the residual H̄ − D that is signal, not noise (local Wiener filter).
+def residual_wiener(noisy: np.ndarray, denoised: np.ndarray, noise_std: float, window: int,
+                    scales: tuple[int, ...] = (256, 128, 64, 32, 16, 8, 4, 2, 1),
+                    bar: float = 2.0) -> np.ndarray:
+    """Add back the part of the residual H̄ − D that is signal, not noise (local Wiener filter), at
+    several block scales.
 
-    Where the bottleneck dropped real structure (a sharp peak), the residual's local energy exceeds
-    the known noise variance σ² and the residual is kept in proportion 1 − 2σ²/energy; where the
-    residual looks like noise it is dropped. Energy is averaged over a window × window box of each
-    slice. Post-processing only.
+    Where the bottleneck dropped real structure (a sharp peak, or mass shifted between blocks), the
+    residual's local energy exceeds the known noise variance and the residual is kept in proportion
+    1 − 2·var/energy; where it looks like noise it is dropped. At scale s the residual is summed over
+    s×s blocks (noise variance s²σ²), energy is averaged over window × window blocks of each slice,
+    and the kept part is spread over the block in proportion to the current estimate. Coarse scales
+    go first and restore block totals, fine ones restore sharp peaks, so at high SNR the output
+    moves towards the noisy histogram's unbiased totals and at low SNR it stays the denoiser's.
+    Post-processing only.
     """
     from scipy.ndimage import uniform_filter
 
-    resid = noisy - denoised
-    energy = uniform_filter(resid * resid, size=(window, window, 1), mode="constant")
-    # Twice the noise variance as the bar: a window of pure noise rarely reaches it, so at low SNR
-    # (nearly everywhere at small ε) no noise is added back.
-    weight = np.clip(1.0 - 2.0 * noise_std ** 2 / np.maximum(energy, 1e-12), 0.0, 1.0)
-    return denoised + weight * resid
+    current = np.asarray(denoised, dtype=np.float64).copy()
+    nx, ny, nt = current.shape
+    for s in scales:
+        if s > min(nx, ny):
+            continue
+        px, py = (-nx) % s, (-ny) % s
+        resid = np.pad(noisy - current, ((0, px), (0, py), (0, 0)))
+        block = block_sum(resid, s)
+        var = (s * noise_std) ** 2
+        energy = uniform_filter(block * block, size=(window, window, 1), mode="nearest")
+        # With bar = 2 (twice the noise variance) a window of pure noise rarely reaches it, so at
+        # low SNR (nearly everywhere at small ε) no noise is added back.
+        kept = np.clip(1.0 - bar * var / np.maximum(energy, 1e-12), 0.0, 1.0) * block
+        if s == 1:
+            current += kept
+            continue
+        pos = np.pad(np.maximum(current, 0.0), ((0, px), (0, py), (0, 0)))
+        pos_block = block_sum(pos, s)
+        up = np.repeat(np.repeat(pos_block, s, axis=0), s, axis=1)
+        share = np.where(up > 0, pos / np.where(up > 0, up, 1.0), 1.0 / (s * s))
+        current += (np.repeat(np.repeat(kept, s, axis=0), s, axis=1) * share)[:nx, :ny]
+    return current
+
+
+def nonnegative_keep_block_mass(values: np.ndarray, block: int) -> np.ndarray:
+    """Project to ≥ 0 without the upward bias of plain clamping.
+
+    Clamping noise-like cells at 0 adds mass wherever counts are near 0; here the clamped values of
+    each block × block tile (per slot) are rescaled to the tile's signed total (floored at 0), so
+    tile totals are what they were before the projection.
+    """
+    v = np.asarray(values, dtype=np.float64)
+    pos = np.maximum(v, 0.0)
+    if block <= 1:
+        return pos
+    nx, ny = v.shape[:2]
+    px, py = (-nx) % block, (-ny) % block
+    pad = ((0, px), (0, py), (0, 0))
+    target = np.maximum(block_sum(np.pad(v, pad), block), 0.0)
+    have = block_sum(np.pad(pos, pad), block)
+    factor = np.divide(target, have, out=np.zeros_like(have), where=have > 0)
+    return pos * np.repeat(np.repeat(factor, block, axis=0), block, axis=1)[:nx, :ny]
 
 
 def _random_crops(data: torch.Tensor, n: int, crop: int, rng: np.random.Generator) -> torch.Tensor:
