@@ -222,9 +222,12 @@ def cmd_release(args: argparse.Namespace) -> int:
 
         store = ReleaseStore(params.store)
         for r in summary["releases"]:
-            r["region"] = next(m["region"] for m in store.list_releases(summary["dataset"], r["city"],
-                                                                        summary["period"])
-                               if int(m["version"]) == int(r["version"]))
+            found = [m["region"] for m in store.list_releases(summary["dataset"], r["city"], summary["period"])
+                     if int(m["version"]) == int(r["version"])]
+            if not found:
+                raise CLIError(f"{r['city']}: the flow reported v{r['version']} but {store.url} holds no such "
+                               "committed version; re-run the release")
+            r["region"] = found[0]
     else:
         summary = run_release_inprocess(params, args.config, strict=args.strict)
     if args.json:

@@ -53,6 +53,9 @@ _MAX_APPEND_TRIES = 200
 _SLUG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
 
 
+STORE_ID = "_STORE_ID"
+
+
 class StoreError(GeoDPError, OSError):
     """The release store is unreachable, malformed, or refused an operation."""
 
@@ -158,6 +161,15 @@ class ReleaseStore:
             raise
         except OSError as exc:
             raise StoreError(f"cannot write {self.url_of(rel)}: {exc}") from exc
+
+    def instance_id(self) -> str:
+        """A random id created once per store (create-only ``_STORE_ID``). A store that is deleted
+        and made again at the same URL gets a new id, so caches keyed on it cannot go stale."""
+        try:
+            self.create(STORE_ID, uuid.uuid4().hex.encode())
+        except FileExistsError:
+            pass
+        return self.read(STORE_ID, cache=False).decode().strip()
 
     def read(self, rel: str, cache: bool = True) -> bytes:
         if cache and rel in self._cache:

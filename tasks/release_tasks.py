@@ -295,8 +295,12 @@ def render_preview(plan: CityPlan, synopsis: Synopsis) -> bytes:
 
 
 def _release_cache_key(context, parameters: dict[str, Any]) -> str:
-    """Public inputs only: store, release key (dataset, city, period, config hash incl. data version)."""
-    return f"persist-{canonical_hash([parameters['store_url'], parameters['plan'].release_key])[:32]}"
+    """Public inputs only: the store (its absolute URL and instance id, so another checkout's
+    relative path or a deleted and re-made store never hits a stale entry) and the release key
+    (dataset, city, period, config hash incl. data version)."""
+    store = ReleaseStore(parameters["store_url"])
+    parts = [store.url_of(""), store.instance_id(), parameters["plan"].release_key]
+    return f"persist-{canonical_hash(parts)[:32]}"
 
 
 @task(name="persist-release", retries=3, retry_delay_seconds=1, retry_condition_fn=_retry_unless_refused,
