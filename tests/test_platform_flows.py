@@ -46,3 +46,22 @@ def test_release_flow_two_cities_then_over_budget(prefect_harness, gowalla_sampl
         run_release(rp.model_copy(update={"mechanism_params": {"cell_width_m": 500}}))
     store = ReleaseStore(store_url)
     assert len(store.ledger_entries()) == 2 and len(store.list_releases()) == 2
+
+
+def test_a_store_made_again_at_the_same_url_gets_a_real_release(prefect_harness, gowalla_sample_path, tmp_path):
+    # Regression: the persist task's Prefect cache once keyed on the store URL as typed, so a deleted
+    # and re-made store (or another checkout's same relative path) got the old cached manifest and
+    # nothing was written.
+    import shutil
+
+    store_url = str(tmp_path / "store")
+    rp = ReleaseParams(data=str(gowalla_sample_path), cities=["austin"], period="2010-05-02", epsilon=0.3,
+                       store=store_url, max_points_per_user=10, n_workers=1)
+    run_release(rp)
+    first_id = ReleaseStore(store_url).instance_id()
+    shutil.rmtree(store_url)
+    summary = run_release(rp)
+    store = ReleaseStore(store_url)
+    assert store.instance_id() != first_id
+    assert [r["status"] for r in summary["releases"]] == ["committed"]
+    assert len(store.list_releases()) == 1 and len(store.ledger_entries()) == 1
