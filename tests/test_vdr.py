@@ -104,7 +104,7 @@ def test_vdr_end_to_end_budget_nonnegative_and_saved(tmp_path):
     mech.progress = lambda done, total, msg: seen.append(done)
     syn = mech.fit(data, 1.0, NoiseSource.seeded(1))
     charges = syn.privacy.charges
-    assert [c["name"] for c in charges] == ["sample_size", "cell_counts"]
+    assert [c["name"] for c in charges] == ["cell_counts"]  # mass refinement to a public N needs no n̂
     assert sum(c["epsilon"] for c in charges) == pytest.approx(1.0)
     assert all(c["sensitivity"] == 5 for c in charges)
     assert syn.values.min() >= 0
@@ -125,6 +125,9 @@ def test_vdr_gamma_refinement_and_bad_params():
                         refinement="gamma").fit(data, 0.5, NoiseSource.seeded(2))
     g = syn.extra_meta()["gamma"]
     assert g is not None and 0 < g
+    charges = syn.privacy.charges
+    assert [c["name"] for c in charges] == ["sample_size", "cell_counts"]
+    assert sum(c["epsilon"] for c in charges) == pytest.approx(0.5)
     with pytest.raises(MechanismError):
         get_mechanism("vdr", refinement="magic").fit(data, 1.0, NoiseSource.seeded(0))
     with pytest.raises(MechanismError, match="slot"):

@@ -7,6 +7,7 @@ Privacy (the only steps that read private data):
 1. The caller bounds every user to ≤ k points over the whole window (dpcore.sampling); one user then
    changes the M × M × T histogram's L1 norm by ≤ k (1 under record-level privacy).
 2. ``sample_size``: n̂ = n + DLap(k / ε_n), ε_n = ``count_fraction``·ε; n changes by ≤ k per user.
+   Skipped (no charge) when a public total is given and ``refinement="mass"``, which needs no n̂.
 3. ``cell_counts``: H̄ = H + DLap(k / ε_c) on every cell, ε_c = the rest of ε.
 The charges add up to ε. Everything after is post-processing (no budget):
 4. Denoising: a VQ-VAE (dpcore.models.vqvae) trained on H̄'s slices and their 2×2 and 4×4 aggregates,
@@ -119,9 +120,12 @@ class VDR(Mechanism):
         counts = st_counts(data, m)
         k = data.sensitivity
         # --- the private steps -------------------------------------------------------------------
-        eps_n = acct.spend_fraction("sample_size", self.count_fraction, k,
-                                    note="n = points kept after bounding; one unit changes it by ≤ k")
-        n_hat = float(max(1, int(counts.sum()) + int(noise.discrete_laplace(k / eps_n, 1)[0])))
+        public = data.public_total is not None
+        n_hat = None
+        if not (public and self.refinement == "mass"):  # mass refinement to a public N needs no n̂
+            eps_n = acct.spend_fraction("sample_size", self.count_fraction, k,
+                                        note="n = points kept after bounding; one unit changes it by ≤ k")
+            n_hat = float(max(1, int(counts.sum()) + int(noise.discrete_laplace(k / eps_n, 1)[0])))
         eps_c = acct.spend_rest("cell_counts", k, note=f"{m}x{m}x{data.n_slots} disjoint cells; L1 sensitivity "
                                                        "= per-unit bound over the whole window")
         noisy = noise.add_discrete_laplace(counts, k, eps_c).astype(np.float64)
@@ -141,8 +145,7 @@ class VDR(Mechanism):
         denoised = nonnegative_keep_block_mass(denoiser.denoise(noisy, noise_std), self.nonneg_block)
         infer_s = time.perf_counter() - t0
 
-        public = data.public_total is not None
-        total = float(data.public_total) if public else n_hat
+        total = float(data.public_total) if public else float(n_hat)
         mass = float(denoised.sum())
         gamma = None
         c_hat = None
