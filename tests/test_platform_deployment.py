@@ -1,0 +1,79 @@
+"""A backfill submitted to a served deployment: `geodp serve` runs in its own process against the
+session's Prefect server; one flow run per day, and idempotency keys make a re-submission reuse them."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from flows.backfill import submit_to_deployment
+from flows.store import ReleaseStore
+from tasks.config import BackfillParams, ReleaseParams
+
+pytestmark = pytest.mark.shared_data
+ROOT = Path(__file__).resolve().parents[1]
+FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
+
+
+def _wait_for_deployment(name: str, proc: subprocess.Popen, timeout_s: float = 120):
+    from prefect.client.orchestration import get_client
+
+    deadline = time.monotonic() + timeout_s
+    with get_client(sync_client=True) as client:
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, "geodp serve exited early"
+            try:
+                return client.read_deployment_by_name(name)
+            except Exception:  # not registered yet
+                time.sleep(1)
+    raise AssertionError(f"deployment {name} never appeared")
+
+
+def _wait_for_runs(ids: list[str], timeout_s: float = 400) -> dict[str, str]:
+    from prefect.client.orchestration import get_client
+
+    deadline = time.monotonic() + timeout_s
+    with get_client(sync_client=True) as client:
+        while time.monotonic() < deadline:
+            states = {i: client.read_flow_run(i).state.type.value for i in ids}
+            if all(s in FINAL for s in states.values()):
+                return states
+            time.sleep(2)
+    raise AssertionError(f"flow runs did not finish: {states}")
+
+
+def test_backfill_through_the_served_deployment(prefect_harness, gowalla_sample_path, tmp_path):
+    config = tmp_path / "geodp.toml"
+    config.write_text("[budget]\ndefault_cap = 5.0\n")
+    log = open(tmp_path / "serve.log", "w")
+    env = {**os.environ, "PREFECT_API_URL": prefect_harness, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "serve", "--config", str(config)], cwd=ROOT,
+                            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        _wait_for_deployment("release/release", proc)
+        store_url = str(tmp_path / "store")
+        rp = ReleaseParams(data=str(gowalla_sample_path), cities=["austin"], epsilon=0.5, store=store_url,
+                           max_points_per_user=10, n_workers=1)
+        bp = BackfillParams(release=rp, start="2010-05-01", end="2010-05-02")
+        first = submit_to_deployment(bp, "release/release")
+        again = submit_to_deployment(bp, "release/release")
+        ids = [r["flow_run_id"] for r in first]
+        assert [r["period"] for r in first] == ["2010-05-01", "2010-05-02"]
+        assert len(set(ids)) == 2 and [r["flow_run_id"] for r in again] == ids  # one run per day
+        states = _wait_for_runs(ids)
+        assert set(states.values()) == {"COMPLETED"}, (tmp_path / "serve.log").read_text()[-3000:]
+        store = ReleaseStore(store_url)
+        assert sorted(r["period"] for r in store.list_releases()) == ["2010-05-01", "2010-05-02"]
+        assert len(store.ledger_entries()) == 2
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
