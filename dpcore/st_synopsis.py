@@ -174,8 +174,8 @@ class SpatioTemporalSynopsis(Synopsis):
                 "window_start_s": self.window_start_s, "attachments": sorted(self.attachments)}
 
     def _save_arrays(self, directory: Path) -> list[str]:
-        # float32 halves the file; released counts carry nowhere near 7 significant digits of signal.
-        np.savez_compressed(directory / ST_ARRAYS, values=self.values.astype(np.float32))
+        # float64 so that a loaded release answers bit-for-bit like the one that was fitted.
+        np.savez_compressed(directory / ST_ARRAYS, values=self.values)
         files = [ST_ARRAYS]
         if self.attachments:
             np.savez_compressed(directory / ATTACHMENTS, **self.attachments)

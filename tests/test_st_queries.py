@@ -79,7 +79,7 @@ def test_st_synopsis_save_load_roundtrip(tmp_path):
     assert "st_grid.npz" in files and "model_weights.npz" in files
     back = load_synopsis(tmp_path)
     assert isinstance(back, SpatioTemporalSynopsis)
-    np.testing.assert_allclose(back.values, v, rtol=1e-6)
+    np.testing.assert_array_equal(back.values, v)
     assert back.slot_seconds == 86400 and back.window_start_s == 1_000_000
     np.testing.assert_array_equal(back.attachments["w"], np.arange(6.0))
     assert back.slots_for_times(1_000_000 + 86400, 1_000_000 + 86400 * 2 + 1) == (1, 3)
