@@ -347,6 +347,8 @@ def public_n_for_fit(data: FitInput, acct: Accountant, noise: NoiseSource,
     to the accountant as step ``total_count``. Returns (n, where it came from, whether n counts the
     bounded sample): ``public_total`` is the unbounded public count, the estimate counts what was noised.
     """
+    if data.sample_size is not None:
+        return float(data.sample_size), "the caller's already-paid DP estimate of the sample size", True
     if data.public_total is not None:
         return float(data.public_total), "public_total (declared public by the caller)", False
     eps_n = acct.spend_fraction("total_count", total_fraction, data.sensitivity,

@@ -9,8 +9,8 @@ Scaling by N / n̂ restores full counts, where
   count of sensitivity k), recorded as the charge ``sample_total_for_scaling``. Using the
   synopsis's own total instead would be free but, for a fine identity grid, its noise (the sum
   of every cell's noise) swamps the total at small ε. n̂ is clamped to [k/ε_n, N] (post-processing)
-  and handed to the mechanism as its N (``public_total``), so mechanisms that size a grid from N
-  (UG, AG, HB) do not pay for the same count twice.
+  and handed to the mechanism as ``FitInput.sample_size``, so mechanisms that size a grid from n
+  (UG, AG, HB, SNH, auto) do not pay for the same count twice.
 """
 
 from __future__ import annotations
@@ -91,10 +91,9 @@ def fit_scaled(mechanism_name: str, params: dict, data: FitInput, epsilon: float
     # (factor ≥ 1), and an estimate below one noise scale (k/ε_n) says nothing about n, so it is
     # floored there; otherwise a draw near 0 at tiny ε would multiply every answer by up to N.
     n_hat = min(max(raw_n_hat, data.sensitivity / eps_n, 1.0), float(total_points))
-    # n̂ is already a paid DP estimate of the sample size, so the mechanism may use it as its N
-    # instead of spending a second share of ε on the same count.
-    if data.public_total is None:
-        data = dataclasses.replace(data, public_total=n_hat)
+    # n̂ is already a paid DP estimate of the sample size, so the mechanism may reuse it instead of
+    # spending a second share of ε on the same count.
+    data = dataclasses.replace(data, sample_size=n_hat)
     inner = get_mechanism(mechanism_name, **params).fit(data, acct.remaining, noise)
     charges = acct.to_list() + inner.privacy.charges
     p = inner.privacy

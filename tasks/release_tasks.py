@@ -18,7 +18,7 @@ import re
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -259,6 +259,10 @@ def privatize(plan: CityPlan, data: CityInput) -> Synopsis:
                          slot=data.slot, n_slots=n_slots, slot_seconds=plan.slot_seconds,
                          window_start_s=plan.period.start_s)
     noise = _noise_for(plan)
+    if plan.public_total is not None and get_mechanism_class(plan.mechanism).spatio_temporal:
+        # Spatio-temporal mechanisms scale to a public full total themselves (N / n̂ or γ).
+        fit_input = replace(fit_input, public_total=plan.public_total)
+        return get_mechanism(plan.mechanism, **plan.params).fit(fit_input, plan.epsilon, noise)
     if plan.public_total is not None and plan.privacy_unit == "user":
         from dpcore.scaling import fit_scaled
 

@@ -57,3 +57,22 @@ def test_factor_is_bounded_by_the_noise_floor():
     for seed in range(40):
         syn = fit_scaled("ug", {}, fit_input(n=200, k=k), eps, NoiseSource.seeded(seed), total, "test")
         assert 1.0 <= syn.factor <= total * eps_n / k + 1e-9
+
+
+def test_a_paid_sample_size_is_reused_not_mistaken_for_the_public_total():
+    import dataclasses
+
+    from dpcore.mechanisms import get_mechanism
+
+    base = fit_input()
+    st = dataclasses.replace(base, slot=np.zeros(base.n, dtype=np.int64) % 3, n_slots=3, slot_seconds=3600,
+                             window_start_s=0, public_total=20_000.0)
+    paid = get_mechanism("identity3d", grid_size=8).fit(st, 1.0, NoiseSource.seeded(0))
+    assert "sample_size" in [c["name"] for c in paid.privacy.charges]
+    reused = get_mechanism("identity3d", grid_size=8).fit(
+        dataclasses.replace(st, sample_size=4_900.0), 1.0, NoiseSource.seeded(0))
+    assert "sample_size" not in [c["name"] for c in reused.privacy.charges]
+    assert sum(c["epsilon"] for c in reused.privacy.charges) == pytest.approx(1.0)
+    # the full total still drives the scale: N / n̂ with n̂ the reused estimate
+    h = reused.region.half_m
+    assert reused.answer(np.array([[-h, -h, h, h]]))[0] == pytest.approx(20_000, rel=0.05)

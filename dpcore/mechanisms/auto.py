@@ -58,7 +58,9 @@ class AutoMechanism(Mechanism):
         inner = get_mechanism(choice.mechanism, **inner_params)
         # The inner mechanism splits its own (smaller) budget; its charges are copied into ours.
         sub = Accountant(acct.remaining)
-        inner_data = data if data.public_total is not None else dataclasses.replace(data, public_total=n)
+        # A paid estimate of the bounded sample's size is reused by the inner mechanism; a declared
+        # public total stays what it is (the full count) and is not mistaken for the sample size.
+        inner_data = dataclasses.replace(data, sample_size=n) if bounded and data.sample_size is None else data
         synopsis = inner._fit(inner_data, sub, noise)
         for c in sub.charges:
             acct.spend(f"{choice.mechanism}/{c.name}", c.epsilon, c.sensitivity, c.noise, c.note)

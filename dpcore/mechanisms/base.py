@@ -37,10 +37,13 @@ class FitInput:
     under record-level privacy it is 1. ``user`` (dense codes) is given for mechanisms that need the
     user structure (heatmaps); ``slot`` / ``n_slots`` for spatio-temporal ones.
 
-    ``public_total`` is a point count that the caller declares public (configuration, a published
-    statistic): mechanisms may use it for free. Without it, any use of the private total must be paid.
-    ``total_points`` is the size of the unbounded data in the region; it is private and exists only
-    for evaluation code (scaling truth), never for mechanisms.
+    ``public_total`` is the region's full point count (all points, before bounding) when the caller
+    declares it public (configuration, a published statistic); mechanisms may use it for free, e.g.
+    to scale a bounded release to full counts.
+    ``sample_size`` is a DP estimate of ``n`` (the points given here, after bounding) that the caller
+    has *already paid for* (see dpcore.scaling); reusing it is post-processing. Mechanisms that need
+    n (grid-size rules, ψ, ParamSelect) take it from here when set, else pay for their own estimate.
+    Never the raw n.
     """
 
     x: np.ndarray
@@ -54,6 +57,7 @@ class FitInput:
     slot_seconds: int | None = None
     window_start_s: int | None = None
     public_total: float | None = None
+    sample_size: float | None = None
 
     def __post_init__(self) -> None:
         check_privacy_unit(self.privacy_unit)

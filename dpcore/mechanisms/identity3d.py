@@ -75,9 +75,12 @@ def full_scale(data: FitInput, n_exact: int, acct: Accountant, noise: NoiseSourc
         raise MechanismError(f"public_total must be a finite count ≥ 0, got {data.public_total}")
     if data.privacy_unit == "record":
         return FullScale(1.0, None, total, "record-level privacy: no bounding, counts are full counts")
-    eps_n = acct.spend_fraction("sample_size", count_fraction, data.sensitivity,
-                                note="n = points kept after bounding; one user changes it by ≤ k")
-    n_hat = float(max(1, n_exact + int(noise.discrete_laplace(data.sensitivity / eps_n, 1)[0])))
+    if data.sample_size is not None:  # already paid by the caller: reuse, don't pay twice
+        n_hat = float(max(1.0, data.sample_size))
+    else:
+        eps_n = acct.spend_fraction("sample_size", count_fraction, data.sensitivity,
+                                    note="n = points kept after bounding; one user changes it by ≤ k")
+        n_hat = float(max(1, n_exact + int(noise.discrete_laplace(data.sensitivity / eps_n, 1)[0])))
     return FullScale(total / n_hat, n_hat, total,
                      f"scaled by public total N={total:g} / noisy sample size n̂={n_hat:g}")
 

@@ -48,6 +48,9 @@ def private_total(data: FitInput, acct: Accountant, noise: NoiseSource, fraction
     The estimate is n + DLap(sensitivity/ε_N) with ε_N = fraction·ε (adding or removing one privacy
     unit changes n by at most the count sensitivity), clamped to ≥ 1 by post-processing.
     """
+    if data.sample_size is not None:
+        notes.append(f"N = {data.sample_size:g}: the caller's already-paid DP estimate of the sample size (reused)")
+        return max(float(data.sample_size), 1.0)
     if data.public_total is not None:
         total = float(data.public_total)
         if not math.isfinite(total) or total < 0:

@@ -122,7 +122,9 @@ class VDR(Mechanism):
         # --- the private steps -------------------------------------------------------------------
         public = data.public_total is not None
         n_hat = None
-        if not (public and self.refinement == "mass"):  # mass refinement to a public N needs no n̂
+        if data.sample_size is not None:  # already paid by the caller: reuse it
+            n_hat = float(max(1.0, data.sample_size))
+        elif not (public and self.refinement == "mass"):  # mass refinement to a public N needs no n̂
             eps_n = acct.spend_fraction("sample_size", self.count_fraction, k,
                                         note="n = points kept after bounding; one unit changes it by ≤ k")
             n_hat = float(max(1, int(counts.sum()) + int(noise.discrete_laplace(k / eps_n, 1)[0])))
