@@ -76,3 +76,12 @@ def test_a_paid_sample_size_is_reused_not_mistaken_for_the_public_total():
     # the full total still drives the scale: N / n̂ with n̂ the reused estimate
     h = reused.region.half_m
     assert reused.answer(np.array([[-h, -h, h, h]]))[0] == pytest.approx(20_000, rel=0.05)
+
+
+def test_spatio_temporal_cell_width_is_not_silently_overridden():
+    from dpcore.mechanisms.identity3d import st_grid_size
+
+    data = fit_input()
+    assert st_grid_size(data, None, 500.0) == 8  # 4 km / 500 m
+    assert st_grid_size(data, None, None) == 256
+    assert st_grid_size(data, 16, None) == 16

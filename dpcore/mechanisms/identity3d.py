@@ -30,7 +30,10 @@ DEFAULT_GRID_SIZE = 256
 
 
 def st_grid_size(data: FitInput, grid_size: int | None, cell_width_m: float | None) -> int:
-    """Cells per side from public parameters only (grid size, or region side / cell width)."""
+    """Cells per side from public parameters only: grid size, else region side / cell width, else
+    the default of 256 (so giving only a cell width is never silently overridden)."""
+    if grid_size is None and cell_width_m is None:
+        return DEFAULT_GRID_SIZE
     if grid_size is not None:
         if int(grid_size) < 1:
             raise MechanismError(f"grid_size must be ≥ 1, got {grid_size}")
@@ -101,7 +104,7 @@ class IdentityGrid3D(Mechanism):
     name = "identity3d"
     spatio_temporal = True
 
-    def __init__(self, *, grid_size: int | None = DEFAULT_GRID_SIZE, cell_width_m: float | None = None,
+    def __init__(self, *, grid_size: int | None = None, cell_width_m: float | None = None,
                  count_fraction: float = 0.05, clamp_negative: bool = False):
         self.grid_size = grid_size
         self.cell_width_m = cell_width_m

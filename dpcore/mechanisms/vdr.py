@@ -37,7 +37,7 @@ import numpy as np
 
 from dpcore.budget import Accountant
 from dpcore.mechanisms.base import FitInput, Mechanism, MechanismError
-from dpcore.mechanisms.identity3d import DEFAULT_GRID_SIZE, st_counts, st_grid_size
+from dpcore.mechanisms.identity3d import st_counts, st_grid_size
 from dpcore.noise import NoiseSource, discrete_laplace_variance
 from dpcore.st_synopsis import SpatioTemporalSynopsis
 
@@ -66,7 +66,7 @@ class VDR(Mechanism):
     name = "vdr"
     spatio_temporal = True
 
-    def __init__(self, *, grid_size: int | None = DEFAULT_GRID_SIZE, cell_width_m: float | None = None,
+    def __init__(self, *, grid_size: int | None = None, cell_width_m: float | None = None,
                  count_fraction: float = 0.05, refinement: str = "mass", n_codes: int = 128,
                  alpha: float = 1.0, steps: int = 300, batch_size: int = 16, crop: int = 64,
                  hidden: int = 32, code_dim: int = 16, levels: int = 2, temporal_context: int = 1,
