@@ -49,11 +49,12 @@ def prefix_sums(values: np.ndarray) -> np.ndarray:
     return p
 
 
-def _cumulative_at(p: np.ndarray, gx: np.ndarray, gy: np.ndarray) -> np.ndarray:
+def cumulative_at(p: np.ndarray, gx: np.ndarray, gy: np.ndarray, t: np.ndarray | None = None) -> np.ndarray:
     """Mass below-left of fractional grid coordinates: bilinear interpolation of the prefix table.
 
     With mass spread uniformly inside each cell, the cumulative mass is exactly bilinear between
     grid nodes, so interpolating P gives the uniformity-assumption answer with no per-cell loop.
+    For a stack of tables ``p[:, :, t]`` (spatio-temporal prefix sums), ``t`` picks each query's.
     """
     nx, ny = p.shape[0] - 1, p.shape[1] - 1
     gx = np.clip(gx, 0.0, nx)
@@ -62,10 +63,11 @@ def _cumulative_at(p: np.ndarray, gx: np.ndarray, gy: np.ndarray) -> np.ndarray:
     j0 = np.minimum(np.floor(gy).astype(np.int64), ny - 1)
     fx = gx - i0
     fy = gy - j0
-    p00 = p[i0, j0]
-    p10 = p[i0 + 1, j0]
-    p01 = p[i0, j0 + 1]
-    p11 = p[i0 + 1, j0 + 1]
+    rest = () if t is None else (t,)
+    p00 = p[(i0, j0, *rest)]
+    p10 = p[(i0 + 1, j0, *rest)]
+    p01 = p[(i0, j0 + 1, *rest)]
+    p11 = p[(i0 + 1, j0 + 1, *rest)]
     return (p00 * (1 - fx) * (1 - fy) + p10 * fx * (1 - fy) + p01 * (1 - fx) * fy + p11 * fx * fy)
 
 
@@ -80,8 +82,8 @@ def answer_boxes(prefix: np.ndarray, bounds: tuple[float, float, float, float], 
     gx1 = (b[:, 2] - xmin) * sx
     gy0 = (b[:, 1] - ymin) * sy
     gy1 = (b[:, 3] - ymin) * sy
-    return (_cumulative_at(prefix, gx1, gy1) - _cumulative_at(prefix, gx0, gy1)
-            - _cumulative_at(prefix, gx1, gy0) + _cumulative_at(prefix, gx0, gy0))
+    return (cumulative_at(prefix, gx1, gy1) - cumulative_at(prefix, gx0, gy1)
+            - cumulative_at(prefix, gx1, gy0) + cumulative_at(prefix, gx0, gy0))
 
 
 def resample_grid(values: np.ndarray, nx: int, ny: int | None = None) -> np.ndarray:
@@ -92,5 +94,5 @@ def resample_grid(values: np.ndarray, nx: int, ny: int | None = None) -> np.ndar
     gx = np.linspace(0, v.shape[0], nx + 1)
     gy = np.linspace(0, v.shape[1], ny + 1)
     gxx, gyy = np.meshgrid(gx, gy, indexing="ij")
-    c = _cumulative_at(p, gxx.ravel(), gyy.ravel()).reshape(nx + 1, ny + 1)
+    c = cumulative_at(p, gxx.ravel(), gyy.ravel()).reshape(nx + 1, ny + 1)
     return c[1:, 1:] - c[:-1, 1:] - c[1:, :-1] + c[:-1, :-1]

@@ -18,7 +18,7 @@ import numpy as np
 
 from dpcore import GeoDPError
 from dpcore.geo import Region
-from dpcore.histogram import _cumulative_at, grid_counts, prefix_sums
+from dpcore.histogram import cumulative_at, grid_counts, prefix_sums
 
 
 class STQueryError(GeoDPError, ValueError):
@@ -79,8 +79,8 @@ def true_st_counts(x: np.ndarray, y: np.ndarray, slot: np.ndarray, region: Regio
         if idx.size == 0:
             continue
         p = prefix_sums(grid_counts(x[idx], y[idx], region.bounds_m, resolution))
-        per_slot[t + 1] = (_cumulative_at(p, gx1, gy1) - _cumulative_at(p, gx0, gy1)
-                           - _cumulative_at(p, gx1, gy0) + _cumulative_at(p, gx0, gy0))
+        per_slot[t + 1] = (cumulative_at(p, gx1, gy1) - cumulative_at(p, gx0, gy1)
+                           - cumulative_at(p, gx1, gy0) + cumulative_at(p, gx0, gy0))
     cum = np.cumsum(per_slot, axis=0)
     q = np.arange(b.shape[0])
     return np.rint(cum[r[:, 1], q] - cum[r[:, 0], q])

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from dpcore.geo import Region
-from dpcore.histogram import resample_grid
+from dpcore.histogram import cumulative_at, resample_grid
 from dpcore.synopsis import PrivacyInfo, Synopsis, SynopsisError
 
 ST_ARRAYS = "st_grid.npz"
@@ -100,7 +100,7 @@ class SpatioTemporalSynopsis(Synopsis):
         def corner(gx: np.ndarray, gy: np.ndarray) -> np.ndarray:
             # Mass below-left of (gx, gy) in slots [t0, t1): difference of two 2-D prefix tables,
             # each interpolated bilinearly (exact under the uniformity assumption).
-            return _cumulative_at_t(p, gx, gy, r[:, 1]) - _cumulative_at_t(p, gx, gy, r[:, 0])
+            return cumulative_at(p, gx, gy, r[:, 1]) - cumulative_at(p, gx, gy, r[:, 0])
 
         return corner(gx1, gy1) - corner(gx0, gy1) - corner(gx1, gy0) + corner(gx0, gy0)
 
@@ -201,19 +201,6 @@ class SpatioTemporalSynopsis(Synopsis):
             extra.pop(key, None)
         return cls(values, region, privacy, slot_seconds=slot_seconds, window_start_s=window_start_s,
                    extra=extra, attachments=attachments)
-
-
-def _cumulative_at_t(p3: np.ndarray, gx: np.ndarray, gy: np.ndarray, t: np.ndarray) -> np.ndarray:
-    """Bilinear interpolation of the 2-D prefix table ``p3[:, :, t_q]`` at (gx_q, gy_q), per query."""
-    nx, ny = p3.shape[0] - 1, p3.shape[1] - 1
-    gx = np.clip(gx, 0.0, nx)
-    gy = np.clip(gy, 0.0, ny)
-    i0 = np.minimum(np.floor(gx).astype(np.int64), nx - 1)
-    j0 = np.minimum(np.floor(gy).astype(np.int64), ny - 1)
-    fx = gx - i0
-    fy = gy - j0
-    return (p3[i0, j0, t] * (1 - fx) * (1 - fy) + p3[i0 + 1, j0, t] * fx * (1 - fy)
-            + p3[i0, j0 + 1, t] * (1 - fx) * fy + p3[i0 + 1, j0 + 1, t] * fx * fy)
 
 
 __all__ = ["SpatioTemporalSynopsis", "check_slot_ranges", "prefix_sums_3d"]
