@@ -246,3 +246,24 @@ def test_bound_normalisation_gives_each_point_mass_one_over_k():
     assert all(c["sensitivity"] == 1.0 for c in syn.privacy.charges)
     with pytest.raises(MechanismError, match="normalisation"):
         get_mechanism("laplace", resolution=32, normalisation="sideways").fit(bounded, 1.0, NoiseSource.seeded(0))
+
+
+def test_large_epsilon_plan_measures_a_coarse_level_then_pixels_and_adds_up():
+    # At large ε the auto depth reaches the pixel level: the root, one full coarse level and the
+    # pixels under its kept nodes are charged, each at sensitivity 1, summing to ε.
+    data = fit_input(n_users=300, seed=4)
+    syn = get_mechanism("dpheatmap", resolution=64).fit(data, 5.0, NoiseSource.seeded(2))
+    charges = syn.privacy.charges
+    assert [c["name"] for c in charges] == ["root", "level_2", "pixels"]
+    assert all(c["sensitivity"] == 1.0 for c in charges)
+    assert sum(c["epsilon"] for c in charges) == pytest.approx(5.0, rel=1e-9)
+    assert charges[2]["epsilon"] == pytest.approx(0.85 * (5.0 - charges[0]["epsilon"]))
+    truth = user_normalised_grid(data.x, data.y, data.user, REGION.bounds_m, 64, quantum=None)
+    lap = get_mechanism("laplace", resolution=64).fit(data, 5.0, NoiseSource.seeded(2))
+    assert emd(truth, syn.values) < 0.7 * emd(truth, lap.values)
+    assert np.count_nonzero(syn.values) > 0 and (syn.values >= 0).all()
+    # Small ε keeps the pruned quadtree descent; so do a fixed depth and a reserved re-measurement.
+    small = get_mechanism("dpheatmap", resolution=64).fit(data, 0.2, NoiseSource.seeded(2))
+    assert "pixels" not in [c["name"] for c in small.privacy.charges]
+    fixed = get_mechanism("dpheatmap", resolution=64, depth=6).fit(data, 5.0, NoiseSource.seeded(2))
+    assert "pixels" not in [c["name"] for c in fixed.privacy.charges]
