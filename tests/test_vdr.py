@@ -147,3 +147,30 @@ def test_nonnegative_projection_keeps_tile_totals():
     tiles_out = pad_out.reshape(3, 4, 3, 4, 3).sum(axis=(1, 3))
     np.testing.assert_allclose(tiles_out, np.maximum(tiles, 0), atol=1e-9)
     assert np.maximum(v, 0).sum() > out.sum()  # plain clamping would have added mass
+
+
+def test_multiscale_shrink_keeps_coarse_structure_and_flattens_noise():
+    from dpcore.models.vqvae import multiscale_shrink
+
+    rng = np.random.default_rng(1)
+    sigma = 40.0
+    truth = np.full((32, 32, 6), 1.0)
+    truth[:8, :8] += 20.0  # a heavy coarse block, invisible cell by cell (20 ≪ 40)
+    noisy = truth + rng.normal(0.0, sigma, truth.shape)
+    out = multiscale_shrink(noisy, sigma ** 2, kappa=2.0)
+    assert out.min() >= 0
+    assert out.sum() == pytest.approx(noisy.sum())  # no level adds or removes mass
+    block = out[:8, :8].mean()
+    rest = out[8:, 8:].mean()
+    assert block > 4 * rest  # the heavy block is found and its mass pushed down to its cells
+    # pure noise: a strict κ gives back the even spread (κ = 2 still lets some noise peaks through)
+    pure = rng.normal(0.0, sigma, truth.shape) + 5.0
+    flat = multiscale_shrink(pure, sigma ** 2, kappa=16.0)
+    assert flat.max() < 1.5 * flat.mean()
+    assert multiscale_shrink(pure, sigma ** 2, kappa=2.0).max() > flat.max()
+    # non-power-of-two shapes and a negative total (floored)
+    neg = rng.normal(0.0, sigma, (8, 8, 3))
+    neg -= neg.mean() + 1.0
+    assert multiscale_shrink(neg, sigma ** 2, total_floor=50.0).sum() == pytest.approx(50.0)
+    odd = multiscale_shrink(rng.normal(1.0, sigma, (10, 7, 3)), sigma ** 2)
+    assert odd.shape == (10, 7, 3) and odd.min() >= 0

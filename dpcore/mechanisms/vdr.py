@@ -25,8 +25,12 @@ The charges add up to ε. Everything after is post-processing (no budget):
      grid at small ε the noise term 2mk²/ε² dwarfs C·n², so γ shrinks totals towards 0 and range
      counts suffer. Kept for fidelity and comparison.
    - ``refinement="none"``: Ĥ · N / n̂.
-6. Output is non-negative (the paper's code leaves negative cells): negatives are zeroed and each
-   ``nonneg_block``² tile is rescaled to its signed total, so the projection adds no mass.
+6. Output is non-negative (the paper's code leaves negative cells). Default (``multiscale_kappa``):
+   a coarse-to-fine quadtree shrinkage (dpcore.models.vqvae.multiscale_shrink) keeps a block's
+   deviation from its siblings only where it stands out from H̄'s noise (window-summed and per-slot
+   parts separately) and splits the rest evenly, so at user level, where single cells are noise,
+   the counts follow the heavy coarse blocks instead of noise peaks. ``multiscale_kappa=None``: the
+   old projection, negatives zeroed and each ``nonneg_block``² tile rescaled to its signed total.
 """
 
 from __future__ import annotations
@@ -71,7 +75,7 @@ class VDR(Mechanism):
                  alpha: float = 1.0, steps: int = 300, batch_size: int = 16, crop: int = 64,
                  hidden: int = 32, code_dim: int = 16, levels: int = 2, temporal_context: int = 1,
                  window_mean: bool = True, residual_window: int = 5, nonneg_block: int = 16,
-                 resolutions: tuple[int, ...] = (1, 2, 4), lr: float = 2e-3,
+                 resolutions: tuple[int, ...] = (1, 2, 4), lr: float = 2e-3, multiscale_kappa: float | None = 2.0,
                  max_train_seconds: float | None = 150.0, device: str | None = None, train_seed: int = 0):
         self.grid_size = grid_size
         self.cell_width_m = cell_width_m
@@ -91,6 +95,7 @@ class VDR(Mechanism):
         self.nonneg_block = nonneg_block
         self.resolutions = tuple(resolutions)
         self.lr = lr
+        self.multiscale_kappa = multiscale_kappa
         self.max_train_seconds = max_train_seconds
         self.device = device
         self.train_seed = train_seed
@@ -113,7 +118,12 @@ class VDR(Mechanism):
             raise MechanismError(f"resolutions must be block sizes ≥ 1 including 1, got {self.resolutions}")
 
     def _fit(self, data: FitInput, acct: Accountant, noise: NoiseSource) -> SpatioTemporalSynopsis:
-        from dpcore.models.vqvae import DenoiserConfig, SliceDenoiser, nonnegative_keep_block_mass
+        from dpcore.models.vqvae import (
+            DenoiserConfig,
+            SliceDenoiser,
+            multiscale_shrink,
+            nonnegative_keep_block_mass,
+        )
 
         self._check()
         m = st_grid_size(data, self.grid_size, self.cell_width_m)
@@ -144,7 +154,13 @@ class VDR(Mechanism):
         denoiser = SliceDenoiser(config, self.device)
         report = denoiser.fit(noisy, noise_std, self.progress)
         t0 = time.perf_counter()
-        denoised = nonnegative_keep_block_mass(denoiser.denoise(noisy, noise_std), self.nonneg_block)
+        denoised = denoiser.denoise(noisy, noise_std)
+        if self.multiscale_kappa is not None:
+            # the denoised map's noise variance is at most H̄'s, so H̄'s is a conservative bound
+            denoised = multiscale_shrink(denoised, noise_std ** 2, float(self.multiscale_kappa),
+                                         total_floor=noise_std * np.sqrt(noisy.size))
+        else:
+            denoised = nonnegative_keep_block_mass(denoised, self.nonneg_block)
         infer_s = time.perf_counter() - t0
 
         total = float(data.public_total) if public else float(n_hat)

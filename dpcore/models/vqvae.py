@@ -331,3 +331,59 @@ def _random_crops(data: torch.Tensor, n: int, crop: int, rng: np.random.Generato
     ys = rng.integers(0, h - ch + 1, n)
     xs = rng.integers(0, w - cw + 1, n)
     return torch.stack([data[t, :, y:y + ch, x:x + cw] for t, y, x in zip(ts, ys, xs, strict=True)])
+
+
+def multiscale_shrink(values: np.ndarray, noise_var: float, kappa: float = 2.0,
+                      total_floor: float = 1.0) -> np.ndarray:
+    """Coarse-to-fine significance shrinkage of a (nx, ny, nt) count estimate; output ≥ 0 (post-processing).
+
+    A spatial quadtree over the window: the root is the whole region (its signed total, floored at
+    ``total_floor``); each node's estimate is split among its 4 children as the equal share plus each
+    child's deviation from its siblings' mean, shrunk by max(0, 1 − κ·σ_d² / d²) (a per-node
+    positive-part Wiener factor; σ_d² is the deviation's noise variance, from ``noise_var`` per cell).
+    The deviation is split into its window-total part (noise variance T times smaller relative to
+    signal) and its per-slot remainder, shrunk separately, so structure that is only visible summed
+    over the whole window and over large blocks is kept and pushed down, while structure that
+    does not stand out from the noise is flattened to the parent's even split. Children are clipped
+    at 0 and rescaled to the parent's estimate, so no level adds mass.
+    """
+    v = np.asarray(values, dtype=np.float64)
+    nx, ny, nt = v.shape
+    size = 1
+    while size < max(nx, ny):
+        size *= 2
+    h = np.zeros((size, size, nt))
+    h[:nx, :ny] = v
+    # noisy sums at every level (g × g × nt), g = 1, 2, 4, ..., size
+    sums = {size: h}
+    g = size
+    while g > 1:
+        sums[g // 2] = block_sum(sums[g], 2)
+        g //= 2
+    slot_tot = sums[1][0, 0]
+    root_total = max(float(slot_tot.sum()), float(total_floor))
+    # root: split the total across slots (per-slot deviations shrunk likewise)
+    dev = slot_tot - slot_tot.mean()
+    dvar = noise_var * size * size * (1.0 - 1.0 / nt)
+    lam = np.maximum(0.0, 1.0 - kappa * dvar / np.maximum(dev * dev, 1e-300)) if nt > 1 else np.zeros(nt)
+    est = np.maximum(root_total / nt + lam * dev, 0.0)
+    est = (est * (root_total / est.sum()) if est.sum() > 0 else np.full(nt, root_total / nt))[None, None, :]
+    g = 1
+    while g < size:
+        child = sums[2 * g].reshape(g, 2, g, 2, nt)
+        cells = (size // (2 * g)) ** 2  # cells per child
+        d = child - child.mean(axis=(1, 3), keepdims=True)            # per-slot sibling deviations
+        dw = d.sum(axis=4, keepdims=True)                              # window-total deviation
+        rem = d - dw / nt
+        var_w = noise_var * cells * nt * 0.75
+        var_r = noise_var * cells * 0.75 * (1.0 - 1.0 / nt)
+        lw = np.maximum(0.0, 1.0 - kappa * var_w / np.maximum(dw * dw, 1e-300))
+        lr = np.maximum(0.0, 1.0 - kappa * var_r / np.maximum(rem * rem, 1e-300)) if nt > 1 else 0.0
+        parent = est[:, None, :, None, :]
+        c = np.maximum(parent / 4.0 + lw * dw / nt + lr * rem, 0.0)
+        have = c.sum(axis=(1, 3), keepdims=True)
+        c = np.where(have > 0, c * np.divide(parent, have, out=np.zeros_like(have), where=have > 0),
+                     np.broadcast_to(parent / 4.0, c.shape))
+        est = c.reshape(2 * g, 2 * g, nt)
+        g *= 2
+    return est[:nx, :ny]
