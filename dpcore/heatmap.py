@@ -46,7 +46,7 @@ from scipy.optimize import linprog, lsq_linear
 
 from dpcore import GeoDPError
 from dpcore.budget import Accountant, split_epsilon
-from dpcore.histogram import cell_index
+from dpcore.histogram import flat_cell_index
 from dpcore.noise import NoiseSource
 from dpcore.synopsis import GridSynopsis, PrivacyInfo
 
@@ -77,13 +77,7 @@ def check_resolution(resolution: int, power_of_two: bool = True) -> int:
 def _pixel_index(x: np.ndarray, y: np.ndarray, bounds: tuple[float, float, float, float],
                  resolution: int) -> tuple[np.ndarray, np.ndarray]:
     """(flat pixel index ix·Δ + iy, inside mask) of points; points outside bounds are masked out."""
-    xmin, ymin, xmax, ymax = bounds
-    x = np.asarray(x, dtype=np.float64)
-    y = np.asarray(y, dtype=np.float64)
-    inside = (x >= xmin) & (x < xmax) & (y >= ymin) & (y < ymax)
-    ix = cell_index(x[inside], xmin, xmax, resolution)
-    iy = cell_index(y[inside], ymin, ymax, resolution)
-    return ix * resolution + iy, inside
+    return flat_cell_index(x, y, bounds, resolution, resolution)
 
 
 def user_normalised_grid(x: np.ndarray, y: np.ndarray, user: np.ndarray | None,

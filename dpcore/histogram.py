@@ -14,17 +14,24 @@ def cell_index(v: np.ndarray, lo: float, hi: float, n: int) -> np.ndarray:
     return np.clip(idx, 0, n - 1)
 
 
-def grid_counts(x: np.ndarray, y: np.ndarray, bounds: tuple[float, float, float, float], nx: int,
-                ny: int | None = None) -> np.ndarray:
-    """int64 (nx, ny) counts of points over bounds (xmin, ymin, xmax, ymax); points outside are ignored."""
-    ny = nx if ny is None else ny
+def flat_cell_index(x: np.ndarray, y: np.ndarray, bounds: tuple[float, float, float, float], nx: int,
+                    ny: int) -> tuple[np.ndarray, np.ndarray]:
+    """(flat cell index ix·ny + iy of the points inside bounds, inside mask over all points)."""
     xmin, ymin, xmax, ymax = bounds
     x = np.asarray(x, dtype=np.float64)
     y = np.asarray(y, dtype=np.float64)
     inside = (x >= xmin) & (x < xmax) & (y >= ymin) & (y < ymax)
     ix = cell_index(x[inside], xmin, xmax, nx)
     iy = cell_index(y[inside], ymin, ymax, ny)
-    return np.bincount(ix * ny + iy, minlength=nx * ny).reshape(nx, ny).astype(np.int64)
+    return ix * ny + iy, inside
+
+
+def grid_counts(x: np.ndarray, y: np.ndarray, bounds: tuple[float, float, float, float], nx: int,
+                ny: int | None = None) -> np.ndarray:
+    """int64 (nx, ny) counts of points over bounds (xmin, ymin, xmax, ymax); points outside are ignored."""
+    ny = nx if ny is None else ny
+    flat, _ = flat_cell_index(x, y, bounds, nx, ny)
+    return np.bincount(flat, minlength=nx * ny).reshape(nx, ny).astype(np.int64)
 
 
 def grid_counts_3d(x: np.ndarray, y: np.ndarray, slot: np.ndarray, bounds: tuple[float, float, float, float],
