@@ -1,25 +1,17 @@
 """The CLI as a user types it: release, query, evaluate, and clean errors for bad input."""
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from dpcore.geo import city_region
 from dpcore.synthetic import generate_checkins
-
-GEODP = [sys.executable, "-m", "flows.cli"]
-ROOT = Path(__file__).resolve().parents[1]
+from tests.cli_runner import run_geodp
 
 
 def geodp(*args, ok=True):
-    proc = subprocess.run([*GEODP, *map(str, args)], capture_output=True, text=True, cwd=ROOT, timeout=300)
-    if ok:
-        assert proc.returncode == 0, proc.stderr
-    return proc
+    return run_geodp(*args, ok=ok)
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli_runner import run_geodp
 from tests.conftest import _free_port
 
 pytestmark = [pytest.mark.shared_data, pytest.mark.slow]
@@ -85,12 +86,7 @@ def cluster(tmp_path_factory, moto_s3):
 
 
 def geodp(cluster, *args, ok=True, extra_env=None):
-    env = {**cluster["env"], **(extra_env or {})}
-    proc = subprocess.run([sys.executable, "-m", "flows.cli", *map(str, args)], capture_output=True, text=True,
-                          cwd=ROOT, env=env, timeout=400)
-    if ok:
-        assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc
+    return run_geodp(*args, ok=ok, env={**cluster["env"], **(extra_env or {})}, timeout=400)
 
 
 def _bucket(cluster) -> str:

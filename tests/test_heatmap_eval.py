@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -20,8 +17,8 @@ from dpcore.evaluate_heatmap import (
 )
 from dpcore.geo import city_region
 from dpcore.synthetic import generate_checkins
+from tests.cli_runner import run_geodp
 
-ROOT = Path(__file__).resolve().parents[1]
 REGION = city_region("new-york")
 KEYS = {"mechanism", "epsilon", "resolution", "users", "emd", "kl", "pearson", "trials"}
 
@@ -62,8 +59,7 @@ def test_harness_refuses_more_users_than_the_region_has(synth_frame):
 
 
 def geodp(*args):
-    return subprocess.run([sys.executable, "-m", "flows.cli", *map(str, args)], capture_output=True, text=True,
-                          cwd=ROOT, timeout=300)
+    return run_geodp(*args, ok=False)
 
 
 def test_cli_evaluate_heatmap_writes_the_json_schema_and_a_png(synth_frame, tmp_path):

@@ -1,29 +1,21 @@
 """The spatio-temporal CLI as a user types it: evaluate-st, release + query --time, hotspot, forecast."""
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from dpcore.geo import city_region
 from dpcore.synthetic import generate_checkins
+from tests.cli_runner import run_geodp
 
-GEODP = [sys.executable, "-m", "flows.cli"]
-ROOT = Path(__file__).resolve().parents[1]
 SMALL_VDR = ["--param", "vdr.grid_size=32", "--param", "vdr.steps=20", "--param", "vdr.batch_size=4",
              "--param", "vdr.crop=32", "--param", "vdr.hidden=8", "--param", "vdr.n_codes=16",
              "--param", "identity3d.grid_size=32"]
 
 
 def geodp(*args, ok=True):
-    proc = subprocess.run([*GEODP, *map(str, args)], capture_output=True, text=True, cwd=ROOT, timeout=300,
-                          env={**__import__("os").environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"})
-    if ok:
-        assert proc.returncode == 0, proc.stderr
-    return proc
+    return run_geodp(*args, ok=ok)
 
 
 @pytest.fixture(scope="module")
