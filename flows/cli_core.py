@@ -11,6 +11,7 @@ from flows.cli_common import (
     CLIError,
     ProgressPrinter,
     add_data_args,
+    add_privacy_args,
     add_region_args,
     eprint,
     load_from_args,
@@ -37,7 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("evaluate", help="accuracy of mechanisms on a dataset (range-count relative error)")
     add_data_args(p)
     add_region_args(p)
-    _add_privacy_args(p)
+    add_privacy_args(p)
     p.add_argument("--mechanisms", default="identity,ug,ag,hb,privtree")
     p.add_argument("--epsilon", default="0.1,0.4,1.6", help="comma-separated list")
     p.add_argument("--query-sides-m", default="25:100,100:1000,1000:5000")
@@ -48,13 +49,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="mechanism parameter, e.g. identity.cell_width_m=200 (repeatable)")
     p.add_argument("--json", metavar="OUT.json", help="write the full result as JSON")
     p.set_defaults(func=cmd_evaluate)
-
-
-def _add_privacy_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--privacy-unit", choices=["user", "record"], default="user",
-                   help="user: neighbours differ by one user's records (default); record: by one record")
-    p.add_argument("--max-points-per-user", type=int, default=20, metavar="K",
-                   help="contribution bound k under user-level privacy (default 20)")
 
 
 def cmd_cities(args: argparse.Namespace) -> int:

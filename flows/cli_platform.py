@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from dpcore import GeoDPError
-from flows.cli_common import CLIError, add_data_args, eprint, parse_params
+from flows.cli_common import CLIError, add_data_args, add_privacy_args, eprint, parse_params
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -33,7 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--epsilon", required=True, type=float, help="ε per city-release")
     p.add_argument("--mechanism", default="identity")
     p.add_argument("--param", action="append", metavar="KEY=VALUE", help="mechanism parameter (repeatable)")
-    _add_privacy_args(p)
+    add_privacy_args(p)
     p.add_argument("--public-total", type=float, default=None,
                    help="PUBLIC total point count of the region (single region); scales a user-level release")
     p.add_argument("--seed", type=int, default=None,
@@ -67,7 +67,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--epsilon", required=True, type=float, help="ε per city-release")
     p.add_argument("--mechanism", default="identity")
     p.add_argument("--param", action="append", metavar="KEY=VALUE")
-    _add_privacy_args(p)
+    add_privacy_args(p)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--store", required=True, help="release store URL")
     _add_platform_args(p)
@@ -100,13 +100,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="serve the release/backfill/evaluate deployments with the nightly schedule")
     p.add_argument("--config", default=None, help="platform config TOML (default deploy/geodp.toml)")
     p.set_defaults(func=cmd_serve)
-
-
-def _add_privacy_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--privacy-unit", choices=["user", "record"], default="user",
-                   help="user: neighbours differ by one user's records (default); record: by one record")
-    p.add_argument("--max-points-per-user", type=int, default=20, metavar="K",
-                   help="contribution bound k under user-level privacy, over the whole release (default 20)")
 
 
 def _add_platform_args(p: argparse.ArgumentParser) -> None:
