@@ -338,23 +338,61 @@ def _median_profile(model: ParamSelectModel) -> PublicProfile:
     return PublicProfile("unknown", "median of the training profiles", 0, 0, ent, kept)
 
 
-def public_n_for_fit(data: FitInput, acct: Accountant, noise: NoiseSource,
-                     total_fraction: float) -> tuple[float, str, bool]:
+#: Default share of ε for the first (often only) look at n, and the relative accuracy ParamSelect needs:
+#: its features use log n, and a 10% error in n moves log10 n by 0.04, well inside the spread of the
+#: training table. At record level 1% of ε is a noise scale of 1/(0.01·ε) = 2,000 at ε = 0.05,
+#: 2% of n ~ 10⁵.
+N_FIRST_FRACTION = 0.01
+N_TARGET_REL_STD = 0.10
+
+
+def public_n_for_fit(data: FitInput, acct: Accountant, noise: NoiseSource, total_fraction: float,
+                     first_fraction: float = N_FIRST_FRACTION,
+                     target_rel_std: float = N_TARGET_REL_STD) -> tuple[float, str, bool]:
     """n for ParamSelect inside a mechanism: ``public_total`` when declared, else a paid DP estimate.
 
-    The estimate is the point count plus discrete Laplace noise of scale sensitivity/ε_n with
-    ε_n = total_fraction·ε (a count has L1 sensitivity k user-level, 1 record-level); it is charged
-    to the accountant as step ``total_count``. Returns (n, where it came from, whether n counts the
-    bounded sample): ``public_total`` is the unbounded public count, the estimate counts what was noised.
+    The estimate is paid in at most two looks, each the point count plus discrete Laplace noise of
+    scale s/ε_i (s = sensitivity: a count has L1 sensitivity k user-level, 1 record-level):
+
+    1. ε_1 = min(first_fraction, total_fraction)·ε, charged as step ``total_count``;
+    2. only if that estimate is not accurate enough — its noise std √2·s/ε_1 exceeds ``target_rel_std``
+       of max(n̂_1, its std) — the rest of the cap, ε_2 = (total_fraction − first)·ε, as step
+       ``total_count_refine``; the two are combined by inverse-variance weighting.
+
+    Whether step 2 runs depends only on n̂_1, an ε_1-DP output, so this is ordinary adaptive sequential
+    composition: every path spends at most ``total_fraction``·ε here and the mechanism spends the rest,
+    and the ledger records the charges actually made. Large releases
+    thus pay 1% instead of 5% (at the defaults: when n·ε/s ≥ √2/(0.1·0.01) ≈ 1,400); small or
+    user-level ones pay up to ``total_fraction`` where they need it.
+    Returns (n, where it came from, whether n counts the bounded sample): ``public_total`` is the
+    unbounded public count, the estimate counts what was noised.
     """
     if data.sample_size is not None:
         return float(data.sample_size), "the caller's already-paid DP estimate of the sample size", True
     if data.public_total is not None:
         return float(data.public_total), "public_total (declared public by the caller)", False
-    eps_n = acct.spend_fraction("total_count", total_fraction, data.sensitivity,
-                                note="noisy point count for ParamSelect (n is private)")
-    noisy_n = float(noise.add_discrete_laplace(np.array([data.n]), data.sensitivity, eps_n)[0])
-    return max(noisy_n, 1.0), f"a DP estimate paid with ε={eps_n:g} (step total_count)", True
+    if not (0 < total_fraction < 1):
+        raise ParamSelectError(f"total_fraction must be in (0, 1), got {total_fraction}")
+    first = min(float(first_fraction), float(total_fraction))
+    if not first > 0:
+        raise ParamSelectError(f"first_fraction must be > 0, got {first_fraction}")
+    s = float(data.sensitivity)
+    eps1 = acct.spend_fraction("total_count", first, s,
+                               note="noisy point count for ParamSelect (n is private); first look")
+    n1 = float(noise.add_discrete_laplace(np.array([data.n]), s, eps1)[0])
+    var1 = 2.0 * (s / eps1) ** 2  # variance of (discrete) Laplace noise of scale s/ε
+    how = f"a DP estimate paid with ε={eps1:g} (step total_count)"
+    n_hat = n1
+    if total_fraction > first and math.sqrt(var1) > target_rel_std * max(n1, math.sqrt(var1)):
+        # Post-processing of n̂_1 decides to look again; the second look is charged like the first.
+        eps2 = acct.spend_fraction("total_count_refine", total_fraction - first, s,
+                                   note="second noisy count: the first was not within "
+                                        f"{target_rel_std:.0%} relative std; combined by inverse variance")
+        n2 = float(noise.add_discrete_laplace(np.array([data.n]), s, eps2)[0])
+        var2 = 2.0 * (s / eps2) ** 2
+        n_hat = (n1 / var1 + n2 / var2) / (1.0 / var1 + 1.0 / var2)
+        how = f"a DP estimate paid with ε={eps1 + eps2:g} (steps total_count, total_count_refine)"
+    return max(n_hat, 1.0), how, True
 
 
 # -- evaluation of the model (cross-validation by group) ---------------------------------------------

@@ -161,15 +161,41 @@ def test_auto_pays_for_a_private_n_and_spends_exactly_epsilon(small_model, tmp_p
     mech = get_mechanism("auto", mechanisms=("identity", "ug"), model_path=str(path))
     syn = mech.fit(FitInput(x, y, region, "user", 5, user=user), 0.3, NoiseSource.seeded(2))
     names = [c["name"] for c in syn.privacy.charges]
-    assert names[0] == "total_count"
+    # n·ε/k is small here, so the 1% first look is too coarse and the second look is paid too.
+    assert names[:2] == ["total_count", "total_count_refine"]
     chosen = syn.privacy.params["chosen"]["mechanism"]
-    assert all(n.startswith(chosen + "/") for n in names[1:]) and len(names) >= 2
+    assert all(n.startswith(chosen + "/") for n in names[2:]) and len(names) >= 3
     assert sum(c["epsilon"] for c in syn.privacy.charges) == pytest.approx(0.3)
     assert all(c["sensitivity"] == 5.0 for c in syn.privacy.charges)
     assert syn.privacy.mechanism == "auto"
     syn.save(tmp_path / "auto")
     boxes = np.array([[-500.0, -500.0, 500.0, 500.0], [0.0, 0.0, 3000.0, 2000.0]])
     assert np.array_equal(load_synopsis(tmp_path / "auto").answer(boxes), syn.answer(boxes))
+
+
+@pytest.mark.parametrize("n_points, sensitivity, looks", [(200_000, 1, 1), (2_000, 1, 2), (200_000, 20, 2)])
+def test_n_estimate_pays_a_second_look_only_when_the_first_is_too_coarse(n_points, sensitivity, looks):
+    """1% of ε first; the rest of the 5% cap only when √2·s/ε₁ > 10% of n̂₁. Charges sum with the rest to ε."""
+    from dpcore.budget import Accountant
+    from dpcore.paramselect import public_n_for_fit
+
+    region = city_region("houston")
+    rng = np.random.default_rng(0)
+    x, y = rng.uniform(-5000, 5000, (2, n_points))
+    unit = "record" if sensitivity == 1 else "user"
+    data = FitInput(x, y, region, unit, None if unit == "record" else sensitivity)
+    eps = 0.1
+    acct = Accountant(eps)
+    n_hat, how, bounded = public_n_for_fit(data, acct, NoiseSource.seeded(3), 0.05)
+    names = [c.name for c in acct.charges]
+    assert names == ["total_count", "total_count_refine"][:looks] and bounded
+    assert acct.spent == pytest.approx(eps * (0.01 if looks == 1 else 0.05))
+    assert all(c.sensitivity == sensitivity for c in acct.charges)
+    # The combined estimate's std is about √2·s/(0.05·ε) (two looks) or √2·s/(0.01·ε) (one).
+    std = np.sqrt(2) * sensitivity / (eps * (0.01 if looks == 1 else 0.05))
+    assert abs(n_hat - n_points) < 6 * std
+    acct.spend_rest("cells", sensitivity)
+    assert acct.spent == pytest.approx(eps)
 
 
 def test_shipped_model_predicts_for_every_catalog_city():

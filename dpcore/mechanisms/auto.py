@@ -3,8 +3,10 @@
 Privacy accounting:
 - ParamSelect's inputs are public: the region, ε, the sensitivity (k or 1), the query band, the
   shipped model trained on public data, and n. n is ``public_total`` when the caller declares one
-  (free); otherwise a noisy count is paid with ``total_fraction`` of ε (step ``total_count``,
-  sensitivity k user-level / 1 record-level).
+  (free), or the caller's already-paid sample-size estimate (free); otherwise a noisy count is paid:
+  1% of ε first (step ``total_count``), and only when that is not within 10% relative std, the rest
+  of ``total_fraction`` (step ``total_count_refine``), see dpcore.paramselect.public_n_for_fit.
+  Sensitivity k user-level / 1 record-level.
 - The chosen mechanism then runs on the rest of the budget, given that n as ``public_total`` (the
   noisy count is already released, so re-using it is post-processing: nothing is paid twice); its
   own charges are recorded as

@@ -7,7 +7,8 @@ Method (only step 1 reads data):
    is the per-unit contribution bound: k (``max_points_per_user``) under user-level privacy, 1 under
    record-level. When ρ is not given it is chosen by ParamSelect from public inputs (ε, the
    sensitivity, the public region, and n): n is ``public_total`` when the caller declares one,
-   otherwise a noisy total paid with ``total_fraction`` of ε (sensitivity k) — the ledger says which.
+   otherwise a noisy total paid with 1% of ε, and up to ``total_fraction`` only when 1% is too coarse
+   (sensitivity k; dpcore.paramselect.public_n_for_fit) — the ledger says which.
 2. **Augmentation** (post-processing). For k_s query sides r_i = l + (u − l)(i + ½)/k_s over
    [l, u], the label of every grid-aligned square of side r_i (bottom-left corner on a cell corner)
    is the noisy mass it covers: whole cells plus the uniformity share of partly covered cells,
