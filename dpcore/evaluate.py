@@ -33,6 +33,9 @@ from dpcore.scaling import fit_scaled
 from dpcore.synopsis import Synopsis
 
 Progress = Callable[[int, int, str], None]
+#: called with (mechanism, ε, trial, synopsis) after every fit, e.g. to collect SNH training losses;
+#: it sees only the released synopsis and must not change the protocol
+OnFit = Callable[[str, float, int, Synopsis], None]
 DEFAULT_MAX_POINTS_PER_USER = 20
 
 
@@ -95,8 +98,11 @@ def fit_and_scale(mechanism: str, params: dict, fit_input: FitInput, epsilon: fl
     return get_mechanism(mechanism, **params).fit(fit_input, epsilon, noise)
 
 
-def evaluate(points: Points, region: Region, config: EvalConfig, progress: Progress | None = None) -> dict:
-    """Run the protocol; returns the JSON-able result in the documented schema."""
+def evaluate(points: Points, region: Region, config: EvalConfig, progress: Progress | None = None,
+             on_fit: OnFit | None = None) -> dict:
+    """Run the protocol; returns the JSON-able result in the documented schema.
+
+    ``on_fit`` (optional) gets each fitted synopsis, for diagnostics such as training curves."""
     data = region_data(points, region)
     if data.n_points == 0:
         from dpcore.data import DataError
@@ -125,6 +131,8 @@ def evaluate(points: Points, region: Region, config: EvalConfig, progress: Progr
                 t0 = time.perf_counter()
                 synopsis = fit_and_scale(mech, params, fit_input, eps, noise, data.n_points)
                 fit_s.append(time.perf_counter() - t0)
+                if on_fit is not None:
+                    on_fit(mech, eps, trial, synopsis)
                 t0 = time.perf_counter()
                 for w, (_, boxes, truth) in enumerate(workloads):
                     errs[w].append(relative_error(synopsis.answer(boxes), truth, psi))

@@ -44,6 +44,7 @@ from dpcore.st_queries import (
     st_range_workload,
     true_st_counts,
 )
+from dpcore.synopsis import Synopsis
 
 Progress = Callable[[int, int, str], None]
 DEFAULT_ST_MAX_POINTS_PER_USER = 50
@@ -52,6 +53,30 @@ DEFAULT_ST_QUERY_SIDES_M: tuple[tuple[float, float], ...] = ((100.0, 1000.0), (1
 
 class STEvalError(GeoDPError, ValueError):
     pass
+
+
+@dataclass(frozen=True)
+class STFitDiagnostics:
+    """What one fit of the protocol saw and released, for operator diagnostics (images, forecast plots).
+
+    Holds *true* counts: evaluation output, never a publication. Arrays are the protocol's own (not
+    copies); a consumer that keeps them should take what it needs.
+    """
+
+    mechanism: str
+    epsilon: float
+    trial: int
+    synopsis: Synopsis
+    true_grid: np.ndarray  #: (g, g, T) true counts of all points on the hotspot grid
+    released_grid: np.ndarray  #: (g, g, T) the synopsis's counts on the same grid
+    forecast_boxes: np.ndarray  #: (q, 4) metres; the first is the whole region
+    forecast_truth: np.ndarray  #: (q, T) true per-slot counts
+    forecast_released: np.ndarray  #: (q, T) released per-slot counts (the model saw the first T − h)
+    forecast: np.ndarray  #: (q, h) the forecast of the last h slots
+    horizon: int
+
+
+OnFit = Callable[[STFitDiagnostics], None]
 
 
 @dataclass
@@ -110,8 +135,10 @@ def _truth_series(x, y, slot, region, n_slots, boxes) -> np.ndarray:
 
 
 def evaluate_st(points: Points, region: Region, config: STEvalConfig, progress: Progress | None = None,
-                train_progress: Progress | None = None) -> dict:
-    """Run the protocol; returns the JSON-able report (schema in the module docstring and README)."""
+                train_progress: Progress | None = None, on_fit: OnFit | None = None) -> dict:
+    """Run the protocol; returns the JSON-able report (schema in the module docstring and README).
+
+    ``on_fit`` (optional) gets an STFitDiagnostics after every fit; it does not change the protocol."""
     idx, x, y = clip_to_region(points, region)
     t = config.n_slots
     slot_all = time_slots(points.ts[idx], config.window_start_s, config.slot_seconds, t)
@@ -182,6 +209,9 @@ def evaluate_st(points: Points, region: Region, config: STEvalConfig, progress: 
                 released_series = syn.series(f_boxes)
                 fc = forecast_theta(released_series[:, : t - horizon], horizon, period)
                 acc["smape"].append(smape(fc, f_truth[:, t - horizon:]))
+                if on_fit is not None:
+                    on_fit(STFitDiagnostics(mech, eps, trial, syn, true_grid, rel_grid, f_boxes, f_truth,
+                                            released_series, fc, horizon))
                 extra_info = {k2: v2 for k2, v2 in syn.extra_meta().items()
                               if k2 in ("train_seconds", "train_steps", "inference_seconds", "device", "codes_used")}
                 done += 1

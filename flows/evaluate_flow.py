@@ -1,44 +1,193 @@
-"""The `evaluate` flow: the core evaluation harness with one Dask task per (city, mechanism, ε).
+"""The `evaluate` flow: the core evaluation harness with one Dask task per (city, mechanism, ε), and,
+when ``params.spatio_temporal`` is given, the spatio-temporal harness with one Dask task per
+(city, mechanism, ε) on the same cluster, so cities and mechanisms run in parallel.
 
-Artifacts: a table of every result row and a markdown summary with an error-vs-ε plot.
+Artifacts: a table of every 2-D result row and a markdown summary with an error-vs-ε plot; SNH
+training curves; per city a table of spatio-temporal rows and a markdown artifact with released vs
+true heatmaps of a few slots and forecast plots for each mechanism at one ε. The images of true
+counts are operator diagnostics: labelled so, and written (besides the Prefect artifacts) only to
+``params.output_dir``, which may not be a release store.
 """
 
 from __future__ import annotations
 
 import base64
+import json
+import math
+from pathlib import Path
 
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from flows.release import _artifact_key
-from tasks.config import EvaluateParams
-from tasks.evaluate_tasks import error_plot_png, evaluate_one
+from tasks.config import ConfigError, EvaluateParams
+from tasks.evaluate_tasks import (
+    OPERATOR_ONLY,
+    error_plot_png,
+    evaluate_one,
+    evaluate_st_one,
+    forecast_png,
+    st_slots_png,
+    training_curve_png,
+)
 from tasks.release_tasks import load_and_validate
 from tasks.runtime import dask_task_runner
 
 
+def check_output_dir(output_dir: str | None) -> Path | None:
+    """The local folder for artifact images; refuses URLs and release stores (true counts inside)."""
+    if not output_dir:
+        return None
+    from flows.store import STORE_ID
+
+    if "://" in output_dir:
+        raise ConfigError(f"output_dir must be a local folder, got {output_dir!r}")
+    path = Path(output_dir).resolve()
+    for p in (path, *path.parents):
+        if (p / STORE_ID).exists() or ((p / "ledger").is_dir() and (p / "releases").is_dir()):
+            raise ConfigError(f"output_dir {output_dir!r} is inside the release store {p}; evaluation "
+                              "images show true counts and never go into a release store")
+    return path
+
+
+def _data_uri(png: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(png).decode()
+
+
+def _slug(text: str) -> str:
+    return "".join(c if c.isalnum() or c in ".-" else "-" for c in text)
+
+
 @flow(name="evaluate", log_prints=True)
 def evaluate_flow(params: EvaluateParams) -> dict:
+    out_dir = check_output_dir(params.output_dir)
     loaded = load_and_validate(params.data)
+    st = params.spatio_temporal
     futures = [evaluate_one.submit(loaded.points, city, mech, eps, params.privacy_unit, params.max_points_per_user,
-                                   params.query_sides_m, params.queries, params.trials, params.seed)
+                                   params.query_sides_m, params.queries, params.trials, params.seed,
+                                   params.mechanism_params.get(mech, {}))
                for city in params.cities for mech in params.mechanisms for eps in params.epsilons]
+    st_futures = []
+    if st is not None:
+        start, end = st.window_seconds()
+        window_points = loaded.points.between(start, end)  # only the public window travels to the workers
+        drawn_eps = st.drawn_epsilon()
+        st_futures = [evaluate_st_one.submit(window_points, city, mech, eps, st, params.privacy_unit, params.seed,
+                                             params.mechanism_params.get(mech, {}),
+                                             draw=math.isclose(eps, drawn_eps, rel_tol=1e-9))
+                      for city in params.cities for mech in st.mechanisms for eps in st.epsilons]
     outs = [f.result() for f in futures]
-    rows = [{"city": o["city"], **r} for o in outs for r in o["results"]]
+    st_outs = [f.result() for f in st_futures]
+    files: dict[str, bytes] = {}
+    summary: dict = {"privacy_unit": params.privacy_unit, "data_version": loaded.data_version, "results": [],
+                     "training": [], "cities": {}}
+    if outs:
+        rows = [{"city": o["city"], **r} for o in outs for r in o["results"]]
+        training = [{"city": o["city"], **c} for o in outs for c in o["training"]]
+        _publish_2d(params, loaded.data_version, rows, training, files)
+        summary.update({"results": rows, "training": training,
+                        "cities": {o["city"]: {"n_points": o["n_points"], "n_users": o["n_users"]} for o in outs}})
+    if st_outs:
+        summary["spatio_temporal"] = _publish_st(params, loaded.data_version, st_outs, files)
+    from prefect.runtime import flow_run
+
+    summary["flow_run_id"] = str(flow_run.id) if flow_run.id else None
+    if out_dir is not None:
+        summary["output_files"] = _write_files(out_dir, files, summary)
+    return summary
+
+
+def _publish_2d(params: EvaluateParams, data_version: str, rows: list[dict], training: list[dict],
+                files: dict[str, bytes]) -> None:
     create_table_artifact(
         [{"city": r["city"], "mechanism": r["mechanism"], "ε": r["epsilon"],
           "query sides (m)": f"{r['query_sides_m'][0]:g}-{r['query_sides_m'][1]:g}",
           "mean rel. error": round(r["mean_relative_error"], 4),
           "median rel. error": round(r["median_relative_error"], 4)} for r in rows],
-        key=_artifact_key(f"evaluate-{loaded.data_version}"), description="range-count relative error")
-    png = base64.b64encode(error_plot_png(rows)).decode()
+        key=_artifact_key(f"evaluate-{data_version}"), description="range-count relative error")
+    png = error_plot_png(rows)
+    files["error-vs-epsilon.png"] = png
     create_markdown_artifact(
         f"# Evaluation of {', '.join(params.mechanisms)} on {', '.join(params.cities)}\n\n"
         f"{len(rows)} result rows, privacy unit {params.privacy_unit}, k={params.max_points_per_user}.\n\n"
-        f"![error vs epsilon](data:image/png;base64,{png})\n",
-        key=_artifact_key(f"evaluate-summary-{loaded.data_version}"), description="evaluation summary")
-    return {"privacy_unit": params.privacy_unit, "results": rows,
-            "cities": {o["city"]: {"n_points": o["n_points"], "n_users": o["n_users"]} for o in outs}}
+        f"![error vs epsilon]({_data_uri(png)})\n",
+        key=_artifact_key(f"evaluate-summary-{data_version}"), description="evaluation summary")
+    if not training:
+        return
+    lines = ["# Training curves (2-D evaluation)", "",
+             "Training loss per epoch of every fit that trains a model (SNH, or auto choosing SNH); one line "
+             "per ε and trial. The loss is on the noisy grid's augmented labels (post-processing).", ""]
+    for city in params.cities:
+        for mech in params.mechanisms:
+            curves = [c for c in training if c["city"] == city and c["mechanism"] == mech]
+            if not curves:
+                continue
+            png = training_curve_png(curves, f"{city}: {mech} training loss")
+            files[f"{_slug(city)}/{_slug(mech)}-training.png"] = png
+            lines += [f"## {city} · {mech}", "", f"![{mech} training loss, {city}]({_data_uri(png)})", ""]
+    create_markdown_artifact("\n".join(lines), key=_artifact_key(f"evaluate-training-{data_version}"),
+                             description="training curves of the evaluated mechanisms")
+
+
+def _publish_st(params: EvaluateParams, data_version: str, st_outs: list[dict], files: dict[str, bytes]) -> dict:
+    """Per city: the evaluate-st report (rows in dpcore.evaluate_st's key names), a table artifact and a
+    markdown artifact with the slot images and forecast plots of each mechanism at the drawn ε."""
+    st = params.spatio_temporal
+    assert st is not None
+    drawn_eps = st.drawn_epsilon()
+    cities: dict[str, dict] = {}
+    for city in params.cities:
+        mine = [o for o in st_outs if o["city"] == city]
+        report = {**mine[0]["report"], "results": [r for o in mine for r in o["results"]]}
+        report["training"] = [c for o in mine for c in o["training"]]
+        cities[city] = report
+        key = _artifact_key(f"evaluate-st-{city}-{data_version}")
+        create_table_artifact(
+            [{"mechanism": r["mechanism"], "ε": r["epsilon"], "mean rel. error": round(r["mean_relative_error"], 4),
+              "hotspot distance error (m)": round(r["hotspot_distance_error"], 1),
+              "hotspot regret": round(r["hotspot_regret"], 3), "forecast sMAPE": round(r["forecast_smape"], 4),
+              "fit s": round(r["fit_seconds"], 1)} for r in report["results"]],
+            key=key, description=f"spatio-temporal evaluation of {city}")
+        w = report["window"]
+        lines = [f"# Spatio-temporal evaluation: {city} (OPERATOR ONLY)", "", f"> {OPERATOR_ONLY}", "",
+                 f"{report['n_points']:,} points (raw, internal), {w['n_slots']} slots of {w['slot_seconds']} s, "
+                 f"privacy unit {report['privacy_unit']}, k={st.max_points_per_user}, ψ={report['psi']:g}. "
+                 f"Images at ε={drawn_eps:g} (first trial).", ""]
+        for o in mine:
+            img = o["images"]
+            if img is None:
+                continue
+            mech = o["mechanism"]
+            title = f"{city} · {mech} · ε={o['epsilon']:g}"
+            slots = st_slots_png(img, f"{title}: true vs released (operator only)")
+            fc = forecast_png(img, f"{title}: forecast (horizon {img['horizon']})")
+            stem = f"{_slug(city)}/{_slug(mech)}-eps{o['epsilon']:g}"
+            files[f"{stem}-slots.png"] = slots
+            files[f"{stem}-forecast.png"] = fc
+            lines += [f"## {mech}", "", f"### true vs released, slots {img['slots']}", "",
+                      f"![{mech} true vs released slots]({_data_uri(slots)})", "",
+                      "### forecasts (released history, forecast, true series)", "",
+                      f"![{mech} forecasts]({_data_uri(fc)})", ""]
+        curves = report["training"]
+        if curves:
+            png = training_curve_png([{**c, "city": city} for c in curves], f"{city}: training loss")
+            files[f"{_slug(city)}/st-training.png"] = png
+            lines += ["## training curves", "", f"![training loss]({_data_uri(png)})", ""]
+        create_markdown_artifact("\n".join(lines), key=key + "-images",
+                                 description=f"operator diagnostics (true counts) of {city}")
+    return {"window": st.window, "slot": st.slot, "drawn_epsilon": drawn_eps, "cities": cities}
+
+
+def _write_files(out_dir: Path, files: dict[str, bytes], summary: dict) -> list[str]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, data in files.items():
+        path = out_dir / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        written.append(str(path))
+    (out_dir / "evaluate.json").write_text(json.dumps(summary, indent=2, default=float))
+    return [*written, str(out_dir / "evaluate.json")]
 
 
 def run_evaluate(params: EvaluateParams) -> dict:

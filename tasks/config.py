@@ -17,7 +17,7 @@ from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from dpcore import GeoDPError
 
@@ -138,12 +138,80 @@ class BackfillParams(BaseModel):
     end: str = Field(description="last day, YYYY-MM-DD (inclusive)")
 
 
+def parse_time_window(text: str) -> tuple[int, int]:
+    """'START/END' (UTC ISO dates or times; END exclusive) → (start_s, end_s)."""
+    import pandas as pd
+
+    try:
+        a, b = str(text).split("/")
+        t0, t1 = (pd.Timestamp(v) for v in (a, b))
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"a window must be START/END, e.g. 2008-05-18/2008-06-08, got {text!r}") from exc
+    t0, t1 = (t if t.tzinfo is not None else t.tz_localize("UTC") for t in (t0, t1))
+    if t1 <= t0:
+        raise ConfigError(f"window {text!r} ends before it starts")
+    return int(t0.timestamp()), int(t1.timestamp())
+
+
+class STEvaluateOptions(BaseModel):
+    """The spatio-temporal part of an evaluation (dpcore.evaluate_st), run per (city, mechanism, ε)."""
+
+    window: str = Field(description="public time window START/END (UTC ISO dates), e.g. 2008-05-18/2008-06-08")
+    slot: str = Field(default="1d", description="time slot: 1h, 1d, ...")
+    mechanisms: list[str] = Field(default_factory=lambda: ["identity3d", "vdr"])
+    epsilons: list[float] = Field(default_factory=lambda: [0.1, 0.2, 0.5, 1.0])
+    max_points_per_user: int = Field(default=50, ge=1, description="k over the whole window (user level)")
+    query_sides_m: list[tuple[float, float]] = Field(default_factory=lambda: [(100, 1000), (1000, 5000)])
+    queries: int = Field(default=1000, ge=1, description="range queries per workload")
+    max_query_slots: int = Field(default=7, ge=1)
+    hotspot_queries: int = Field(default=300, ge=1)
+    hotspot_extent_km: float = Field(default=2.0, gt=0)
+    hotspot_grid: int = Field(default=256, ge=4, description="cells per side of the hotspot (and image) grid")
+    forecast_queries: int = Field(default=20, ge=1)
+    horizon: int | None = Field(default=None, ge=1, description="forecast steps (default: one period)")
+    trials: int = Field(default=1, ge=1)
+    image_epsilon: float | None = Field(default=None, gt=0,
+                                        description="ε whose releases are drawn (default: the smallest)")
+    image_slots: int = Field(default=3, ge=1, le=12, description="slots drawn per city and mechanism")
+    forecast_plots: int = Field(default=3, ge=1, le=12, description="forecast series drawn per city and mechanism")
+
+    @field_validator("mechanisms", mode="before")
+    @classmethod
+    def _split(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            return [c.strip() for c in v.split(",") if c.strip()]
+        return v
+
+    @field_validator("window")
+    @classmethod
+    def _window(cls, v: str) -> str:
+        parse_time_window(v)
+        return v
+
+    @field_validator("slot")
+    @classmethod
+    def _slot(cls, v: str) -> str:
+        from dpcore.geo import parse_slot
+
+        parse_slot(v)
+        return v
+
+    def window_seconds(self) -> tuple[int, int]:
+        return parse_time_window(self.window)
+
+    def drawn_epsilon(self) -> float:
+        """The ε whose releases go into the image and forecast artifacts."""
+        return float(self.image_epsilon if self.image_epsilon is not None else min(self.epsilons))
+
+
 class EvaluateParams(BaseModel):
-    """The evaluation harness as a flow: one task per (city, mechanism, ε)."""
+    """The evaluation harness as a flow: one task per (city, mechanism, ε) for the 2-D mechanisms and,
+    when ``spatio_temporal`` is given, one per (city, mechanism, ε) for the spatio-temporal ones."""
 
     data: str
     cities: list[str]
-    mechanisms: list[str] = Field(default_factory=lambda: ["identity", "ug", "ag", "hb", "privtree"])
+    mechanisms: list[str] = Field(default_factory=lambda: ["identity", "ug", "ag", "hb", "privtree"],
+                                  description="2-D mechanisms; empty = only the spatio-temporal part")
     epsilons: list[float] = Field(default_factory=lambda: [0.1, 0.4, 1.6])
     privacy_unit: Literal["user", "record"] = "user"
     max_points_per_user: int = Field(default=20, ge=1)
@@ -151,6 +219,12 @@ class EvaluateParams(BaseModel):
     queries: int = Field(default=2000, ge=1)
     trials: int = Field(default=3, ge=1)
     seed: int = 0
+    mechanism_params: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="public parameters per mechanism, e.g. {\"vdr\": {\"steps\": 100}}")
+    spatio_temporal: STEvaluateOptions | None = Field(default=None,
+                                                      description="also evaluate spatio-temporal mechanisms")
+    output_dir: str | None = Field(default=None, description="also write the artifact images (PNG) here; "
+                                   "operator output with true counts, never a release store")
     dask_address: str | None = None
     n_workers: int = Field(default=2, ge=1, le=64)
 
@@ -160,6 +234,14 @@ class EvaluateParams(BaseModel):
         if isinstance(v, str):
             return [c.strip() for c in v.split(",") if c.strip()]
         return v
+
+    @model_validator(mode="after")
+    def _something_to_do(self) -> EvaluateParams:
+        if not self.cities:
+            raise ValueError("at least one city is needed")
+        if not self.mechanisms and self.spatio_temporal is None:
+            raise ValueError("nothing to evaluate: give 2-D mechanisms, spatio_temporal options, or both")
+        return self
 
 
 def load_platform_config(path: str | Path | None = None) -> dict:

@@ -1,0 +1,124 @@
+"""The `evaluate` flow's spatio-temporal part and training curves, on a real Prefect server (session
+harness) and a Dask LocalCluster: rows per city × mechanism × ε, operator artifacts read back from
+the Prefect API (released vs true slots, forecast plots, SNH training curves), images in output_dir."""
+
+import base64
+import re
+import uuid
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from dpcore.geo import city_region
+from dpcore.synthetic import generate_checkins
+from tasks.config import ConfigError, EvaluateParams, STEvaluateOptions
+
+CITIES = ["new-york", "boston"]
+SMALL_VDR = {"grid_size": 32, "steps": 50, "batch_size": 4, "crop": 32, "hidden": 8, "n_codes": 16}
+PNG_URI = re.compile(r"data:image/png;base64,([A-Za-z0-9+/=]+)")
+
+
+@pytest.fixture(scope="module")
+def two_city_file(tmp_path_factory):
+    """Synthetic check-ins in two catalog cities (disjoint users), 8 days."""
+    frames = []
+    for i, city in enumerate(CITIES):
+        df = generate_checkins(city_region(city), n_users=300, start="2024-01-01", days=8, seed=11 + i)
+        df["user_id"] = df["user_id"] + i * 1_000_000
+        frames.append(df)
+    p = tmp_path_factory.mktemp("data") / "two_cities.parquet"
+    pd.concat(frames, ignore_index=True).to_parquet(p)
+    return p
+
+
+def _artifacts(flow_run_id: str) -> list:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    with get_client(sync_client=True) as client:
+        return client.read_artifacts(artifact_filter=ArtifactFilter(
+            flow_run_id=ArtifactFilterFlowRunId(any_=[uuid.UUID(flow_run_id)])))
+
+
+def _pngs(markdown: str) -> list[bytes]:
+    out = [base64.b64decode(m) for m in PNG_URI.findall(markdown)]
+    assert all(p.startswith(b"\x89PNG\r\n\x1a\n") for p in out)
+    return out
+
+
+def test_spatio_temporal_evaluation_two_cities_rows_and_artifacts(prefect_harness, two_city_file, tmp_path):
+    from flows.evaluate_flow import run_evaluate
+
+    st = STEvaluateOptions(window="2024-01-01/2024-01-09", slot="1d", mechanisms=["identity3d", "vdr"],
+                           epsilons=[0.5, 2.0], max_points_per_user=20, queries=100, hotspot_queries=40,
+                           hotspot_extent_km=3, hotspot_grid=32, forecast_queries=4, image_slots=3, forecast_plots=2)
+    out_dir = tmp_path / "eval-out"
+    out = run_evaluate(EvaluateParams(
+        data=str(two_city_file), cities=CITIES, mechanisms=[], spatio_temporal=st, n_workers=2,
+        mechanism_params={"vdr": SMALL_VDR, "identity3d": {"grid_size": 32}}, output_dir=str(out_dir)))
+    rep = out["spatio_temporal"]
+    assert set(rep["cities"]) == set(CITIES) and rep["drawn_epsilon"] == 0.5
+    for city in CITIES:
+        c = rep["cities"][city]
+        assert c["window"]["n_slots"] == 8 and c["n_points"] > 0
+        assert {(r["mechanism"], r["epsilon"]) for r in c["results"]} == {
+            (m, e) for m in ("identity3d", "vdr") for e in (0.5, 2.0)}
+        for r in c["results"]:  # dpcore.evaluate_st's key names
+            for key in ("mean_relative_error", "hotspot_distance_error", "hotspot_regret", "forecast_smape"):
+                assert np.isfinite(r[key]) and r[key] >= 0, key
+        # vdr reports its VQ-VAE loss every 25 steps while training: a curve per (mechanism, ε) fit
+        assert {(t["mechanism"], t["epsilon"]) for t in c["training"]} == {("vdr", 0.5), ("vdr", 2.0)}
+        assert all(t["steps"] == [25, 50] and all(np.isfinite(t["losses"])) for t in c["training"])
+    # the two cities differ: the rows are not one city's copied
+    assert rep["cities"]["new-york"]["n_points"] != rep["cities"]["boston"]["n_points"]
+
+    arts = {a.key: a for a in _artifacts(out["flow_run_id"])}
+    for city in CITIES:
+        md = arts[f"evaluate-st-{city}-{out['data_version']}-images".lower()[:100]]
+        assert md.type == "markdown" and "OPERATOR ONLY" in md.data and "TRUE counts" in md.data
+        # per mechanism at the drawn ε: one slot image set and one forecast plot; plus the vdr curve
+        assert md.data.count("true vs released slots") == 2 and md.data.count("forecasts](") == 2
+        assert len(_pngs(md.data)) == 5
+        table = arts[f"evaluate-st-{city}-{out['data_version']}".lower()[:100]]
+        assert table.type == "table" and "hotspot regret" in table.data
+    written = {p.relative_to(out_dir).as_posix() for p in out_dir.rglob("*.png")}
+    assert written == {f"{c}/{m}-eps0.5-{kind}.png" for c in CITIES for m in ("identity3d", "vdr")
+                       for kind in ("slots", "forecast")} | {f"{c}/st-training.png" for c in CITIES}
+    assert (out_dir / "evaluate.json").exists()
+
+
+def test_snh_evaluation_has_a_training_curve_artifact(prefect_harness, two_city_file):
+    from flows.evaluate_flow import run_evaluate
+
+    snh = {"cell_width_m": 1000, "hidden": 8, "depth": 2, "max_epochs": 4, "patience": 10,
+           "samples_per_epoch": 2048, "n_sizes": 2}
+    out = run_evaluate(EvaluateParams(data=str(two_city_file), cities=["new-york"], mechanisms=["identity", "snh"],
+                                      epsilons=[0.5, 2.0], queries=100, trials=1, query_sides_m=[(1000, 5000)],
+                                      mechanism_params={"snh": snh}, n_workers=2))
+    assert {(r["mechanism"], r["epsilon"]) for r in out["results"]} == {
+        (m, e) for m in ("identity", "snh") for e in (0.5, 2.0)}
+    # user-level: the SNH synopsis is wrapped by the N/n̂ scaling and its losses still come through
+    curves = out["training"]
+    assert {(c["mechanism"], c["epsilon"]) for c in curves} == {("snh", 0.5), ("snh", 2.0)}
+    assert all(1 <= len(c["losses"]) <= 4 and all(np.isfinite(c["losses"])) for c in curves)
+    arts = {a.key: a for a in _artifacts(out["flow_run_id"])}
+    md = arts[f"evaluate-training-{out['data_version']}".lower()[:100]]
+    assert "## new-york · snh" in md.data and "· identity" not in md.data  # identity trains nothing
+    assert len(_pngs(md.data)) == 1
+
+
+def test_params_validation_and_store_refusal(tmp_path):
+    from flows.evaluate_flow import check_output_dir
+    from flows.store import ReleaseStore
+
+    with pytest.raises(ValueError, match="nothing to evaluate"):
+        EvaluateParams(data="x", cities=["boston"], mechanisms=[])
+    with pytest.raises(ValueError, match="window"):
+        STEvaluateOptions(window="2024-01-09/2024-01-01")
+    assert STEvaluateOptions(window="2024-01-01/2024-01-09", epsilons=[1, 0.2]).drawn_epsilon() == 0.2
+    store = ReleaseStore(str(tmp_path / "store"))
+    store.instance_id()  # a store marks its root once it is used
+    with pytest.raises(ConfigError, match="release store"):
+        check_output_dir(str(tmp_path / "store" / "images"))
+    assert check_output_dir(str(tmp_path / "images")) == (tmp_path / "images").resolve()
