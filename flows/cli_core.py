@@ -19,6 +19,7 @@ from flows.cli_common import (
     parse_params,
     region_from_args,
 )
+from flows.cli_st import add_flow_args
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -48,6 +49,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--param", action="append", metavar="MECH.KEY=VALUE",
                    help="mechanism parameter, e.g. identity.cell_width_m=200 (repeatable)")
     p.add_argument("--json", metavar="OUT.json", help="write the full result as JSON")
+    add_flow_args(p)
     p.set_defaults(func=cmd_evaluate)
 
 
@@ -81,7 +83,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from dpcore.evaluate import EvalConfig, evaluate, format_table
     from dpcore.queries import parse_query_sides
 
-    region = region_from_args(args)
+    region = None if args.flow else region_from_args(args)
     mech_params: dict[str, dict] = {}
     for key, value in parse_params(args.param).items():
         if "." not in key:
@@ -97,6 +99,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
     for m in config.mechanisms:
         get_mechanism_class(m)  # unknown names fail before the data is read
+    if args.flow:
+        return _evaluate_flow(args, config)
     loaded = load_from_args(args)
     report = evaluate(loaded.points, region, config, progress=ProgressPrinter("evaluate"))
     report["input"] = {"source": loaded.source, "validation": loaded.report.to_dict()}
@@ -104,5 +108,40 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(report, indent=2))
+        eprint(f"wrote {args.json}")
+    return 0
+
+
+def _evaluate_flow(args: argparse.Namespace, config) -> int:
+    """`geodp evaluate --flow`: the Prefect `evaluate` flow (one Dask task per city × mechanism × ε),
+    with its artifacts: error table, error-vs-ε plot and training curves (SNH)."""
+    from pydantic import ValidationError
+
+    from dpcore.evaluate import format_table
+    from dpcore.mechanisms import get_mechanism
+    from flows.cli_st import flow_cities, run_evaluate_flow
+    from tasks.config import EvaluateParams
+
+    cities = flow_cities(args)
+    for m in config.mechanisms:  # unknown parameters fail here, not in a worker
+        get_mechanism(m, **config.mechanism_params.get(m, {}))
+    try:
+        params = EvaluateParams(
+            data=str(args.data), cities=cities, mechanisms=config.mechanisms, epsilons=config.epsilons,
+            privacy_unit=config.privacy_unit, max_points_per_user=config.max_points_per_user,
+            query_sides_m=config.query_sides_m, queries=config.n_queries, trials=config.trials, seed=config.seed,
+            mechanism_params=config.mechanism_params, output_dir=args.artifacts_dir, columns=args.columns,
+            format=args.format, dask_address=args.dask_address, n_workers=args.workers)
+    except ValidationError as exc:
+        raise CLIError(f"bad evaluation parameters: {exc.errors()[0]['loc']}: {exc.errors()[0]['msg']}") from exc
+    out = run_evaluate_flow(params)
+    for city in cities:
+        info = out["cities"][city]
+        print(f"== {city}")
+        print(format_table({**info, "privacy_unit": out["privacy_unit"],
+                            "results": [r for r in out["results"] if r["city"] == city]}))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(out, indent=2, default=float))
         eprint(f"wrote {args.json}")
     return 0

@@ -51,6 +51,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--param", action="append", metavar="MECH.KEY=VALUE",
                    help="mechanism parameter, e.g. vdr.steps=200 or identity3d.grid_size=128 (repeatable)")
     p.add_argument("--json", required=True, metavar="OUT", help="write the report here")
+    add_flow_args(p)
     p.set_defaults(func=cmd_evaluate_st)
 
     p = sub.add_parser("hotspot", help="nearest cell with released count ≥ V around a location")
@@ -71,6 +72,90 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_forecast)
 
 
+def add_flow_args(p: argparse.ArgumentParser) -> None:
+    """The flow form of an evaluation command: the Prefect `evaluate` flow, one Dask task per
+    (city, mechanism, ε), with artifacts (shared by `evaluate` and `evaluate-st`)."""
+    g = p.add_argument_group("flow form (--flow)")
+    g.add_argument("--flow", action="store_true",
+                   help="run as the Prefect `evaluate` flow on Dask, with artifacts; --city may then list "
+                        "several catalog cities (A,B,...) that run in parallel")
+    g.add_argument("--artifacts-dir", metavar="DIR", default=None,
+                   help="also write the artifact images (PNG, operator only: true counts) here")
+    g.add_argument("--workers", type=int, default=2, help="Dask LocalCluster workers (default 2)")
+    g.add_argument("--dask-address", default=None, help="Dask scheduler address (default: a LocalCluster)")
+
+
+def flow_cities(args: argparse.Namespace) -> list[str]:
+    """The catalog cities of the flow form (checked before any data is read)."""
+    from dpcore.geo import resolve_region
+
+    if args.center or not args.city:
+        raise CLIError("--flow needs catalog cities (--city A[,B,...]); --center is not supported there")
+    cities = [c.strip() for c in args.city.split(",") if c.strip()]
+    for c in cities:
+        resolve_region(city=c, side_km=args.side_km)
+    if args.side_km is not None:
+        raise CLIError("--flow evaluates the catalog's city regions; --side-km is not supported there")
+    if args.workers < 1:
+        raise CLIError("--workers must be ≥ 1")
+    if args.strict:
+        raise CLIError("--strict is not supported with --flow (the flow drops invalid rows and reports them)")
+    if not Path(args.data).exists() and "://" not in str(args.data):
+        raise CLIError(f"input file not found: {args.data}")
+    return cities
+
+
+def run_evaluate_flow(params) -> dict:
+    """Run the `evaluate` flow under the configured Prefect API (or one local server for this command)."""
+    from flows.evaluate_flow import check_output_dir, run_evaluate
+    from tasks.runtime import local_prefect
+
+    check_output_dir(params.output_dir)  # fail before starting Prefect
+    with local_prefect():
+        return run_evaluate(params)
+
+
+def _evaluate_st_flow(args: argparse.Namespace, config, mech_params: dict[str, dict]) -> int:
+    from pydantic import ValidationError
+
+    from dpcore.evaluate_st import format_st_table
+    from dpcore.mechanisms import get_mechanism
+    from tasks.config import EvaluateParams, STEvaluateOptions
+
+    cities = flow_cities(args)
+    for m in config.mechanisms:  # unknown parameters fail here, not in a worker
+        get_mechanism(m, **mech_params.get(m, {}))
+    try:
+        st = STEvaluateOptions(
+            window=args.window, slot=args.slot, mechanisms=config.mechanisms, epsilons=config.epsilons,
+            max_points_per_user=config.max_points_per_user, query_sides_m=config.query_sides_m,
+            queries=config.n_queries, max_query_slots=config.max_query_slots, hotspot_queries=config.hotspot_queries,
+            hotspot_extent_km=args.hotspot_extent_km, forecast_queries=config.forecast_queries,
+            horizon=args.horizon, trials=config.trials)
+        params = EvaluateParams(data=str(args.data), cities=cities, mechanisms=[], privacy_unit=args.privacy_unit,
+                                seed=args.seed, mechanism_params=mech_params, spatio_temporal=st,
+                                columns=args.columns, format=args.format,
+                                output_dir=args.artifacts_dir, dask_address=args.dask_address,
+                                n_workers=args.workers)
+    except ValidationError as exc:
+        raise CLIError(f"bad evaluation parameters: {exc.errors()[0]['loc']}: {exc.errors()[0]['msg']}") from exc
+    out = run_evaluate_flow(params)
+    st_out = out["spatio_temporal"]
+    report = {"results": [{"city": c, **r} for c, rep in st_out["cities"].items() for r in rep["results"]],
+              "cities": st_out["cities"], "window": st_out["cities"][cities[0]]["window"],
+              "drawn_epsilon": st_out["drawn_epsilon"], "flow_run_id": out["flow_run_id"],
+              "data": {"source": str(args.data), "data_version": out["data_version"]}}
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(report, indent=2, default=float))
+    for city, rep in st_out["cities"].items():
+        print(f"== {city}")
+        print(format_st_table(rep))
+    if args.artifacts_dir:
+        print(f"artifact images in {args.artifacts_dir}")
+    print(f"wrote {args.json}")
+    return 0
+
+
 def _parse_window(text: str) -> tuple[int, int]:
     from flows.cli_platform import parse_time_window
 
@@ -82,7 +167,7 @@ def cmd_evaluate_st(args: argparse.Namespace) -> int:
     from dpcore.geo import parse_slot
     from dpcore.queries import parse_query_sides
 
-    region = region_from_args(args)
+    region = None if args.flow else region_from_args(args)
     start, end = _parse_window(args.window)
     mech_params: dict[str, dict] = {}
     for key, value in parse_params(args.param).items():
@@ -103,6 +188,8 @@ def cmd_evaluate_st(args: argparse.Namespace) -> int:
         n_queries=args.queries, max_query_slots=args.max_query_slots, hotspot_queries=args.hotspot_queries,
         hotspot_extent_m=args.hotspot_extent_km * 1000.0, forecast_queries=args.forecast_queries,
         forecast_horizon=args.horizon, trials=args.trials, seed=args.seed, mechanism_params=mech_params)
+    if args.flow:
+        return _evaluate_st_flow(args, config, mech_params)
     loaded = load_from_args(args)
     points = loaded.points.between(start, end)
     report = evaluate_st(points, region, config, progress=ProgressPrinter("evaluate-st"),

@@ -61,7 +61,7 @@ def _slug(text: str) -> str:
 @flow(name="evaluate", log_prints=True)
 def evaluate_flow(params: EvaluateParams) -> dict:
     out_dir = check_output_dir(params.output_dir)
-    loaded = load_and_validate(params.data)
+    loaded = load_and_validate(params.data, params.columns, params.format)
     st = params.spatio_temporal
     futures = [evaluate_one.submit(loaded.points, city, mech, eps, params.privacy_unit, params.max_points_per_user,
                                    params.query_sides_m, params.queries, params.trials, params.seed,
@@ -86,7 +86,8 @@ def evaluate_flow(params: EvaluateParams) -> dict:
         training = [{"city": o["city"], **c} for o in outs for c in o["training"]]
         _publish_2d(params, loaded.data_version, rows, training, files)
         summary.update({"results": rows, "training": training,
-                        "cities": {o["city"]: {"n_points": o["n_points"], "n_users": o["n_users"]} for o in outs}})
+                        "cities": {o["city"]: {"n_points": o["n_points"], "n_users": o["n_users"], "psi": o["psi"]}
+                                   for o in outs}})
     if st_outs:
         summary["spatio_temporal"] = _publish_st(params, loaded.data_version, st_outs, files)
     from prefect.runtime import flow_run

@@ -36,7 +36,8 @@ def build_deployments(config: dict) -> list[Any]:
     deployments.append(backfill_flow.with_options(task_runner=runner).to_deployment(
         name="backfill", description="one release per day; skips committed days"))
     deployments.append(evaluate_flow.with_options(task_runner=runner).to_deployment(
-        name="evaluate", description="evaluation harness, one task per (city, mechanism, ε)"))
+        name="evaluate", description="evaluation harness, one task per (city, mechanism, ε); with "
+        "spatio_temporal also the spatio-temporal harness (slot images, forecast plots); training curves"))
     return deployments
 
 

@@ -225,6 +225,8 @@ class EvaluateParams(BaseModel):
                                                       description="also evaluate spatio-temporal mechanisms")
     output_dir: str | None = Field(default=None, description="also write the artifact images (PNG) here; "
                                    "operator output with true counts, never a release store")
+    columns: str | None = Field(default=None, description="column map of the input, e.g. user_id=uid,lat=y")
+    format: str = "auto"
     dask_address: str | None = None
     n_workers: int = Field(default=2, ge=1, le=64)
 

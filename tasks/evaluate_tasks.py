@@ -49,7 +49,7 @@ def evaluate_one(points: Points, city: str, mechanism: str, epsilon: float, priv
                              "losses": [float(v) for v in losses]})
 
     report = evaluate(points, city_region(city), config, on_fit=keep_losses)
-    return {"city": city, "n_points": report["n_points"], "n_users": report["n_users"],
+    return {"city": city, "n_points": report["n_points"], "n_users": report["n_users"], "psi": report["psi"],
             "results": report["results"], "training": training}
 
 

@@ -122,3 +122,51 @@ def test_params_validation_and_store_refusal(tmp_path):
     with pytest.raises(ConfigError, match="release store"):
         check_output_dir(str(tmp_path / "store" / "images"))
     assert check_output_dir(str(tmp_path / "images")) == (tmp_path / "images").resolve()
+
+
+def test_cli_flow_forms(prefect_harness, two_city_file, tmp_path):
+    """`geodp evaluate-st --flow` and `geodp evaluate --flow` as a user types them (the subprocess
+    reports to the session's Prefect server through PREFECT_API_URL)."""
+    import json
+
+    from tests.cli_runner import run_geodp
+
+    out, images = tmp_path / "st.json", tmp_path / "images"
+    r = run_geodp("evaluate-st", two_city_file, "--city", "new-york,boston", "--window", "2024-01-01/2024-01-09",
+                  "--slot", "1d", "--epsilon", "1", "--mechanisms", "identity3d", "--queries", "50",
+                  "--hotspot-queries", "20", "--forecast-queries", "2", "--max-points-per-user", "20",
+                  "--param", "identity3d.grid_size=32", "--flow", "--workers", "1", "--artifacts-dir", images,
+                  "--json", out)
+    assert "== new-york" in r.stdout and "== boston" in r.stdout
+    rep = json.loads(out.read_text())
+    assert {(row["city"], row["mechanism"], row["epsilon"]) for row in rep["results"]} == {
+        ("new-york", "identity3d", 1.0), ("boston", "identity3d", 1.0)}
+    assert rep["window"]["n_slots"] == 8 and set(rep["cities"]) == {"new-york", "boston"}
+    assert sorted(p.name for p in images.rglob("*.png")) == ["identity3d-eps1-forecast.png"] * 2 + [
+        "identity3d-eps1-slots.png"] * 2
+
+    out2 = tmp_path / "eval.json"
+    r = run_geodp("evaluate", two_city_file, "--city", "boston", "--mechanisms", "identity", "--epsilon", "1",
+                  "--queries", "50", "--trials", "1", "--query-sides-m", "1000:5000", "--flow", "--workers", "1",
+                  "--json", out2)
+    assert "== boston" in r.stdout and "identity" in r.stdout
+    assert [(row["city"], row["mechanism"]) for row in json.loads(out2.read_text())["results"]] == [
+        ("boston", "identity")]
+
+    bad = run_geodp("evaluate-st", two_city_file, "--center", "40.7,-74.0", "--window", "2024-01-01/2024-01-09",
+                    "--mechanisms", "identity3d", "--flow", "--json", tmp_path / "x.json", ok=False)
+    assert bad.returncode == 2 and "--flow needs catalog cities" in bad.stderr
+    bad = run_geodp("evaluate-st", two_city_file, "--city", "boston", "--window", "2024-01-01/2024-01-09",
+                    "--mechanisms", "vdr", "--param", "vdr.bogus=1", "--flow", "--json", tmp_path / "x.json", ok=False)
+    assert bad.returncode == 2 and "bogus" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_served_evaluate_deployment_takes_the_spatio_temporal_form():
+    from flows.serve import build_deployments
+
+    deps = {d.name: d for d in build_deployments({})}
+    schema = deps["evaluate"]._parameter_openapi_schema
+    props = schema.definitions["EvaluateParams"]["properties"]
+    assert {"spatio_temporal", "mechanism_params", "output_dir"} <= set(props)
+    st = schema.definitions["STEvaluateOptions"]
+    assert "window" in st["required"] and st["properties"]["slot"]["default"] == "1d"
