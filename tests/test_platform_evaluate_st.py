@@ -170,3 +170,32 @@ def test_served_evaluate_deployment_takes_the_spatio_temporal_form():
     assert {"spatio_temporal", "mechanism_params", "output_dir"} <= set(props)
     st = schema.definitions["STEvaluateOptions"]
     assert "window" in st["required"] and st["properties"]["slot"]["default"] == "1d"
+
+
+def test_on_fit_hooks_see_every_fit_and_consistent_truth():
+    """The dpcore hooks: called once per (mechanism, ε, trial) with the released synopsis; the
+    spatio-temporal diagnostics' truth agrees with itself (grid vs whole-region series) and with n."""
+    from dpcore.data import validate_frame
+    from dpcore.evaluate import EvalConfig, evaluate
+    from dpcore.evaluate_st import STEvalConfig, evaluate_st
+
+    region = city_region("boston")
+    df = generate_checkins(region, n_users=200, start="2024-01-01", days=6, seed=3)
+    pts, _ = validate_frame(df)
+    seen = []
+    evaluate(pts, region, EvalConfig(mechanisms=["identity"], epsilons=[0.5, 1.0], trials=2, n_queries=20,
+                                     query_sides_m=[(1000, 2000)]),
+             on_fit=lambda m, e, t, syn: seen.append((m, e, t, float(syn.answer(np.array([region.bounds_m]))[0]))))
+    assert [s[:3] for s in seen] == [("identity", e, t) for e in (0.5, 1.0) for t in (0, 1)]
+    diags = []
+    start = int(pd.Timestamp("2024-01-01", tz="UTC").timestamp())
+    rep = evaluate_st(pts, region, STEvalConfig(mechanisms=["identity3d"], epsilons=[1.0], window_start_s=start,
+                                                window_end_s=start + 6 * 86400, slot_seconds=86400, n_queries=20,
+                                                hotspot_queries=10, hotspot_grid=16, forecast_queries=3,
+                                                mechanism_params={"identity3d": {"grid_size": 16}}),
+                      on_fit=diags.append)
+    (d,) = diags
+    assert d.mechanism == "identity3d" and d.true_grid.shape == d.released_grid.shape == (16, 16, 6)
+    assert d.true_grid.sum() == rep["n_points"]
+    np.testing.assert_allclose(d.forecast_truth[0], d.true_grid.sum(axis=(0, 1)))
+    assert d.forecast.shape == (3, d.horizon) and d.forecast_released.shape == (3, 6)
