@@ -10,7 +10,14 @@ from dpcore.geo import Region
 from dpcore.histogram import grid_counts
 from dpcore.mechanisms import FitInput, get_mechanism
 from dpcore.mechanisms.base import MechanismError
-from dpcore.mechanisms.snh import SNHSynopsis, augment, query_sides
+from dpcore.mechanisms.snh import (
+    SNHSynopsis,
+    augment,
+    normalise_xy,
+    query_sides,
+    train_snh,
+    workload_overlaps,
+)
 from dpcore.models.snh_net import BatchedSineSwishMLP, pick_device, predict_grouped
 from dpcore.noise import NoiseSource
 from dpcore.synopsis import load_synopsis
@@ -184,3 +191,83 @@ def test_bad_cell_width_is_a_clear_error():
     with pytest.raises(MechanismError):
         get_mechanism("snh", cell_width_m=-5.0, **TINY).fit(
             FitInput(np.zeros(3), np.zeros(3), region, "record", None), 1.0, NoiseSource.seeded(0))
+
+
+# -- public workload weights ---------------------------------------------------------------------
+@pytest.mark.parametrize("side_m", [130.0, 400.0])
+def test_workload_overlaps_equal_brute_force_counts(side_m):
+    region = small_region(1.0)
+    noisy = np.zeros((10, 10))
+    rng = np.random.default_rng(4)
+    lo = rng.uniform(-600, 500, (40, 2))
+    boxes = np.concatenate([lo, lo + rng.uniform(0, 300, (40, 2))], axis=1)
+    boxes[0] = [-500.0, -500.0, -500.0 + 100.0, -400.0]  # shares only an edge with some squares
+    w = workload_overlaps(noisy.shape, region, side_m, boxes)
+    centres, _ = augment(noisy, region, side_m)
+    sq = np.concatenate([centres - side_m / 2, centres + side_m / 2], axis=1)
+    brute = [sum(1 for b in boxes if b[0] < s[2] and b[2] > s[0] and b[1] < s[3] and b[3] > s[1]) for s in sq]
+    assert w.tolist() == brute and max(brute) > 0
+
+
+def _fit_error_in(net, scales, region, noisy, sides, area_box):
+    """Weighted-free MSE of each net against its labels on the squares inside area_box."""
+    errs = []
+    for i, r in enumerate(sides):
+        centres, labels = augment(noisy, region, float(r))
+        inside = (centres[:, 0] > area_box[0]) & (centres[:, 0] < area_box[2]) & \
+                 (centres[:, 1] > area_box[1]) & (centres[:, 1] < area_box[3])
+        pred = predict_grouped(net, normalise_xy(centres[inside], region).astype(np.float32),
+                               np.full(int(inside.sum()), i), torch.device("cpu")) * scales[i]
+        errs.append(np.mean((pred - labels[inside]) ** 2))
+    return float(np.mean(errs))
+
+
+def test_concentrated_public_workload_weights_its_area_and_training_fits_it_better():
+    region = small_region(2.0)
+    x, y = _structured_points(region, 20_000, seed=6)
+    noisy = NoiseSource.seeded(0).add_discrete_laplace(grid_counts(x, y, region.bounds_m, 20), 1, 0.5).astype(float)
+    rng = np.random.default_rng(1)
+    west = np.concatenate([rng.uniform([-1000, -1000], [-500, 900], (200, 2))] * 2, axis=1)
+    west[:, 2:] += 100.0
+    east = west.copy()
+    east[:, [0, 2]] += 1400.0  # the same boxes moved to the east side
+    sides = query_sides(100.0, 300.0, 2)
+    w_west = workload_overlaps(noisy.shape, region, float(sides[0]), west)
+    centres, _ = augment(noisy, region, float(sides[0]))
+    assert w_west[centres[:, 0] < -500].mean() > 10 * max(w_west[centres[:, 0] > 500].mean(), 1e-9)
+    psi = 1e-3 * noisy.sum()
+    kw = dict(hidden=32, depth=2, omega0=6.0, max_epochs=15, samples_per_epoch=4096, batch_size=512,
+              device=torch.device("cpu"))
+    area = (-1000.0, -1000.0, -450.0, 1000.0)
+    errs = {}
+    for name, wl in (("west", west), ("east", east)):
+        net, scales, info = train_snh(noisy, region, sides, psi, generator=torch.Generator().manual_seed(0),
+                                      workload=wl, **kw)
+        assert info["weighted_by_workload"] and min(info["zero_weight_samples"]) > 0
+        errs[name] = _fit_error_in(net, scales, region, noisy, sides, area)
+    # Trained with the workload in the west, the nets fit the western labels far better.
+    assert errs["west"] < 0.5 * errs["east"], errs
+
+
+def test_public_workload_file_sets_the_weights_of_a_release(tmp_path):
+    region = small_region(2.0)
+    x, y = _structured_points(region, 5000, seed=8)
+    lat0, lon0, lat1, lon1 = region.bbox_latlon()
+    csv = tmp_path / "workload.csv"
+    csv.write_text("min_lat,min_lon,max_lat,max_lon\n"
+                   f"{lat0},{lon0},{(lat0 + lat1) / 2},{(lon0 + lon1) / 2}\n")
+    mech = get_mechanism("snh", cell_width_m=200.0, query_sides_m=(100.0, 300.0), public_workload=str(csv), **TINY)
+    syn = mech.fit(FitInput(x, y, region, "record", None), 0.5, NoiseSource.seeded(0))
+    tr = syn.config["training"]
+    assert tr["weighted_by_workload"] and min(tr["zero_weight_samples"]) > 0  # the other quadrants weigh 0
+    assert any("1 public workload queries" in n for n in syn.privacy.notes)
+    assert [c["name"] for c in syn.privacy.charges] == ["cell_counts"]  # the workload costs no budget
+    default = get_mechanism("snh", cell_width_m=200.0, query_sides_m=(100.0, 300.0), **TINY).fit(
+        FitInput(x, y, region, "record", None), 0.5, NoiseSource.seeded(0))
+    assert not default.config["training"]["weighted_by_workload"]
+    assert default.config["training"]["zero_weight_samples"] == [0, 0, 0]
+    boxes = np.array([[-500.0, -500.0, -300.0, -300.0]])
+    assert not np.array_equal(syn.answer(boxes), default.answer(boxes))  # same noisy grid, other weights
+    with pytest.raises(MechanismError):
+        get_mechanism("snh", cell_width_m=200.0, public_workload_boxes=[[5e5, 5e5, 6e5, 6e5]], **TINY).fit(
+            FitInput(x, y, region, "record", None), 0.5, NoiseSource.seeded(0))

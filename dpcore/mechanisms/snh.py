@@ -15,7 +15,9 @@ Method (only step 1 reads data):
    computed from prefix sums (bilinear interpolation of the prefix table), no loops.
 3. **Training** (post-processing). One small MLP per query side, all k_s trained together as one
    batched model (stacked weights + bmm); sine first activation, swish after; Adam; float32; loss
-   = MSE weighted per sample by w/max(y, ψ) with w = 1 (no public workload) and ψ = 0.1% of n̂,
+   = MSE weighted per sample by w/max(y, ψ) with w = the number of *public* workload queries that
+   overlap the sample's square (``public_workload`` / ``public_workload_boxes``; w = 1 without one; a
+   sample no workload query overlaps gets weight 0, as in the paper) and ψ = 0.1% of n̂,
    where n̂ is ``public_total`` or the sum of the *noisy* grid (post-processing), never the raw n.
    Early stopping on the training loss.
 4. **Answering** (post-processing). A query of side r (√(w·h) for rectangles) goes to the net whose
@@ -62,20 +64,72 @@ def augment(noisy: np.ndarray, region: Region, side_m: float) -> tuple[np.ndarra
     that the square stays inside the region. The label is the noisy mass covered, with partly covered
     cells contributing their area share (uniformity assumption), from the prefix-sum table.
     """
-    nx, ny = noisy.shape
-    xmin, ymin, xmax, ymax = region.bounds_m
-    cw_x = (xmax - xmin) / nx
-    cw_y = (ymax - ymin) / ny
-    # Corners i·ρ with i·ρ + r ≤ side (at least one position even when r ≥ side).
-    last_x = max(0, int(np.floor((xmax - xmin - side_m) / cw_x + 1e-9)))
-    last_y = max(0, int(np.floor((ymax - ymin - side_m) / cw_y + 1e-9)))
-    gx, gy = np.meshgrid(xmin + cw_x * np.arange(last_x + 1), ymin + cw_y * np.arange(last_y + 1), indexing="ij")
+    xs, ys = sample_corners(noisy.shape, region, side_m)
+    gx, gy = np.meshgrid(xs, ys, indexing="ij")
     x0 = gx.ravel()
     y0 = gy.ravel()
     boxes = np.stack([x0, y0, x0 + side_m, y0 + side_m], axis=1)
     labels = answer_boxes(prefix_sums(noisy), region.bounds_m, boxes)
     centres = np.stack([x0 + side_m / 2, y0 + side_m / 2], axis=1)
     return centres, labels
+
+
+def sample_corners(noisy_shape: tuple[int, int], region: Region, side_m: float) -> tuple[np.ndarray, np.ndarray]:
+    """x and y of the bottom-left corners of :func:`augment`'s squares (the grid's axes, each 1-D)."""
+    nx, ny = noisy_shape
+    xmin, ymin, xmax, ymax = region.bounds_m
+    cw_x = (xmax - xmin) / nx
+    cw_y = (ymax - ymin) / ny
+    # Corners i·ρ with i·ρ + r ≤ side (at least one position even when r ≥ side).
+    last_x = max(0, int(np.floor((xmax - xmin - side_m) / cw_x + 1e-9)))
+    last_y = max(0, int(np.floor((ymax - ymin - side_m) / cw_y + 1e-9)))
+    return xmin + cw_x * np.arange(last_x + 1), ymin + cw_y * np.arange(last_y + 1)
+
+
+def workload_overlaps(noisy_shape: tuple[int, int], region: Region, side_m: float,
+                      workload_m: np.ndarray, chunk: int = 4096) -> np.ndarray:
+    """w of every augmentation square of side ``side_m``: how many PUBLIC workload boxes overlap it.
+
+    Same order as :func:`augment`'s samples. Rectangles overlap when their x and y intervals both do
+    (open intervals: touching edges is no overlap), so the counts are Xᵀ·Y with X[b, i] = box b overlaps
+    column i in x, Y[b, j] likewise in y — exact, and O(boxes · (columns + rows)) memory.
+    """
+    xs, ys = sample_corners(noisy_shape, region, side_m)
+    b = np.atleast_2d(np.asarray(workload_m, dtype=np.float64))
+    out = np.zeros((xs.size, ys.size), dtype=np.float64)
+    for start in range(0, b.shape[0], chunk):
+        c = b[start:start + chunk]
+        ox = (c[:, 0:1] < xs[None, :] + side_m) & (c[:, 2:3] > xs[None, :])
+        oy = (c[:, 1:2] < ys[None, :] + side_m) & (c[:, 3:4] > ys[None, :])
+        out += ox.T.astype(np.float64) @ oy.astype(np.float64)
+    return out.ravel()
+
+
+def load_public_workload(path: str | Path, region: Region) -> np.ndarray:
+    """A PUBLIC workload file → (q, 4) boxes in the region's metres.
+
+    The same CSV as query files (min_lat,min_lon,max_lat,max_lon rows, header optional), or a ``.npy``
+    of (q, 4) boxes already in metres (xmin, ymin, xmax, ymax).
+    """
+    p = Path(path)
+    if not p.exists():
+        raise MechanismError(f"public workload file {p} does not exist")
+    if p.suffix == ".npy":
+        boxes = np.load(p, allow_pickle=False)
+    else:
+        from dpcore.queries import read_boxes_csv
+
+        boxes = region.box_latlon_to_m(read_boxes_csv(str(p)))
+    return _check_workload(boxes, str(p))
+
+
+def _check_workload(boxes, source: str) -> np.ndarray:
+    b = np.atleast_2d(np.asarray(boxes, dtype=np.float64))
+    if b.ndim != 2 or b.shape[1] != 4 or b.shape[0] == 0:
+        raise MechanismError(f"public workload {source}: need a non-empty (q, 4) array of boxes, got {b.shape}")
+    if not np.isfinite(b).all() or (b[:, 2] < b[:, 0]).any() or (b[:, 3] < b[:, 1]).any():
+        raise MechanismError(f"public workload {source}: boxes must be finite with xmin ≤ xmax, ymin ≤ ymax")
+    return b
 
 
 def normalise_xy(xy: np.ndarray, region: Region) -> np.ndarray:
@@ -102,7 +156,8 @@ class SpatialNeuralHistogram(Mechanism):
     def __init__(self, *, cell_width_m: float | None = None, query_sides_m: tuple[float, float] = (25.0, 1000.0),
                  n_sizes: int = 8, hidden: int = 64, depth: int = 3, omega0: float | None = None, lr: float = 1e-3,
                  batch_size: int = 1024, max_epochs: int = 40, patience: int = 4, samples_per_epoch: int = 32768,
-                 total_fraction: float = 0.05, paramselect_model: str | None = None, device: str | None = None):
+                 total_fraction: float = 0.05, paramselect_model: str | None = None, device: str | None = None,
+                 public_workload: str | None = None, public_workload_boxes: list | None = None):
         self.cell_width_m = cell_width_m
         self.query_sides_m = query_sides_m
         self.n_sizes = n_sizes
@@ -117,6 +172,8 @@ class SpatialNeuralHistogram(Mechanism):
         self.total_fraction = total_fraction
         self.paramselect_model = paramselect_model
         self.device = device
+        self.public_workload = public_workload
+        self.public_workload_boxes = public_workload_boxes
 
     # -- step 1: the only step that reads data --------------------------------------------------
     def _choose_cell_width(self, data: FitInput, acct: Accountant, noise: NoiseSource) -> tuple[float, str]:
@@ -133,6 +190,21 @@ class SpatialNeuralHistogram(Mechanism):
                                max_points_per_user=data.max_points_per_user, band=(lo, hi),
                                mechanisms=("snh",), n_is_bounded=bounded, model_path=self.paramselect_model)
         return choice.cell_width_m, f"cell width {choice.cell_width_m:.1f} m chosen by ParamSelect; n from {how}"
+
+    def _workload(self, region: Region) -> tuple[np.ndarray | None, str]:
+        """The PUBLIC workload that sets the loss weights w (None: w = 1), and a note for the release."""
+        if self.public_workload is not None and self.public_workload_boxes is not None:
+            raise MechanismError("give public_workload (a file) or public_workload_boxes, not both")
+        if self.public_workload is not None:
+            boxes = load_public_workload(self.public_workload, region)
+            source = f"file {self.public_workload}"
+        elif self.public_workload_boxes is not None:
+            boxes = _check_workload(self.public_workload_boxes, "public_workload_boxes")
+            source = "public_workload_boxes"
+        else:
+            return None, "loss weight w = 1 (no public workload)"
+        return boxes, (f"loss weight w = number of the {boxes.shape[0]} public workload queries ({source}) "
+                       "overlapping each training square: public configuration, no budget")
 
     def _fit(self, data: FitInput, acct: Accountant, noise: NoiseSource) -> SNHSynopsis:
         lo, hi = (float(v) for v in self.query_sides_m)
@@ -156,6 +228,7 @@ class SpatialNeuralHistogram(Mechanism):
         # The sine layer's frequency sets the finest detail the nets can draw; scale it with the grid
         # (ω₀ ≈ m/6: ~8 for a 50-cell grid, tuned on Gowalla NYC and synthetic bumps) unless given.
         omega0 = float(self.omega0) if self.omega0 is not None else float(np.clip(m / 6.0, 4.0, 40.0))
+        workload, workload_note = self._workload(data.region)
         device_ = _device(self.device)
         seed = int(noise.rng.integers(0, 2**63 - 1))  # non-published randomness: init + shuffling
         gen = torch.Generator().manual_seed(seed)
@@ -163,13 +236,15 @@ class SpatialNeuralHistogram(Mechanism):
                                        depth=int(self.depth), omega0=omega0, lr=float(self.lr),
                                        batch_size=int(self.batch_size), max_epochs=int(self.max_epochs),
                                        patience=int(self.patience), samples_per_epoch=int(self.samples_per_epoch),
-                                       device=device_, generator=gen)
+                                       device=device_, generator=gen, workload=workload)
         n_source = ("paid sample-size estimate" if data.sample_size is not None
                     else "public_total" if data.public_total is not None else "noisy grid sum")
         notes = [rho_note, f"ψ = 0.1% of n̂ = {psi:.3g} (n̂ from {n_source})",
-                 "augmentation, training and answering are post-processing of the noisy grid",
+                 "augmentation, training and answering are post-processing of the noisy grid", workload_note,
                  f"trained {train['epochs']} epochs in {train['seconds']:.1f} s on {device_}"]
         params = {**self.get_params(), "query_sides_m": [lo, hi]}  # JSON-native, so save/load round-trips
+        if self.public_workload_boxes is not None:
+            params["public_workload_boxes"] = np.asarray(self.public_workload_boxes, dtype=np.float64).tolist()
         privacy = self.privacy_info(data, acct, noise, notes, params=params)
         config = {"sides_m": sides.tolist(), "hidden": int(self.hidden), "depth": int(self.depth),
                   "omega0": omega0, "label_scales": scales.tolist(), "grid_size": m,
@@ -186,8 +261,12 @@ def _device(device: str | None) -> torch.device:
 def train_snh(noisy: np.ndarray, region: Region, sides: np.ndarray, psi: float, *, hidden: int = 64,
               depth: int = 3, omega0: float = 8.0, lr: float = 1e-3, batch_size: int = 1024,
               max_epochs: int = 40, patience: int = 4, samples_per_epoch: int = 32768,
-              device: torch.device | None = None, generator: torch.Generator | None = None):
+              device: torch.device | None = None, generator: torch.Generator | None = None,
+              workload: np.ndarray | None = None):
     """Augment the noisy grid and train the k_s nets together. Returns (net, label_scales, info).
+
+    ``workload``: PUBLIC (q, 4) boxes in metres; each sample's loss weight is multiplied by the number of
+    them overlapping its square (:func:`workload_overlaps`). None: every sample counts once.
 
     Labels of net i are divided by a scale s_i (mean |label|, at least ψ) so every net regresses
     values of order 1; the loss weight s_i²/max(y, ψ) makes the normalised loss equal the paper's
@@ -202,12 +281,16 @@ def train_snh(noisy: np.ndarray, region: Region, sides: np.ndarray, psi: float, 
         centres, labels = augment(noisy, region, float(r))
         s = max(float(np.mean(np.abs(labels))), psi, 1e-9)
         w = s * s / np.maximum(labels, psi)
+        if workload is not None:
+            w = w * workload_overlaps(noisy.shape, region, float(r), workload)
         inputs.append(normalise_xy(centres, region).astype(np.float32))
         targets.append((labels / s).astype(np.float32))
         weights.append(w.astype(np.float32))
         scales.append(s)
     # One global normalisation of the weights keeps Adam's effective step the same across datasets.
     w_mean = float(np.mean(np.concatenate(weights)))
+    if not w_mean > 0:
+        raise MechanismError("the public workload overlaps no training square of the region")
     weights = [w / w_mean for w in weights]
     net = BatchedSineSwishMLP(len(sides), 2, hidden, depth, omega0, generator=generator)
     cfg = TrainConfig(lr=lr, batch_size=batch_size, max_epochs=max_epochs, patience=patience,
@@ -218,7 +301,9 @@ def train_snh(noisy: np.ndarray, region: Region, sides: np.ndarray, psi: float, 
 
     res = train_batched(net, inputs, targets, weights, cfg, device, generator, progress=_progress)
     info = {"epochs": res.epochs, "losses": [float(v) for v in res.losses], "seconds": res.seconds,
-            "stopped_early": res.stopped_early, "samples_per_size": [int(a.shape[0]) for a in inputs]}
+            "stopped_early": res.stopped_early, "samples_per_size": [int(a.shape[0]) for a in inputs],
+            "weighted_by_workload": workload is not None,
+            "zero_weight_samples": [int(np.count_nonzero(w == 0)) for w in weights]}
     return net.cpu(), np.asarray(scales), info
 
 
