@@ -19,6 +19,8 @@ from pathlib import Path
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
+from dpcore.data import Points, clip_to_region
+from dpcore.geo import city_region
 from flows.release import _artifact_key
 from tasks.config import ConfigError, EvaluateParams
 from tasks.evaluate_tasks import (
@@ -50,6 +52,14 @@ def check_output_dir(output_dir: str | None) -> Path | None:
     return path
 
 
+def within(points: Points, city: str, window: tuple[int, int] | None = None) -> Points:
+    """The points inside a catalog city's region (and a time window): public selections only."""
+    if window is not None:
+        points = points.between(*window)
+    idx, _, _ = clip_to_region(points, city_region(city))
+    return points.take(idx)
+
+
 def _data_uri(png: bytes) -> str:
     return "data:image/png;base64," + base64.b64encode(png).decode()
 
@@ -63,16 +73,21 @@ def evaluate_flow(params: EvaluateParams) -> dict:
     out_dir = check_output_dir(params.output_dir)
     loaded = load_and_validate(params.data, params.columns, params.format)
     st = params.spatio_temporal
-    futures = [evaluate_one.submit(loaded.points, city, mech, eps, params.privacy_unit, params.max_points_per_user,
-                                   params.query_sides_m, params.queries, params.trials, params.seed,
-                                   params.mechanism_params.get(mech, {}))
-               for city in params.cities for mech in params.mechanisms for eps in params.epsilons]
+    # Each task gets only its city's points (the harnesses clip to the region themselves, so results
+    # are unchanged): every submit ships its arguments to the cluster.
+    futures = []
+    if params.mechanisms:
+        city_points = {city: within(loaded.points, city) for city in params.cities}
+        futures = [evaluate_one.submit(city_points[city], city, mech, eps, params.privacy_unit,
+                                       params.max_points_per_user, params.query_sides_m, params.queries, params.trials,
+                                       params.seed, params.mechanism_params.get(mech, {}))
+                   for city in params.cities for mech in params.mechanisms for eps in params.epsilons]
     st_futures = []
     if st is not None:
-        start, end = st.window_seconds()
-        window_points = loaded.points.between(start, end)  # only the public window travels to the workers
+        window = st.window_seconds()
+        st_points = {city: within(loaded.points, city, window) for city in params.cities}
         drawn_eps = st.drawn_epsilon()
-        st_futures = [evaluate_st_one.submit(window_points, city, mech, eps, st, params.privacy_unit, params.seed,
+        st_futures = [evaluate_st_one.submit(st_points[city], city, mech, eps, st, params.privacy_unit, params.seed,
                                              params.mechanism_params.get(mech, {}),
                                              draw=math.isclose(eps, drawn_eps, rel_tol=1e-9))
                       for city in params.cities for mech in st.mechanisms for eps in st.epsilons]
