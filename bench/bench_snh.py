@@ -101,7 +101,7 @@ def cmd_accuracy(args: argparse.Namespace) -> None:
             params[f"identity@{a:g}-{b:g}"] = {"cell_width_m": choice.cell_width_m}
         for (a, b) in sides:
             cfg_params = {"identity": params[f"identity@{a:g}-{b:g}"],
-                          "snh": {"query_sides_m": (min(a, 25.0), max(b, 1000.0))},
+                          "snh": {"query_sides_m": (min(a, 25.0), max(b, 1000.0)), **args.snh_params},
                           "auto": {"query_sides_m": (a, b)}}
             cfg = EvalConfig(mechanisms=mechs, epsilons=[eps], privacy_unit=args.privacy_unit,
                              max_points_per_user=k, query_sides_m=[(a, b)], n_queries=args.queries,
@@ -188,6 +188,8 @@ def main() -> None:
         p.add_argument("--trials", type=int, default=1)
         p.add_argument("--mechanisms", default="identity,ug,ag,privtree,snh,auto")
         p.add_argument("--json", default=None)
+        p.add_argument("--snh-params", type=json.loads, default={},
+                       help='extra snh parameters as JSON, e.g. \'{"data_collection": "pyramid"}\'')
         p.set_defaults(func=fn)
     args = ap.parse_args()
     args.func(args)

@@ -14,6 +14,8 @@ from dpcore.mechanisms.snh import (
     SNHSynopsis,
     augment,
     normalise_xy,
+    pyramid_estimate,
+    pyramid_size,
     query_sides,
     train_snh,
     workload_overlaps,
@@ -107,7 +109,7 @@ def test_trained_model_beats_noisy_grid_on_structured_data():
     data = FitInput(x, y, region, "record", None)
     eps = 0.05  # noise scale 20 per 50 m cell: the grid is noise-dominated, the nets can smooth it out
     params = dict(cell_width_m=50.0, query_sides_m=(150.0, 450.0), n_sizes=3, hidden=32, depth=2, omega0=8.0,
-                  max_epochs=25, samples_per_epoch=4096, batch_size=512, device="cpu")
+                  max_epochs=25, samples_per_epoch=4096, batch_size=512, device="cpu", data_collection="grid")
     snh = get_mechanism("snh", **params).fit(data, eps, NoiseSource.seeded(7))
     grid = get_mechanism("identity", cell_width_m=50.0).fit(data, eps, NoiseSource.seeded(7))
     assert np.array_equal(grid.values, snh.noisy)  # same seed → same noisy grid: a fair comparison
@@ -179,7 +181,7 @@ def test_noisy_grid_is_the_only_data_dependent_input_of_training():
     x2 = np.floor((x + 500) / cell) * cell - 500 + rng.uniform(0, cell, x.size)
     y2 = np.floor((y + 500) / cell) * cell - 500 + rng.uniform(0, cell, y.size)
     assert np.array_equal(grid_counts(x, y, region.bounds_m, 10), grid_counts(x2, y2, region.bounds_m, 10))
-    mech = get_mechanism("snh", cell_width_m=cell, query_sides_m=(50.0, 300.0), **TINY)
+    mech = get_mechanism("snh", cell_width_m=cell, query_sides_m=(50.0, 300.0), data_collection="grid", **TINY)
     a = mech.fit(FitInput(x, y, region, "record", None), 1.0, NoiseSource.seeded(3))
     b = mech.fit(FitInput(x2, y2, region, "record", None), 1.0, NoiseSource.seeded(3))
     boxes = np.array([[-100.0, -100.0, 50.0, 60.0], [0.0, 0.0, 250.0, 250.0]])
@@ -271,3 +273,57 @@ def test_public_workload_file_sets_the_weights_of_a_release(tmp_path):
     with pytest.raises(MechanismError):
         get_mechanism("snh", cell_width_m=200.0, public_workload_boxes=[[5e5, 5e5, 6e5, 6e5]], **TINY).fit(
             FitInput(x, y, region, "record", None), 0.5, NoiseSource.seeded(0))
+
+
+# -- pyramid data collection ---------------------------------------------------------------------
+def _levels_of(counts: np.ndarray, gs: tuple[int, ...]) -> dict[int, np.ndarray]:
+    G = counts.shape[0]
+    return {g: counts.reshape(g, G // g, g, G // g).sum(axis=(1, 3)).astype(float) for g in gs}
+
+
+def test_pyramid_estimate_is_exact_without_noise_and_never_adds_mass():
+    rng = np.random.default_rng(0)
+    counts = rng.poisson(rng.gamma(0.3, 20, (64, 64)))
+    exact = pyramid_estimate(_levels_of(counts, (4, 16, 64)), {4: 1e-12, 16: 1e-12, 64: 1e-12})
+    assert np.allclose(exact, counts, atol=1e-6)
+    noisy = {g: v + rng.laplace(0, 5, v.shape) for g, v in _levels_of(counts, (4, 16, 64)).items()}
+    est = pyramid_estimate(noisy, {g: 50.0 for g in noisy})
+    assert (est >= 0).all()
+    # The total is the inverse-variance combination of the levels' totals: within noise of the truth.
+    assert abs(est.sum() - counts.sum()) < 5 * np.sqrt(50.0 * 16)
+    with pytest.raises(MechanismError):
+        pyramid_estimate({3: np.zeros((3, 3)), 12: np.zeros((12, 12))}, {3: 1.0, 12: 1.0})
+
+
+def test_pyramid_beats_a_flat_noisy_grid_on_sparse_hotspots():
+    """Same total ε: the pyramid (ε split over 3 levels) must beat one flat grid of its finest cells."""
+    rng = np.random.default_rng(1)
+    counts = np.zeros((64, 64))
+    hot = rng.integers(0, 64, (25, 2))
+    counts[hot[:, 0], hot[:, 1]] = rng.integers(50, 400, 25)
+    eps, noise = 0.5, NoiseSource.seeded(2)
+    flat = counts + noise.add_discrete_laplace(np.zeros_like(counts, dtype=np.int64), 1, eps)
+    shares = dict(zip((4, 16, 64), np.array([1.0, 2.0, 2.0]) / 5 * eps, strict=True))
+    levels = {g: v + noise.add_discrete_laplace(np.zeros_like(v, dtype=np.int64), 1, e)
+              for (g, v), e in zip(_levels_of(counts, (4, 16, 64)).items(), shares.values(), strict=True)}
+    est = pyramid_estimate(levels, {g: 2.0 / e ** 2 for g, e in shares.items()})
+    # 8 × 8-cell blocks (a mid-sized range query) and single cells.
+    blocks = lambda a: a.reshape(8, 8, 8, 8).sum(axis=(1, 3))  # noqa: E731
+    assert np.abs(est - counts).mean() < 0.5 * np.abs(flat - counts).mean()
+    assert np.abs(blocks(est) - blocks(counts)).mean() < 0.5 * np.abs(blocks(flat) - blocks(counts)).mean()
+
+
+def test_pyramid_collection_charges_every_level_and_spends_exactly_epsilon():
+    region = small_region(2.0)
+    x, y = _structured_points(region, 3000, seed=5)
+    data = FitInput(x, y, region, "user", 7, user=np.arange(x.size) % 500)
+    syn = get_mechanism("snh", cell_width_m=200.0, data_collection="pyramid", **TINY).fit(
+        data, 0.3, NoiseSource.seeded(0))
+    charges = syn.privacy.charges
+    G = pyramid_size(region.side_m, 200.0)
+    assert [c["name"] for c in charges] == [f"pyramid_{G // 16}", f"pyramid_{G // 4}", f"pyramid_{G}"]
+    assert [c["sensitivity"] for c in charges] == [7.0] * 3
+    assert sum(c["epsilon"] for c in charges) == pytest.approx(0.3)
+    assert [c["epsilon"] for c in charges] == pytest.approx([0.06, 0.12, 0.12])
+    assert syn.noisy.shape == (G, G) and (syn.noisy >= 0).all()
+    assert syn.config["data_collection"] == "pyramid"
