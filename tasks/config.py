@@ -173,6 +173,8 @@ class STEvaluateOptions(BaseModel):
     image_epsilon: float | None = Field(default=None, gt=0,
                                         description="ε whose releases are drawn (default: the smallest)")
     image_slots: int = Field(default=3, ge=1, le=12, description="slots drawn per city and mechanism")
+    image_cells: int = Field(default=128, ge=4, description="cells per side at most in the drawn heatmaps "
+                             "(the hotspot grid summed into blocks; sparse data reads better coarser)")
     forecast_plots: int = Field(default=3, ge=1, le=12, description="forecast series drawn per city and mechanism")
 
     @field_validator("mechanisms", mode="before")

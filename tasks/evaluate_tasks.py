@@ -53,6 +53,18 @@ def evaluate_one(points: Points, city: str, mechanism: str, epsilon: float, priv
             "results": report["results"], "training": training}
 
 
+def block_sum_xy(grid: np.ndarray, max_cells: int) -> np.ndarray:
+    """Sum (nx, ny, k) cells into blocks so that each side has at most ``max_cells`` (zero-padded)."""
+    nx, ny = grid.shape[:2]
+    f = max(1, math.ceil(max(nx, ny) / max_cells))
+    if f == 1:
+        return np.array(grid, dtype=np.float64)
+    px, py = -(-nx // f) * f, -(-ny // f) * f
+    padded = np.zeros((px, py, *grid.shape[2:]), dtype=np.float64)
+    padded[:nx, :ny] = grid
+    return padded.reshape(px // f, f, py // f, f, *grid.shape[2:]).sum(axis=(1, 3))
+
+
 def _logger():
     """The task run's logger inside Prefect; a module logger when the function runs bare (``.fn``)."""
     try:
@@ -104,7 +116,8 @@ def evaluate_st_one(points: Points, city: str, mechanism: str, epsilon: float, o
         drawn.update({
             "slots": slots.tolist(),
             "slot_starts_s": [start + int(s) * slot_s for s in slots],
-            "true": np.array(d.true_grid[:, :, slots]), "released": np.array(d.released_grid[:, :, slots]),
+            "true": block_sum_xy(d.true_grid[:, :, slots], options.image_cells),
+            "released": block_sum_xy(d.released_grid[:, :, slots], options.image_cells),
             "forecast_truth": np.array(d.forecast_truth[:q]), "forecast_released": np.array(d.forecast_released[:q]),
             "forecast": np.array(d.forecast[:q]), "horizon": int(d.horizon),
             "forecast_boxes_m": np.array(d.forecast_boxes[:q]),

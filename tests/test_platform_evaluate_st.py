@@ -199,3 +199,15 @@ def test_on_fit_hooks_see_every_fit_and_consistent_truth():
     assert d.true_grid.sum() == rep["n_points"]
     np.testing.assert_allclose(d.forecast_truth[0], d.true_grid.sum(axis=(0, 1)))
     assert d.forecast.shape == (3, d.horizon) and d.forecast_released.shape == (3, 6)
+
+
+def test_image_blocks_keep_every_count():
+    from tasks.evaluate_tasks import block_sum_xy
+
+    g = np.random.default_rng(0).integers(0, 9, (10, 7, 3)).astype(float)
+    b = block_sum_xy(g, 4)  # factor 3: 10 → 4 blocks (zero-padded), 7 → 3
+    assert b.shape == (4, 3, 3)
+    brute = np.array([[[g[3 * i:3 * i + 3, 3 * j:3 * j + 3, s].sum() for s in range(3)] for j in range(3)]
+                      for i in range(4)])
+    np.testing.assert_array_equal(b, brute)
+    np.testing.assert_array_equal(block_sum_xy(g, 16), g)
