@@ -67,7 +67,26 @@ PRESETS = {
     "gowalla-nyc": {"file": "gowalla_nyc_checkins.tsv.gz", "city": "new-york",
                     "window": ("2010-05-31", "2010-08-30"), "k": 20, "slot": "1w"},
     "synthetic": {"file": None, "city": "new-york", "window": ("2024-01-01", "2024-01-22"), "k": 50},
+    # held-out tuning data (never the evaluation sets above): the 1,000-user Gowalla sample's cities
+    # and a large synthetic set whose record-level grid has SF-cabs-like signal per cell
+    "gowalla-austin": {"file": "gowalla_sample_1000users.parquet", "city": "austin",
+                       "window": ("2010-05-31", "2010-08-30"), "k": 20, "slot": "1w"},
+    "gowalla-sf": {"file": "gowalla_sample_1000users.parquet", "city": "san-francisco",
+                   "window": ("2010-05-31", "2010-08-30"), "k": 20, "slot": "1w"},
+    "synthetic-large": {"file": None, "city": "new-york", "window": ("2024-01-01", "2024-01-22"), "k": 50,
+                        "users": 300_000},
 }
+
+
+def load_preset_points(preset: dict):
+    """The preset's points (all of them; the caller cuts the window)."""
+    if preset["file"] is None:
+        from dpcore.synthetic import generate_checkins
+
+        frame = generate_checkins(city_region(preset["city"]), n_users=preset.get("users", 5000),
+                                  start=preset["window"][0], days=21, seed=11)
+        return validate_frame(frame, source="synthetic")[0]
+    return load_points(SHARED / preset["file"]).points
 
 
 def _ts(text: str) -> int:
@@ -93,18 +112,10 @@ def main() -> int:
     region = city_region(preset["city"])
     start, end = (_ts(t) for t in preset["window"])
     t0 = time.perf_counter()
-    if preset["file"] is None:
-        from dpcore.synthetic import generate_checkins
-
-        frame = generate_checkins(region, n_users=5000, start=preset["window"][0], days=21, seed=11)
-        points, _ = validate_frame(frame, source="synthetic")
-    else:
-        path = SHARED / preset["file"]
-        if not path.exists():
-            print(f"{path} is missing; this benchmark needs ../shared/data", file=sys.stderr)
-            return 2
-        points = load_points(path).points
-    points = points.between(start, end)
+    if preset["file"] is not None and not (SHARED / preset["file"]).exists():
+        print(f"{SHARED / preset['file']} is missing; this benchmark needs ../shared/data", file=sys.stderr)
+        return 2
+    points = load_preset_points(preset).between(start, end)
     print(f"loaded {len(points):,} points in the window ({time.perf_counter() - t0:.1f}s)", file=sys.stderr)
 
     vdr_params: dict = {"grid_size": args.grid}

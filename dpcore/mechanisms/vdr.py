@@ -76,6 +76,7 @@ class VDR(Mechanism):
                  hidden: int = 32, code_dim: int = 16, levels: int = 2, temporal_context: int = 1,
                  window_mean: bool = True, residual_window: int = 5, nonneg_block: int = 16,
                  resolutions: tuple[int, ...] = (1, 2, 4), lr: float = 2e-3, multiscale_kappa: float | None = 2.0,
+                 consistency_kappa: float | None = 2.0, consistency_exact_block: int | None = None,
                  max_train_seconds: float | None = 150.0, device: str | None = None, train_seed: int = 0):
         self.grid_size = grid_size
         self.cell_width_m = cell_width_m
@@ -96,6 +97,8 @@ class VDR(Mechanism):
         self.resolutions = tuple(resolutions)
         self.lr = lr
         self.multiscale_kappa = multiscale_kappa
+        self.consistency_kappa = consistency_kappa
+        self.consistency_exact_block = consistency_exact_block
         self.max_train_seconds = max_train_seconds
         self.device = device
         self.train_seed = train_seed
@@ -121,6 +124,7 @@ class VDR(Mechanism):
         from dpcore.models.vqvae import (
             DenoiserConfig,
             SliceDenoiser,
+            multiscale_consistency,
             multiscale_shrink,
             nonnegative_keep_block_mass,
         )
@@ -161,6 +165,10 @@ class VDR(Mechanism):
                                          total_floor=noise_std * np.sqrt(noisy.size))
         else:
             denoised = nonnegative_keep_block_mass(denoised, self.nonneg_block)
+        if self.consistency_kappa is not None:
+            # put back H̄'s block sums where they differ from the estimate by more than their noise
+            denoised = multiscale_consistency(denoised, noisy, noise_std ** 2, float(self.consistency_kappa),
+                                              exact_block=self.consistency_exact_block)
         infer_s = time.perf_counter() - t0
 
         total = float(data.public_total) if public else float(n_hat)

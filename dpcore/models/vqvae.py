@@ -387,3 +387,96 @@ def multiscale_shrink(values: np.ndarray, noise_var: float, kappa: float = 2.0,
         est = c.reshape(2 * g, 2 * g, nt)
         g *= 2
     return est[:nx, :ny]
+
+
+def multiscale_consistency(estimate: np.ndarray, noisy: np.ndarray, noise_var: float, kappa: float = 2.0,
+                           min_block: int = 1, exact_block: int | None = None) -> np.ndarray:
+    """Pull a (nx, ny, nt) estimate towards the noisy histogram's block sums where they are significant.
+
+    A coarse-to-fine quadtree over the window, like :func:`multiscale_shrink`, but the prior is the
+    estimate (e.g. the denoiser's output) instead of the even split, and the data is H̄ (unbiased,
+    cell noise variance ``noise_var``). At every node the parent's final total is first split in
+    proportion to the estimate's children; then each child's residual deviation from its siblings,
+    e = (H̄_c − D_c) − mean over siblings, is added back with the positive-part Wiener weight
+    max(0, 1 − κ·σ_e² / e²) (σ_e² = 0.75·cells·noise_var per slot). So where a block's noisy sum
+    disagrees with the estimate by much more than its noise (large blocks at high SNR: the
+    denoiser's bias), the output follows the unbiased sum; where the difference looks like noise
+    (everywhere at low SNR), the estimate's shape is kept. As in multiscale_shrink the window-total
+    part of e (noise T times smaller relative to signal) and its per-slot remainder are weighed
+    separately. The root keeps the estimate's total; per-slot totals are corrected likewise.
+    Children are clipped at 0 and rescaled to their parent, so the output is ≥ 0 with the estimate's
+    total. Below ``min_block`` (cells per side) the final block totals are spread in proportion to
+    the estimate. Post-processing only: it reads nothing but the two released-side arrays.
+    """
+    e = np.maximum(np.asarray(estimate, dtype=np.float64), 0.0)
+    y = np.asarray(noisy, dtype=np.float64)
+    if e.shape != y.shape or e.ndim != 3:
+        raise ValueError(f"estimate and noisy must have one (nx, ny, nt) shape, got {e.shape} and {y.shape}")
+    nx, ny, nt = e.shape
+    size = 1
+    while size < max(nx, ny):
+        size *= 2
+    pe = np.zeros((size, size, nt))
+    py = np.zeros((size, size, nt))
+    pe[:nx, :ny] = e
+    py[:nx, :ny] = y
+    se = {size: pe}
+    sy = {size: py}
+    g = size
+    while g > 1:
+        se[g // 2] = block_sum(se[g], 2)
+        sy[g // 2] = block_sum(sy[g], 2)
+        g //= 2
+
+    def _weight(d: np.ndarray, var: float) -> np.ndarray:
+        return np.maximum(0.0, 1.0 - kappa * var / np.maximum(d * d, 1e-300))
+
+    root_total = float(se[1].sum())
+    est = se[1].copy()  # (1, 1, nt)
+    if nt > 1 and root_total > 0:
+        r = sy[1] - est
+        d = r - r.mean()
+        moved = np.maximum(est + _weight(d, noise_var * size * size * (1.0 - 1.0 / nt)) * d, 0.0)
+        if moved.sum() > 0:
+            est = moved * (root_total / moved.sum())
+    block = max(1, int(min_block))
+    g = 1
+    while g < size and size // (2 * g) >= block:
+        cells = (size // (2 * g)) ** 2
+        parent = est[:, None, :, None, :]
+        child_e = se[2 * g].reshape(g, 2, g, 2, nt)
+        have = child_e.sum(axis=(1, 3), keepdims=True)
+        prior = np.where(have > 0, child_e * np.divide(parent, have, out=np.zeros_like(have), where=have > 0),
+                         np.broadcast_to(parent / 4.0, child_e.shape))
+        r = sy[2 * g].reshape(g, 2, g, 2, nt) - prior
+        d = (r - r.mean(axis=(1, 3), keepdims=True)).reshape(2 * g, 2 * g, nt)
+        dw = d.sum(axis=2, keepdims=True)
+        rem = d - dw / nt
+        if exact_block is not None and size // (2 * g) >= exact_block:
+            lw, lr = np.ones_like(dw), np.ones_like(rem)
+        else:
+            lw = _weight(dw, noise_var * cells * nt * 0.75)
+            lr = _weight(rem, noise_var * cells * 0.75 * (1.0 - 1.0 / nt)) if nt > 1 else 0.0
+        shape = (g, 2, g, 2, nt)
+        dw, rem = dw.reshape(g, 2, g, 2, 1), rem.reshape(shape)
+        lw = lw.reshape(g, 2, g, 2, 1)
+        lr = lr.reshape(shape) if nt > 1 else 0.0
+        corr = lw * dw / nt + lr * rem
+        # re-centre after weighting: the children's corrections cancel, so the parent's total is kept
+        # without rescaling every child (a rescale would move mass in proportion to the prior)
+        corr = corr - corr.mean(axis=(1, 3), keepdims=True)
+        c = np.maximum(prior + corr, 0.0)
+        tot = c.sum(axis=(1, 3), keepdims=True)
+        c = np.where(tot > 0, c * np.divide(parent, tot, out=np.zeros_like(tot), where=tot > 0),
+                     np.broadcast_to(parent / 4.0, c.shape))
+        est = c.reshape(2 * g, 2 * g, nt)
+        g *= 2
+    if g < size:  # spread the final block totals over their cells in proportion to the estimate
+        s = size // g
+        cell_e = pe.reshape(g, s, g, s, nt)
+        have = cell_e.sum(axis=(1, 3), keepdims=True)
+        parent = est[:, None, :, None, :]
+        out = np.where(have > 0, cell_e * np.divide(parent, have, out=np.zeros_like(have), where=have > 0),
+                       np.broadcast_to(parent / (s * s), cell_e.shape))
+        est = out.reshape(size, size, nt)
+    return est[:nx, :ny]
