@@ -174,3 +174,56 @@ def test_multiscale_shrink_keeps_coarse_structure_and_flattens_noise():
     assert multiscale_shrink(neg, sigma ** 2, total_floor=50.0).sum() == pytest.approx(50.0)
     odd = multiscale_shrink(rng.normal(1.0, sigma, (10, 7, 3)), sigma ** 2)
     assert odd.shape == (10, 7, 3) and odd.min() >= 0
+
+
+def test_multiscale_consistency_removes_planted_large_scale_bias():
+    from dpcore.models.vqvae import block_sum, multiscale_consistency
+
+    rng = np.random.default_rng(4)
+    sigma = 2.0
+    truth = rng.gamma(2.0, 3.0, (32, 32, 4))
+    truth[:16] *= 3.0  # a heavy left half
+    noisy = truth + rng.laplace(0.0, sigma / np.sqrt(2.0), truth.shape)  # test-only float noise
+    # a denoiser-like estimate with the right total but 25% of the left half's mass moved to the right
+    biased = truth.copy()
+    moved = 0.25 * truth[:16].sum()
+    biased[:16] *= 0.75
+    biased[16:] += moved / biased[16:].size
+    out = multiscale_consistency(biased, noisy, sigma ** 2, kappa=2.0)
+    assert out.min() >= 0
+    assert out.sum() == pytest.approx(biased.sum())  # mass-preserving: the estimate's total is kept
+    halves_truth = block_sum(truth, 16).sum(axis=(1, 2))
+    halves_out = block_sum(out, 16).sum(axis=(1, 2))
+    halves_biased = block_sum(biased, 16).sum(axis=(1, 2))
+    noise_sd = sigma * np.sqrt(16 * 32 * 4)  # noise of a half's noisy sum
+    assert abs(halves_biased[0] - halves_truth[0]) > 50 * noise_sd  # the planted bias is large
+    np.testing.assert_allclose(halves_out, halves_truth, atol=4 * noise_sd)  # and it is gone
+    # per-slot 8×8 block sums end closer to the truth than the biased estimate's
+    err_out = np.abs(block_sum(out, 8) - block_sum(truth, 8)).mean()
+    err_biased = np.abs(block_sum(biased, 8) - block_sum(truth, 8)).mean()
+    assert err_out < 0.3 * err_biased
+
+
+def test_multiscale_consistency_keeps_estimate_where_noise_dominates():
+    from dpcore.models.vqvae import multiscale_consistency
+
+    rng = np.random.default_rng(5)
+    sigma = 30.0
+    flat = np.full((32, 32, 6), 2.0)  # pure-noise region: nothing but an even spread to find
+    noisy = flat + rng.laplace(0.0, sigma / np.sqrt(2.0), flat.shape)
+    out = multiscale_consistency(flat, noisy, sigma ** 2, kappa=2.0)
+    assert out.min() >= 0 and out.sum() == pytest.approx(flat.sum())
+    # the noise is mostly not put back: the output stays near flat while H̄ is ±30 per cell (κ = 2
+    # lets the odd noise node through, partly; a stricter κ lets fewer)
+    assert np.abs(out - flat).mean() < 0.15 * np.abs(noisy - flat).mean()
+    strict = multiscale_consistency(flat, noisy, sigma ** 2, kappa=8.0)
+    assert np.abs(strict - flat).mean() < np.abs(out - flat).mean()
+    # a structured estimate at low SNR keeps its shape (the block sums' differences look like noise)
+    shaped = np.zeros((32, 32, 6))
+    shaped[4:12, 4:12] = 5.0
+    noisy2 = shaped + rng.laplace(0.0, sigma / np.sqrt(2.0), shaped.shape)
+    out2 = multiscale_consistency(shaped, noisy2, sigma ** 2, kappa=2.0)
+    assert np.abs(out2 - shaped).mean() < 0.05 * np.abs(noisy2 - shaped).mean()
+    assert out2[4:12, 4:12].sum() > 0.5 * shaped.sum()
+    with pytest.raises(ValueError):
+        multiscale_consistency(flat, noisy[:, :, :3], sigma ** 2)
