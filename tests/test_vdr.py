@@ -202,6 +202,11 @@ def test_multiscale_consistency_removes_planted_large_scale_bias():
     err_out = np.abs(block_sum(out, 8) - block_sum(truth, 8)).mean()
     err_biased = np.abs(block_sum(biased, 8) - block_sum(truth, 8)).mean()
     assert err_out < 0.3 * err_biased
+    # stopping at 8×8 blocks: their totals are corrected, inside them the estimate's shape is kept
+    coarse = multiscale_consistency(biased, noisy, sigma ** 2, kappa=2.0, min_block=8)
+    np.testing.assert_allclose(block_sum(coarse, 16).sum(axis=(1, 2)), halves_truth, atol=4 * noise_sd)
+    ratio = coarse[:8, :8] / biased[:8, :8]
+    np.testing.assert_allclose(ratio, np.broadcast_to(ratio[:1, :1], ratio.shape), rtol=1e-9)
 
 
 def test_multiscale_consistency_keeps_estimate_where_noise_dominates():

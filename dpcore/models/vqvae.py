@@ -390,7 +390,7 @@ def multiscale_shrink(values: np.ndarray, noise_var: float, kappa: float = 2.0,
 
 
 def multiscale_consistency(estimate: np.ndarray, noisy: np.ndarray, noise_var: float, kappa: float = 2.0,
-                           min_block: int = 1, exact_block: int | None = None) -> np.ndarray:
+                           min_block: int = 1) -> np.ndarray:
     """Pull a (nx, ny, nt) estimate towards the noisy histogram's block sums where they are significant.
 
     A coarse-to-fine quadtree over the window, like :func:`multiscale_shrink`, but the prior is the
@@ -404,8 +404,8 @@ def multiscale_consistency(estimate: np.ndarray, noisy: np.ndarray, noise_var: f
     (everywhere at low SNR), the estimate's shape is kept. As in multiscale_shrink the window-total
     part of e (noise T times smaller relative to signal) and its per-slot remainder are weighed
     separately. The root keeps the estimate's total; per-slot totals are corrected likewise.
-    Children are clipped at 0 and rescaled to their parent, so the output is ≥ 0 with the estimate's
-    total. Below ``min_block`` (cells per side) the final block totals are spread in proportion to
+    The weighted corrections are re-centred so that siblings' corrections cancel; children are
+    clipped at 0 (then rescaled to their parent), so the output is ≥ 0 with the estimate's total. Below ``min_block`` (cells per side) the final block totals are spread in proportion to
     the estimate. Post-processing only: it reads nothing but the two released-side arrays.
     """
     e = np.maximum(np.asarray(estimate, dtype=np.float64), 0.0)
@@ -452,11 +452,8 @@ def multiscale_consistency(estimate: np.ndarray, noisy: np.ndarray, noise_var: f
         d = (r - r.mean(axis=(1, 3), keepdims=True)).reshape(2 * g, 2 * g, nt)
         dw = d.sum(axis=2, keepdims=True)
         rem = d - dw / nt
-        if exact_block is not None and size // (2 * g) >= exact_block:
-            lw, lr = np.ones_like(dw), np.ones_like(rem)
-        else:
-            lw = _weight(dw, noise_var * cells * nt * 0.75)
-            lr = _weight(rem, noise_var * cells * 0.75 * (1.0 - 1.0 / nt)) if nt > 1 else 0.0
+        lw = _weight(dw, noise_var * cells * nt * 0.75)
+        lr = _weight(rem, noise_var * cells * 0.75 * (1.0 - 1.0 / nt)) if nt > 1 else 0.0
         shape = (g, 2, g, 2, nt)
         dw, rem = dw.reshape(g, 2, g, 2, 1), rem.reshape(shape)
         lw = lw.reshape(g, 2, g, 2, 1)
