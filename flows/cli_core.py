@@ -133,7 +133,9 @@ def _evaluate_flow(args: argparse.Namespace, config) -> int:
             mechanism_params=config.mechanism_params, output_dir=args.artifacts_dir, columns=args.columns,
             format=args.format, dask_address=args.dask_address, n_workers=args.workers)
     except ValidationError as exc:
-        raise CLIError(f"bad evaluation parameters: {exc.errors()[0]['loc']}: {exc.errors()[0]['msg']}") from exc
+        err = exc.errors()[0]
+        where = ".".join(map(str, err["loc"]))
+        raise CLIError(f"bad evaluation parameters: {where + ': ' if where else ''}{err['msg']}") from exc
     out = run_evaluate_flow(params)
     for city in cities:
         info = out["cities"][city]

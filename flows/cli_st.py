@@ -52,6 +52,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="mechanism parameter, e.g. vdr.steps=200 or identity3d.grid_size=128 (repeatable)")
     p.add_argument("--json", required=True, metavar="OUT", help="write the report here")
     add_flow_args(p)
+    p.add_argument("--image-epsilon", type=float, default=None, metavar="EPS",
+                   help="with --flow: the ε whose releases are drawn in the artifacts (default: the smallest)")
     p.set_defaults(func=cmd_evaluate_st)
 
     p = sub.add_parser("hotspot", help="nearest cell with released count ≥ V around a location")
@@ -131,14 +133,16 @@ def _evaluate_st_flow(args: argparse.Namespace, config, mech_params: dict[str, d
             max_points_per_user=config.max_points_per_user, query_sides_m=config.query_sides_m,
             queries=config.n_queries, max_query_slots=config.max_query_slots, hotspot_queries=config.hotspot_queries,
             hotspot_extent_km=args.hotspot_extent_km, forecast_queries=config.forecast_queries,
-            horizon=args.horizon, trials=config.trials)
+            horizon=args.horizon, trials=config.trials, image_epsilon=args.image_epsilon)
         params = EvaluateParams(data=str(args.data), cities=cities, mechanisms=[], privacy_unit=args.privacy_unit,
                                 seed=args.seed, mechanism_params=mech_params, spatio_temporal=st,
                                 columns=args.columns, format=args.format,
                                 output_dir=args.artifacts_dir, dask_address=args.dask_address,
                                 n_workers=args.workers)
     except ValidationError as exc:
-        raise CLIError(f"bad evaluation parameters: {exc.errors()[0]['loc']}: {exc.errors()[0]['msg']}") from exc
+        err = exc.errors()[0]
+        where = ".".join(map(str, err["loc"]))
+        raise CLIError(f"bad evaluation parameters: {where + ': ' if where else ''}{err['msg']}") from exc
     out = run_evaluate_flow(params)
     st_out = out["spatio_temporal"]
     report = {"results": [{"city": c, **r} for c, rep in st_out["cities"].items() for r in rep["results"]],

@@ -198,6 +198,14 @@ class STEvaluateOptions(BaseModel):
         parse_slot(v)
         return v
 
+    @model_validator(mode="after")
+    def _drawn_is_evaluated(self) -> STEvaluateOptions:
+        if not self.epsilons:
+            raise ValueError("at least one ε is needed")
+        if self.image_epsilon is not None and not any(math.isclose(self.image_epsilon, e) for e in self.epsilons):
+            raise ValueError(f"image_epsilon {self.image_epsilon:g} is not one of the evaluated epsilons")
+        return self
+
     def window_seconds(self) -> tuple[int, int]:
         return parse_time_window(self.window)
 

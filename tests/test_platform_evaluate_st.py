@@ -211,3 +211,9 @@ def test_image_blocks_keep_every_count():
                       for i in range(4)])
     np.testing.assert_array_equal(b, brute)
     np.testing.assert_array_equal(block_sum_xy(g, 16), g)
+
+
+def test_image_epsilon_must_be_evaluated():
+    assert STEvaluateOptions(window="2024-01-01/2024-01-09", epsilons=[0.5, 1], image_epsilon=1).drawn_epsilon() == 1
+    with pytest.raises(ValueError, match="image_epsilon"):
+        STEvaluateOptions(window="2024-01-01/2024-01-09", epsilons=[0.5, 1], image_epsilon=0.2)
