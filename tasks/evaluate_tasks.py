@@ -9,10 +9,12 @@ release store.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import math
 import re
+from collections.abc import Iterator
 from datetime import UTC, datetime
 
 import numpy as np
@@ -45,10 +47,13 @@ def evaluate_one(points: Points, city: str, mechanism: str, epsilon: float, priv
         # a ScaledSynopsis forwards unknown attributes to the synopsis it scales
         losses = getattr(synopsis, "training_losses", None)
         if losses:
+            _logger().info("%s %s ε=%g trial %d: trained %d epochs, loss %.4g → %.4g", city, mech, eps, trial + 1,
+                           len(losses), losses[0], losses[-1])
             training.append({"mechanism": mech, "epsilon": eps, "trial": trial,
                              "losses": [float(v) for v in losses]})
 
-    report = evaluate(points, city_region(city), config, on_fit=keep_losses)
+    with forward_logs("dpcore.mechanisms.snh", _logger()):  # SNH's per-epoch progress into the task log
+        report = evaluate(points, city_region(city), config, on_fit=keep_losses)
     return {"city": city, "n_points": report["n_points"], "n_users": report["n_users"], "psi": report["psi"],
             "results": report["results"], "training": training}
 
@@ -63,6 +68,28 @@ def block_sum_xy(grid: np.ndarray, max_cells: int) -> np.ndarray:
     padded = np.zeros((px, py, *grid.shape[2:]), dtype=np.float64)
     padded[:nx, :ny] = grid
     return padded.reshape(px // f, f, py // f, f, *grid.shape[2:]).sum(axis=(1, 3))
+
+
+@contextlib.contextmanager
+def forward_logs(name: str, target: logging.Logger | logging.LoggerAdapter) -> Iterator[None]:
+    """Send a library logger's INFO records to ``target`` (the task run's logger) while inside."""
+    source = logging.getLogger(name)
+
+    class _Forward(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            target.log(record.levelno, record.getMessage())
+
+    handler, level, propagate = _Forward(logging.INFO), source.level, source.propagate
+    source.addHandler(handler)
+    source.propagate = False  # the task logger prints it already
+    if not source.isEnabledFor(logging.INFO):
+        source.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        source.removeHandler(handler)
+        source.setLevel(level)
+        source.propagate = propagate
 
 
 def _logger():

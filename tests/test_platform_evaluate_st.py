@@ -217,3 +217,23 @@ def test_image_epsilon_must_be_evaluated():
     assert STEvaluateOptions(window="2024-01-01/2024-01-09", epsilons=[0.5, 1], image_epsilon=1).drawn_epsilon() == 1
     with pytest.raises(ValueError, match="image_epsilon"):
         STEvaluateOptions(window="2024-01-01/2024-01-09", epsilons=[0.5, 1], image_epsilon=0.2)
+
+
+def test_forward_logs_restores_the_library_logger():
+    import logging
+
+    from tasks.evaluate_tasks import forward_logs
+
+    got = []
+
+    class Target:
+        def log(self, level, msg):
+            got.append((level, msg))
+
+    lib = logging.getLogger("dpcore.test_forward")
+    before = (lib.level, lib.propagate, list(lib.handlers))
+    with forward_logs("dpcore.test_forward", Target()):
+        lib.info("epoch %d", 3)
+    lib.info("after")
+    assert got == [(logging.INFO, "epoch 3")]
+    assert (lib.level, lib.propagate, list(lib.handlers)) == before
