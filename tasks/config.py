@@ -15,7 +15,7 @@ import tomllib
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
@@ -159,7 +159,7 @@ class STEvaluateOptions(BaseModel):
     window: str = Field(description="public time window START/END (UTC ISO dates), e.g. 2008-05-18/2008-06-08")
     slot: str = Field(default="1d", description="time slot: 1h, 1d, ...")
     mechanisms: list[str] = Field(default_factory=lambda: ["identity3d", "vdr"])
-    epsilons: list[float] = Field(default_factory=lambda: [0.1, 0.2, 0.5, 1.0])
+    epsilons: list[Annotated[float, Field(gt=0)]] = Field(default_factory=lambda: [0.1, 0.2, 0.5, 1.0])
     max_points_per_user: int = Field(default=50, ge=1, description="k over the whole window (user level)")
     query_sides_m: list[tuple[float, float]] = Field(default_factory=lambda: [(100, 1000), (1000, 5000)])
     queries: int = Field(default=1000, ge=1, description="range queries per workload")
