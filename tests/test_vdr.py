@@ -198,6 +198,9 @@ def test_multiscale_consistency_removes_planted_large_scale_bias():
     noise_sd = sigma * np.sqrt(16 * 32 * 4)  # noise of a half's noisy sum
     assert abs(halves_biased[0] - halves_truth[0]) > 50 * noise_sd  # the planted bias is large
     np.testing.assert_allclose(halves_out, halves_truth, atol=4 * noise_sd)  # and it is gone
+    # with the universal threshold too: a large, strong bias is still far above 2·ln n noise levels
+    univ = multiscale_consistency(biased, noisy, sigma ** 2, kappa=2.0, universal=True)
+    np.testing.assert_allclose(block_sum(univ, 16).sum(axis=(1, 2)), halves_truth, atol=4 * noise_sd)
     # per-slot 8×8 block sums end closer to the truth than the biased estimate's
     err_out = np.abs(block_sum(out, 8) - block_sum(truth, 8)).mean()
     err_biased = np.abs(block_sum(biased, 8) - block_sum(truth, 8)).mean()
@@ -223,6 +226,9 @@ def test_multiscale_consistency_keeps_estimate_where_noise_dominates():
     assert np.abs(out - flat).mean() < 0.15 * np.abs(noisy - flat).mean()
     strict = multiscale_consistency(flat, noisy, sigma ** 2, kappa=8.0)
     assert np.abs(strict - flat).mean() < np.abs(out - flat).mean()
+    # the universal threshold (2·ln of the nodes per level) lets almost no noise node through
+    univ = multiscale_consistency(flat, noisy, sigma ** 2, kappa=2.0, universal=True)
+    assert np.abs(univ - flat).mean() < 0.2 * np.abs(out - flat).mean()
     # a structured estimate at low SNR keeps its shape (the block sums' differences look like noise)
     shaped = np.zeros((32, 32, 6))
     shaped[4:12, 4:12] = 5.0

@@ -38,10 +38,14 @@ The charges add up to ε. Everything after is post-processing (no budget):
    reduces the denoiser's large-box bias (it does not remove all of it: bench/README); at user
    level the residuals mostly look like noise and the estimate is mostly kept (the few noise
    nodes that pass cost some accuracy there). Non-negative, keeps the total; post-processing of H̄ only (no budget).
-   The κs (2 for step 6, 4 here) were chosen on held-out data (bench/tune_vdr.py: synthetic-large
-   record-level, Gowalla-sample Austin user-level), never on the SF cabs or Gowalla New York
-   evaluation sets: κ = 4 here lets fewer noise nodes through than 2 (hotspot regret 3.7 vs 6.2 on
-   synthetic-large at ε = 0.1, ≈ without the stage on Austin) for ≤ 4% more range error.
+   ``consistency_universal`` (default on) raises κ at a level of n nodes to max(κ, 2·ln n), so
+   almost no pure-noise node passes. The knobs (κ = 2 for step 6; κ = 4 and universal here) were
+   chosen on held-out data only (bench/tune_vdr.py on synthetic-large record- and user-level and
+   the Gowalla sample's Austin), never on the SF cabs or Gowalla New York evaluation sets: κ = 4
+   lets fewer noise nodes through than 2 (record-level hotspot regret 3.7 vs 6.2 at ε = 0.1 for
+   ≤ 4% more range error); without ``universal`` user-level hotspot regret on synthetic-large rose
+   from 13.0 (no stage) to 20.3 at ε = 0.1, with it 12.7, while record-level range errors are
+   4–14% higher with it than without (a trade-off; see bench/README).
 """
 
 from __future__ import annotations
@@ -87,7 +91,7 @@ class VDR(Mechanism):
                  hidden: int = 32, code_dim: int = 16, levels: int = 2, temporal_context: int = 1,
                  window_mean: bool = True, residual_window: int = 5, nonneg_block: int = 16,
                  resolutions: tuple[int, ...] = (1, 2, 4), lr: float = 2e-3, multiscale_kappa: float | None = 2.0,
-                 consistency_kappa: float | None = 4.0,
+                 consistency_kappa: float | None = 4.0, consistency_universal: bool = True,
                  max_train_seconds: float | None = 150.0, device: str | None = None, train_seed: int = 0):
         self.grid_size = grid_size
         self.cell_width_m = cell_width_m
@@ -109,6 +113,7 @@ class VDR(Mechanism):
         self.lr = lr
         self.multiscale_kappa = multiscale_kappa
         self.consistency_kappa = consistency_kappa
+        self.consistency_universal = consistency_universal
         self.max_train_seconds = max_train_seconds
         self.device = device
         self.train_seed = train_seed
@@ -177,7 +182,8 @@ class VDR(Mechanism):
             denoised = nonnegative_keep_block_mass(denoised, self.nonneg_block)
         if self.consistency_kappa is not None:
             # put back H̄'s block sums where they differ from the estimate by more than their noise
-            denoised = multiscale_consistency(denoised, noisy, noise_std ** 2, float(self.consistency_kappa))
+            denoised = multiscale_consistency(denoised, noisy, noise_std ** 2, float(self.consistency_kappa),
+                                              universal=bool(self.consistency_universal))
         infer_s = time.perf_counter() - t0
 
         total = float(data.public_total) if public else float(n_hat)

@@ -390,7 +390,7 @@ def multiscale_shrink(values: np.ndarray, noise_var: float, kappa: float = 2.0,
 
 
 def multiscale_consistency(estimate: np.ndarray, noisy: np.ndarray, noise_var: float, kappa: float = 2.0,
-                           min_block: int = 1) -> np.ndarray:
+                           min_block: int = 1, universal: bool = False) -> np.ndarray:
     """Pull a (nx, ny, nt) estimate towards the noisy histogram's block sums where they are significant.
 
     A coarse-to-fine quadtree over the window, like :func:`multiscale_shrink`, but the prior is the
@@ -406,7 +406,10 @@ def multiscale_consistency(estimate: np.ndarray, noisy: np.ndarray, noise_var: f
     separately. The root keeps the estimate's total; per-slot totals are corrected likewise.
     The weighted corrections are re-centred so that siblings' corrections cancel; children are
     clipped at 0 (then rescaled to their parent), so the output is ≥ 0 with the estimate's total. Below ``min_block`` (cells per side) the final block totals are spread in proportion to
-    the estimate. Post-processing only: it reads nothing but the two released-side arrays.
+    the estimate. ``universal``: at a level with n tested deviations the factor is max(κ, 2·ln n)
+    (the universal threshold of wavelet denoising): a level of pure noise then lets almost none of
+    its n nodes through, instead of the fraction that exceeds √κ noise standard deviations by chance.
+    Post-processing only: it reads nothing but the two released-side arrays.
     """
     e = np.maximum(np.asarray(estimate, dtype=np.float64), 0.0)
     y = np.asarray(noisy, dtype=np.float64)
@@ -429,7 +432,8 @@ def multiscale_consistency(estimate: np.ndarray, noisy: np.ndarray, noise_var: f
         g //= 2
 
     def _weight(d: np.ndarray, var: float) -> np.ndarray:
-        return np.maximum(0.0, 1.0 - kappa * var / np.maximum(d * d, 1e-300))
+        k = max(kappa, 2.0 * np.log(d.size)) if universal and d.size > 1 else kappa
+        return np.maximum(0.0, 1.0 - k * var / np.maximum(d * d, 1e-300))
 
     root_total = float(se[1].sum())
     est = se[1].copy()  # (1, 1, nt)
