@@ -45,7 +45,7 @@ The charges add up to ε. Everything after is post-processing (no budget):
    lets fewer noise nodes through than 2 (record-level hotspot regret 3.7 vs 6.2 at ε = 0.1 for
    ≤ 4% more range error); without ``universal`` user-level hotspot regret on synthetic-large rose
    from 13.0 (no stage) to 20.3 at ε = 0.1, with it 12.7, while record-level range errors are
-   4–14% higher with it than without (a trade-off; see bench/README).
+   4–20% higher with it than without (a trade-off; see bench/README).
 """
 
 from __future__ import annotations
