@@ -13,7 +13,7 @@ Datasets (windows and slots are public configuration):
   2010-08-30 (13 weeks), weekly slots, k = 20 (35 k check-ins of 2.6 k users: daily slots would
   leave ~400 points per slot);
 - synthetic: dpcore.synthetic check-ins (skewed hotspots, power-law users, weekly rhythm), 3 weeks.
-Held-out tuning sets (bench/tune_vdr.py; never used to choose VDR's defaults *and* evaluated here):
+Held-out tuning sets (bench/tune_vdr.py picks VDR's post-processing defaults on these, never on the sets above):
 - synthetic-large: the same generator with 300,000 users (3.5 M points), SF-cabs-like counts per
   cell at record level;
 - gowalla-austin, gowalla-sf: ../shared/data/gowalla_sample_1000users.parquet in the Austin / San
