@@ -238,3 +238,35 @@ def test_multiscale_consistency_keeps_estimate_where_noise_dominates():
     assert out2[4:12, 4:12].sum() > 0.5 * shaped.sum()
     with pytest.raises(ValueError):
         multiscale_consistency(flat, noisy[:, :, :3], sigma ** 2)
+
+
+def test_slot_totals_of_pure_noise_stay_flat_but_real_slot_structure_passes():
+    """The root's T slot-total tests use a Bonferroni-level threshold (slot_kappa): with 21 slots of
+    pure noise neither quadtree stage should put a whole-region spike into one slot (it did with
+    2·ln T), while a slot pattern far above its noise still comes through."""
+    from dpcore.models.vqvae import multiscale_consistency, multiscale_shrink, slot_kappa
+
+    nt, side, sigma = 21, 16, 50.0
+    assert slot_kappa(4.0, nt) > 2.0 * np.log(nt) > 4.0
+    rng = np.random.default_rng(11)
+    flat = np.full((side, side, nt), 5.0)
+    spiky_runs = 0
+    for _ in range(40):
+        noisy = flat + rng.normal(0.0, sigma, flat.shape)
+        for out in (multiscale_shrink(noisy, sigma ** 2, kappa=2.0),
+                    multiscale_consistency(flat, noisy, sigma ** 2, kappa=4.0, universal=True)):
+            totals = out.sum(axis=(0, 1))
+            spiky_runs += int(np.ptp(totals) > 1e-6 * totals.mean())
+    # ≤ α = 5% per stage and run in expectation (80 stage runs): allow a few, not a quarter
+    assert spiky_runs <= 8
+    # a real weekly pattern, ±40 σ of a slot total, survives both stages
+    slot_sd = sigma * side
+    pattern = np.where(np.arange(nt) % 7 < 5, 1.0, -1.0) * 40 * slot_sd / side ** 2
+    truth = flat * 200 + pattern[None, None, :]
+    noisy = truth + rng.normal(0.0, sigma, truth.shape)
+    for out in (multiscale_shrink(noisy, sigma ** 2, kappa=2.0),
+                multiscale_consistency(np.full_like(truth, truth.mean()), noisy, sigma ** 2, kappa=4.0,
+                                       universal=True)):
+        totals = out.sum(axis=(0, 1))
+        weekday, weekend = totals[np.arange(nt) % 7 < 5].mean(), totals[np.arange(nt) % 7 >= 5].mean()
+        assert weekday - weekend > 0.8 * 2 * 40 * slot_sd

@@ -333,6 +333,27 @@ def _random_crops(data: torch.Tensor, n: int, crop: int, rng: np.random.Generato
     return torch.stack([data[t, :, y:y + ch, x:x + cw] for t, y, x in zip(ts, ys, xs, strict=True)])
 
 
+#: Family-wise false-positive rate of the slot-total test at the quadtree's root (see slot_kappa).
+SLOT_TEST_ALPHA = 0.05
+
+
+def slot_kappa(kappa: float, n_slots: int, alpha: float = SLOT_TEST_ALPHA) -> float:
+    """The shrinkage factor for the n_slots per-slot total deviations at the root of a quadtree stage.
+
+    There are only T of them, so 2·ln T (the universal threshold) or a small κ lets a pure-noise
+    slot through often (κ' = 6.1 passes 2.5 σ; one of 21 slots does so about a quarter of the time),
+    and that one slot then carries a spurious spike of the whole region. The root uses
+    max(κ, z²) with z the Gaussian quantile at 1 − α/(2T) (a Bonferroni bound: a slot of pure noise
+    passes with probability ≤ α over all T), since slot totals are sums of thousands of cells.
+    """
+    from scipy.special import ndtri
+
+    if n_slots < 1:
+        raise ValueError(f"n_slots must be ≥ 1, got {n_slots}")
+    z = float(ndtri(1.0 - alpha / (2.0 * n_slots)))
+    return max(float(kappa), z * z)
+
+
 def multiscale_shrink(values: np.ndarray, noise_var: float, kappa: float = 2.0,
                       total_floor: float = 1.0) -> np.ndarray:
     """Coarse-to-fine significance shrinkage of a (nx, ny, nt) count estimate; output ≥ 0 (post-processing).
@@ -362,10 +383,11 @@ def multiscale_shrink(values: np.ndarray, noise_var: float, kappa: float = 2.0,
         g //= 2
     slot_tot = sums[1][0, 0]
     root_total = max(float(slot_tot.sum()), float(total_floor))
-    # root: split the total across slots (per-slot deviations shrunk likewise)
+    # root: split the total across slots (per-slot deviations shrunk likewise, at slot_kappa)
     dev = slot_tot - slot_tot.mean()
     dvar = noise_var * size * size * (1.0 - 1.0 / nt)
-    lam = np.maximum(0.0, 1.0 - kappa * dvar / np.maximum(dev * dev, 1e-300)) if nt > 1 else np.zeros(nt)
+    lam = (np.maximum(0.0, 1.0 - slot_kappa(kappa, nt) * dvar / np.maximum(dev * dev, 1e-300)) if nt > 1
+           else np.zeros(nt))
     est = np.maximum(root_total / nt + lam * dev, 0.0)
     est = (est * (root_total / est.sum()) if est.sum() > 0 else np.full(nt, root_total / nt))[None, None, :]
     g = 1
@@ -403,7 +425,8 @@ def multiscale_consistency(estimate: np.ndarray, noisy: np.ndarray, noise_var: f
     denoiser's bias), the output follows the unbiased sum; where the difference looks like noise
     (everywhere at low SNR), the estimate's shape is kept. As in multiscale_shrink the window-total
     part of e (noise T times smaller relative to signal) and its per-slot remainder are weighed
-    separately. The root keeps the estimate's total; per-slot totals are corrected likewise.
+    separately. The root keeps the estimate's total; per-slot totals are corrected likewise, with
+    the stricter :func:`slot_kappa` (only T tests, each a whole-region spike if it passes).
     The weighted corrections are re-centred so that siblings' corrections cancel; children are
     clipped at 0 (then rescaled to their parent), so the output is ≥ 0 with the estimate's total. Below ``min_block`` (cells per side) the final block totals are spread in proportion to
     the estimate. ``universal``: at a level with n tested deviations the factor is max(κ, 2·ln n)
@@ -440,7 +463,9 @@ def multiscale_consistency(estimate: np.ndarray, noisy: np.ndarray, noise_var: f
     if nt > 1 and root_total > 0:
         r = sy[1] - est
         d = r - r.mean()
-        moved = np.maximum(est + _weight(d, noise_var * size * size * (1.0 - 1.0 / nt)) * d, 0.0)
+        slot_var = noise_var * size * size * (1.0 - 1.0 / nt)
+        moved = np.maximum(est + np.maximum(0.0, 1.0 - slot_kappa(kappa, nt) * slot_var
+                                            / np.maximum(d * d, 1e-300)) * d, 0.0)
         if moved.sum() > 0:
             est = moved * (root_total / moved.sum())
     block = max(1, int(min_block))
