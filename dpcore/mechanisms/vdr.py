@@ -46,6 +46,9 @@ The charges add up to ε. Everything after is post-processing (no budget):
    ≤ 4% more range error); without ``universal`` user-level hotspot regret on synthetic-large rose
    from 13.0 (no stage) to 20.3 at ε = 0.1, with it 12.7, while record-level range errors are
    4–20% higher with it than without (a trade-off; see bench/README).
+   In both steps the root's T per-slot totals are tested at ``slot_kappa`` (a Bonferroni-level
+   threshold, α = 5% over all T): with only T tests the usual factors let a pure-noise slot through
+   often, and a slot that passes carries a spike of the whole region.
 """
 
 from __future__ import annotations
