@@ -8,6 +8,44 @@ from __future__ import annotations
 import numpy as np
 
 
+def block_sum(a: np.ndarray, s: int, *, pad: bool = False) -> np.ndarray:
+    """Sums of s × s blocks over the first two axes of an (nx, ny, ...) array; trailing axes are kept.
+
+    Partial blocks at the high edges are dropped, or with ``pad`` counted as if zero-padded (so no
+    cell is lost).
+    """
+    a = np.asarray(a)
+    if s == 1:
+        return a
+    nx, ny = a.shape[:2]
+    if pad:
+        bx, by = -(-nx // s), -(-ny // s)
+        if (bx * s, by * s) != (nx, ny):
+            padded = np.zeros((bx * s, by * s, *a.shape[2:]), dtype=a.dtype)
+            padded[:nx, :ny] = a
+            a = padded
+    else:
+        bx, by = nx // s, ny // s
+    return a[:bx * s, :by * s].reshape(bx, s, by, s, *a.shape[2:]).sum(axis=(1, 3))
+
+
+def shrink_factor(deviation: np.ndarray, variance: np.ndarray | float, kappa: float) -> np.ndarray:
+    """Positive-part Wiener factor max(0, 1 − κ·σ²/d²) of a deviation d with noise variance σ²: 0 where d
+    looks like noise (|d| ≤ √κ·σ), towards 1 where it stands far out of it."""
+    d = np.asarray(deviation, dtype=np.float64)
+    return np.maximum(0.0, 1.0 - kappa * np.asarray(variance) / np.maximum(d * d, 1e-300))
+
+
+def split_to_parent(children: np.ndarray, parent: np.ndarray) -> np.ndarray:
+    """Children (g, s, g, s, ...) of a quadtree level rescaled so each s × s group sums to its parent
+    (g, 1, g, 1, ...); a group whose children sum to 0 gets the even split parent/s², so no mass is
+    lost or made."""
+    have = children.sum(axis=(1, 3), keepdims=True)
+    n_children = children.shape[1] * children.shape[3]
+    return np.where(have > 0, children * np.divide(parent, have, out=np.zeros_like(have), where=have > 0),
+                    np.broadcast_to(parent / n_children, children.shape))
+
+
 def cell_index(v: np.ndarray, lo: float, hi: float, n: int) -> np.ndarray:
     """Cell of each coordinate on an n-cell axis over [lo, hi); values at hi land in the last cell."""
     idx = np.floor((np.asarray(v, dtype=np.float64) - lo) * (n / (hi - lo))).astype(np.int64)

@@ -25,6 +25,7 @@ from prefect.exceptions import MissingContextError
 from dpcore.data import Points
 from dpcore.evaluate import EvalConfig, evaluate
 from dpcore.geo import city_region, parse_slot
+from dpcore.histogram import block_sum
 from tasks.config import STEvaluateOptions
 
 OPERATOR_ONLY = ("Operator diagnostics: these images show TRUE counts of the private data next to the "
@@ -60,14 +61,8 @@ def evaluate_one(points: Points, city: str, mechanism: str, epsilon: float, priv
 
 def block_sum_xy(grid: np.ndarray, max_cells: int) -> np.ndarray:
     """Sum (nx, ny, k) cells into blocks so that each side has at most ``max_cells`` (zero-padded)."""
-    nx, ny = grid.shape[:2]
-    f = max(1, math.ceil(max(nx, ny) / max_cells))
-    if f == 1:
-        return np.array(grid, dtype=np.float64)
-    px, py = -(-nx // f) * f, -(-ny // f) * f
-    padded = np.zeros((px, py, *grid.shape[2:]), dtype=np.float64)
-    padded[:nx, :ny] = grid
-    return padded.reshape(px // f, f, py // f, f, *grid.shape[2:]).sum(axis=(1, 3))
+    f = max(1, math.ceil(max(grid.shape[:2]) / max_cells))
+    return block_sum(np.array(grid, dtype=np.float64), f, pad=True)
 
 
 @contextlib.contextmanager

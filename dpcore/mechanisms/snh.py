@@ -44,7 +44,7 @@ import torch
 
 from dpcore.budget import Accountant
 from dpcore.geo import Region
-from dpcore.histogram import answer_boxes, grid_counts, prefix_sums
+from dpcore.histogram import answer_boxes, block_sum, grid_counts, prefix_sums, shrink_factor, split_to_parent
 from dpcore.mechanisms.base import FitInput, Mechanism, MechanismError
 from dpcore.noise import NoiseSource
 from dpcore.synopsis import PrivacyInfo, Synopsis, SynopsisError
@@ -140,11 +140,6 @@ def _check_workload(boxes, source: str) -> np.ndarray:
     return b
 
 
-def _block_sum2(a: np.ndarray) -> np.ndarray:
-    n = a.shape[0] // 2
-    return a.reshape(n, 2, n, 2).sum(axis=(1, 3))
-
-
 def pyramid_estimate(noisy_levels: dict[int, np.ndarray], noise_var: dict[int, float],
                      kappa: float = 1.0, total_floor: float = 1.0) -> np.ndarray:
     """Combine noisy quadtree levels into one non-negative (G, G) estimate (post-processing only).
@@ -170,7 +165,7 @@ def pyramid_estimate(noisy_levels: dict[int, np.ndarray], noise_var: dict[int, f
     g = G
     while g > 1:
         h = g // 2
-        agg, agg_var = _block_sum2(z[g]), _block_sum2(v[g])
+        agg, agg_var = block_sum(z[g], 2), block_sum(v[g], 2)
         if h in noisy_levels:
             own_var = float(noise_var[h])
             w = agg_var / (agg_var + own_var)
@@ -187,11 +182,8 @@ def pyramid_estimate(noisy_levels: dict[int, np.ndarray], noise_var: dict[int, f
         child = child + (parent - child.sum(axis=(1, 3), keepdims=True)) / 4.0
         d = child - parent / 4.0
         d_var = 0.75 * v[2 * g].reshape(g, 2, g, 2)
-        lam = np.maximum(0.0, 1.0 - kappa * d_var / np.maximum(d * d, 1e-300))
-        c = np.maximum(parent / 4.0 + lam * d, 0.0)
-        have = c.sum(axis=(1, 3), keepdims=True)
-        c = np.where(have > 0, c * np.divide(parent, have, out=np.zeros_like(have), where=have > 0),
-                     np.broadcast_to(parent / 4.0, c.shape))
+        lam = shrink_factor(d, d_var, kappa)
+        c = split_to_parent(np.maximum(parent / 4.0 + lam * d, 0.0), parent)
         est = c.reshape(2 * g, 2 * g)
         g *= 2
     return est

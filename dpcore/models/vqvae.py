@@ -32,6 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dpcore.histogram import block_sum, shrink_factor, split_to_parent
+
 Progress = Callable[[int, int, str], None]
 logger = logging.getLogger(__name__)
 
@@ -133,13 +135,21 @@ class TrainReport:
     stopped_early: bool
 
 
-def block_sum(h: np.ndarray, s: int) -> np.ndarray:
-    """(nx, ny, nt) → (⌊nx/s⌋, ⌊ny/s⌋, nt) sums over s×s blocks."""
-    if s == 1:
-        return h
-    nx, ny, nt = h.shape
-    a, b = nx // s, ny // s
-    return h[:a * s, :b * s].reshape(a, s, b, s, nt).sum(axis=(1, 3))
+def _quadtree_sums(values: np.ndarray) -> tuple[int, dict[int, np.ndarray]]:
+    """(size, {g: (g, g, nt) block sums}) for g = 1, 2, 4, ..., size: the (nx, ny, nt) array zero-padded
+    to the next power-of-two side, summed 2 × 2 level by level."""
+    nx, ny, nt = values.shape
+    size = 1
+    while size < max(nx, ny):
+        size *= 2
+    padded = np.zeros((size, size, nt))
+    padded[:nx, :ny] = values
+    sums = {size: padded}
+    g = size
+    while g > 1:
+        sums[g // 2] = block_sum(sums[g], 2)
+        g //= 2
+    return size, sums
 
 
 def _with_context(v: np.ndarray, context: int) -> np.ndarray:
@@ -315,10 +325,8 @@ def nonnegative_keep_block_mass(values: np.ndarray, block: int) -> np.ndarray:
     if block <= 1:
         return pos
     nx, ny = v.shape[:2]
-    px, py = (-nx) % block, (-ny) % block
-    pad = ((0, px), (0, py), (0, 0))
-    target = np.maximum(block_sum(np.pad(v, pad), block), 0.0)
-    have = block_sum(np.pad(pos, pad), block)
+    target = np.maximum(block_sum(v, block, pad=True), 0.0)
+    have = block_sum(pos, block, pad=True)
     factor = np.divide(target, have, out=np.zeros_like(have), where=have > 0)
     return pos * np.repeat(np.repeat(factor, block, axis=0), block, axis=1)[:nx, :ny]
 
@@ -370,24 +378,13 @@ def multiscale_shrink(values: np.ndarray, noise_var: float, kappa: float = 2.0,
     """
     v = np.asarray(values, dtype=np.float64)
     nx, ny, nt = v.shape
-    size = 1
-    while size < max(nx, ny):
-        size *= 2
-    h = np.zeros((size, size, nt))
-    h[:nx, :ny] = v
-    # noisy sums at every level (g × g × nt), g = 1, 2, 4, ..., size
-    sums = {size: h}
-    g = size
-    while g > 1:
-        sums[g // 2] = block_sum(sums[g], 2)
-        g //= 2
+    size, sums = _quadtree_sums(v)  # noisy sums at every level (g × g × nt)
     slot_tot = sums[1][0, 0]
     root_total = max(float(slot_tot.sum()), float(total_floor))
     # root: split the total across slots (per-slot deviations shrunk likewise, at slot_kappa)
     dev = slot_tot - slot_tot.mean()
     dvar = noise_var * size * size * (1.0 - 1.0 / nt)
-    lam = (np.maximum(0.0, 1.0 - slot_kappa(kappa, nt) * dvar / np.maximum(dev * dev, 1e-300)) if nt > 1
-           else np.zeros(nt))
+    lam = shrink_factor(dev, dvar, slot_kappa(kappa, nt)) if nt > 1 else np.zeros(nt)
     est = np.maximum(root_total / nt + lam * dev, 0.0)
     est = (est * (root_total / est.sum()) if est.sum() > 0 else np.full(nt, root_total / nt))[None, None, :]
     g = 1
@@ -399,13 +396,10 @@ def multiscale_shrink(values: np.ndarray, noise_var: float, kappa: float = 2.0,
         rem = d - dw / nt
         var_w = noise_var * cells * nt * 0.75
         var_r = noise_var * cells * 0.75 * (1.0 - 1.0 / nt)
-        lw = np.maximum(0.0, 1.0 - kappa * var_w / np.maximum(dw * dw, 1e-300))
-        lr = np.maximum(0.0, 1.0 - kappa * var_r / np.maximum(rem * rem, 1e-300)) if nt > 1 else 0.0
+        lw = shrink_factor(dw, var_w, kappa)
+        lr = shrink_factor(rem, var_r, kappa) if nt > 1 else 0.0
         parent = est[:, None, :, None, :]
-        c = np.maximum(parent / 4.0 + lw * dw / nt + lr * rem, 0.0)
-        have = c.sum(axis=(1, 3), keepdims=True)
-        c = np.where(have > 0, c * np.divide(parent, have, out=np.zeros_like(have), where=have > 0),
-                     np.broadcast_to(parent / 4.0, c.shape))
+        c = split_to_parent(np.maximum(parent / 4.0 + lw * dw / nt + lr * rem, 0.0), parent)
         est = c.reshape(2 * g, 2 * g, nt)
         g *= 2
     return est[:nx, :ny]
@@ -439,24 +433,12 @@ def multiscale_consistency(estimate: np.ndarray, noisy: np.ndarray, noise_var: f
     if e.shape != y.shape or e.ndim != 3:
         raise ValueError(f"estimate and noisy must have one (nx, ny, nt) shape, got {e.shape} and {y.shape}")
     nx, ny, nt = e.shape
-    size = 1
-    while size < max(nx, ny):
-        size *= 2
-    pe = np.zeros((size, size, nt))
-    py = np.zeros((size, size, nt))
-    pe[:nx, :ny] = e
-    py[:nx, :ny] = y
-    se = {size: pe}
-    sy = {size: py}
-    g = size
-    while g > 1:
-        se[g // 2] = block_sum(se[g], 2)
-        sy[g // 2] = block_sum(sy[g], 2)
-        g //= 2
+    size, se = _quadtree_sums(e)
+    _, sy = _quadtree_sums(y)
 
     def _weight(d: np.ndarray, var: float) -> np.ndarray:
         k = max(kappa, 2.0 * np.log(d.size)) if universal and d.size > 1 else kappa
-        return np.maximum(0.0, 1.0 - k * var / np.maximum(d * d, 1e-300))
+        return shrink_factor(d, var, k)
 
     root_total = float(se[1].sum())
     est = se[1].copy()  # (1, 1, nt)
@@ -464,8 +446,7 @@ def multiscale_consistency(estimate: np.ndarray, noisy: np.ndarray, noise_var: f
         r = sy[1] - est
         d = r - r.mean()
         slot_var = noise_var * size * size * (1.0 - 1.0 / nt)
-        moved = np.maximum(est + np.maximum(0.0, 1.0 - slot_kappa(kappa, nt) * slot_var
-                                            / np.maximum(d * d, 1e-300)) * d, 0.0)
+        moved = np.maximum(est + shrink_factor(d, slot_var, slot_kappa(kappa, nt)) * d, 0.0)
         if moved.sum() > 0:
             est = moved * (root_total / moved.sum())
     block = max(1, int(min_block))
@@ -474,9 +455,7 @@ def multiscale_consistency(estimate: np.ndarray, noisy: np.ndarray, noise_var: f
         cells = (size // (2 * g)) ** 2
         parent = est[:, None, :, None, :]
         child_e = se[2 * g].reshape(g, 2, g, 2, nt)
-        have = child_e.sum(axis=(1, 3), keepdims=True)
-        prior = np.where(have > 0, child_e * np.divide(parent, have, out=np.zeros_like(have), where=have > 0),
-                         np.broadcast_to(parent / 4.0, child_e.shape))
+        prior = split_to_parent(child_e, parent)
         r = sy[2 * g].reshape(g, 2, g, 2, nt) - prior
         d = (r - r.mean(axis=(1, 3), keepdims=True)).reshape(2 * g, 2 * g, nt)
         dw = d.sum(axis=2, keepdims=True)
@@ -491,18 +470,10 @@ def multiscale_consistency(estimate: np.ndarray, noisy: np.ndarray, noise_var: f
         # re-centre after weighting: the children's corrections cancel, so the parent's total is kept
         # without rescaling every child (a rescale would move mass in proportion to the prior)
         corr = corr - corr.mean(axis=(1, 3), keepdims=True)
-        c = np.maximum(prior + corr, 0.0)
-        tot = c.sum(axis=(1, 3), keepdims=True)
-        c = np.where(tot > 0, c * np.divide(parent, tot, out=np.zeros_like(tot), where=tot > 0),
-                     np.broadcast_to(parent / 4.0, c.shape))
+        c = split_to_parent(np.maximum(prior + corr, 0.0), parent)
         est = c.reshape(2 * g, 2 * g, nt)
         g *= 2
     if g < size:  # spread the final block totals over their cells in proportion to the estimate
         s = size // g
-        cell_e = pe.reshape(g, s, g, s, nt)
-        have = cell_e.sum(axis=(1, 3), keepdims=True)
-        parent = est[:, None, :, None, :]
-        out = np.where(have > 0, cell_e * np.divide(parent, have, out=np.zeros_like(have), where=have > 0),
-                       np.broadcast_to(parent / (s * s), cell_e.shape))
-        est = out.reshape(size, size, nt)
+        est = split_to_parent(se[size].reshape(g, s, g, s, nt), est[:, None, :, None, :]).reshape(size, size, nt)
     return est[:nx, :ny]
