@@ -6,10 +6,14 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 from dpcore import GeoDPError
 from dpcore.data import LoadResult, load_points, parse_column_map
 from dpcore.geo import Region, resolve_region
+
+T = TypeVar("T")
 
 
 class CLIError(GeoDPError, ValueError):
@@ -76,6 +80,29 @@ def parse_params(items: list[str] | None) -> dict:
         except json.JSONDecodeError:
             out[k.strip()] = v
     return out
+
+
+def parse_mechanism_params(items: list[str] | None, command: str) -> dict[str, dict]:
+    """--param MECH.KEY=VALUE (an evaluation's per-mechanism parameters) → {mech: {key: value}}."""
+    out: dict[str, dict] = {}
+    for key, value in parse_params(items).items():
+        if "." not in key:
+            raise CLIError(f"{command} --param needs MECH.KEY=VALUE, got {key!r}")
+        mech, k = key.split(".", 1)
+        out.setdefault(mech, {})[k] = value
+    return out
+
+
+def evaluation_params(build: Callable[[], T]) -> T:
+    """Build the flow's pydantic parameters, turning a validation error into one CLI error line."""
+    from pydantic import ValidationError
+
+    try:
+        return build()
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(map(str, err["loc"]))
+        raise CLIError(f"bad evaluation parameters: {where + ': ' if where else ''}{err['msg']}") from exc
 
 
 def eprint(*a: object) -> None:

@@ -8,15 +8,15 @@ from pathlib import Path
 
 from dpcore.geo import CITY_CENTRES, DEFAULT_SIDE_KM, city_names, city_region
 from flows.cli_common import (
-    CLIError,
     ProgressPrinter,
     add_data_args,
     add_privacy_args,
     add_region_args,
     eprint,
+    evaluation_params,
     load_from_args,
     parse_epsilons,
-    parse_params,
+    parse_mechanism_params,
     region_from_args,
 )
 from flows.cli_st import add_flow_args
@@ -84,12 +84,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from dpcore.queries import parse_query_sides
 
     region = None if args.flow else region_from_args(args)
-    mech_params: dict[str, dict] = {}
-    for key, value in parse_params(args.param).items():
-        if "." not in key:
-            raise CLIError(f"evaluate --param needs MECH.KEY=VALUE, got {key!r}")
-        mech, k = key.split(".", 1)
-        mech_params.setdefault(mech, {})[k] = value
+    mech_params = parse_mechanism_params(args.param, "evaluate")
     config = EvalConfig(mechanisms=[m.strip() for m in args.mechanisms.split(",") if m.strip()],
                         epsilons=parse_epsilons(args.epsilon), privacy_unit=args.privacy_unit,
                         max_points_per_user=args.max_points_per_user,
@@ -115,8 +110,6 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 def _evaluate_flow(args: argparse.Namespace, config) -> int:
     """`geodp evaluate --flow`: the Prefect `evaluate` flow (one Dask task per city × mechanism × ε),
     with its artifacts: error table, error-vs-ε plot and training curves (SNH)."""
-    from pydantic import ValidationError
-
     from dpcore.evaluate import format_table
     from dpcore.mechanisms import get_mechanism
     from flows.cli_st import flow_cities, run_evaluate_flow
@@ -125,17 +118,12 @@ def _evaluate_flow(args: argparse.Namespace, config) -> int:
     cities = flow_cities(args)
     for m in config.mechanisms:  # unknown parameters fail here, not in a worker
         get_mechanism(m, **config.mechanism_params.get(m, {}))
-    try:
-        params = EvaluateParams(
-            data=str(args.data), cities=cities, mechanisms=config.mechanisms, epsilons=config.epsilons,
-            privacy_unit=config.privacy_unit, max_points_per_user=config.max_points_per_user,
-            query_sides_m=config.query_sides_m, queries=config.n_queries, trials=config.trials, seed=config.seed,
-            mechanism_params=config.mechanism_params, output_dir=args.artifacts_dir, columns=args.columns,
-            format=args.format, dask_address=args.dask_address, n_workers=args.workers)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(map(str, err["loc"]))
-        raise CLIError(f"bad evaluation parameters: {where + ': ' if where else ''}{err['msg']}") from exc
+    params = evaluation_params(lambda: EvaluateParams(
+        data=str(args.data), cities=cities, mechanisms=config.mechanisms, epsilons=config.epsilons,
+        privacy_unit=config.privacy_unit, max_points_per_user=config.max_points_per_user,
+        query_sides_m=config.query_sides_m, queries=config.n_queries, trials=config.trials, seed=config.seed,
+        mechanism_params=config.mechanism_params, output_dir=args.artifacts_dir, columns=args.columns,
+        format=args.format, dask_address=args.dask_address, n_workers=args.workers))
     out = run_evaluate_flow(params)
     for city in cities:
         info = out["cities"][city]

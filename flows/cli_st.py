@@ -18,9 +18,10 @@ from flows.cli_common import (
     add_data_args,
     add_region_args,
     eprint,
+    evaluation_params,
     load_from_args,
     parse_epsilons,
-    parse_params,
+    parse_mechanism_params,
     region_from_args,
 )
 
@@ -118,8 +119,6 @@ def run_evaluate_flow(params) -> dict:
 
 
 def _evaluate_st_flow(args: argparse.Namespace, config, mech_params: dict[str, dict]) -> int:
-    from pydantic import ValidationError
-
     from dpcore.evaluate_st import format_st_table
     from dpcore.mechanisms import get_mechanism
     from tasks.config import EvaluateParams, STEvaluateOptions
@@ -127,22 +126,16 @@ def _evaluate_st_flow(args: argparse.Namespace, config, mech_params: dict[str, d
     cities = flow_cities(args)
     for m in config.mechanisms:  # unknown parameters fail here, not in a worker
         get_mechanism(m, **mech_params.get(m, {}))
-    try:
-        st = STEvaluateOptions(
-            window=args.window, slot=args.slot, mechanisms=config.mechanisms, epsilons=config.epsilons,
-            max_points_per_user=config.max_points_per_user, query_sides_m=config.query_sides_m,
-            queries=config.n_queries, max_query_slots=config.max_query_slots, hotspot_queries=config.hotspot_queries,
-            hotspot_extent_km=args.hotspot_extent_km, forecast_queries=config.forecast_queries,
-            horizon=args.horizon, trials=config.trials, image_epsilon=args.image_epsilon)
-        params = EvaluateParams(data=str(args.data), cities=cities, mechanisms=[], privacy_unit=args.privacy_unit,
-                                seed=args.seed, mechanism_params=mech_params, spatio_temporal=st,
-                                columns=args.columns, format=args.format,
-                                output_dir=args.artifacts_dir, dask_address=args.dask_address,
-                                n_workers=args.workers)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(map(str, err["loc"]))
-        raise CLIError(f"bad evaluation parameters: {where + ': ' if where else ''}{err['msg']}") from exc
+    st = evaluation_params(lambda: STEvaluateOptions(
+        window=args.window, slot=args.slot, mechanisms=config.mechanisms, epsilons=config.epsilons,
+        max_points_per_user=config.max_points_per_user, query_sides_m=config.query_sides_m,
+        queries=config.n_queries, max_query_slots=config.max_query_slots, hotspot_queries=config.hotspot_queries,
+        hotspot_extent_km=args.hotspot_extent_km, forecast_queries=config.forecast_queries,
+        horizon=args.horizon, trials=config.trials, image_epsilon=args.image_epsilon))
+    params = evaluation_params(lambda: EvaluateParams(
+        data=str(args.data), cities=cities, mechanisms=[], privacy_unit=args.privacy_unit, seed=args.seed,
+        mechanism_params=mech_params, spatio_temporal=st, columns=args.columns, format=args.format,
+        output_dir=args.artifacts_dir, dask_address=args.dask_address, n_workers=args.workers))
     out = run_evaluate_flow(params)
     st_out = out["spatio_temporal"]
     report = {"results": [{"city": c, **r} for c, rep in st_out["cities"].items() for r in rep["results"]],
@@ -173,12 +166,7 @@ def cmd_evaluate_st(args: argparse.Namespace) -> int:
 
     region = None if args.flow else region_from_args(args)
     start, end = _parse_window(args.window)
-    mech_params: dict[str, dict] = {}
-    for key, value in parse_params(args.param).items():
-        if "." not in key:
-            raise CLIError(f"evaluate-st --param needs MECH.KEY=VALUE, got {key!r}")
-        mech, k = key.split(".", 1)
-        mech_params.setdefault(mech, {})[k] = value
+    mech_params = parse_mechanism_params(args.param, "evaluate-st")
     for name, value in (("--queries", args.queries), ("--trials", args.trials),
                         ("--hotspot-queries", args.hotspot_queries), ("--forecast-queries", args.forecast_queries),
                         ("--max-points-per-user", args.max_points_per_user)):
