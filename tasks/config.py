@@ -17,7 +17,7 @@ from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, Field, field_validator, model_validator
 
 from dpcore import GeoDPError
 
@@ -96,12 +96,23 @@ def canonical_hash(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str).encode()).hexdigest()
 
 
+def _split_commas(v: Any) -> Any:
+    """'a, b,c' → ['a', 'b', 'c'] (CLI and UI forms may give one comma-separated string)."""
+    if isinstance(v, str):
+        return [c.strip() for c in v.split(",") if c.strip()]
+    return v
+
+
+#: A list of names that also accepts one comma-separated string.
+NameList = Annotated[list[str], BeforeValidator(_split_commas)]
+
+
 class ReleaseParams(BaseModel):
     """One release: a dataset, a period, a list of cities, the mechanism and its budget."""
 
     data: str = Field(description="input point table (path or URL readable on the workers)")
-    cities: list[str] = Field(default_factory=list,
-                              description="catalog city slugs; empty = every catalog city (not chosen by data, see release flow)")
+    cities: NameList = Field(default_factory=list,
+                             description="catalog city slugs; empty = every catalog city (not chosen by data, see release flow)")
     period: str | None = Field(default=None, description="YYYY-MM-DD, YYYY-MM, A..B, or empty for the whole input")
     epsilon: float = Field(gt=0, description="ε per city-release")
     mechanism: str = "identity"
@@ -121,13 +132,6 @@ class ReleaseParams(BaseModel):
     format: str = "auto"
     dask_address: str | None = Field(default=None, description="Dask scheduler address; empty = LocalCluster")
     n_workers: int = Field(default=2, ge=1, le=64, description="LocalCluster workers when no address is given")
-
-    @field_validator("cities", mode="before")
-    @classmethod
-    def _split_cities(cls, v: Any) -> Any:
-        if isinstance(v, str):
-            return [c.strip() for c in v.split(",") if c.strip()]
-        return v
 
 
 class BackfillParams(BaseModel):
@@ -158,7 +162,7 @@ class STEvaluateOptions(BaseModel):
 
     window: str = Field(description="public time window START/END (UTC ISO dates), e.g. 2008-05-18/2008-06-08")
     slot: str = Field(default="1d", description="time slot: 1h, 1d, ...")
-    mechanisms: list[str] = Field(default_factory=lambda: ["identity3d", "vdr"])
+    mechanisms: NameList = Field(default_factory=lambda: ["identity3d", "vdr"])
     epsilons: list[Annotated[float, Field(gt=0)]] = Field(default_factory=lambda: [0.1, 0.2, 0.5, 1.0])
     max_points_per_user: int = Field(default=50, ge=1, description="k over the whole window (user level)")
     query_sides_m: list[tuple[float, float]] = Field(default_factory=lambda: [(100, 1000), (1000, 5000)])
@@ -176,13 +180,6 @@ class STEvaluateOptions(BaseModel):
     image_cells: int = Field(default=128, ge=4, description="cells per side at most in the drawn heatmaps "
                              "(the hotspot grid summed into blocks; sparse data reads better coarser)")
     forecast_plots: int = Field(default=3, ge=1, le=12, description="forecast series drawn per city and mechanism")
-
-    @field_validator("mechanisms", mode="before")
-    @classmethod
-    def _split(cls, v: Any) -> Any:
-        if isinstance(v, str):
-            return [c.strip() for c in v.split(",") if c.strip()]
-        return v
 
     @field_validator("window")
     @classmethod
@@ -219,8 +216,8 @@ class EvaluateParams(BaseModel):
     when ``spatio_temporal`` is given, one per (city, mechanism, ε) for the spatio-temporal ones."""
 
     data: str
-    cities: list[str]
-    mechanisms: list[str] = Field(default_factory=lambda: ["identity", "ug", "ag", "hb", "privtree"],
+    cities: NameList
+    mechanisms: NameList = Field(default_factory=lambda: ["identity", "ug", "ag", "hb", "privtree"],
                                   description="2-D mechanisms; empty = only the spatio-temporal part")
     epsilons: list[float] = Field(default_factory=lambda: [0.1, 0.4, 1.6])
     privacy_unit: Literal["user", "record"] = "user"
@@ -239,13 +236,6 @@ class EvaluateParams(BaseModel):
     format: str = "auto"
     dask_address: str | None = None
     n_workers: int = Field(default=2, ge=1, le=64)
-
-    @field_validator("cities", "mechanisms", mode="before")
-    @classmethod
-    def _split(cls, v: Any) -> Any:
-        if isinstance(v, str):
-            return [c.strip() for c in v.split(",") if c.strip()]
-        return v
 
     @model_validator(mode="after")
     def _something_to_do(self) -> EvaluateParams:
