@@ -125,6 +125,7 @@ def cmd_accuracy(args: argparse.Namespace) -> None:
                 all_rows.append(r)
                 print(f"ε={eps:<5g} {a:g}-{b:g} m  {r['mechanism']:<9} {r['mean_relative_error']:.4f}  "
                       f"fit {r['fit_seconds']:.1f}s  params {r.get('params')}", flush=True)
+    zero = zero_reference(pts, region, sides, args.queries)
     if args.json:
         Path(args.json).write_text(json.dumps(all_rows, indent=2, default=str))
     # Goal summary: snh / auto vs the best of the others per (ε, band).
@@ -141,7 +142,29 @@ def cmd_accuracy(args: argparse.Namespace) -> None:
         for m in ("snh", "auto"):
             if m in rows:
                 line += f"; {m} {rows[m]:.4f} (×{rows[m] / base[best_m]:.2f})"
-        print(line)
+        print(line + f"; answer-0 reference {zero[tuple(map(float, key[1]))]:.4f}")
+
+
+def zero_reference(pts: Points, region, sides: list[tuple[float, float]], n_queries: int,
+                   seed: int = 0) -> dict[tuple[float, float], float]:
+    """Mean relative error of answering 0 to every query, on the protocol's own workloads.
+
+    A data-independent reference: with ψ = 0.1% of n, a release whose errors exceed this one tells
+    nothing a blank map would not (bench/README.md shows where the baselines fall behind it).
+    """
+    from dpcore.evaluate import region_data
+    from dpcore.metrics import psi_for, relative_error
+    from dpcore.queries import square_workload, true_counts
+
+    data = region_data(pts, region)
+    psi = psi_for(data.n_points)
+    rng = np.random.default_rng([seed, 0xB0C5])  # the same stream dpcore.evaluate draws its workloads from
+    out = {}
+    for a, b in sides:
+        boxes = square_workload(region, n_queries, a, b, rng)
+        truth = true_counts(data.x, data.y, boxes)
+        out[(float(a), float(b))] = float(relative_error(np.zeros_like(truth), truth, psi).mean())
+    return out
 
 
 def cmd_rho(args: argparse.Namespace) -> None:

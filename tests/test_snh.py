@@ -327,3 +327,31 @@ def test_pyramid_collection_charges_every_level_and_spends_exactly_epsilon():
     assert [c["epsilon"] for c in charges] == pytest.approx([0.06, 0.12, 0.12])
     assert syn.noisy.shape == (G, G) and (syn.noisy >= 0).all()
     assert syn.config["data_collection"] == "pyramid"
+
+
+@pytest.mark.parametrize("loss, expected", [("l1", 0.0), ("mse", 1.0)])
+def test_l1_loss_fits_the_median_and_mse_the_mean(loss, expected):
+    """Labels that are 0 nine times in ten and 10 otherwise, at every location: the absolute loss's
+    minimiser is their median (0), the squared loss's their mean (1)."""
+    from dpcore.models.snh_net import TrainConfig, train_batched
+
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-1, 1, (4000, 2)).astype(np.float32)
+    y = np.where(rng.random(4000) < 0.1, 10.0, 0.0).astype(np.float32)
+    gen = torch.Generator().manual_seed(0)
+    net = BatchedSineSwishMLP(1, 2, 16, 2, omega0=1.0, generator=gen)
+    cfg = TrainConfig(lr=3e-3, batch_size=500, max_epochs=30, patience=30, samples_per_epoch=4000, loss=loss)
+    train_batched(net, [x], [y], [np.ones_like(y)], cfg, torch.device("cpu"), gen)
+    pred = predict_grouped(net, x[:500], np.zeros(500, dtype=np.int64), torch.device("cpu"))
+    assert abs(float(np.median(pred)) - expected) < 0.3
+
+
+def test_unknown_loss_is_refused_before_any_budget_is_spent():
+    region = small_region()
+    x, y = _structured_points(region, 2000, 0)
+    noise = NoiseSource.seeded(0)
+    state = noise.rng.bit_generator.state
+    with pytest.raises(MechanismError, match="loss must be one of"):
+        get_mechanism("snh", cell_width_m=100.0, loss="huber").fit(
+            FitInput(x, y, region, "record", None), 1.0, noise)
+    assert noise.rng.bit_generator.state == state  # no noise was drawn

@@ -100,6 +100,10 @@ class TrainConfig:
     #: second thread gains little, and on a busy machine OpenMP threads that wait for each other made
     #: epochs ~6x slower (bench/README.md); 1 is the robust default. Ignored on CUDA.
     cpu_threads: int = 1
+    #: ``"mse"``: weighted squared error (the SNH paper); ``"l1"``: weighted absolute error, which with
+    #: weights 1/max(y, ψ) is the relative error the releases are judged by (and, with Laplace label
+    #: noise, the likelihood's own loss).
+    loss: str = "mse"
 
 
 @dataclass
@@ -150,6 +154,9 @@ def _train(model: BatchedSineSwishMLP, inputs: list[np.ndarray], targets: list[n
         ys[i, :sizes[i]] = torch.as_tensor(np.asarray(targets[i]), dtype=torch.float32, device=device)
         ws[i, :sizes[i]] = torch.as_tensor(np.asarray(weights[i]), dtype=torch.float32, device=device)
     rows = torch.arange(k, device=device)[:, None]
+    if config.loss not in ("mse", "l1"):
+        raise ValueError(f"loss must be 'mse' or 'l1', got {config.loss!r}")
+    l1 = config.loss == "l1"
     per_epoch = config.samples_per_epoch
     steps = max(1, math.ceil(per_epoch / config.batch_size))
     opt = torch.optim.Adam(model.parameters(), lr=config.lr)
@@ -165,7 +172,8 @@ def _train(model: BatchedSineSwishMLP, inputs: list[np.ndarray], targets: list[n
         total = 0.0
         for s in range(steps):
             sl = idx[:, s * config.batch_size:(s + 1) * config.batch_size]
-            loss = (ws[rows, sl] * (model(xs[rows, sl]) - ys[rows, sl]) ** 2).mean()
+            resid = model(xs[rows, sl]) - ys[rows, sl]
+            loss = (ws[rows, sl] * (resid.abs() if l1 else resid * resid)).mean()
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
