@@ -3,6 +3,7 @@
     nice -n 10 .venv/bin/python bench/bench_snh.py speed            # 20 × 20 km training time, queries/s
     nice -n 10 .venv/bin/python bench/bench_snh.py accuracy --epsilons 0.05,0.1,0.2 --privacy-unit record
     nice -n 10 .venv/bin/python bench/bench_snh.py rho              # ParamSelect ρ vs the best searched ρ
+    nice -n 10 .venv/bin/python bench/bench_snh.py floors           # no-privacy reference errors
 
 Data: Gowalla NYC from ../shared/data (falls back to the synthetic generator when it is absent, and
 says so). Prints numbers; nothing here asserts.
@@ -30,9 +31,16 @@ SHARED = Path(os.environ.get("GEODP_SHARED_DATA", Path(__file__).resolve().paren
 
 
 def load_city(city: str) -> tuple[Points, str]:
+    """Gowalla NYC for new-york, the Gowalla sample's points for its other cities (held out from every
+    choice tuned on NYC), else the synthetic generator."""
     path = SHARED / "gowalla_nyc_checkins.tsv.gz"
     if city == "new-york" and path.exists():
         return load_points(path).points, str(path)
+    sample = SHARED / "gowalla_sample_1000users.parquet"
+    if city != "new-york" and sample.exists():
+        idx, _, _ = clip_to_region(pts := load_points(sample).points, city_region(city))
+        if idx.size >= 1000:
+            return pts, f"{sample} ({idx.size:,} points in {city})"
     from dpcore.data import validate_frame
     from dpcore.synthetic import generate_checkins
 
@@ -167,6 +175,46 @@ def zero_reference(pts: Points, region, sides: list[tuple[float, float]], n_quer
     return out
 
 
+def cmd_floors(args: argparse.Namespace) -> None:
+    """Reference errors that use the TRUE data (no privacy), on the protocol's workloads: how far a
+    release could get at best. Answer 0; the exact counts of a G × G grid under the uniformity
+    assumption (the resolution floor); the exact counts of only the cells holding ≥ T points, zero
+    elsewhere (an oracle of spike detection: a DP release must find those cells under noise of scale
+    sensitivity/ε per cell, so at ε = 0.1 it cannot tell cells below T ≈ 30–50 from empty ones)."""
+    from dpcore.evaluate import region_data
+    from dpcore.histogram import answer_boxes, grid_counts, prefix_sums
+    from dpcore.metrics import psi_for, relative_error
+    from dpcore.queries import parse_query_sides, square_workload, true_counts
+
+    pts, source = load_city(args.city)
+    region = city_region(args.city)
+    data = region_data(pts, region)
+    psi = psi_for(data.n_points)
+    rng = np.random.default_rng([0, 0xB0C5])  # dpcore.evaluate's workload stream (seed 0)
+    sides = parse_query_sides(args.query_sides_m)
+    work = []
+    for a, b in sides:
+        boxes = square_workload(region, args.queries, a, b, rng)
+        work.append((boxes, true_counts(data.x, data.y, boxes)))
+    print(f"data {source}; {data.n_points:,} points; ψ = {psi:g}; columns: " +
+          ", ".join(f"{a:g}-{b:g} m" for a, b in sides))
+
+    def row(label: str, est: np.ndarray | None) -> None:
+        errs = []
+        for boxes, truth in work:
+            ans = np.zeros_like(truth, dtype=np.float64) if est is None else \
+                answer_boxes(prefix_sums(est), region.bounds_m, boxes)
+            errs.append(relative_error(ans, truth, psi).mean())
+        print(f"{label:<38}" + "  ".join(f"{e:.4f}" for e in errs))
+
+    row("answer 0", None)
+    for g in (64, 128, 256, 512, 1024):
+        counts = grid_counts(data.x, data.y, region.bounds_m, g, g).astype(np.float64)
+        row(f"exact {g}x{g} grid ({region.side_m / g:.0f} m)", counts)
+        for t in (10, 30, 50):
+            row(f"  only cells with >= {t} points", np.where(counts >= t, counts, 0.0))
+
+
 def cmd_rho(args: argparse.Namespace) -> None:
     from dpcore.evaluate import EvalConfig, evaluate
     from dpcore.paramselect import RHO_GRID_M, select_params
@@ -214,6 +262,11 @@ def main() -> None:
                    help="cell widths to time; 0 = chosen by ParamSelect")
     s.add_argument("--queries", type=int, default=1_000_000)
     s.set_defaults(func=cmd_speed)
+    f = sub.add_parser("floors", help="no-privacy reference errors (answer 0, exact grids, spike oracle)")
+    f.add_argument("--city", default="new-york")
+    f.add_argument("--query-sides-m", default="25:100,100:1000")
+    f.add_argument("--queries", type=int, default=2000)
+    f.set_defaults(func=cmd_floors)
     for name, fn in (("accuracy", cmd_accuracy), ("rho", cmd_rho)):
         p = sub.add_parser(name)
         p.add_argument("--city", default="new-york")
