@@ -156,6 +156,12 @@ def evaluate(points: Points, region: Region, config: EvalConfig, progress: Progr
         "total_points_source": "public input of the evaluation protocol" if config.privacy_unit == "user" else None,
         "noise_source": "seeded (experiments only)",
         "results": results,
+        # Answering 0 to every query: with ψ = 0.1% of n a release on sparse data can do worse than
+        # that, and then it says less than a blank map (bench/README.md, SNH section).
+        "reference_answer_zero": [
+            {"query_sides_m": [sides[0], sides[1]],
+             "mean_relative_error": float(relative_error(np.zeros_like(truth, dtype=np.float64), truth, psi).mean())}
+            for sides, _, truth in workloads],
     }
 
 
@@ -167,4 +173,8 @@ def format_table(report: dict) -> str:
         a, b = r["query_sides_m"]
         rows.append(f"{r['mechanism']:<12} {r['epsilon']:>6g} {f'{a:g}-{b:g}':>12} "
                     f"{r['mean_relative_error']:>13.4f} {r['median_relative_error']:>9.4f} {r['fit_seconds']:>7.2f}")
+    for ref in report.get("reference_answer_zero", []):
+        a, b = ref["query_sides_m"]
+        rows.append(f"{'answer 0':<12} {'-':>6} {f'{a:g}-{b:g}':>12} {ref['mean_relative_error']:>13.4f}   "
+                    "(reference: no data, no noise)")
     return "\n".join(rows)

@@ -28,3 +28,7 @@ def test_identity_and_ug_on_gowalla_nyc(nyc_points, privacy_unit):
     assert err[("ug", 1.6)] < (0.2 if privacy_unit == "record" else 0.6)
     if privacy_unit == "user":
         assert report["total_points_source"].startswith("public input")
+    # The answer-0 reference: t / max(t, ψ) per query, so in (0, 1]; a good release must beat it.
+    (ref,) = report["reference_answer_zero"]
+    assert ref["query_sides_m"] == [1000.0, 5000.0] and 0 < ref["mean_relative_error"] <= 1
+    assert err[("ug", 1.6)] < ref["mean_relative_error"]
