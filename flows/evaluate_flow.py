@@ -101,7 +101,8 @@ def evaluate_flow(params: EvaluateParams) -> dict:
         training = [{"city": o["city"], **c} for o in outs for c in o["training"]]
         _publish_2d(params, loaded.data_version, rows, training, files)
         summary.update({"results": rows, "training": training,
-                        "cities": {o["city"]: {"n_points": o["n_points"], "n_users": o["n_users"], "psi": o["psi"]}
+                        "cities": {o["city"]: {"n_points": o["n_points"], "n_users": o["n_users"], "psi": o["psi"],
+                                               "reference_answer_zero": o["reference_answer_zero"]}
                                    for o in outs}})
     if st_outs:
         summary["spatio_temporal"] = _publish_st(params, loaded.data_version, st_outs, files)

@@ -56,7 +56,8 @@ def evaluate_one(points: Points, city: str, mechanism: str, epsilon: float, priv
     with forward_logs("dpcore.mechanisms.snh", _logger()):  # SNH's per-epoch progress into the task log
         report = evaluate(points, city_region(city), config, on_fit=keep_losses)
     return {"city": city, "n_points": report["n_points"], "n_users": report["n_users"], "psi": report["psi"],
-            "results": report["results"], "training": training}
+            "results": report["results"], "training": training,
+            "reference_answer_zero": report["reference_answer_zero"]}
 
 
 def block_sum_xy(grid: np.ndarray, max_cells: int) -> np.ndarray:
