@@ -98,6 +98,7 @@ def cmd_accuracy(args: argparse.Namespace) -> None:
     print(f"data {source}; {args.privacy_unit}-level; k={k if args.privacy_unit == 'user' else '-'}; "
           f"load average {os.getloadavg()[0]:.1f} (shared machine)")
     all_rows = []
+    zero: dict[tuple[float, float], float] = {}  # answer-0 reference per band, from the reports
     for eps in epsilons:
         mechs = [m for m in args.mechanisms.split(",") if m]
         params: dict[str, dict] = {}
@@ -126,6 +127,8 @@ def cmd_accuracy(args: argparse.Namespace) -> None:
                              max_points_per_user=k, query_sides_m=list(sides), n_queries=args.queries,
                              trials=args.trials, seed=0, mechanism_params=cfg_params)
             rep = evaluate(pts, region, cfg)
+            zero.update({(float(r["query_sides_m"][0]), float(r["query_sides_m"][1])): r["mean_relative_error"]
+                         for r in rep["reference_answer_zero"]})
             for r in _rows(rep):
                 a, b = r["query_sides_m"]
                 if band is not None and (a, b) != band:
@@ -133,7 +136,6 @@ def cmd_accuracy(args: argparse.Namespace) -> None:
                 all_rows.append(r)
                 print(f"ε={eps:<5g} {a:g}-{b:g} m  {r['mechanism']:<9} {r['mean_relative_error']:.4f}  "
                       f"fit {r['fit_seconds']:.1f}s  params {r.get('params')}", flush=True)
-    zero = zero_reference(pts, region, sides, args.queries)
     if args.json:
         Path(args.json).write_text(json.dumps(all_rows, indent=2, default=str))
     # Goal summary: snh / auto vs the best of the others per (ε, band).
@@ -153,49 +155,23 @@ def cmd_accuracy(args: argparse.Namespace) -> None:
         print(line + f"; answer-0 reference {zero[tuple(map(float, key[1]))]:.4f}")
 
 
-def zero_reference(pts: Points, region, sides: list[tuple[float, float]], n_queries: int,
-                   seed: int = 0) -> dict[tuple[float, float], float]:
-    """Mean relative error of answering 0 to every query, on the protocol's own workloads.
-
-    A data-independent reference: with ψ = 0.1% of n, a release whose errors exceed this one tells
-    nothing a blank map would not (bench/README.md shows where the baselines fall behind it).
-    """
-    from dpcore.evaluate import region_data
-    from dpcore.metrics import psi_for, relative_error
-    from dpcore.queries import square_workload, true_counts
-
-    data = region_data(pts, region)
-    psi = psi_for(data.n_points)
-    rng = np.random.default_rng([seed, 0xB0C5])  # the same stream dpcore.evaluate draws its workloads from
-    out = {}
-    for a, b in sides:
-        boxes = square_workload(region, n_queries, a, b, rng)
-        truth = true_counts(data.x, data.y, boxes)
-        out[(float(a), float(b))] = float(relative_error(np.zeros_like(truth), truth, psi).mean())
-    return out
-
-
 def cmd_floors(args: argparse.Namespace) -> None:
     """Reference errors that use the TRUE data (no privacy), on the protocol's workloads: how far a
     release could get at best. Answer 0; the exact counts of a G × G grid under the uniformity
     assumption (the resolution floor); the exact counts of only the cells holding ≥ T points, zero
     elsewhere (an oracle of spike detection: a DP release must find those cells under noise of scale
     sensitivity/ε per cell, so at ε = 0.1 it cannot tell cells below T ≈ 30–50 from empty ones)."""
-    from dpcore.evaluate import region_data
+    from dpcore.evaluate import protocol_workloads, region_data
     from dpcore.histogram import answer_boxes, grid_counts, prefix_sums
     from dpcore.metrics import psi_for, relative_error
-    from dpcore.queries import parse_query_sides, square_workload, true_counts
+    from dpcore.queries import parse_query_sides
 
     pts, source = load_city(args.city)
     region = city_region(args.city)
     data = region_data(pts, region)
     psi = psi_for(data.n_points)
-    rng = np.random.default_rng([0, 0xB0C5])  # dpcore.evaluate's workload stream (seed 0)
     sides = parse_query_sides(args.query_sides_m)
-    work = []
-    for a, b in sides:
-        boxes = square_workload(region, args.queries, a, b, rng)
-        work.append((boxes, true_counts(data.x, data.y, boxes)))
+    work = [(boxes, truth) for _, boxes, truth in protocol_workloads(data, sides, args.queries, seed=0)]
     print(f"data {source}; {data.n_points:,} points; ψ = {psi:g}; columns: " +
           ", ".join(f"{a:g}-{b:g} m" for a, b in sides))
 

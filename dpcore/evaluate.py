@@ -98,6 +98,18 @@ def fit_and_scale(mechanism: str, params: dict, fit_input: FitInput, epsilon: fl
     return get_mechanism(mechanism, **params).fit(fit_input, epsilon, noise)
 
 
+def protocol_workloads(data: RegionData, query_sides_m: list[tuple[float, float]], n_queries: int,
+                       seed: int) -> list[tuple[tuple[float, float], np.ndarray, np.ndarray]]:
+    """The protocol's workloads: per band (sides, boxes, true counts), drawn from a stream of ``seed``
+    alone, so every mechanism and any reference computed elsewhere sees the same queries."""
+    rng = np.random.default_rng([seed, 0xB0C5])
+    out = []
+    for a, b in query_sides_m:
+        boxes = square_workload(data.region, n_queries, a, b, rng)
+        out.append(((a, b), boxes, true_counts(data.x, data.y, boxes)))
+    return out
+
+
 def evaluate(points: Points, region: Region, config: EvalConfig, progress: Progress | None = None,
              on_fit: OnFit | None = None) -> dict:
     """Run the protocol; returns the JSON-able result in the documented schema.
@@ -110,11 +122,7 @@ def evaluate(points: Points, region: Region, config: EvalConfig, progress: Progr
         raise DataError(f"no points fall inside region {region.name} ({region.side_km} km around "
                         f"{region.center_lat}, {region.center_lon})")
     psi = psi_for(data.n_points)
-    wl_rng = np.random.default_rng([config.seed, 0xB0C5])
-    workloads = []
-    for a, b in config.query_sides_m:
-        boxes = square_workload(region, config.n_queries, a, b, wl_rng)
-        workloads.append(((a, b), boxes, true_counts(data.x, data.y, boxes)))
+    workloads = protocol_workloads(data, config.query_sides_m, config.n_queries, config.seed)
 
     total = len(config.mechanisms) * len(config.epsilons) * config.trials
     done = 0
