@@ -109,7 +109,7 @@ def make_plans(*, dataset: str, cities: list[str], center: str | None, side_km: 
                public_total: float | None = None, source: str = "") -> list[CityPlan]:
     """One plan per region. Validates names and parameters before any data is touched."""
     mech_cls = get_mechanism_class(mechanism)
-    get_mechanism(mechanism, **params)  # bad parameters fail here, not on a worker
+    get_mechanism(mechanism, **params).check_params()  # bad parameters fail here, before the ledger
     slot_seconds = None
     if mech_cls.spatio_temporal:
         if period.start_s is None:

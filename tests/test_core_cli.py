@@ -74,6 +74,16 @@ def test_bad_release_arguments_give_clean_errors(synth_file, tmp_path, args, mes
     assert not (tmp_path / "o").exists()
 
 
+def test_bad_parameter_value_fails_before_the_ledger_is_charged(synth_file, tmp_path):
+    """A value only the mechanism can judge (Mechanism.check_params) is refused while planning: the
+    store folder may be opened, but nothing (no ledger entry, no staged noise) is written into it."""
+    out = tmp_path / "o"
+    r = geodp("release", synth_file, "--city", "new-york", "--epsilon", "1", "--mechanism", "snh",
+              "--param", "loss=huber", "--out", out, ok=False)
+    assert r.returncode == 2 and "loss must be one of" in r.stderr and "Traceback" not in r.stderr
+    assert not any(out.rglob("*"))
+
+
 def test_malformed_rows_and_strict(tmp_path):
     p = tmp_path / "bad.csv"
     p.write_text("user_id,timestamp,lat,lon\na,2024-01-01T00:00:00Z,40.71,-74.0\nb,2024-01-01,oops,-74\n")

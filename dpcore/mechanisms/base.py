@@ -89,9 +89,17 @@ class Mechanism(ABC):
         sig = inspect.signature(type(self).__init__)
         return {p: getattr(self, p) for p in sig.parameters if p != "self"}
 
+    def check_params(self) -> None:
+        """Raise :class:`MechanismError` for parameter values that cannot work, without data.
+
+        Called by :meth:`fit` and by the platform when it plans a release, so a bad value fails before
+        the ledger is charged. Subclasses extend it; the default checks nothing."""
+        return None
+
     def fit(self, data: FitInput, epsilon: float, noise: NoiseSource) -> Synopsis:
         """Spend ``epsilon`` on ``data`` and return a synopsis. Validates ε and records the charges."""
         eps = check_epsilon(epsilon)
+        self.check_params()
         acct = Accountant(eps)
         synopsis = self._fit(data, acct, noise)
         if not acct.charges:

@@ -321,9 +321,11 @@ class SpatialNeuralHistogram(Mechanism):
         return est, G, (f"data collection: noisy pyramid {levels} (ε shares {list(PYRAMID_WEIGHTS)}), combined "
                         f"by inverse-variance consistency and Wiener shrinkage (κ={self.pyramid_kappa:g})")
 
-    def _fit(self, data: FitInput, acct: Accountant, noise: NoiseSource) -> SNHSynopsis:
-        if self.loss not in LOSSES:  # before any budget is spent
+    def check_params(self) -> None:
+        if self.loss not in LOSSES:
             raise MechanismError(f"loss must be one of {sorted(LOSSES)}, got {self.loss!r}")
+
+    def _fit(self, data: FitInput, acct: Accountant, noise: NoiseSource) -> SNHSynopsis:
         lo, hi = (float(v) for v in self.query_sides_m)
         sides = query_sides(lo, hi, int(self.n_sizes))
         rho, rho_note = self._choose_cell_width(data, acct, noise)
