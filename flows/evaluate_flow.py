@@ -99,7 +99,10 @@ def evaluate_flow(params: EvaluateParams) -> dict:
     if outs:
         rows = [{"city": o["city"], **r} for o in outs for r in o["results"]]
         training = [{"city": o["city"], **c} for o in outs for c in o["training"]]
-        _publish_2d(params, loaded.data_version, rows, training, files)
+        references = [{"city": o["city"], **ref} for o in outs for ref in o["reference_answer_zero"]]
+        # Every task of a city draws the same workloads, so its references are one per band.
+        references = list({(r["city"], tuple(r["query_sides_m"])): r for r in references}.values())
+        _publish_2d(params, loaded.data_version, rows, training, files, references)
         summary.update({"results": rows, "training": training,
                         "cities": {o["city"]: {"n_points": o["n_points"], "n_users": o["n_users"], "psi": o["psi"],
                                                "reference_answer_zero": o["reference_answer_zero"]}
@@ -115,18 +118,24 @@ def evaluate_flow(params: EvaluateParams) -> dict:
 
 
 def _publish_2d(params: EvaluateParams, data_version: str, rows: list[dict], training: list[dict],
-                files: dict[str, bytes]) -> None:
+                files: dict[str, bytes], references: list[dict]) -> None:
+    def sides(r: dict) -> str:
+        return f"{r['query_sides_m'][0]:g}-{r['query_sides_m'][1]:g}"
+
     create_table_artifact(
-        [{"city": r["city"], "mechanism": r["mechanism"], "ε": r["epsilon"],
-          "query sides (m)": f"{r['query_sides_m'][0]:g}-{r['query_sides_m'][1]:g}",
+        [{"city": r["city"], "mechanism": r["mechanism"], "ε": r["epsilon"], "query sides (m)": sides(r),
           "mean rel. error": round(r["mean_relative_error"], 4),
-          "median rel. error": round(r["median_relative_error"], 4)} for r in rows],
+          "median rel. error": round(r["median_relative_error"], 4)} for r in rows]
+        + [{"city": r["city"], "mechanism": "answer 0 (reference)", "ε": "-", "query sides (m)": sides(r),
+            "mean rel. error": round(r["mean_relative_error"], 4), "median rel. error": "-"} for r in references],
         key=_artifact_key(f"evaluate-{data_version}"), description="range-count relative error")
-    png = error_plot_png(rows)
+    png = error_plot_png(rows, references)
     files["error-vs-epsilon.png"] = png
     create_markdown_artifact(
         f"# Evaluation of {', '.join(params.mechanisms)} on {', '.join(params.cities)}\n\n"
         f"{len(rows)} result rows, privacy unit {params.privacy_unit}, k={params.max_points_per_user}.\n\n"
+        "Dashed lines: answering 0 to every query (no data, no noise). A mechanism above its line "
+        "tells less than a blank map under this metric.\n\n"
         f"![error vs epsilon]({_data_uri(png)})\n",
         key=_artifact_key(f"evaluate-summary-{data_version}"), description="evaluation summary")
     if not training:

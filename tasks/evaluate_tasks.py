@@ -175,8 +175,9 @@ def _png(fig) -> bytes:
     return buf.getvalue()
 
 
-def error_plot_png(rows: list[dict]) -> bytes:
-    """Mean relative error against ε, one line per (city, mechanism, query sides)."""
+def error_plot_png(rows: list[dict], references: list[dict] | None = None) -> bytes:
+    """Mean relative error against ε, one line per (city, mechanism, query sides); each answer-0
+    reference (city, query sides, mean relative error) as a dashed horizontal line."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(5, 3.5), dpi=90)
     series: dict[tuple, list[tuple[float, float]]] = {}
@@ -186,6 +187,11 @@ def error_plot_png(rows: list[dict]) -> bytes:
     for (city, mech, sides), pts in sorted(series.items()):
         pts.sort()
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{city} {mech} {sides[0]:g}-{sides[1]:g} m")
+    for ref in references or []:
+        a, b = ref["query_sides_m"]
+        ax.axhline(ref["mean_relative_error"], linestyle="--", linewidth=0.8, color="grey")
+        ax.annotate(f"answer 0, {ref['city']} {a:g}-{b:g} m", (0.01, ref["mean_relative_error"]),
+                    xycoords=("axes fraction", "data"), fontsize=5, color="grey", va="bottom")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("ε")

@@ -3,6 +3,7 @@ harness) and a Dask LocalCluster: rows per city × mechanism × ε, operator art
 the Prefect API (released vs true slots, forecast plots, SNH training curves), images in output_dir."""
 
 import base64
+import json
 import re
 import uuid
 
@@ -106,6 +107,15 @@ def test_snh_evaluation_has_a_training_curve_artifact(prefect_harness, two_city_
     md = arts[f"evaluate-training-{out['data_version']}".lower()[:100]]
     assert "## new-york · snh" in md.data and "· identity" not in md.data  # identity trains nothing
     assert len(_pngs(md.data)) == 1
+    # The answer-0 reference is in the table artifact once per band, with the value the summary carries.
+    table = json.loads(arts[f"evaluate-{out['data_version']}".lower()[:100]].data)
+    refs = [r for r in table if r["mechanism"] == "answer 0 (reference)"]
+    (expected,) = out["cities"]["new-york"]["reference_answer_zero"]
+    assert len(refs) == 1 and refs[0]["query sides (m)"] == "1000-5000"
+    assert refs[0]["mean rel. error"] == pytest.approx(expected["mean_relative_error"], abs=1e-4)
+    assert len(table) == len(out["results"]) + 1
+    summary_md = arts[f"evaluate-summary-{out['data_version']}".lower()[:100]].data
+    assert "answering 0 to every query" in summary_md and len(_pngs(summary_md)) == 1
 
 
 def test_params_validation_and_store_refusal(tmp_path):
@@ -127,7 +137,6 @@ def test_params_validation_and_store_refusal(tmp_path):
 def test_cli_flow_forms(prefect_harness, two_city_file, tmp_path):
     """`geodp evaluate-st --flow` and `geodp evaluate --flow` as a user types them (the subprocess
     reports to the session's Prefect server through PREFECT_API_URL)."""
-    import json
 
     from tests.cli_runner import run_geodp
 
