@@ -18,7 +18,7 @@ import pytest
 
 from dpcore.budget import BudgetError
 from dpcore.geo import Region
-from dpcore.mechanisms import FitInput, get_mechanism, get_mechanism_class, mechanism_names
+from dpcore.mechanisms import FitInput, MechanismError, get_mechanism, get_mechanism_class, mechanism_names
 from dpcore.noise import NoiseSource
 from dpcore.synopsis import Synopsis, load_synopsis
 
@@ -146,3 +146,86 @@ def test_non_positive_epsilon_is_refused(name: str, epsilon: float, fit_inputs: 
     mech = get_mechanism(name, **_params(name))
     with pytest.raises(BudgetError):
         mech.fit(_input_for(name, fit_inputs), epsilon, NoiseSource.seeded(0))
+
+
+#: Parameter values no mechanism can work with, at least one per mechanism that checks values. Each must
+#: be refused by ``check_params`` alone (no data, no ε), which is what lets the platform refuse it while
+#: planning, before the ledger is charged.
+BAD_PARAMS: list[tuple[str, dict]] = [
+    ("ag", {"c": 0}),
+    ("ag", {"alpha": 1.5}),
+    ("ag", {"min_m1": 0}),
+    ("ag", {"raster_size": 0}),
+    ("ag", {"total_fraction": 0.0}),
+    ("hb", {"branching": 1}),
+    ("hb", {"c": -1.0}),
+    ("hb", {"level_split": "fibonacci"}),
+    ("hb", {"levels": 6}),  # branching 4 and a 2048 leaf cap allow at most 5 levels
+    ("hb", {"levels": 0}),
+    ("hb", {"total_fraction": 1.0}),
+    ("privtree", {"min_leaf_m": 0.0}),
+    ("privtree", {"tree_fraction": 1.0}),
+    ("ug", {"c": 0}),
+    ("ug", {"max_grid": 0}),
+    ("ug", {"grid_size": 0}),
+    ("ug", {"total_fraction": -0.1}),
+    ("identity", {"cell_width_m": 0.0}),
+    ("identity", {"grid_size": -3}),
+    ("identity3d", {"grid_size": 0}),
+    ("identity3d", {"cell_width_m": -5.0}),
+    ("identity3d", {"count_fraction": 1.5}),
+    ("vdr", {"refinement": "shrink"}),
+    ("vdr", {"count_fraction": 0.0}),
+    ("vdr", {"steps": 0}),
+    ("vdr", {"resolutions": (2, 4)}),
+    ("vdr", {"grid_size": None, "cell_width_m": 0.0}),
+    ("dpheatmap", {"normalisation": "points"}),
+    ("dpheatmap", {"resolution": 100}),
+    ("dpheatmap", {"depth": 9}),  # resolution 256 has 8 levels
+    ("dpheatmap", {"w": 0}),
+    ("dpheatmap", {"level_split": "fibonacci"}),
+    ("dpheatmap", {"root_fraction": 1.0}),
+    ("laplace", {"normalisation": "points"}),
+    ("laplace", {"quantum": 0}),
+    ("laplace", {"resolution": 0}),
+    ("laplace-top", {"top_percent": 0}),
+    ("laplace-top", {"top_percent": 150}),
+    ("laplace-top", {"quantum": 0}),  # the base class's checks still apply
+    ("snh", {"loss": "huber"}),
+    ("snh", {"cell_width_m": 0.0}),
+    ("snh", {"data_collection": "octree"}),
+    ("snh", {"query_sides_m": (0.0, 100.0)}),
+    ("snh", {"query_sides_m": (500.0, 100.0)}),
+    ("snh", {"n_sizes": 0}),
+    ("snh", {"public_workload": "w.csv", "public_workload_boxes": [[0.0, 0.0, 10.0, 10.0]]}),
+    ("snh", {"public_workload_boxes": [[10.0, 0.0, 0.0, 10.0]]}),  # xmin > xmax
+]
+
+
+@pytest.mark.parametrize(("name", "bad"), BAD_PARAMS, ids=[f"{n}-{'-'.join(b)}" for n, b in BAD_PARAMS])
+def test_bad_parameter_values_are_refused_by_check_params_before_any_noise(
+        name: str, bad: dict, fit_inputs: dict[bool, FitInput]) -> None:
+    # The quick settings keep a wrongly accepted value from starting a long training run.
+    mech = get_mechanism(name, **{**_params(name), **bad})
+    with pytest.raises(MechanismError):
+        mech.check_params()
+    noise = NoiseSource.seeded(0)
+    untouched = NoiseSource.seeded(0)
+    with pytest.raises(MechanismError):
+        mech.fit(_input_for(name, fit_inputs), EPSILON, noise)
+    # Nothing was drawn: the generator is where a fresh one starts.
+    assert noise.rng.bit_generator.state == untouched.rng.bit_generator.state
+    assert noise.rng.random() == untouched.rng.random()
+
+
+def test_bad_params_table_covers_every_mechanism_with_value_checks() -> None:
+    covered = {name for name, _ in BAD_PARAMS}
+    assert covered == {"ag", "hb", "privtree", "ug", "identity", "identity3d", "vdr", "dpheatmap", "laplace",
+                       "laplace-top", "snh"}
+    assert covered <= set(mechanism_names())
+
+
+@pytest.mark.parametrize("name", mechanism_names())
+def test_default_and_quick_parameters_pass_check_params(name: str) -> None:
+    get_mechanism(name).check_params()
+    get_mechanism(name, **_params(name)).check_params()

@@ -87,16 +87,23 @@ class AdaptiveGrid(Mechanism):
         self.raster_size = raster_size
         self.clamp_negative = clamp_negative
 
-    def _fit(self, data: FitInput, acct: Accountant, noise: NoiseSource) -> GridSynopsis:
-        alpha = check_fraction(self.alpha, "alpha")
-        if self.c <= 0:
+    def check_params(self) -> None:
+        check_fraction(self.alpha, "alpha")
+        check_fraction(self.total_fraction, "total_fraction")
+        if not self.c > 0:
             raise MechanismError(f"c must be > 0, got {self.c}")
-        raster_size = int(self.raster_size) if self.raster_size is not None else default_raster(data.region.side_m)
-        if min(int(self.min_m1), int(self.max_m2), raster_size) < 1:
+        # raster_size=None takes default_raster, which is ≥ 16 whatever the region.
+        sizes = [self.min_m1, self.max_m2] + ([self.raster_size] if self.raster_size is not None else [])
+        if min(int(v) for v in sizes) < 1:
             raise MechanismError("min_m1, max_m2 and raster_size must be ≥ 1")
+
+    def _fit(self, data: FitInput, acct: Accountant, noise: NoiseSource) -> GridSynopsis:
+        # Parameter values were checked by check_params (fit calls it before any budget is spent).
+        alpha = float(self.alpha)
+        raster_size = int(self.raster_size) if self.raster_size is not None else default_raster(data.region.side_m)
         k = data.sensitivity
         notes: list[str] = []
-        total = private_total(data, acct, noise, check_fraction(self.total_fraction, "total_fraction"), notes)
+        total = private_total(data, acct, noise, float(self.total_fraction), notes)
         eps_rest = acct.epsilon - acct.spent
         m_ug = grid_size_rule(total, eps_rest, k, self.c)
         # The paper's floor of 10 assumes a large N·ε; when even UG would use fewer than 10 cells per

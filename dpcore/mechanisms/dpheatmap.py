@@ -123,7 +123,9 @@ class DPHeatmap(Mechanism):
         """L1 sensitivity of every charge: 1 (one user's normalised mass per level), whatever k is."""
         return 1.0
 
-    def _fit(self, data: FitInput, acct: Accountant, noise: NoiseSource) -> HeatmapSynopsis:
+    def check_params(self) -> None:
+        if self.normalisation not in NORMALISATIONS:
+            raise MechanismError(f"normalisation must be one of {NORMALISATIONS}, got {self.normalisation!r}")
         try:
             d = check_resolution(self.resolution)
             if self.reconstruction not in RECONSTRUCTION_METHODS:
@@ -131,8 +133,7 @@ class DPHeatmap(Mechanism):
             if int(self.quantum) < 1:
                 raise HeatmapError("quantum must be ≥ 1")
             max_levels = d.bit_length() - 1
-            auto_depth = self.depth == "auto"
-            if not auto_depth:
+            if self.depth != "auto":
                 depth = int(self.depth)
                 if not 1 <= depth <= max_levels:
                     raise HeatmapError(f"depth must be 'auto' or an integer in [1, {max_levels}], got {self.depth!r}")
@@ -146,9 +147,18 @@ class DPHeatmap(Mechanism):
                                    "and background ≥ 0")
             if int(self.w) < 1 or float(self.threshold_factor) < 0 or not float(self.signal_to_noise) > 0:
                 raise HeatmapError("need w ≥ 1, threshold_factor ≥ 0 and signal_to_noise > 0")
-            level_epsilons(acct.epsilon, max_levels, self.level_split)  # validates the split early
+            # The split's validity does not depend on ε (only its shape is checked), so any ε > 0 does.
+            level_epsilons(1.0, max_levels, self.level_split)
         except (HeatmapError, ValueError, TypeError) as exc:
             raise MechanismError(f"bad {self.name} parameter: {exc}") from exc
+
+    def _fit(self, data: FitInput, acct: Accountant, noise: NoiseSource) -> HeatmapSynopsis:
+        # Parameter values were checked by check_params (fit calls it before any budget is spent).
+        d = int(self.resolution)
+        max_levels = d.bit_length() - 1
+        auto_depth = self.depth == "auto"
+        if not auto_depth:
+            depth = int(self.depth)
         q = int(self.quantum)
         units = heatmap_units(data, d, q, self.normalisation)
         root = None

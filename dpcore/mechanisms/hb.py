@@ -111,25 +111,39 @@ class HierarchicalGrid(Mechanism):
         self.max_leaf_grid = max_leaf_grid
         self.clamp_negative = clamp_negative
 
-    def _fit(self, data: FitInput, acct: Accountant, noise: NoiseSource) -> GridSynopsis:
+    def _level_cap(self) -> int:
+        """Deepest level allowed by the cap on the leaf grid (public parameters only)."""
+        b = int(self.branching)
+        return max(1, int(math.floor(math.log(max(int(self.max_leaf_grid), b)) / math.log(b) + 1e-9)))
+
+    def check_params(self) -> None:
         b = int(self.branching)
         if b < 2:
             raise MechanismError(f"branching must be ≥ 2, got {self.branching}")
-        if self.c <= 0:
+        if not self.c > 0:
             raise MechanismError(f"c must be > 0, got {self.c}")
         if self.level_split not in LEVEL_SPLITS:
             raise MechanismError(f"level_split must be one of {LEVEL_SPLITS}, got {self.level_split!r}")
+        if self.levels is not None:
+            # The cap depends on branching and max_leaf_grid only, so it is known before any data.
+            h_cap = self._level_cap()
+            if not (1 <= int(self.levels) <= h_cap):
+                raise MechanismError(f"levels must be in [1, {h_cap}] for branching {b}, got {self.levels}")
+        else:
+            # total_fraction is only spent when levels must be chosen from N.
+            check_fraction(self.total_fraction, "total_fraction")
+
+    def _fit(self, data: FitInput, acct: Accountant, noise: NoiseSource) -> GridSynopsis:
+        # Parameter values were checked by check_params (fit calls it before any budget is spent).
+        b = int(self.branching)
         k = data.sensitivity
         notes: list[str] = []
-        # Deepest level allowed by the cap on the leaf grid.
-        h_cap = max(1, int(math.floor(math.log(max(int(self.max_leaf_grid), b)) / math.log(b) + 1e-9)))
+        h_cap = self._level_cap()
         if self.levels is not None:
             h = int(self.levels)
-            if not (1 <= h <= h_cap):
-                raise MechanismError(f"levels must be in [1, {h_cap}] for branching {b}, got {self.levels}")
             notes.append(f"{h} levels fixed by parameter (public)")
         else:
-            total = private_total(data, acct, noise, check_fraction(self.total_fraction, "total_fraction"), notes)
+            total = private_total(data, acct, noise, float(self.total_fraction), notes)
             eps_rest = acct.epsilon - acct.spent
             h = choose_levels(total, eps_rest, k, self.c, b, h_cap)
             notes.append(f"h = {h}: leaf grid b^h = {b ** h} closest (in ratio) to the UG size at the per-level "

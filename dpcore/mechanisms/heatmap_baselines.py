@@ -20,7 +20,7 @@ from dpcore.heatmap import (
     heatmap_privacy,
 )
 from dpcore.mechanisms.base import FitInput, Mechanism, MechanismError, _jsonable
-from dpcore.mechanisms.dpheatmap import heatmap_units
+from dpcore.mechanisms.dpheatmap import NORMALISATIONS, heatmap_units
 from dpcore.noise import NoiseSource
 
 
@@ -39,14 +39,19 @@ class LaplaceHeatmap(Mechanism):
         """L1 sensitivity of the charge: 1 (one user's normalised mass), whatever k is."""
         return 1.0
 
-    def _noisy_cells(self, data: FitInput, acct: Accountant, noise: NoiseSource) -> tuple[np.ndarray, int]:
-        self._validate()
+    def check_params(self) -> None:
+        if self.normalisation not in NORMALISATIONS:
+            raise MechanismError(f"normalisation must be one of {NORMALISATIONS}, got {self.normalisation!r}")
         try:
-            d = check_resolution(self.resolution, power_of_two=False)
+            check_resolution(self.resolution, power_of_two=False)
             if int(self.quantum) < 1:
                 raise HeatmapError("quantum must be ≥ 1")
         except (HeatmapError, ValueError, TypeError) as exc:
             raise MechanismError(f"bad {self.name} parameter: {exc}") from exc
+
+    def _noisy_cells(self, data: FitInput, acct: Accountant, noise: NoiseSource) -> tuple[np.ndarray, int]:
+        # Parameter values were checked by check_params (fit calls it before any budget is spent).
+        d = int(self.resolution)
         q = int(self.quantum)
         units = heatmap_units(data, d, q, self.normalisation)
         eps = acct.spend("cells", acct.epsilon, 1.0, note=(
@@ -54,9 +59,6 @@ class LaplaceHeatmap(Mechanism):
             f"units); discrete Laplace scale {q}/ε units"))
         noisy = (units + noise.discrete_laplace(q / eps, units.shape)) / q
         return np.maximum(noisy, 0.0), d
-
-    def _validate(self) -> None:
-        """Parameter checks that must fail before any budget is spent."""
 
     def _post(self, noisy: np.ndarray) -> tuple[np.ndarray, list[str]]:
         return noisy, ["negatives zeroed"]
@@ -82,7 +84,8 @@ class LaplaceTopHeatmap(LaplaceHeatmap):
         super().__init__(resolution=resolution, normalisation=normalisation, quantum=quantum)
         self.top_percent = top_percent
 
-    def _validate(self) -> None:
+    def check_params(self) -> None:
+        super().check_params()
         try:
             ok = 0 < float(self.top_percent) <= 100
         except (TypeError, ValueError):

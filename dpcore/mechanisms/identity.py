@@ -31,8 +31,16 @@ class IdentityGrid(Mechanism):
         self.grid_size = grid_size
         self.clamp_negative = clamp_negative
 
+    def check_params(self) -> None:
+        if self.grid_size is not None:
+            if int(self.grid_size) < 1:
+                raise MechanismError(f"grid_size must be ≥ 1, got {self.grid_size}")
+        elif not self.cell_width_m > 0:  # the width is only used when no grid size is given
+            raise MechanismError(f"cell_width_m must be > 0, got {self.cell_width_m}")
+
     def _fit(self, data: FitInput, acct: Accountant, noise: NoiseSource) -> GridSynopsis:
-        m = self.grid_size or cells_for_width(data.region.side_m, self.cell_width_m)
+        m = int(self.grid_size) if self.grid_size is not None else cells_for_width(data.region.side_m,
+                                                                                     self.cell_width_m)
         counts = grid_counts(data.x, data.y, data.region.bounds_m, m, m)
         eps = acct.spend("cell_counts", acct.epsilon, data.sensitivity,
                          note=f"{m}x{m} grid; disjoint cells, L1 sensitivity = per-unit contribution bound")

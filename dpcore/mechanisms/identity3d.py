@@ -29,17 +29,23 @@ from dpcore.st_synopsis import SpatioTemporalSynopsis
 DEFAULT_GRID_SIZE = 256
 
 
-def st_grid_size(data: FitInput, grid_size: int | None, cell_width_m: float | None) -> int:
-    """Cells per side from public parameters only: grid size, else region side / cell width, else
-    the default of 256 (so giving only a cell width is never silently overridden)."""
-    if grid_size is None and cell_width_m is None:
-        return DEFAULT_GRID_SIZE
+def check_st_grid(grid_size: int | None, cell_width_m: float | None) -> None:
+    """Refuse grid parameters :func:`st_grid_size` cannot use (parameters only, for ``check_params``)."""
     if grid_size is not None:
         if int(grid_size) < 1:
             raise MechanismError(f"grid_size must be ≥ 1, got {grid_size}")
-        return int(grid_size)
-    if cell_width_m is None or cell_width_m <= 0:
+    elif cell_width_m is not None and not cell_width_m > 0:
         raise MechanismError("give grid_size or a positive cell_width_m")
+
+
+def st_grid_size(data: FitInput, grid_size: int | None, cell_width_m: float | None) -> int:
+    """Cells per side from public parameters only: grid size, else region side / cell width, else
+    the default of 256 (so giving only a cell width is never silently overridden). The values are
+    expected to have passed :func:`check_st_grid`."""
+    if grid_size is not None:
+        return int(grid_size)
+    if cell_width_m is None:
+        return DEFAULT_GRID_SIZE
     return max(1, int(round(data.region.side_m / cell_width_m)))
 
 
@@ -111,7 +117,14 @@ class IdentityGrid3D(Mechanism):
         self.count_fraction = count_fraction
         self.clamp_negative = clamp_negative
 
+    def check_params(self) -> None:
+        check_st_grid(self.grid_size, self.cell_width_m)
+        # Only spent with a public total under user-level privacy, but no value outside (0, 1) is usable.
+        if not 0 < float(self.count_fraction) < 1:
+            raise MechanismError(f"count_fraction must be in (0, 1), got {self.count_fraction}")
+
     def _fit(self, data: FitInput, acct: Accountant, noise: NoiseSource) -> SpatioTemporalSynopsis:
+        # Parameter values were checked by check_params (fit calls it before any budget is spent).
         m = st_grid_size(data, self.grid_size, self.cell_width_m)
         counts = st_counts(data, m)
         scale = full_scale(data, int(counts.sum()), acct, noise, self.count_fraction)

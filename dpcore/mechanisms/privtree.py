@@ -71,10 +71,14 @@ class PrivTree(Mechanism):
     def _laplace(self, noise: NoiseSource, scale: float, size: int) -> np.ndarray:
         return scale * (np.log(noise.uniform_open(size)) - np.log(noise.uniform_open(size)))
 
-    def _fit(self, data: FitInput, acct: Accountant, noise: NoiseSource) -> GridSynopsis:
-        fraction = check_fraction(self.tree_fraction, "tree_fraction")
+    def check_params(self) -> None:
+        check_fraction(self.tree_fraction, "tree_fraction")
         if not (self.min_leaf_m > 0):
             raise MechanismError(f"min_leaf_m must be > 0, got {self.min_leaf_m}")
+
+    def _fit(self, data: FitInput, acct: Accountant, noise: NoiseSource) -> GridSynopsis:
+        # Parameter values were checked by check_params (fit calls it before any budget is spent).
+        fraction = float(self.tree_fraction)
         theta = float(self.theta)
         k = data.sensitivity
         depth_max = depth_cap(data.region.side_m, float(self.min_leaf_m))

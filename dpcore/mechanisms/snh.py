@@ -211,6 +211,9 @@ def pyramid_size(side_m: float, rho_m: float) -> int:
 #: ``"paper"`` with the flat grid.
 LOSSES = ("auto", "relative_l1", "paper")
 
+#: ``data_collection`` values: see the module docstring, step 1.
+DATA_COLLECTIONS = ("auto", "grid", "pyramid")
+
 #: Pyramid levels as divisors of G (coarse → fine) and their shares of the budget.
 PYRAMID_DIVISORS = (16, 4, 1)
 PYRAMID_WEIGHTS = (1.0, 2.0, 2.0)
@@ -267,8 +270,6 @@ class SpatialNeuralHistogram(Mechanism):
     # -- step 1: the only step that reads data --------------------------------------------------
     def _choose_cell_width(self, data: FitInput, acct: Accountant, noise: NoiseSource) -> tuple[float, str]:
         if self.cell_width_m is not None:
-            if not self.cell_width_m > 0:
-                raise MechanismError(f"cell_width_m must be > 0, got {self.cell_width_m}")
             return float(self.cell_width_m), "cell width given as a public parameter"
         from dpcore.paramselect import public_n_for_fit, select_params
 
@@ -282,8 +283,6 @@ class SpatialNeuralHistogram(Mechanism):
 
     def _workload(self, region: Region) -> tuple[np.ndarray | None, str]:
         """The PUBLIC workload that sets the loss weights w (None: w = 1), and a note for the release."""
-        if self.public_workload is not None and self.public_workload_boxes is not None:
-            raise MechanismError("give public_workload (a file) or public_workload_boxes, not both")
         if self.public_workload is not None:
             boxes = load_public_workload(self.public_workload, region)
             source = f"file {self.public_workload}"
@@ -324,8 +323,24 @@ class SpatialNeuralHistogram(Mechanism):
     def check_params(self) -> None:
         if self.loss not in LOSSES:
             raise MechanismError(f"loss must be one of {sorted(LOSSES)}, got {self.loss!r}")
+        if self.cell_width_m is not None and not self.cell_width_m > 0:
+            raise MechanismError(f"cell_width_m must be > 0, got {self.cell_width_m}")
+        if self.data_collection not in DATA_COLLECTIONS:
+            raise MechanismError(f"data_collection must be 'auto', 'grid' or 'pyramid', got {self.data_collection!r}")
+        try:
+            lo, hi = (float(v) for v in self.query_sides_m)
+            n_sizes = int(self.n_sizes)
+        except (TypeError, ValueError) as exc:
+            raise MechanismError(f"query_sides_m must be two numbers (l, u) and n_sizes an integer: {exc}") from exc
+        query_sides(lo, hi, n_sizes)
+        if self.public_workload is not None and self.public_workload_boxes is not None:
+            raise MechanismError("give public_workload (a file) or public_workload_boxes, not both")
+        if self.public_workload_boxes is not None:
+            # Boxes given inline need no region (already metres); a workload file is read in _fit.
+            _check_workload(self.public_workload_boxes, "public_workload_boxes")
 
     def _fit(self, data: FitInput, acct: Accountant, noise: NoiseSource) -> SNHSynopsis:
+        # Parameter values were checked by check_params (fit calls it before any budget is spent).
         lo, hi = (float(v) for v in self.query_sides_m)
         sides = query_sides(lo, hi, int(self.n_sizes))
         rho, rho_note = self._choose_cell_width(data, acct, noise)
@@ -341,10 +356,8 @@ class SpatialNeuralHistogram(Mechanism):
                                        "per-unit contribution bound")
             noisy = noise.add_discrete_laplace(counts, data.sensitivity, eps).astype(np.float64)
             collection_note = "data collection: one flat noisy grid (the paper's)"
-        elif collection == "pyramid":
+        else:  # "pyramid"
             noisy, m, collection_note = self._collect_pyramid(data, acct, noise, rho)
-        else:
-            raise MechanismError(f"data_collection must be 'auto', 'grid' or 'pyramid', got {collection!r}")
         # ---- everything below is post-processing of `noisy` ----
         if data.sample_size is not None:
             n_hat = float(data.sample_size)

@@ -118,20 +118,26 @@ class UniformGrid(Mechanism):
         self.max_grid = max_grid
         self.clamp_negative = clamp_negative
 
-    def _fit(self, data: FitInput, acct: Accountant, noise: NoiseSource) -> GridSynopsis:
-        if self.c <= 0:
+    def check_params(self) -> None:
+        if not self.c > 0:
             raise MechanismError(f"c must be > 0, got {self.c}")
         if int(self.max_grid) < 1:
             raise MechanismError(f"max_grid must be ≥ 1, got {self.max_grid}")
-        notes: list[str] = []
         if self.grid_size is not None:
             if int(self.grid_size) < 1:
                 raise MechanismError(f"grid_size must be ≥ 1, got {self.grid_size}")
+        else:
+            # total_fraction is only spent when the size rule needs N.
+            check_fraction(self.total_fraction, "total_fraction")
+
+    def _fit(self, data: FitInput, acct: Accountant, noise: NoiseSource) -> GridSynopsis:
+        # Parameter values were checked by check_params (fit calls it before any budget is spent).
+        notes: list[str] = []
+        if self.grid_size is not None:
             m = int(self.grid_size)
             notes.append(f"grid size {m} fixed by parameter (public)")
         else:
-            fraction = check_fraction(self.total_fraction, "total_fraction")
-            total = private_total(data, acct, noise, fraction, notes)
+            total = private_total(data, acct, noise, float(self.total_fraction), notes)
             eps_cells = acct.epsilon - acct.spent
             m = int(math.ceil(grid_size_rule(total, eps_cells, data.sensitivity, self.c)))
             m = min(max(m, 1), int(self.max_grid))

@@ -59,7 +59,7 @@ import numpy as np
 
 from dpcore.budget import Accountant
 from dpcore.mechanisms.base import FitInput, Mechanism, MechanismError
-from dpcore.mechanisms.identity3d import st_counts, st_grid_size
+from dpcore.mechanisms.identity3d import check_st_grid, st_counts, st_grid_size
 from dpcore.noise import NoiseSource, discrete_laplace_variance
 from dpcore.st_synopsis import SpatioTemporalSynopsis
 
@@ -128,7 +128,8 @@ class VDR(Mechanism):
         params["resolutions"] = list(self.resolutions)
         return params
 
-    def _check(self) -> None:
+    def check_params(self) -> None:
+        check_st_grid(self.grid_size, self.cell_width_m)
         if self.refinement not in REFINEMENTS:
             raise MechanismError(f"refinement must be one of {REFINEMENTS}, got {self.refinement!r}")
         if not (0 < self.count_fraction < 1):
@@ -147,7 +148,7 @@ class VDR(Mechanism):
             nonnegative_keep_block_mass,
         )
 
-        self._check()
+        # Parameter values were checked by check_params (fit calls it before any budget is spent).
         m = st_grid_size(data, self.grid_size, self.cell_width_m)
         counts = st_counts(data, m)
         k = data.sensitivity
