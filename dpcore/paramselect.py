@@ -11,7 +11,8 @@ data are; learn it from public datasets with a tree ensemble. Here:
   argument. n must be public (``public_total``) or a DP estimate paid from the budget
   (:func:`public_n_for_fit` charges it); the release records which.
 - **Labels** (training table, built by ``flows/paramselect_flow.py`` on public data): the mean
-  relative error of every (mechanism, ρ, k) configuration on public datasets × ε × query bands.
+  relative error of every (mechanism, ρ, k) configuration on public datasets × ε × query bands; SNH
+  (self-tuned) at the ρ it chooses itself, on the full-size datasets only (one neural fit per case).
 - **Models** (scikit-learn ExtraTrees, as in the paper):
   ``rho_model`` regresses log10 of the empirically best identity-grid ρ (the paper's ParamSelect);
   ``cost_model`` regresses log10 of the error of a configuration, which generalises ParamSelect to
@@ -53,10 +54,20 @@ DEFAULT_REPORT_PATH = MODEL_DIR / "paramselect_model.json"
 RHO_GRID_M: tuple[float, ...] = tuple(float(round(25 * 2 ** (i / 2), 1)) for i in range(15))
 #: Contribution bounds searched for user-level releases.
 K_GRID: tuple[int, ...] = (1, 2, 5, 10, 20, 50)
-#: Mechanisms the cost model knows. ρ-parameterised ones are searched over RHO_GRID_M.
+#: Mechanisms the cost model knows. ρ-parameterised ones take a cell width; those not self-tuned are
+#: searched over RHO_GRID_M when the table is built.
 RHO_MECHANISMS: tuple[str, ...] = ("identity", "snh")
+#: Self-tuned: they choose their own ρ through ParamSelect (SNH's pyramid is tied to that ρ), so the table
+#: holds one row per case at that choice, not a ρ search (which would cost one neural fit per ρ), and
+#: ``auto`` runs them with their defaults.
+SELF_TUNED_MECHANISMS: tuple[str, ...] = ("snh",)
 FIXED_MECHANISMS: tuple[str, ...] = ("ug", "ag", "privtree")
 ALL_MECHANISMS: tuple[str, ...] = RHO_MECHANISMS + FIXED_MECHANISMS
+
+
+def searches_rho(mechanism: str) -> bool:
+    """Whether the table searches ρ for this mechanism (and a choice passes ρ to it)."""
+    return mechanism in RHO_MECHANISMS and mechanism not in SELF_TUNED_MECHANISMS
 DEFAULT_BAND_M: tuple[float, float] = (100.0, 1000.0)
 ENTROPY_BINS = 512
 #: Leaf sizes: the cost model's table is ~20k rows; leaves of 10 keep the shipped file a few MB with
@@ -148,7 +159,9 @@ class Choice:
     excluded_groups: list[str]
 
     def mechanism_params(self) -> dict:
-        if self.mechanism in RHO_MECHANISMS:
+        # A self-tuned mechanism (snh) is run with its defaults: it reaches the same ρ through
+        # ParamSelect itself, and an explicit ρ would switch SNH to the paper's flat grid.
+        if searches_rho(self.mechanism):
             return {"cell_width_m": self.cell_width_m}
         return {}
 
@@ -254,7 +267,7 @@ def best_rho_labels(table: pd.DataFrame) -> pd.DataFrame:
     keys = ["dataset", "group", "epsilon", "privacy_unit", "k", "band_lo", "band_hi"]
     idx = ident.groupby(keys, dropna=False)["error"].idxmin()
     best = ident.loc[idx].copy()
-    best["best_rho"] = best["rho"]
+    best["best_rho"] = best["rho"].astype(np.float64)  # self-tuned rows leave ρ empty (object dtype)
     return best
 
 
@@ -298,6 +311,8 @@ def select_params(*, region: Region, n: float, epsilon: float, sensitivity: floa
     else:
         ks = [None]
     untrained = [m for m in mechanisms if m not in model.mechanisms]
+    # Only a lone ρ mechanism may stand in for itself with the grid's error (snh asking for its ρ from
+    # a model whose table has no SNH rows); a choice *between* mechanisms needs every one's rows.
     if untrained and (len(mechanisms) > 1 or mechanisms[0] not in RHO_MECHANISMS):
         raise ParamSelectError(f"the ParamSelect model has no training rows for {untrained}; retrain with "
                                f"`geodp paramselect train --mechanisms ...` (it knows {model.mechanisms})")
@@ -308,9 +323,9 @@ def select_params(*, region: Region, n: float, epsilon: float, sensitivity: floa
         feats = feature_row(n if n_is_bounded else n * kept, epsilon, sens, prof.entropy, band, kept)
         rho = model.choose_rho(feats)
         for mech in mechanisms:
-            # A ρ mechanism without rows of its own (snh in the shipped table) uses the grid's ρ.
+            # A lone ρ mechanism without rows of its own uses the grid's predicted error at ρ.
             proxy = mech if mech in model.mechanisms else "identity"
-            err = model.predict_error(feats, proxy, rho if mech in RHO_MECHANISMS else None)
+            err = model.predict_error(feats, proxy, rho if searches_rho(proxy) else None)
             if best is None or err < best[0]:
                 best = (err, mech, rho, k, feats)
     assert best is not None
@@ -482,8 +497,8 @@ def training_rows(dataset: str, group: str, x: np.ndarray, y: np.ndarray, user: 
     for k in ks:
         kept = profile.kept_fraction.get(k, _kept(profile, k)) if k is not None else 1.0
         for eps in epsilons:
-            configs = [(m, r) for m in mechanisms if m in RHO_MECHANISMS for r in rhos]
-            configs += [(m, None) for m in mechanisms if m not in RHO_MECHANISMS]
+            configs = [(m, r) for m in mechanisms if searches_rho(m) for r in rhos]
+            configs += [(m, None) for m in mechanisms if not searches_rho(m)]
             for mech, rho in configs:
                 errs: list[list[np.ndarray]] = [[] for _ in workloads]
                 for trial in range(trials):

@@ -36,7 +36,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "geodp" / "paramselect"))
     t.add_argument("--out-dir", default=None, help="where to write model, table and report (default: the package)")
     t.add_argument("--epsilons", default="0.05,0.1,0.2,0.4,0.8,1.6")
-    t.add_argument("--mechanisms", default="identity,ug,ag,privtree")
+    t.add_argument("--mechanisms", default="identity,ug,ag,privtree,snh",
+                   help="snh is self-tuned: one neural fit per case at its own ρ, on --self-tuned-fractions only")
+    t.add_argument("--self-tuned-fractions", default="1",
+                   help="user fractions of the datasets that snh (20-40 s per fit on 2 cores) is run on")
     t.add_argument("--user-ks", default="1,5,20", help="k values for user-level rows ('' for none)")
     t.add_argument("--fractions", default="1,0.3", help="user subsample fractions of each public dataset")
     t.add_argument("--synthetic-seeds", default="1,2,3")
@@ -102,12 +105,14 @@ def cmd_train(args: argparse.Namespace) -> int:
                          mechanisms=[m.strip() for m in args.mechanisms.split(",") if m.strip()],
                          user_ks=[int(v) for v in _floats(args.user_ks, "--user-ks")],
                          fractions=_floats(args.fractions, "--fractions"),
+                         self_tuned_fractions=_floats(args.self_tuned_fractions, "--self-tuned-fractions"),
                          synthetic_seeds=[int(v) for v in _floats(args.synthetic_seeds, "--synthetic-seeds")],
                          n_queries=args.queries, n_workers=args.workers, dask_address=args.dask_address)
     if args.quick:
         params.epsilons, params.bands = params.epsilons[:2], [[100.0, 1000.0]]
         params.rhos, params.user_ks, params.n_estimators = [100.0, 200.0, 400.0, 800.0], [], 20
         params.fractions, params.synthetic_seeds, params.include_nyc_full = [1.0], params.synthetic_seeds[:1], False
+        params.mechanisms = [m for m in params.mechanisms if m != "snh"] or params.mechanisms
     if args.out_dir:
         out = Path(args.out_dir)
         out.mkdir(parents=True, exist_ok=True)

@@ -21,6 +21,7 @@ from dpcore.paramselect import (
     DEFAULT_REPORT_PATH,
     DEFAULT_TABLE_PATH,
     RHO_GRID_M,
+    SELF_TUNED_MECHANISMS,
     ParamSelectModel,
     PublicProfile,
     cross_validate,
@@ -43,7 +44,10 @@ class TrainParams:
     epsilons: list[float] = field(default_factory=lambda: [0.05, 0.1, 0.2, 0.4, 0.8, 1.6])
     fractions: list[float] = field(default_factory=lambda: [1.0, 0.3])
     synthetic_seeds: list[int] = field(default_factory=lambda: [1, 2, 3])
-    mechanisms: list[str] = field(default_factory=lambda: ["identity", "ug", "ag", "privtree"])
+    mechanisms: list[str] = field(default_factory=lambda: ["identity", "ug", "ag", "privtree", "snh"])
+    #: Self-tuned mechanisms (snh: one neural fit per case, 20-40 s on 2 CPU cores) are run only on the
+    #: datasets of these user fractions; the cheap ones on all.
+    self_tuned_fractions: list[float] = field(default_factory=lambda: [1.0])
     rhos: list[float] = field(default_factory=lambda: list(RHO_GRID_M))
     user_ks: list[int] = field(default_factory=lambda: [1, 5, 20])
     bands: list[list[float]] = field(default_factory=lambda: [[25.0, 100.0], [100.0, 1000.0], [1000.0, 5000.0]])
@@ -79,9 +83,10 @@ def public_datasets(p: TrainParams) -> list[dict]:
     return specs
 
 
-def search_config(p: TrainParams) -> dict:
-    return {"epsilons": p.epsilons, "mechanisms": p.mechanisms, "rhos": p.rhos, "user_ks": p.user_ks,
-            "bands": p.bands, "n_queries": p.n_queries, "trials": p.trials, "seed": p.seed}
+def search_config(p: TrainParams, mechanisms: list[str] | None = None) -> dict:
+    return {"epsilons": p.epsilons, "mechanisms": p.mechanisms if mechanisms is None else mechanisms,
+            "rhos": p.rhos, "user_ks": p.user_ks, "bands": p.bands, "n_queries": p.n_queries,
+            "trials": p.trials, "seed": p.seed}
 
 
 @flow(name="paramselect-train", log_prints=True)
@@ -89,10 +94,18 @@ def paramselect_train_flow(params: TrainParams) -> dict:
     specs = public_datasets(params)
     if not specs:
         raise FileNotFoundError(f"no public training data under {params.shared_data}")
-    config = search_config(params)
+    cheap = [m for m in params.mechanisms if m not in SELF_TUNED_MECHANISMS]
+    slow = [m for m in params.mechanisms if m in SELF_TUNED_MECHANISMS]
+    if not cheap:
+        raise ValueError(f"paramselect-train needs the identity grid (its ρ labels); got {params.mechanisms}")
+    config = search_config(params, cheap)
+    slow_specs = [s for s in specs if slow and float(s.get("fraction", 1.0)) in params.self_tuned_fractions]
+    # The slow tasks go first so the short ones fill the workers around them.
+    slow_futures = [dataset_rows.submit(spec, search_config(params, slow), params.cache_dir) for spec in slow_specs]
     futures = [dataset_rows.submit(spec, config, params.cache_dir) for spec in specs]
     outs = [f.result() for f in futures]
-    table = pd.concat([pd.read_csv(o["rows"]) for o in outs], ignore_index=True)
+    slow_outs = [f.result() for f in slow_futures]
+    table = pd.concat([pd.read_csv(o["rows"]) for o in outs + slow_outs], ignore_index=True)
     profiles: dict[str, PublicProfile] = {}
     for spec, o in zip(specs, outs, strict=True):
         # One public profile per city for predictions: the full-size dataset of that city.
@@ -101,12 +114,14 @@ def paramselect_train_flow(params: TrainParams) -> dict:
             if spec["name"].startswith("gowalla-sample") or spec["group"] not in profiles:
                 profiles[spec["group"]] = prof
     print(f"training table: {len(table)} rows from {len(specs)} public datasets "
-          f"({sum(o['cached'] for o in outs)} cached)")
+          f"({sum(o['cached'] for o in outs)} cached); {', '.join(slow) or 'no self-tuned mechanism'} on "
+          f"{len(slow_specs)} of them ({sum(o['cached'] for o in slow_outs)} cached)")
     model = ParamSelectModel(table, profiles, params.seed, params.n_estimators)
     cv = cross_validate(table, profiles, params.seed, params.n_estimators)
     Path(params.model_path).parent.mkdir(parents=True, exist_ok=True)
     model.save(params.model_path, params.table_path)
-    report = {"datasets": [s["name"] for s in specs], "rows": len(table), "config": config,
+    report = {"datasets": [s["name"] for s in specs], "rows": len(table),
+              "config": {**search_config(params), "self_tuned_datasets": [s["name"] for s in slow_specs]},
               "profiles": {k: v.to_dict() for k, v in profiles.items()}, "cross_validation": cv,
               "params": asdict(params)}
     write_report(params.report_path, report)

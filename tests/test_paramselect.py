@@ -206,3 +206,58 @@ def test_shipped_model_predicts_for_every_catalog_city():
         assert 10 <= c.cell_width_m <= 5000
         fine = select_params(region=city_region(city), n=100_000, epsilon=1.6)
         assert fine.cell_width_m <= c.cell_width_m * 1.05  # more budget → a grid at least as fine
+
+
+#: Quick SNH settings for tests that build SNH rows (the defaults are for real releases).
+FAST_SNH = {"n_sizes": 2, "hidden": 8, "depth": 1, "max_epochs": 2, "samples_per_epoch": 1024, "batch_size": 256}
+
+
+@pytest.fixture(scope="module")
+def model_with_snh(small_model, tmp_path_factory):
+    """small_model's table plus self-tuned SNH rows (SNH choosing its ρ through small_model itself)."""
+    path, table, profiles = small_model
+    rows = []
+    for i, city in enumerate(TRAIN_CITIES):
+        region, x, y, user = _synthetic(city, seed=10 + i, n_users=300 + 300 * i)
+        rows += training_rows(f"syn-{city}", city, x, y, user, region, profiles[city], epsilons=EPSILONS,
+                              privacy_unit="record", mechanisms=("snh",), bands=((100.0, 1000.0),),
+                              n_queries=200, mechanism_params={"snh": {**FAST_SNH, "paramselect_model": str(path)}})
+    snh_rows = pd.DataFrame(rows)
+    out = tmp_path_factory.mktemp("ps-snh") / "model.joblib"
+    ParamSelectModel(pd.concat([table, snh_rows], ignore_index=True), profiles, seed=0, n_estimators=30).save(out)
+    return out, snh_rows
+
+
+def test_self_tuned_snh_has_one_row_per_case_without_a_rho_search(model_with_snh):
+    _, snh_rows = model_with_snh
+    # One fit per (dataset, ε) at SNH's own ρ: no ρ column to search, the cost model sees it as fixed.
+    assert len(snh_rows) == len(TRAIN_CITIES) * len(EPSILONS)
+    assert snh_rows["rho"].isna().all() and (snh_rows["log_rho"] == 0).all()
+    assert (snh_rows["is_snh"] == 1).all() and (snh_rows["is_identity"] == 0).all()
+    assert (snh_rows["error"] > 0).all() and np.isfinite(snh_rows["error"]).all()
+
+
+def test_auto_weighs_every_mechanism_its_model_has_rows_for(small_model, model_with_snh):
+    from dpcore.mechanisms.auto import AutoMechanism
+    from dpcore.paramselect import Choice
+
+    assert AutoMechanism(model_path=str(small_model[0]))._candidates() == ("identity", "ug")
+    assert AutoMechanism(model_path=str(model_with_snh[0]))._candidates() == ("identity", "snh", "ug")
+    # SNH chosen by auto runs with its defaults (it reaches ParamSelect's ρ itself; an explicit ρ would
+    # switch it to the flat grid), the grid gets the ρ.
+    assert Choice("snh", 400.0, None, 0.1, {}, []).mechanism_params() == {}
+    assert Choice("identity", 400.0, None, 0.1, {}, []).mechanism_params() == {"cell_width_m": 400.0}
+
+
+def test_a_choice_between_mechanisms_needs_rows_for_each(small_model, model_with_snh):
+    region = city_region("chicago")
+    with pytest.raises(ParamSelectError, match="no training rows for \\['snh'\\]"):
+        select_params(region=region, n=5000, epsilon=0.2, mechanisms=("identity", "snh"), model_path=small_model[0])
+    # SNH alone may borrow the grid's ρ from a model without SNH rows (it only asks for its ρ) ...
+    alone = select_params(region=region, n=5000, epsilon=0.2, mechanisms=("snh",), model_path=small_model[0])
+    grid = select_params(region=region, n=5000, epsilon=0.2, mechanisms=("identity",), model_path=small_model[0])
+    assert alone.cell_width_m == grid.cell_width_m and alone.predicted_error == grid.predicted_error
+    # ... and with its rows the choice weighs SNH's own predicted error.
+    both = select_params(region=region, n=5000, epsilon=0.2, mechanisms=("identity", "snh", "ug"),
+                         model_path=model_with_snh[0])
+    assert both.mechanism in ("identity", "snh", "ug")

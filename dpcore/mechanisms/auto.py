@@ -11,6 +11,8 @@ Privacy accounting:
   noisy count is already released, so re-using it is post-processing: nothing is paid twice); its
   own charges are recorded as
   ``<mechanism>/<step>`` so the ledger shows every part, and the parts sum to ε.
+Candidates: by default every mechanism the ParamSelect model has error rows for (the shipped model:
+identity, snh, ug, ag, privtree); SNH, when chosen, runs with its defaults and reaches the same ρ.
 k (``max_points_per_user``) is fixed before a mechanism sees the data (bounding happens upstream for the
 whole release), so ``auto`` does not change it; ``geodp paramselect predict`` recommends k.
 """
@@ -28,7 +30,7 @@ from dpcore.synopsis import Synopsis
 class AutoMechanism(Mechanism):
     name = "auto"
 
-    def __init__(self, *, mechanisms: tuple[str, ...] | str = ("identity", "ug", "ag", "privtree"),
+    def __init__(self, *, mechanisms: tuple[str, ...] | str | None = None,
                  query_sides_m: tuple[float, float] = (100.0, 1000.0), total_fraction: float = 0.05,
                  model_path: str | None = None):
         self.mechanisms = mechanisms
@@ -37,14 +39,27 @@ class AutoMechanism(Mechanism):
         self.model_path = model_path
 
     def _candidates(self) -> tuple[str, ...]:
-        from dpcore.paramselect import ALL_MECHANISMS
+        from dpcore.paramselect import ALL_MECHANISMS, load_model
 
+        if self.mechanisms is None:
+            # Default: every mechanism the ParamSelect model has error rows for (the shipped one: the
+            # grid, UG, AG, PrivTree and SNH), so auto weighs exactly what it can predict.
+            trained = set(load_model(self.model_path).mechanisms)
+            return tuple(m for m in ALL_MECHANISMS if m in trained)
         cands = tuple(m.strip() for m in self.mechanisms.split(",")) if isinstance(self.mechanisms, str) \
             else tuple(self.mechanisms)
         bad = [m for m in cands if m not in ALL_MECHANISMS]
         if not cands or bad:
             raise MechanismError(f"auto chooses among {list(ALL_MECHANISMS)}; got {list(cands)}")
         return cands
+
+    def check_params(self) -> None:
+        self._candidates()
+        lo, hi = (float(v) for v in self.query_sides_m)
+        if not 0 < lo <= hi:
+            raise MechanismError(f"query_sides_m must satisfy 0 < lo ≤ hi, got {list(self.query_sides_m)}")
+        if not 0 < float(self.total_fraction) < 1:
+            raise MechanismError(f"total_fraction must be in (0, 1), got {self.total_fraction}")
 
     def _fit(self, data: FitInput, acct: Accountant, noise: NoiseSource) -> Synopsis:
         from dpcore.mechanisms import get_mechanism
