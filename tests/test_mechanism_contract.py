@@ -199,6 +199,11 @@ BAD_PARAMS: list[tuple[str, dict]] = [
     ("snh", {"n_sizes": 0}),
     ("snh", {"public_workload": "w.csv", "public_workload_boxes": [[0.0, 0.0, 10.0, 10.0]]}),
     ("snh", {"public_workload_boxes": [[10.0, 0.0, 0.0, 10.0]]}),  # xmin > xmax
+    ("snh", {"public_workload": "/nonexistent/public-workload.csv"}),
+    ("auto", {"mechanisms": "identity,dawa"}),
+    ("auto", {"mechanisms": ""}),
+    ("auto", {"query_sides_m": (0.0, 100.0)}),
+    ("auto", {"total_fraction": 1.0}),
 ]
 
 
@@ -221,7 +226,7 @@ def test_bad_parameter_values_are_refused_by_check_params_before_any_noise(
 def test_bad_params_table_covers_every_mechanism_with_value_checks() -> None:
     covered = {name for name, _ in BAD_PARAMS}
     assert covered == {"ag", "hb", "privtree", "ug", "identity", "identity3d", "vdr", "dpheatmap", "laplace",
-                       "laplace-top", "snh"}
+                       "laplace-top", "snh", "auto"}
     assert covered <= set(mechanism_names())
 
 

@@ -338,6 +338,9 @@ class SpatialNeuralHistogram(Mechanism):
         if self.public_workload_boxes is not None:
             # Boxes given inline need no region (already metres); a workload file is read in _fit.
             _check_workload(self.public_workload_boxes, "public_workload_boxes")
+        if self.public_workload is not None and not Path(self.public_workload).exists():
+            # Its contents need the region, but a missing file is known before any budget is reserved.
+            raise MechanismError(f"public workload file {self.public_workload} does not exist")
 
     def _fit(self, data: FitInput, acct: Accountant, noise: NoiseSource) -> SNHSynopsis:
         # Parameter values were checked by check_params (fit calls it before any budget is spent).
