@@ -322,7 +322,9 @@ def select_params(*, region: Region, n: float, epsilon: float, sensitivity: floa
         sens = float(k) if k is not None else float(sensitivity)
         feats = feature_row(n if n_is_bounded else n * kept, epsilon, sens, prof.entropy, band, kept)
         rho = model.choose_rho(feats)
-        for mech in mechanisms:
+        # Self-tuned (neural, slow) mechanisms are weighed last, so a tie in predicted error — trees often
+        # share leaves across mechanisms where the table says they are alike — goes to a cheap one.
+        for mech in sorted(mechanisms, key=lambda m: m in SELF_TUNED_MECHANISMS):
             # A lone ρ mechanism without rows of its own uses the grid's predicted error at ρ.
             proxy = mech if mech in model.mechanisms else "identity"
             err = model.predict_error(feats, proxy, rho if searches_rho(proxy) else None)
