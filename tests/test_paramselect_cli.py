@@ -35,7 +35,16 @@ def test_predict_bad_input_is_a_clean_error(capsys):
     assert main(["paramselect", "predict", "--city", "new-york", "--n", "-1", "--epsilon", "0.1"]) == 2
     assert "n must be a positive number" in capsys.readouterr().err
     assert main(["paramselect", "predict", "--city", "new-york", "--n", "100", "--epsilon", "0.1",
-                 "--mechanisms", "identity,snh"]) == 2  # no training rows for snh in the shipped table
+                 "--mechanisms", "identity,dawa"]) == 2
+    assert "ParamSelect knows mechanisms" in capsys.readouterr().err
+
+
+def test_shipped_model_weighs_snh(capsys):
+    """The shipped table has SNH rows, so a choice between the grid and SNH is a prediction, not a refusal."""
+    assert main(["paramselect", "predict", "--city", "boston", "--n", "20000", "--epsilon", "0.2",
+                 "--mechanisms", "identity,snh", "--json"]) == 0
+    choice = json.loads(capsys.readouterr().out)
+    assert choice["mechanism"] in ("identity", "snh") and choice["predicted_error"] > 0
 
 
 def test_dataset_rows_are_cached(tmp_path):
