@@ -46,7 +46,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--queries", type=int, default=400)
     t.add_argument("--workers", type=int, default=2)
     t.add_argument("--dask-address", default=None)
-    t.add_argument("--quick", action="store_true", help="tiny search (for smoke tests): 2 ε, 1 band, few ρ")
+    t.add_argument("--quick", action="store_true", help="tiny search (for smoke tests): 2 ε, 1 band, few ρ, no snh rows")
     t.set_defaults(func=cmd_train)
 
 
