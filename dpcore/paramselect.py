@@ -29,6 +29,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -473,11 +474,13 @@ def training_rows(dataset: str, group: str, x: np.ndarray, y: np.ndarray, user: 
                   ks: tuple[int | None, ...] = (None,), mechanisms: tuple[str, ...] = ("identity",),
                   rhos: tuple[float, ...] = RHO_GRID_M, bands: tuple[tuple[float, float], ...] | None = None,
                   n_queries: int = 400, trials: int = 1, seed: int = 0,
-                  mechanism_params: dict[str, dict] | None = None) -> list[dict]:
+                  mechanism_params: dict[str, dict] | None = None,
+                  progress: Callable[[int, int, str], None] | None = None) -> list[dict]:
     """Error of every configuration on one PUBLIC dataset, with the evaluation harness's protocol.
 
     ``profile`` is the public profile used for the features (the dataset's own: it is public data).
     Rows carry the features, the configuration and ``error`` (mean relative error over the band).
+    ``progress(done, total, what)`` is called after each configuration's fits.
     """
     from dpcore.evaluate import RegionData, fit_and_scale, make_fit_input
     from dpcore.metrics import psi_for, relative_error
@@ -496,11 +499,12 @@ def training_rows(dataset: str, group: str, x: np.ndarray, y: np.ndarray, user: 
         workloads.append(((a, b), boxes, true_counts(data.x, data.y, boxes)))
     extra = mechanism_params or {}
     rows = []
+    configs = [(m, r) for m in mechanisms if searches_rho(m) for r in rhos]
+    configs += [(m, None) for m in mechanisms if not searches_rho(m)]
+    total, done = len(ks) * len(epsilons) * len(configs), 0
     for k in ks:
         kept = profile.kept_fraction.get(k, _kept(profile, k)) if k is not None else 1.0
         for eps in epsilons:
-            configs = [(m, r) for m in mechanisms if searches_rho(m) for r in rhos]
-            configs += [(m, None) for m in mechanisms if not searches_rho(m)]
             for mech, rho in configs:
                 errs: list[list[np.ndarray]] = [[] for _ in workloads]
                 for trial in range(trials):
@@ -520,4 +524,8 @@ def training_rows(dataset: str, group: str, x: np.ndarray, y: np.ndarray, user: 
                                  "error": float(np.concatenate(errs[w]).mean()),
                                  **feature_row(n_noised, eps, sens, profile.entropy, (a, b), kept),
                                  **config_columns(mech, rho)})
+                done += 1
+                if progress is not None:
+                    progress(done, total, f"{privacy_unit} k={k or '-'} ε={eps:g} {mech}"
+                                          + (f" ρ={rho:g}" if rho else ""))
     return rows

@@ -18,15 +18,15 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 
 import numpy as np
-from prefect import get_run_logger, task
+from prefect import task
 from prefect.cache_policies import NO_CACHE
-from prefect.exceptions import MissingContextError
 
 from dpcore.data import Points
 from dpcore.evaluate import EvalConfig, evaluate
 from dpcore.geo import city_region, parse_slot
 from dpcore.histogram import block_sum
 from tasks.config import STEvaluateOptions
+from tasks.runtime import run_logger
 
 OPERATOR_ONLY = ("Operator diagnostics: these images show TRUE counts of the private data next to the "
                  "released ones. Not a publication; never copy them into a release.")
@@ -48,12 +48,12 @@ def evaluate_one(points: Points, city: str, mechanism: str, epsilon: float, priv
         # a ScaledSynopsis forwards unknown attributes to the synopsis it scales
         losses = getattr(synopsis, "training_losses", None)
         if losses:
-            _logger().info("%s %s ε=%g trial %d: trained %d epochs, loss %.4g → %.4g", city, mech, eps, trial + 1,
+            run_logger().info("%s %s ε=%g trial %d: trained %d epochs, loss %.4g → %.4g", city, mech, eps, trial + 1,
                            len(losses), losses[0], losses[-1])
             training.append({"mechanism": mech, "epsilon": eps, "trial": trial,
                              "losses": [float(v) for v in losses]})
 
-    with forward_logs("dpcore.mechanisms.snh", _logger()):  # SNH's per-epoch progress into the task log
+    with forward_logs("dpcore.mechanisms.snh", run_logger()):  # SNH's per-epoch progress into the task log
         report = evaluate(points, city_region(city), config, on_fit=keep_losses)
     return {"city": city, "n_points": report["n_points"], "n_users": report["n_users"], "psi": report["psi"],
             "results": report["results"], "training": training,
@@ -88,14 +88,6 @@ def forward_logs(name: str, target: logging.Logger | logging.LoggerAdapter) -> I
         source.propagate = propagate
 
 
-def _logger():
-    """The task run's logger inside Prefect; a module logger when the function runs bare (``.fn``)."""
-    try:
-        return get_run_logger()
-    except MissingContextError:
-        return logging.getLogger(__name__)
-
-
 _LOSS = re.compile(r"loss\s+([-+0-9.eE]+|nan)")
 
 
@@ -119,7 +111,7 @@ def evaluate_st_one(points: Points, city: str, mechanism: str, epsilon: float, o
         hotspot_extent_m=options.hotspot_extent_km * 1000.0, hotspot_grid=options.hotspot_grid,
         forecast_queries=options.forecast_queries, forecast_horizon=options.horizon, trials=options.trials,
         seed=seed, mechanism_params={mechanism: dict(mechanism_params or {})})
-    logger = _logger()
+    logger = run_logger()
     curve: list[tuple[int, float]] = []
 
     def train_progress(step: int, total: int, message: str) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +14,7 @@ from prefect import task
 from dpcore.data import clip_to_region, load_points
 from dpcore.geo import city_region
 from dpcore.paramselect import PublicProfile, training_rows
+from tasks.runtime import run_logger
 
 ROWS_VERSION = 2  # bump when training_rows or the evaluation protocol it uses changes (v2: scaling floor)
 
@@ -62,11 +64,23 @@ def dataset_rows(spec: dict, config: dict, cache_dir: str) -> dict:
     x, y, user = dataset_points(spec)
     profile = PublicProfile.from_points(x, y, user, region, source=spec["name"])
     rows = []
+    mechs = tuple(config["mechanisms"])
+    logger = run_logger()
+    started = time.monotonic()
+    last_logged = [started]
+
+    def progress(done: int, total: int, what: str) -> None:
+        # A dataset with SNH rows runs for 10+ minutes: a line every 30 s (and at the end) shows it moving.
+        now = time.monotonic()
+        if now - last_logged[0] >= 30 or done == total:
+            last_logged[0] = now
+            logger.info("%s [%s]: %d/%d configurations, %.0f s (%s)", spec["name"], ",".join(mechs), done, total,
+                        now - started, what)
+
     common = dict(epsilons=tuple(config["epsilons"]), n_queries=int(config["n_queries"]),
                   trials=int(config["trials"]), seed=int(config["seed"]),
                   bands=tuple(tuple(b) for b in config["bands"]), rhos=tuple(config["rhos"]),
-                  mechanism_params=config.get("mechanism_params"))
-    mechs = tuple(config["mechanisms"])
+                  mechanism_params=config.get("mechanism_params"), progress=progress)
     rows += training_rows(spec["name"], spec["group"], x, y, user, region, profile, privacy_unit="record",
                           mechanisms=mechs, **common)
     if config.get("user_ks"):

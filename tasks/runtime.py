@@ -16,6 +16,17 @@ from collections.abc import Iterator
 from prefect_dask import DaskTaskRunner
 
 
+def run_logger() -> logging.Logger | logging.LoggerAdapter:
+    """The task run's logger inside Prefect; a module logger when a task function runs bare (``.fn``)."""
+    from prefect import get_run_logger
+    from prefect.exceptions import MissingContextError
+
+    try:
+        return get_run_logger()
+    except MissingContextError:
+        return logging.getLogger("geodp.tasks")
+
+
 def dask_task_runner(address: str | None = None, n_workers: int = 2) -> DaskTaskRunner:
     """A DaskTaskRunner on an existing scheduler (``address``) or a LocalCluster of processes."""
     if address:

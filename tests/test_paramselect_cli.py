@@ -66,3 +66,53 @@ def test_training_datasets_group_by_city(tmp_path):
     specs = public_datasets(TrainParams(shared_data=str(tmp_path), synthetic_seeds=[1, 2]))
     assert [s["source"] for s in specs] == ["synthetic", "synthetic"]  # no public files in tmp_path
     assert len({s["group"] for s in specs}) == 2
+
+
+def test_paramselect_train_flow_runs_on_a_real_server_and_caches(prefect_harness, tmp_path):
+    """The `paramselect-train` flow on Prefect + a Dask LocalCluster, tiny search on two synthetic cities:
+    it writes model, table and a CV report, the model predicts, and a second run reads every row from
+    the cache. (The real run, with the Gowalla data and SNH rows, takes about an hour: bench/README.md.)"""
+    from dpcore.geo import city_region
+    from dpcore.paramselect import PublicProfile, select_params
+    from flows.paramselect_flow import run_paramselect_train
+
+    params = TrainParams(shared_data=str(tmp_path / "none"), cache_dir=str(tmp_path / "cache"),
+                         model_path=str(tmp_path / "m.joblib"), table_path=str(tmp_path / "t.csv"),
+                         report_path=str(tmp_path / "r.json"), epsilons=[0.2, 1.6], fractions=[1.0],
+                         synthetic_seeds=[1, 2], mechanisms=["identity", "ug"], rhos=[200.0, 800.0],
+                         user_ks=[], bands=[[100.0, 1000.0]], n_queries=100, n_estimators=10, n_workers=2)
+    report = run_paramselect_train(params)
+    # 2 datasets × 2 ε × (2 ρ + ug) × 1 band
+    assert report["rows"] == 2 * 2 * 3
+    assert set(report["cross_validation"]["groups"]) == {"synthetic-1", "synthetic-2"}
+    assert json.loads((tmp_path / "r.json").read_text())["rows"] == report["rows"]
+    # Synthetic datasets give the model no city profiles, so the caller supplies a public one.
+    profile = PublicProfile("boston", "a public profile given by the caller", 0, 0, 9.0, {})
+    choice = select_params(region=city_region("boston"), n=20_000, epsilon=0.2, mechanisms=("identity", "ug"),
+                           profile=profile, model_path=tmp_path / "m.joblib")
+    assert choice.mechanism in ("identity", "ug") and choice.cell_width_m > 0
+    cached = sorted((tmp_path / "cache").glob("rows-*.csv"))
+    assert len(cached) == 2
+    stamps = [p.stat().st_mtime_ns for p in cached]
+    again = run_paramselect_train(params)
+    assert again["rows"] == report["rows"]
+    assert [p.stat().st_mtime_ns for p in cached] == stamps  # nothing recomputed
+
+
+def test_training_rows_report_progress():
+    from dpcore.geo import city_region
+    from dpcore.paramselect import PublicProfile, training_rows
+    from tasks.paramselect_tasks import dataset_points
+
+    spec = {"name": "synthetic-tulsa-9", "group": "synthetic-9", "city": "tulsa", "source": "synthetic",
+            "seed": 9, "n_users": 200, "n_hotspots": 10}
+    x, y, user = dataset_points(spec)
+    region = city_region("tulsa")
+    profile = PublicProfile.from_points(x, y, user, region, spec["name"])
+    calls = []
+    rows = training_rows(spec["name"], "g", x, y, user, region, profile, epsilons=(0.5, 1.0), privacy_unit="user",
+                         ks=(1, 5), mechanisms=("identity", "ug"), rhos=(200.0, 800.0), bands=((100.0, 1000.0),),
+                         n_queries=50, progress=lambda done, total, what: calls.append((done, total, what)))
+    total = 2 * 2 * 3  # k × ε × (2 ρ + ug)
+    assert [c[0] for c in calls] == list(range(1, total + 1)) and {c[1] for c in calls} == {total}
+    assert len(rows) == total and "ug" in calls[-1][2]
