@@ -98,11 +98,17 @@ def fit_and_scale(mechanism: str, params: dict, fit_input: FitInput, epsilon: fl
     return get_mechanism(mechanism, **params).fit(fit_input, epsilon, noise)
 
 
-def protocol_workloads(data: RegionData, query_sides_m: list[tuple[float, float]], n_queries: int,
-                       seed: int) -> list[tuple[tuple[float, float], np.ndarray, np.ndarray]]:
+#: Stream tags of the workload generators: the evaluation protocol's, and ParamSelect's training table's.
+EVAL_WORKLOAD_STREAM = 0xB0C5
+PARAMSELECT_WORKLOAD_STREAM = 0x5E1EC7
+
+
+def protocol_workloads(data: RegionData, query_sides_m: list[tuple[float, float]] | tuple[tuple[float, float], ...],
+                       n_queries: int, seed: int, stream: int = EVAL_WORKLOAD_STREAM,
+                       ) -> list[tuple[tuple[float, float], np.ndarray, np.ndarray]]:
     """The protocol's workloads: per band (sides, boxes, true counts), drawn from a stream of ``seed``
-    alone, so every mechanism and any reference computed elsewhere sees the same queries."""
-    rng = np.random.default_rng([seed, 0xB0C5])
+    and ``stream`` alone, so every mechanism and any reference computed elsewhere sees the same queries."""
+    rng = np.random.default_rng([seed, stream])
     out = []
     for a, b in query_sides_m:
         boxes = square_workload(data.region, n_queries, a, b, rng)

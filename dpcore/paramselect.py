@@ -64,11 +64,6 @@ RHO_MECHANISMS: tuple[str, ...] = ("identity", "snh")
 SELF_TUNED_MECHANISMS: tuple[str, ...] = ("snh",)
 FIXED_MECHANISMS: tuple[str, ...] = ("ug", "ag", "privtree")
 ALL_MECHANISMS: tuple[str, ...] = RHO_MECHANISMS + FIXED_MECHANISMS
-
-
-def searches_rho(mechanism: str) -> bool:
-    """Whether the table searches ρ for this mechanism (and a choice passes ρ to it)."""
-    return mechanism in RHO_MECHANISMS and mechanism not in SELF_TUNED_MECHANISMS
 DEFAULT_BAND_M: tuple[float, float] = (100.0, 1000.0)
 ENTROPY_BINS = 512
 #: Leaf sizes: the cost model's table is ~20k rows; leaves of 10 keep the shipped file a few MB with
@@ -78,6 +73,11 @@ RHO_LEAF = 3
 
 BASE_FEATURES = ["log_n", "log_eps_s", "inv_n_eps", "inv_sqrt_n_eps", "entropy", "log_band", "kept_fraction"]
 COST_FEATURES = BASE_FEATURES + ["log_rho"] + [f"is_{m}" for m in ALL_MECHANISMS]
+
+
+def searches_rho(mechanism: str) -> bool:
+    """Whether the table searches ρ for this mechanism (and a choice passes ρ to it)."""
+    return mechanism in RHO_MECHANISMS and mechanism not in SELF_TUNED_MECHANISMS
 
 
 class ParamSelectError(GeoDPError, ValueError):
@@ -482,21 +482,23 @@ def training_rows(dataset: str, group: str, x: np.ndarray, y: np.ndarray, user: 
     Rows carry the features, the configuration and ``error`` (mean relative error over the band).
     ``progress(done, total, what)`` is called after each configuration's fits.
     """
-    from dpcore.evaluate import RegionData, fit_and_scale, make_fit_input
+    from dpcore.evaluate import (
+        PARAMSELECT_WORKLOAD_STREAM,
+        RegionData,
+        fit_and_scale,
+        make_fit_input,
+        protocol_workloads,
+    )
     from dpcore.metrics import psi_for, relative_error
     from dpcore.noise import NoiseSource
-    from dpcore.queries import DEFAULT_QUERY_SIDES_M, square_workload, true_counts
+    from dpcore.queries import DEFAULT_QUERY_SIDES_M
 
     bands = tuple(bands or DEFAULT_QUERY_SIDES_M)
     data = RegionData(np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64), np.asarray(user), region)
     if data.n_points == 0:
         raise ParamSelectError(f"public dataset {dataset} has no points in {region.name}")
     psi = psi_for(data.n_points)
-    wl_rng = np.random.default_rng([seed, 0x5E1EC7])
-    workloads = []
-    for a, b in bands:
-        boxes = square_workload(region, n_queries, a, b, wl_rng)
-        workloads.append(((a, b), boxes, true_counts(data.x, data.y, boxes)))
+    workloads = protocol_workloads(data, bands, n_queries, seed, stream=PARAMSELECT_WORKLOAD_STREAM)
     extra = mechanism_params or {}
     rows = []
     configs = [(m, r) for m in mechanisms if searches_rho(m) for r in rhos]

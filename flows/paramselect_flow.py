@@ -101,7 +101,8 @@ def paramselect_train_flow(params: TrainParams) -> dict:
     config = search_config(params, cheap)
     slow_specs = [s for s in specs if slow and float(s.get("fraction", 1.0)) in params.self_tuned_fractions]
     # The slow tasks go first so the short ones fill the workers around them.
-    slow_futures = [dataset_rows.submit(spec, search_config(params, slow), params.cache_dir) for spec in slow_specs]
+    slow_config = search_config(params, slow)
+    slow_futures = [dataset_rows.submit(spec, slow_config, params.cache_dir) for spec in slow_specs]
     futures = [dataset_rows.submit(spec, config, params.cache_dir) for spec in specs]
     outs = [f.result() for f in futures]
     slow_outs = [f.result() for f in slow_futures]

@@ -66,14 +66,14 @@ def dataset_rows(spec: dict, config: dict, cache_dir: str) -> dict:
     rows = []
     mechs = tuple(config["mechanisms"])
     logger = run_logger()
-    started = time.monotonic()
-    last_logged = [started]
+    started = last_logged = time.monotonic()
 
     def progress(done: int, total: int, what: str) -> None:
         # A dataset with SNH rows runs for 10+ minutes: a line every 30 s (and at the end) shows it moving.
+        nonlocal last_logged
         now = time.monotonic()
-        if now - last_logged[0] >= 30 or done == total:
-            last_logged[0] = now
+        if now - last_logged >= 30 or done == total:
+            last_logged = now
             logger.info("%s [%s]: %d/%d configurations, %.0f s (%s)", spec["name"], ",".join(mechs), done, total,
                         now - started, what)
 

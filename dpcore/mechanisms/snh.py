@@ -235,8 +235,9 @@ class SpatialNeuralHistogram(Mechanism):
     (``bench/bench_snh.py``: 12–26 s under load): 8 query sides, nets of 3 hidden layers × 64 units,
     sine frequency ω₀ = m/6 for an m × m grid (clipped to [4, 40]), ≤ 40 epochs of 32k samples per
     net, early stopping on the training loss, one CPU training thread. Without ``cell_width_m``, ρ
-    comes from ParamSelect (the shipped model holds no SNH rows, so this is the identity grid's ρ;
-    with the default pyramid collection ρ only sets the finest level, G ≈ 4·side/ρ).
+    comes from ParamSelect: the identity grid's ρ (the shipped table's SNH rows are measured at this
+    choice, not searched over ρ); with the default pyramid collection ρ only sets the finest level,
+    G ≈ 4·side/ρ.
     """
 
     name = "snh"
