@@ -116,8 +116,8 @@ def _evaluate_flow(args: argparse.Namespace, config) -> int:
     from tasks.config import EvaluateParams
 
     cities = flow_cities(args)
-    for m in config.mechanisms:  # unknown parameters fail here, not in a worker
-        get_mechanism(m, **config.mechanism_params.get(m, {}))
+    for m in config.mechanisms:  # unknown or bad parameters fail here, not in a worker
+        get_mechanism(m, **config.mechanism_params.get(m, {})).check_params()
     params = evaluation_params(lambda: EvaluateParams(
         data=str(args.data), cities=cities, mechanisms=config.mechanisms, epsilons=config.epsilons,
         privacy_unit=config.privacy_unit, max_points_per_user=config.max_points_per_user,

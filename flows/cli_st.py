@@ -124,8 +124,8 @@ def _evaluate_st_flow(args: argparse.Namespace, config, mech_params: dict[str, d
     from tasks.config import EvaluateParams, STEvaluateOptions
 
     cities = flow_cities(args)
-    for m in config.mechanisms:  # unknown parameters fail here, not in a worker
-        get_mechanism(m, **mech_params.get(m, {}))
+    for m in config.mechanisms:  # unknown or bad parameters fail here, not in a worker
+        get_mechanism(m, **mech_params.get(m, {})).check_params()
     st = evaluation_params(lambda: STEvaluateOptions(
         window=args.window, slot=args.slot, mechanisms=config.mechanisms, epsilons=config.epsilons,
         max_points_per_user=config.max_points_per_user, query_sides_m=config.query_sides_m,

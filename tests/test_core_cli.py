@@ -111,6 +111,20 @@ def test_evaluate_json_schema(synth_file, tmp_path):
     assert by_eps[(2.0, (1000.0, 5000.0))] < by_eps[(0.5, (1000.0, 5000.0))]
 
 
+def test_evaluate_flow_refuses_a_bad_parameter_value_before_starting_prefect(synth_file, tmp_path):
+    """`evaluate --flow` and `evaluate-st --flow` check every mechanism's values up front, so a bad one is
+    one clear error line instead of a failure in each worker task."""
+    r = geodp("evaluate", synth_file, "--city", "new-york", "--mechanisms", "snh", "--param", "snh.loss=huber",
+              "--flow", "--json", tmp_path / "ev.json", ok=False)
+    assert r.returncode == 2 and "loss must be one of" in r.stderr
+    assert "Flow run" not in r.stderr  # refused before a flow (and its workers) started
+    r = geodp("evaluate-st", synth_file, "--city", "new-york", "--window", "2024-01-01/2024-01-08",
+              "--mechanisms", "vdr", "--param", "vdr.refinement=magic", "--flow", "--json", tmp_path / "st.json",
+              ok=False)
+    assert r.returncode == 2 and "refinement must be one of" in r.stderr and "Flow run" not in r.stderr
+    assert not (tmp_path / "ev.json").exists() and not (tmp_path / "st.json").exists()
+
+
 def test_cities_lists_catalog():
     cities = json.loads(geodp("cities", "--json").stdout)
     assert {"new-york", "san-francisco", "kansas-city", "salt-lake-city"} <= {c["city"] for c in cities}

@@ -200,6 +200,7 @@ BAD_PARAMS: list[tuple[str, dict]] = [
     ("snh", {"public_workload": "w.csv", "public_workload_boxes": [[0.0, 0.0, 10.0, 10.0]]}),
     ("snh", {"public_workload_boxes": [[10.0, 0.0, 0.0, 10.0]]}),  # xmin > xmax
     ("snh", {"public_workload": "/nonexistent/public-workload.csv"}),
+    ("snh", {"total_fraction": 0.0}),  # spent on n when ParamSelect picks ρ (no cell_width_m)
     ("auto", {"mechanisms": "identity,dawa"}),
     ("auto", {"mechanisms": ""}),
     ("auto", {"query_sides_m": (0.0, 100.0)}),

@@ -23,6 +23,7 @@ import dataclasses
 
 from dpcore.budget import Accountant
 from dpcore.mechanisms.base import FitInput, Mechanism, MechanismError
+from dpcore.mechanisms.ug import check_fraction
 from dpcore.noise import NoiseSource
 from dpcore.synopsis import Synopsis
 
@@ -58,8 +59,7 @@ class AutoMechanism(Mechanism):
         lo, hi = (float(v) for v in self.query_sides_m)
         if not 0 < lo <= hi:
             raise MechanismError(f"query_sides_m must satisfy 0 < lo ≤ hi, got {list(self.query_sides_m)}")
-        if not 0 < float(self.total_fraction) < 1:
-            raise MechanismError(f"total_fraction must be in (0, 1), got {self.total_fraction}")
+        check_fraction(self.total_fraction, "total_fraction")
 
     def _fit(self, data: FitInput, acct: Accountant, noise: NoiseSource) -> Synopsis:
         from dpcore.mechanisms import get_mechanism

@@ -48,6 +48,7 @@ from dpcore.budget import Accountant
 from dpcore.geo import Region
 from dpcore.histogram import answer_boxes, block_sum, grid_counts, prefix_sums, shrink_factor, split_to_parent
 from dpcore.mechanisms.base import FitInput, Mechanism, MechanismError
+from dpcore.mechanisms.ug import check_fraction
 from dpcore.noise import NoiseSource
 from dpcore.synopsis import PrivacyInfo, Synopsis, SynopsisError
 
@@ -324,8 +325,12 @@ class SpatialNeuralHistogram(Mechanism):
     def check_params(self) -> None:
         if self.loss not in LOSSES:
             raise MechanismError(f"loss must be one of {sorted(LOSSES)}, got {self.loss!r}")
-        if self.cell_width_m is not None and not self.cell_width_m > 0:
-            raise MechanismError(f"cell_width_m must be > 0, got {self.cell_width_m}")
+        if self.cell_width_m is not None:
+            if not self.cell_width_m > 0:
+                raise MechanismError(f"cell_width_m must be > 0, got {self.cell_width_m}")
+        else:
+            # total_fraction is only spent when ParamSelect needs a paid n.
+            check_fraction(self.total_fraction, "total_fraction")
         if self.data_collection not in DATA_COLLECTIONS:
             raise MechanismError(f"data_collection must be 'auto', 'grid' or 'pyramid', got {self.data_collection!r}")
         try:
