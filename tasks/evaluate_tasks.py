@@ -48,8 +48,8 @@ def evaluate_one(points: Points, city: str, mechanism: str, epsilon: float, priv
         # a ScaledSynopsis forwards unknown attributes to the synopsis it scales
         losses = getattr(synopsis, "training_losses", None)
         if losses:
-            run_logger().info("%s %s ε=%g trial %d: trained %d epochs, loss %.4g → %.4g", city, mech, eps, trial + 1,
-                           len(losses), losses[0], losses[-1])
+            run_logger().info("%s %s ε=%g trial %d: trained %d epochs, loss %.4g → %.4g", city, mech, eps,
+                              trial + 1, len(losses), losses[0], losses[-1])
             training.append({"mechanism": mech, "epsilon": eps, "trial": trial,
                              "losses": [float(v) for v in losses]})
 
