@@ -40,6 +40,7 @@ import pandas as pd
 from dpcore import GeoDPError
 from dpcore.geo import Region
 from dpcore.histogram import grid_counts
+from dpcore.noise import discrete_laplace_variance
 
 if TYPE_CHECKING:  # pragma: no cover
     from dpcore.budget import Accountant
@@ -373,7 +374,8 @@ def public_n_for_fit(data: FitInput, acct: Accountant, noise: NoiseSource, total
     scale s/ε_i (s = sensitivity: a count has L1 sensitivity k user-level, 1 record-level):
 
     1. ε_1 = min(first_fraction, total_fraction)·ε, charged as step ``total_count``;
-    2. only if that estimate is not accurate enough — its noise std √2·s/ε_1 exceeds ``target_rel_std``
+    2. only if that estimate is not accurate enough — its noise std (≈ √2·s/ε_1; the exact discrete
+       Laplace value is used) exceeds ``target_rel_std``
        of max(n̂_1, its std) — the rest of the cap, ε_2 = (total_fraction − first)·ε, as step
        ``total_count_refine``; the two are combined by inverse-variance weighting.
 
@@ -398,7 +400,8 @@ def public_n_for_fit(data: FitInput, acct: Accountant, noise: NoiseSource, total
     eps1 = acct.spend_fraction("total_count", first, s,
                                note="noisy point count for ParamSelect (n is private); first look")
     n1 = float(noise.add_discrete_laplace(np.array([data.n]), s, eps1)[0])
-    var1 = 2.0 * (s / eps1) ** 2  # variance of (discrete) Laplace noise of scale s/ε
+    # The noise is discrete Laplace: variance 2t/(1 − t)² with t = exp(−ε/s), not the continuous 2(s/ε)².
+    var1 = discrete_laplace_variance(s / eps1)
     how = f"a DP estimate paid with ε={eps1:g} (step total_count)"
     n_hat = n1
     if total_fraction > first and math.sqrt(var1) > target_rel_std * max(n1, math.sqrt(var1)):
@@ -407,7 +410,7 @@ def public_n_for_fit(data: FitInput, acct: Accountant, noise: NoiseSource, total
                                    note="second noisy count: the first was not within "
                                         f"{target_rel_std:.0%} relative std; combined by inverse variance")
         n2 = float(noise.add_discrete_laplace(np.array([data.n]), s, eps2)[0])
-        var2 = 2.0 * (s / eps2) ** 2
+        var2 = discrete_laplace_variance(s / eps2)
         n_hat = (n1 / var1 + n2 / var2) / (1.0 / var1 + 1.0 / var2)
         how = f"a DP estimate paid with ε={eps1 + eps2:g} (steps total_count, total_count_refine)"
     return max(n_hat, 1.0), how, True

@@ -49,7 +49,7 @@ from dpcore.geo import Region
 from dpcore.histogram import answer_boxes, block_sum, grid_counts, prefix_sums, shrink_factor, split_to_parent
 from dpcore.mechanisms.base import FitInput, Mechanism, MechanismError
 from dpcore.mechanisms.ug import check_fraction
-from dpcore.noise import NoiseSource
+from dpcore.noise import NoiseSource, discrete_laplace_variance
 from dpcore.synopsis import PrivacyInfo, Synopsis, SynopsisError
 
 log = logging.getLogger(__name__)
@@ -317,7 +317,7 @@ class SpatialNeuralHistogram(Mechanism):
             eps = acct.spend_rest(f"pyramid_{g}", s, note=note) if i == len(levels) - 1 \
                 else acct.spend(f"pyramid_{g}", total * share, s, note=note)
             noisy_levels[g] = noise.add_discrete_laplace(counts, s, eps).astype(np.float64)
-            noise_var[g] = 2.0 * (s / eps) ** 2
+            noise_var[g] = discrete_laplace_variance(s / eps)
         est = pyramid_estimate(noisy_levels, noise_var, float(self.pyramid_kappa))
         return est, G, (f"data collection: noisy pyramid {levels} (ε shares {list(PYRAMID_WEIGHTS)}), combined "
                         f"by inverse-variance consistency and Wiener shrinkage (κ={self.pyramid_kappa:g})")

@@ -73,7 +73,7 @@ def gamma_factor(n: float, total: float, c: float, m: int, k: float, epsilon: fl
     Derivation: with H_c ~ Binomial(n, μ_c) (sampling) plus independent noise of variance σ², the
     expected squared error Σ_c E(γ·H̄_c − N·μ_c)² is a quadratic in γ whose minimiser is this.
     """
-    var = 2.0 * (k / epsilon) ** 2 if noise_var is None else float(noise_var)
+    var = discrete_laplace_variance(k / epsilon) if noise_var is None else float(noise_var)
     den = m * var + (1.0 - c) * n + c * n * n
     return float(n * total * c / den) if den > 0 else 0.0
 
