@@ -75,6 +75,27 @@ def test_add_discrete_laplace_is_integer_and_validates():
         ns.discrete_laplace(float("nan"), 3)
 
 
+@pytest.mark.parametrize(("sensitivity", "epsilon"), [(1.0, 2.0), (5.0, 1.0), (10.0, 0.2)])
+def test_variance_matches_add_discrete_laplace_draws(sensitivity, epsilon):
+    # The mechanisms weight noisy counts by this variance; check it against what they actually add.
+    scale = sensitivity / epsilon  # 0.5, 5, 50
+    noisy = NoiseSource.seeded(11).add_discrete_laplace(np.zeros(400_000), sensitivity, epsilon)
+    assert abs(noisy.var() / discrete_laplace_variance(scale) - 1) < 0.02
+    if scale < 1:
+        # At small scales the continuous-Laplace 2·scale² is visibly wrong (0.5 vs 0.362 here).
+        assert abs(noisy.var() / (2 * scale**2) - 1) > 0.2
+
+
+@pytest.mark.parametrize("scale", [1e3, 1e6, 1e9, 1e12, 1e15, 1e17])
+def test_variance_is_stable_for_large_scales(scale):
+    # Var = 2t/(1 − t)² = 1/(2·sinh²(1/(2·scale))) = 2·scale² − 1/6 + O(scale⁻²): the sinh form has
+    # no cancellation, so it checks the computed value to near machine precision where 1 − t would not.
+    v = discrete_laplace_variance(scale)
+    assert np.isfinite(v)
+    assert v == pytest.approx(1.0 / (2.0 * np.sinh(0.5 / scale) ** 2), rel=1e-12)
+    assert v == pytest.approx(2.0 * scale**2 - 1.0 / 6.0, rel=1e-12)
+
+
 def test_snapped_laplace_lies_on_grid():
     v = NoiseSource.seeded(0).snapped_laplace(np.array([0.123, 0.5, 2.0]), scale=1.0, granularity=0.25)
     assert np.allclose(v / 0.25, np.rint(v / 0.25))
