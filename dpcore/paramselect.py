@@ -307,7 +307,7 @@ def select_params(*, region: Region, n: float, epsilon: float, sensitivity: floa
     if unknown:
         raise ParamSelectError(f"ParamSelect knows mechanisms {list(ALL_MECHANISMS)}, not {unknown}")
     model = load_model(model_path, exclude_groups=(region.name,))
-    prof = profile or model.profiles.get(region.name) or _median_profile(model)
+    prof = profile or model.profiles.get(region.name) or _median_profile(model, region.name)
     if privacy_unit == "user":
         ks = list(K_GRID) if choose_k else [int(max_points_per_user or sensitivity)]
     else:
@@ -348,10 +348,16 @@ def _kept(profile: PublicProfile, k: int) -> float:
     return float(np.interp(np.log(k), np.log(ks), vs)) if ks.size else 1.0
 
 
-def _median_profile(model: ParamSelectModel) -> PublicProfile:
+def _median_profile(model: ParamSelectModel, region_name: str) -> PublicProfile:
     profs = list(model.profiles.values())
     if not profs:
-        raise ParamSelectError("the ParamSelect model has no public profiles")
+        # Only reached when the caller gave no profile and the model has none for the region: say both ways out.
+        raise ParamSelectError(
+            f"no public profile for region {region_name!r}: none was passed and the ParamSelect model has no "
+            "public profiles (e.g. it was trained on synthetic data only), so there is no median to fall back "
+            "on. Pass profile=PublicProfile.from_points(...) built from a public dataset of the region "
+            "(`geodp paramselect predict --public-data PATH`), or retrain the model with full-size public "
+            "datasets of some city (`geodp paramselect train`), whose profiles are kept in the model")
     ent = float(np.median([p.entropy for p in profs]))
     kept = {k: float(np.median([p.kept_fraction.get(k, 1.0) for p in profs])) for k in K_GRID}
     return PublicProfile("unknown", "median of the training profiles", 0, 0, ent, kept)

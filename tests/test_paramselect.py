@@ -123,6 +123,23 @@ def test_choose_k_and_mechanism(small_model):
         select_params(region=city_region("phoenix"), n=10, epsilon=0.4, mechanisms=("dawa",), model_path=path)
 
 
+def test_model_without_profiles_says_how_to_supply_one(small_model, tmp_path):
+    # A model trained on synthetic data only has no public profiles: neither the region's own nor a median.
+    _, table, profiles = small_model
+    path = tmp_path / "no-profiles.joblib"
+    ParamSelectModel(table, {}, seed=0, n_estimators=10).save(path)
+    with pytest.raises(ParamSelectError) as err:
+        select_params(region=city_region("chicago"), n=5000, epsilon=0.2, model_path=path)
+    msg = str(err.value)
+    assert "'chicago'" in msg
+    assert "profile=" in msg and "--public-data" in msg  # the caller's way out
+    assert "geodp paramselect train" in msg  # the model builder's way out
+    # The first hint works: the same model answers once a public profile is passed.
+    c = select_params(region=city_region("chicago"), n=5000, epsilon=0.2, model_path=path,
+                      profile=profiles["phoenix"])
+    assert c.inputs["profile_source"] == "synthetic-phoenix"
+
+
 def _two_private_datasets(region: Region):
     """Same size, very different contents: one tight cluster vs uniform spread."""
     rng = np.random.default_rng(1)
