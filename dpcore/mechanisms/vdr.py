@@ -68,7 +68,8 @@ REFINEMENTS = ("mass", "gamma", "none")
 
 def gamma_factor(n: float, total: float, c: float, m: int, k: float, epsilon: float,
                  noise_var: float | None = None) -> float:
-    """The paper's γ = n·N·C / (m·σ² + (1 − C)·n + C·n²), σ² = 2k²/ε² (Laplace variance) by default.
+    """The paper's γ = n·N·C / (m·σ² + (1 − C)·n + C·n²), σ² by default the variance of the
+    discrete Laplace noise of scale k/ε (≈ 2k²/ε² when k/ε ≫ 1).
 
     Derivation: with H_c ~ Binomial(n, μ_c) (sampling) plus independent noise of variance σ², the
     expected squared error Σ_c E(γ·H̄_c − N·μ_c)² is a quadratic in γ whose minimiser is this.
