@@ -1,4 +1,5 @@
-"""`geodp paramselect predict|train`: ParamSelect from public data (see dpcore.paramselect)."""
+"""`geodp paramselect predict|train|train-denoiser`: ParamSelect and SNH's public denoiser, from public data
+(see dpcore.paramselect and dpcore.models.pyramid_denoiser)."""
 
 from __future__ import annotations
 
@@ -48,6 +49,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--dask-address", default=None)
     t.add_argument("--quick", action="store_true", help="tiny search (for smoke tests): 2 ε, 1 band, few ρ, no snh rows")
     t.set_defaults(func=cmd_train)
+
+    d = psub.add_parser("train-denoiser", help="train SNH's pyramid denoiser on public data (Prefect + Dask)")
+    d.add_argument("--shared-data", default="../shared/data", help="folder of public datasets")
+    d.add_argument("--out", default=None, help="model file (.npz; default: the one shipped with geodp)")
+    d.add_argument("--exclude-cities", default="new-york",
+                   help="cities kept out of training, comma-separated (default new-york, the benchmark city)")
+    d.add_argument("--steps", type=int, default=1500, help="training steps (batches of 6 simulated releases)")
+    d.add_argument("--synthetic-seeds", default="1,2,3,4,5,6")
+    d.add_argument("--workers", type=int, default=2)
+    d.add_argument("--dask-address", default=None)
+    d.set_defaults(func=cmd_train_denoiser)
 
 
 def _floats(text: str, what: str) -> list[float]:
@@ -129,4 +141,28 @@ def cmd_train(args: argparse.Namespace) -> int:
           f"report: {params.report_path}\nleave-one-city-out, error at chosen ρ / best ρ: median "
           f"{cv['chosen_rho']['median_error_ratio']:.3f}, {cv['chosen_rho']['within_10pct']:.0%} within 10%, "
           f"{cv['chosen_rho']['worse_than_2x']:.0%} worse than 2×")
+    return 0
+
+
+def cmd_train_denoiser(args: argparse.Namespace) -> int:
+    from flows.denoiser_flow import DenoiserParams, run_denoiser_train
+    from tasks.runtime import local_prefect
+
+    if args.steps < 1:
+        raise CLIError(f"--steps must be ≥ 1, got {args.steps}")
+    if not Path(args.shared_data).exists():
+        raise CLIError(f"--shared-data {args.shared_data} does not exist")
+    params = DenoiserParams(shared_data=args.shared_data, steps=args.steps, n_workers=args.workers,
+                            dask_address=args.dask_address,
+                            exclude_cities=[c.strip() for c in args.exclude_cities.split(",") if c.strip()],
+                            synthetic_seeds=[int(v) for v in _floats(args.synthetic_seeds, "--synthetic-seeds")])
+    if args.out:
+        params.model_path = args.out
+    eprint(f"snh-denoiser-train: public data from {params.shared_data}, {params.steps} steps, "
+           f"excluding {params.exclude_cities or 'nothing'}")
+    with local_prefect():
+        meta = run_denoiser_train(params)
+    print(f"model: {params.model_path} (+ .json)\ntrained on: "
+          + ", ".join(d["name"] for d in meta["training_datasets"])
+          + f"\nmean relative error, last 100 batches: {meta['report']['loss_last_100']:.4f}")
     return 0

@@ -1,0 +1,206 @@
+"""SNH's public denoiser: shape of its output, training, save/load, the no-own-city rule, accounting."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from dpcore.geo import city_region
+from dpcore.histogram import answer_boxes, prefix_sums
+from dpcore.mechanisms import FitInput, get_mechanism
+from dpcore.mechanisms.base import MechanismError
+from dpcore.metrics import relative_error
+from dpcore.models.pyramid_denoiser import (
+    DENOISER_GRID,
+    DenoiserTrainConfig,
+    PublicDataset,
+    PyramidDenoiser,
+    box_answers,
+    denoise,
+    load_denoiser,
+    region_record,
+    regions_overlap,
+    save_denoiser,
+    simulate_release,
+    train_denoiser,
+    usable_for,
+)
+from dpcore.noise import NoiseSource
+from tasks.paramselect_tasks import dataset_points
+
+
+def synthetic_public(city: str, seed: int, n_users: int = 800) -> PublicDataset:
+    spec = {"name": f"synthetic-{city}-{seed}", "city": city, "source": "synthetic", "seed": seed,
+            "n_users": n_users, "n_hotspots": 12}
+    x, y, user = dataset_points(spec)
+    return PublicDataset.from_points(spec["name"], x, y, user, city_region(city), ks=(5,), versions=1, seed=seed)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A small denoiser trained on two synthetic public cities (seeded; ~20 s on 2 cores)."""
+    datasets = [synthetic_public("tulsa", 1), synthetic_public("fargo", 2)]
+    cfg = DenoiserTrainConfig(steps=60, batch_size=3, queries_per_sample=256, channels=8, lr=3e-3, seed=0)
+    losses = []
+    model, report = train_denoiser(datasets, cfg, progress=lambda step, loss: losses.append(loss))
+    path = tmp_path_factory.mktemp("denoiser") / "den.npz"
+    save_denoiser(path, model, {"training_regions": [region_record(d.region) for d in datasets], "report": report})
+    return model, path, report, losses
+
+
+def test_output_is_a_nonnegative_mass_preserving_grid():
+    rng = np.random.default_rng(0)
+    counts = {g: rng.poisson(3.0, (g, g)).astype(np.float64) * (DENOISER_GRID // g) ** 2
+              for g in (DENOISER_GRID // 16, DENOISER_GRID // 4, DENOISER_GRID)}
+    est, noisy, var = simulate_release(counts, 1.0, 0.5, rng)
+    torch.manual_seed(0)
+    model = PyramidDenoiser(8)
+    with torch.no_grad():  # a non-trivial output layer, so the check is not about the zero init
+        model.dec1[-1].weight.normal_(0, 0.1)
+    out = denoise(model, est, noisy, var)
+    assert out.shape == (DENOISER_GRID, DENOISER_GRID)
+    assert (out >= 0).all()
+    assert out.sum() == pytest.approx(est.sum(), rel=1e-9)
+
+
+def test_untrained_model_keeps_the_pyramid_estimate():
+    """The zero output layer makes a fresh model return the pyramid (plus a 1% per-cell floor)."""
+    rng = np.random.default_rng(1)
+    counts = {g: rng.poisson(50.0 / g, (g, g)).astype(np.float64) * (DENOISER_GRID // g) ** 2
+              for g in (8, 32, 128)}
+    est, noisy, var = simulate_release(counts, 1.0, 1.0, rng)
+    out = denoise(PyramidDenoiser(8), est, noisy, var)
+    mean_cell = est.sum() / DENOISER_GRID ** 2
+    expected = (est + 1e-2 * mean_cell) * est.sum() / (est.sum() + 1e-2 * mean_cell * DENOISER_GRID ** 2)
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-6 * est.sum())
+
+
+def test_box_answers_match_the_numpy_prefix_sums():
+    rng = np.random.default_rng(2)
+    dens = rng.random((2, 16, 16))
+    boxes = np.sort(rng.uniform(-1, 17, (2, 50, 2, 2)), axis=2).transpose(0, 1, 3, 2).reshape(2, 50, 4)
+    got = box_answers(torch.tensor(dens), torch.tensor(boxes)).numpy()
+    for b in range(2):
+        want = answer_boxes(prefix_sums(dens[b]), (0.0, 0.0, 16.0, 16.0), boxes[b])
+        np.testing.assert_allclose(got[b], want, rtol=1e-9, atol=1e-9)
+
+
+def test_trained_denoiser_beats_the_pyramid_on_an_unseen_city(trained):
+    """Trained on two synthetic cities, it lowers range-query error on a third it never saw."""
+    model, _, report, losses = trained
+    assert np.mean(losses[-20:]) < np.mean(losses[:20])
+    held_out = synthetic_public("phoenix", 5)
+    rng = np.random.default_rng(7)
+    region = held_out.region
+    boxes_side = rng.uniform(100, 1000, 2000)
+    cx, cy = rng.uniform(-region.half_m, region.half_m, (2, 2000))
+    boxes = np.stack([cx - boxes_side / 2, cy - boxes_side / 2, cx + boxes_side / 2, cy + boxes_side / 2], 1)
+    truth = answer_boxes(prefix_sums(held_out.truth), region.bounds_m, boxes)
+    psi = max(1.0, 1e-3 * held_out.n_points)
+    err_pyr, err_den = [], []
+    for trial in range(3):
+        est, noisy, var = simulate_release(held_out.levels[0][0], 1.0, 0.1, np.random.default_rng(100 + trial))
+        err_pyr.append(relative_error(answer_boxes(prefix_sums(est), region.bounds_m, boxes), truth, psi).mean())
+        den = denoise(model, est, noisy, var)
+        err_den.append(relative_error(answer_boxes(prefix_sums(den), region.bounds_m, boxes), truth, psi).mean())
+    assert np.mean(err_den) < np.mean(err_pyr)
+
+
+def test_save_load_round_trip_and_training_regions(trained):
+    model, path, _, _ = trained
+    loaded, meta = load_denoiser(path)
+    rng = np.random.default_rng(3)
+    counts = synthetic_public("miami", 4, n_users=300).levels[0][0]
+    est, noisy, var = simulate_release(counts, 1.0, 0.2, rng)
+    np.testing.assert_array_equal(denoise(model, est, noisy, var), denoise(loaded, est, noisy, var))
+    assert {r["name"] for r in meta["training_regions"]} == {"tulsa", "fargo"}
+    assert not usable_for(meta, city_region("tulsa"))[0]
+    assert usable_for(meta, city_region("boston"))[0]
+    meta_file = json.loads(path.with_suffix(".json").read_text())
+    assert meta_file["grid"] == DENOISER_GRID
+
+
+def test_regions_overlap():
+    nyc = region_record(city_region("new-york"))
+    assert regions_overlap(nyc, nyc)
+    assert regions_overlap(nyc, {**nyc, "center_lat": nyc["center_lat"] + 0.15})  # ~17 km north: overlaps
+    assert not regions_overlap(nyc, {**nyc, "center_lat": nyc["center_lat"] + 0.2})  # ~22 km: does not
+    assert not regions_overlap(nyc, region_record(city_region("boston")))
+
+
+def _fit_input(city: str, seed: int = 9) -> FitInput:
+    x, y, user = dataset_points({"name": "d", "city": city, "source": "synthetic", "seed": seed, "n_users": 400,
+                                 "n_hotspots": 8})
+    return FitInput(x, y, city_region(city), "record", None, user=user)
+
+
+TINY = dict(n_sizes=2, hidden=8, depth=1, max_epochs=2, samples_per_epoch=1024, batch_size=512, device="cpu")
+
+
+def test_snh_with_a_denoiser_spends_only_the_pyramid(trained):
+    """With a denoiser the grid is fixed, so no ρ is chosen and no n is paid: the three pyramid levels
+    take all of ε, and the release says the denoiser was used."""
+    _, path, _, _ = trained
+    syn = get_mechanism("snh", denoiser=str(path), **TINY).fit(_fit_input("boston"), 0.3, NoiseSource.seeded(1))
+    charges = syn.privacy.charges
+    assert [c["name"] for c in charges] == ["pyramid_8", "pyramid_32", "pyramid_128"]
+    assert sum(c["epsilon"] for c in charges) == pytest.approx(0.3, rel=1e-12)
+    assert syn.config["denoised"] and syn.config["grid_size"] == DENOISER_GRID
+    assert any("public denoiser" in n for n in syn.privacy.notes)
+
+
+def test_snh_refuses_a_denoiser_trained_on_the_city(trained):
+    _, path, _, _ = trained
+    noise = NoiseSource.seeded(2)
+    state = noise.rng.bit_generator.state
+    with pytest.raises(MechanismError, match="never denoised by a model trained on it"):
+        get_mechanism("snh", denoiser=str(path), **TINY).fit(_fit_input("tulsa"), 0.3, noise)
+    assert noise.rng.bit_generator.state == state  # refused before any noise was drawn
+
+
+@pytest.mark.parametrize("params, message", [
+    ({"denoiser": "/nonexistent/den.npz"}, "does not exist"),
+    ({"denoiser": 3}, "denoiser must be"),
+])
+def test_snh_checks_the_denoiser_parameter(params, message):
+    with pytest.raises(MechanismError, match=message):
+        get_mechanism("snh", **params).check_params()
+
+
+def test_snh_refuses_a_denoiser_with_a_fixed_cell_width(trained):
+    _, path, _, _ = trained
+    with pytest.raises(MechanismError, match="do not combine"):
+        get_mechanism("snh", denoiser=str(path), cell_width_m=200.0).check_params()
+
+
+def test_answer_rules_combine_nets_and_denoised_grid(trained, tmp_path):
+    """"grid" answers by prefix sums of the denoised grid, "geometric" is √(nets · grid), "auto" picks
+    geometric with a denoiser; the rule survives save/load; queries above u always use the grid."""
+    from dpcore.synopsis import load_synopsis
+
+    _, path, _, _ = trained
+    syn = get_mechanism("snh", denoiser=str(path), **TINY).fit(_fit_input("boston"), 0.5, NoiseSource.seeded(4))
+    assert syn.config["answer"] == "geometric"
+    region = syn.region
+    rng = np.random.default_rng(5)
+    side = rng.uniform(30, 900, 300)
+    c = rng.uniform(-region.half_m / 2, region.half_m / 2, (2, 300))
+    boxes = np.stack([c[0] - side / 2, c[1] - side / 2, c[0] + side / 2, c[1] + side / 2], 1)
+    grid = answer_boxes(syn._prefix, region.bounds_m, boxes)
+    geometric = syn.answer(boxes)
+    syn.config["answer"] = "nets"
+    nets = syn.answer(boxes)
+    syn.config["answer"] = "grid"
+    np.testing.assert_allclose(syn.answer(boxes), grid, rtol=1e-12)
+    np.testing.assert_allclose(geometric, np.sqrt(np.maximum(nets, 0) * np.maximum(grid, 0)), rtol=1e-6)
+    assert not np.allclose(nets, grid)  # the rules differ, so the checks above mean something
+    big = np.array([[-3000.0, -3000.0, 3000.0, 3000.0]])  # side 6 km > u = 1 km
+    np.testing.assert_allclose(syn.answer(big), answer_boxes(syn._prefix, region.bounds_m, big))
+    syn.config["answer"] = "geometric"
+    syn.save(tmp_path / "rel")
+    np.testing.assert_allclose(load_synopsis(tmp_path / "rel").answer(boxes), geometric, rtol=1e-6)
+    with pytest.raises(MechanismError, match="answer must be one of"):
+        get_mechanism("snh", answer="median").check_params()
