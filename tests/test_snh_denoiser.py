@@ -204,3 +204,27 @@ def test_answer_rules_combine_nets_and_denoised_grid(trained, tmp_path):
     np.testing.assert_allclose(load_synopsis(tmp_path / "rel").answer(boxes), geometric, rtol=1e-6)
     with pytest.raises(MechanismError, match="answer must be one of"):
         get_mechanism("snh", answer="median").check_params()
+
+
+def test_denoiser_train_flow_runs_on_a_real_server(prefect_harness, tmp_path):
+    """The `snh-denoiser-train` flow on Prefect + a Dask LocalCluster, two synthetic public cities and a
+    few steps: it writes weights + metadata that load, list the training regions and keep excluded
+    cities out. (The shipped model: 1,500 steps on 11 public datasets, ~20 min on 2 cores.)"""
+    from flows.denoiser_flow import DenoiserParams, denoiser_datasets, run_denoiser_train
+
+    params = DenoiserParams(shared_data=str(tmp_path / "none"), model_path=str(tmp_path / "den.npz"),
+                            synthetic_seeds=[1, 2, 3], exclude_cities=["tulsa"], steps=3, n_workers=2)
+    assert [s["city"] for s in denoiser_datasets(params)] == ["houston", "miami"]  # tulsa (seed 3) excluded
+    meta = run_denoiser_train(params)
+    assert [d["name"] for d in meta["training_datasets"]] == ["synthetic-houston-1", "synthetic-miami-2"]
+    model, saved = load_denoiser(tmp_path / "den.npz")
+    assert {r["name"] for r in saved["training_regions"]} == {"houston", "miami"}
+    assert saved["report"]["steps"] == 3 and len(saved["report"]["loss_curve"]) == 1
+    assert usable_for(saved, city_region("tulsa"))[0] and not usable_for(saved, city_region("miami"))[0]
+
+
+def test_train_denoiser_cli_refuses_bad_input(tmp_path):
+    from flows.cli import main
+
+    assert main(["paramselect", "train-denoiser", "--shared-data", str(tmp_path / "missing")]) == 2
+    assert main(["paramselect", "train-denoiser", "--steps", "0"]) == 2
