@@ -16,6 +16,7 @@ import pandas as pd
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
+from dpcore.models.pyramid_denoiser import model_fingerprint
 from dpcore.paramselect import (
     DEFAULT_MODEL_PATH,
     DEFAULT_REPORT_PATH,
@@ -84,9 +85,13 @@ def public_datasets(p: TrainParams) -> list[dict]:
 
 
 def search_config(p: TrainParams, mechanisms: list[str] | None = None) -> dict:
-    return {"epsilons": p.epsilons, "mechanisms": p.mechanisms if mechanisms is None else mechanisms,
-            "rhos": p.rhos, "user_ks": p.user_ks, "bands": p.bands, "n_queries": p.n_queries,
-            "trials": p.trials, "seed": p.seed}
+    mechs = p.mechanisms if mechanisms is None else mechanisms
+    config = {"epsilons": p.epsilons, "mechanisms": mechs, "rhos": p.rhos, "user_ks": p.user_ks, "bands": p.bands,
+              "n_queries": p.n_queries, "trials": p.trials, "seed": p.seed}
+    if "snh" in mechs:
+        # SNH's rows depend on the shipped public denoiser: a new model is a new cache entry.
+        config["snh_denoiser"] = model_fingerprint()
+    return config
 
 
 @flow(name="paramselect-train", log_prints=True)

@@ -284,6 +284,14 @@ def regions_overlap(a: dict, b: dict) -> bool:
     return dx < half and dy < half
 
 
+def model_fingerprint(path: str | Path = DEFAULT_DENOISER_PATH) -> str:
+    """A short hash of a denoiser's weights ("none" without one): cached results that used it key on it."""
+    import hashlib
+
+    path = Path(path)
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16] if path.exists() else "none"
+
+
 def save_denoiser(path: str | Path, model: PyramidDenoiser, meta: dict) -> None:
     """Weights as .npz (no pickle) + metadata (training regions, report) as .json beside it."""
     path = Path(path)
