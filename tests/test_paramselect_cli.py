@@ -116,3 +116,17 @@ def test_training_rows_report_progress():
     total = 2 * 2 * 3  # k × ε × (2 ρ + ug)
     assert [c[0] for c in calls] == list(range(1, total + 1)) and {c[1] for c in calls} == {total}
     assert len(rows) == total and "ug" in calls[-1][2]
+
+
+def test_snh_rows_key_their_cache_on_the_denoiser():
+    """SNH's rows depend on the shipped denoiser, so its fingerprint is part of their cache key (and
+    only of theirs: the cheap mechanisms' rows stay cached when the denoiser changes)."""
+    from dpcore.models.pyramid_denoiser import model_fingerprint
+    from flows.paramselect_flow import search_config
+    from tasks.paramselect_tasks import cache_key
+
+    p = TrainParams()
+    snh, cheap = search_config(p, ["snh"]), search_config(p, ["identity", "ug"])
+    assert snh["snh_denoiser"] == model_fingerprint() and "snh_denoiser" not in cheap
+    spec = {"name": "d", "city": "tulsa"}
+    assert cache_key(spec, snh) != cache_key(spec, {**snh, "snh_denoiser": "another-model"})
