@@ -255,10 +255,12 @@ class SpatialNeuralHistogram(Mechanism):
     Defaults are chosen so a 20 × 20 km release trains in well under 2 minutes on a 2-core CPU
     (``bench/bench_snh.py``: 12–26 s under load): 8 query sides, nets of 3 hidden layers × 64 units,
     sine frequency ω₀ = m/6 for an m × m grid (clipped to [4, 40]), ≤ 40 epochs of 32k samples per
-    net, early stopping on the training loss, one CPU training thread. Without ``cell_width_m``, ρ
-    comes from ParamSelect: the identity grid's ρ (the shipped table's SNH rows are measured at this
-    choice, not searched over ρ); with the default pyramid collection ρ only sets the finest level,
-    G ≈ 4·side/ρ.
+    net, early stopping on the training loss, one CPU training thread. By default the shipped public
+    denoiser is used (``denoiser="auto"``) and the pyramid's finest level is its fixed 128² grid; where
+    it may not be used (its training regions overlap the release's, or ``denoiser="none"``) and
+    ``cell_width_m`` is not given, ρ comes from ParamSelect: the identity grid's ρ (the shipped
+    table's SNH rows are measured at this choice, not searched over ρ), and with the pyramid ρ only
+    sets the finest level, G ≈ 4·side/ρ.
     """
 
     name = "snh"
