@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
 
 # Keep the order stable: it is the order of `geodp --help`.
@@ -30,8 +31,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def exit_on_sigterm() -> None:
+    """Turn SIGTERM (``kill PID``, a scheduler stopping a job) into SystemExit, so ``finally`` blocks run:
+    the local Prefect server and Dask cluster a command started are stopped instead of left orphaned."""
+
+    def _exit(signum: int, _frame) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, _exit)
+
+
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    if __name__ == "__main__" or argv is None:  # the console script; not when a test calls main([...])
+        exit_on_sigterm()
     from dpcore import GeoDPError, __version__
 
     parser = build_parser()

@@ -128,3 +128,28 @@ def test_evaluate_flow_refuses_a_bad_parameter_value_before_starting_prefect(syn
 def test_cities_lists_catalog():
     cities = json.loads(geodp("cities", "--json").stdout)
     assert {"new-york", "san-francisco", "kansas-city", "salt-lake-city"} <= {c["city"] for c in cities}
+
+
+def test_sigterm_runs_cleanup(tmp_path):
+    """`kill PID` on a geodp command unwinds like Ctrl-C: finally blocks (which stop the local Prefect
+    server and Dask cluster) run instead of leaving them orphaned."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    marker = tmp_path / "cleaned"
+    code = ("import sys, time\nfrom flows.cli import exit_on_sigterm\nexit_on_sigterm()\n"
+            f"try:\n    print('ready', flush=True)\n    time.sleep(60)\nfinally:\n    open({str(marker)!r}, 'w').write('x')\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    deadline = time.monotonic() + 5
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert marker.exists()
