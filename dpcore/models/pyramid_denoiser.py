@@ -103,10 +103,11 @@ def pyramid_features(estimate: np.ndarray, noisy_levels: dict[int, np.ndarray],
 def denoise(model: PyramidDenoiser, estimate: np.ndarray, noisy_levels: dict[int, np.ndarray],
             noise_var: dict[int, float]) -> np.ndarray:
     """The denoised (G, G) counts: non-negative, with the pyramid estimate's total."""
-    feats = torch.from_numpy(pyramid_features(estimate, noisy_levels, noise_var))[None]
+    device = next(model.parameters()).device
+    feats = torch.from_numpy(pyramid_features(estimate, noisy_levels, noise_var))[None].to(device)
     model.eval()
     with torch.no_grad():
-        dist = model(feats)[0].double().numpy()
+        dist = model(feats)[0].double().cpu().numpy()
     return dist * (float(estimate.sum()) / dist.sum())  # float32 softmax sums to 1 only within ~1e-7
 
 
@@ -117,7 +118,7 @@ def box_answers(density: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
     rule as dpcore.histogram.answer_boxes)."""
     batch, n, _ = density.shape
     prefix = F.pad(density.cumsum(1).cumsum(2), (1, 0, 1, 0))
-    rows = torch.arange(batch)[:, None]
+    rows = torch.arange(batch, device=density.device)[:, None]
 
     def cumulative(gx: torch.Tensor, gy: torch.Tensor) -> torch.Tensor:
         gx, gy = gx.clamp(0, n), gy.clamp(0, n)
@@ -177,6 +178,8 @@ class DenoiserTrainConfig:
     epsilon_range: tuple[float, float] = (0.02, 3.0)
     query_sides_m: tuple[float, float] = (25.0, 1000.0)
     seed: int = 0
+    #: None: CUDA when present, else CPU (dpcore.models.snh_net.pick_device).
+    device: str | None = None
 
 
 def _dihedral(a: np.ndarray, t: int) -> np.ndarray:
@@ -242,16 +245,19 @@ def train_denoiser(datasets: list[PublicDataset], cfg: DenoiserTrainConfig | Non
     cfg = cfg or DenoiserTrainConfig()
     if not datasets:
         raise ValueError("the denoiser needs at least one public dataset")
+    from dpcore.models.snh_net import pick_device
+
+    device = pick_device(cfg.device)
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
-    model = PyramidDenoiser(cfg.channels)
+    model = PyramidDenoiser(cfg.channels).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, cfg.steps)
     losses = []
     t0 = time.perf_counter()
     model.train()
     for step in range(cfg.steps):
-        feats, boxes, truth, totals, psi = _training_batch(datasets, cfg, rng)
+        feats, boxes, truth, totals, psi = (t.to(device) for t in _training_batch(datasets, cfg, rng))
         pred = box_answers(model(feats) * totals[:, None, None], boxes)
         loss = ((pred - truth).abs() / torch.maximum(truth, psi[:, None])).mean()
         opt.zero_grad()
@@ -262,7 +268,8 @@ def train_denoiser(datasets: list[PublicDataset], cfg: DenoiserTrainConfig | Non
         losses.append(loss.item())
         if progress is not None:
             progress(step, float(np.mean(losses[-50:])))
-    report = {"steps": cfg.steps, "seconds": time.perf_counter() - t0, "config": {
+    model.cpu()  # saved and applied on the CPU (one forward pass per release)
+    report = {"steps": cfg.steps, "seconds": time.perf_counter() - t0, "device": str(device), "config": {
         **{k: v for k, v in cfg.__dict__.items()}, "epsilon_range": list(cfg.epsilon_range),
         "query_sides_m": list(cfg.query_sides_m)},
         "loss_last_100": float(np.mean(losses[-100:])), "loss_curve": [float(np.mean(losses[i:i + 50]))
