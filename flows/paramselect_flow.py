@@ -84,14 +84,26 @@ def public_datasets(p: TrainParams) -> list[dict]:
     return specs
 
 
-def search_config(p: TrainParams, mechanisms: list[str] | None = None) -> dict:
+def search_config(p: TrainParams, mechanisms: list[str] | None = None, city: str | None = None) -> dict:
+    """The search settings a dataset's rows depend on (their cache key). ``city``: the dataset's city,
+    for SNH, whose rows also depend on the shipped public denoiser where snh applies it."""
     mechs = p.mechanisms if mechanisms is None else mechanisms
     config = {"epsilons": p.epsilons, "mechanisms": mechs, "rhos": p.rhos, "user_ks": p.user_ks, "bands": p.bands,
               "n_queries": p.n_queries, "trials": p.trials, "seed": p.seed}
-    if "snh" in mechs:
-        # SNH's rows depend on the shipped public denoiser: a new model is a new cache entry.
+    if "snh" in mechs and (city is None or denoiser_applies(city)):
+        # A new denoiser is a new cache entry for the rows it changes, and only for those.
         config["snh_denoiser"] = model_fingerprint()
     return config
+
+
+def denoiser_applies(city: str) -> bool:
+    """Whether snh (defaults) denoises releases of ``city``: the shipped model exists and never saw it."""
+    from dpcore.geo import city_region
+    from dpcore.models.pyramid_denoiser import DEFAULT_DENOISER_PATH, load_denoiser, usable_for
+
+    if not DEFAULT_DENOISER_PATH.exists():
+        return False
+    return usable_for(load_denoiser(DEFAULT_DENOISER_PATH)[1], city_region(city))[0]
 
 
 @flow(name="paramselect-train", log_prints=True)
@@ -106,8 +118,8 @@ def paramselect_train_flow(params: TrainParams) -> dict:
     config = search_config(params, cheap)
     slow_specs = [s for s in specs if slow and float(s.get("fraction", 1.0)) in params.self_tuned_fractions]
     # The slow tasks go first so the short ones fill the workers around them.
-    slow_config = search_config(params, slow)
-    slow_futures = [dataset_rows.submit(spec, slow_config, params.cache_dir) for spec in slow_specs]
+    slow_futures = [dataset_rows.submit(spec, search_config(params, slow, spec["city"]), params.cache_dir)
+                    for spec in slow_specs]
     futures = [dataset_rows.submit(spec, config, params.cache_dir) for spec in specs]
     outs = [f.result() for f in futures]
     slow_outs = [f.result() for f in slow_futures]
