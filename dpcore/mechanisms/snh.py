@@ -339,7 +339,11 @@ class SpatialNeuralHistogram(Mechanism):
                 return None, f"no denoiser ({path.name} is not installed)"
         else:
             path = Path(self.denoiser)
-        model, meta = _load_denoiser(str(path))
+        try:
+            stamp = path.stat().st_mtime_ns
+        except OSError as exc:
+            raise MechanismError(f"cannot read denoiser model {path}: {exc}") from exc
+        model, meta = _load_denoiser(str(path), stamp)
         ok, why = usable_for(meta, region)
         if not ok:
             if self.denoiser == "auto":
@@ -481,8 +485,8 @@ class SpatialNeuralHistogram(Mechanism):
 
 
 @functools.lru_cache(maxsize=4)
-def _load_denoiser(path: str):
-    """A denoiser file read once per process (it is public, read-only configuration)."""
+def _load_denoiser(path: str, mtime_ns: int):
+    """A denoiser file read once per process and version (``mtime_ns`` makes a retrained file a new entry)."""
     from dpcore.models.pyramid_denoiser import load_denoiser
 
     try:

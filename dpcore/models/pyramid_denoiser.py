@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dpcore.geo import Region
+from dpcore.histogram import answer_boxes, prefix_sums
 
 #: The denoiser's grid: the finest pyramid level it works on (156 m cells on a 20 km city).
 DENOISER_GRID = 128
@@ -192,16 +193,15 @@ def simulate_release(counts: dict[int, np.ndarray], sensitivity: float, epsilon:
                      rng: np.random.Generator) -> tuple[np.ndarray, dict[int, np.ndarray], dict[int, float]]:
     """SNH's pyramid release of public counts (the same levels, shares and combination)."""
     from dpcore.mechanisms.snh import pyramid_estimate
-    from dpcore.noise import discrete_laplace_variance
+    from dpcore.noise import NoiseSource, discrete_laplace_variance
 
+    source = NoiseSource(secure_mode=False, rng=rng)  # public data: seeded noise is fine
     shares = np.asarray(LEVEL_WEIGHTS) / sum(LEVEL_WEIGHTS)
     noisy, var = {}, {}
     for d, share in zip(LEVEL_DIVISORS, shares, strict=True):
         g = DENOISER_GRID // d
         eps = epsilon * share
-        p = -math.expm1(-eps / sensitivity)
-        noise = rng.geometric(p, counts[g].shape) - rng.geometric(p, counts[g].shape)
-        noisy[g] = counts[g] + noise
+        noisy[g] = source.add_discrete_laplace(counts[g], sensitivity, eps).astype(np.float64)
         var[g] = discrete_laplace_variance(sensitivity / eps)
     return pyramid_estimate(noisy, var), noisy, var
 
@@ -227,16 +227,13 @@ def _training_batch(datasets: list[PublicDataset], cfg: DenoiserTrainConfig, rng
         side = side_m / ds.region.side_m * DENOISER_GRID
         cx, cy = rng.uniform(0, DENOISER_GRID, q), rng.uniform(0, DENOISER_GRID, q)
         bx = np.stack([cx - side / 2, cy - side / 2, cx + side / 2, cy + side / 2], 1)
-        from dpcore.histogram import answer_boxes, prefix_sums
-
         truths.append(answer_boxes(prefix_sums(truth), (0.0, 0.0, DENOISER_GRID, DENOISER_GRID), bx))
         boxes.append(bx)
         # The target is the raw data (what releases are scored against); user-level releases are
         # scaled to it outside SNH, so the distribution is compared at the raw total.
         totals.append(float(ds.n_points))
         psis.append(max(1.0, 1e-3 * ds.n_points))
-    as_t = lambda a: torch.tensor(np.stack(a) if isinstance(a[0], np.ndarray) else a, dtype=torch.float32)  # noqa: E731
-    return as_t(feats), as_t(boxes), as_t(truths), as_t(totals), as_t(psis)
+    return tuple(torch.tensor(np.asarray(a), dtype=torch.float32) for a in (feats, boxes, truths, totals, psis))
 
 
 def train_denoiser(datasets: list[PublicDataset], cfg: DenoiserTrainConfig | None = None,
