@@ -15,6 +15,7 @@ from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
 from dpcore.models.pyramid_denoiser import DEFAULT_DENOISER_PATH, DenoiserTrainConfig
+from flows.paramselect_flow import synthetic_spec
 from tasks.denoiser_tasks import prepare_dataset, train_and_save
 from tasks.runtime import dask_task_runner
 
@@ -51,10 +52,7 @@ def denoiser_datasets(p: DenoiserParams) -> list[dict]:
         for f in p.cab_fractions:
             specs.append({"name": f"sf-cabs-{f:g}", "city": "san-francisco", "source": str(cabs), "fraction": f,
                           "seed": p.seed})
-    for s in p.synthetic_seeds:
-        city = ("phoenix", "houston", "miami", "tulsa", "fargo")[s % 5]
-        specs.append({"name": f"synthetic-{city}-{s}", "city": city, "source": "synthetic", "seed": s,
-                      "n_users": 1500 * s, "n_hotspots": 20 * s})
+    specs += [synthetic_spec(s) for s in p.synthetic_seeds]  # the same synthetic cities as ParamSelect's
     return [s for s in specs if s["city"] not in set(p.exclude_cities)]
 
 

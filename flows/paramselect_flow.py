@@ -16,7 +16,8 @@ import pandas as pd
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
-from dpcore.models.pyramid_denoiser import model_fingerprint
+from dpcore.geo import city_region
+from dpcore.models.pyramid_denoiser import model_fingerprint, shipped_denoiser_usable
 from dpcore.paramselect import (
     DEFAULT_MODEL_PATH,
     DEFAULT_REPORT_PATH,
@@ -76,12 +77,16 @@ def public_datasets(p: TrainParams) -> list[dict]:
         for frac in p.fractions:
             specs.append({"name": f"gowalla-nyc-{frac:g}", "group": "new-york", "city": "new-york",
                           "source": str(nyc), "fraction": frac, "seed": p.seed})
-    for s in p.synthetic_seeds:
-        # Synthetic cities are placed in catalog cities the real data do not cover, as their own groups.
-        city = ("phoenix", "houston", "miami", "tulsa", "fargo")[s % 5]
-        specs.append({"name": f"synthetic-{city}-{s}", "group": f"synthetic-{s}", "city": city,
-                      "source": "synthetic", "seed": s, "n_users": 1500 * s, "n_hotspots": 20 * s})
+    specs += [synthetic_spec(s) for s in p.synthetic_seeds]
     return specs
+
+
+def synthetic_spec(seed: int) -> dict:
+    """A synthetic public dataset: placed in a catalog city the real data do not cover, as its own group,
+    with more users and hotspots for larger seeds."""
+    city = ("phoenix", "houston", "miami", "tulsa", "fargo")[seed % 5]
+    return {"name": f"synthetic-{city}-{seed}", "group": f"synthetic-{seed}", "city": city, "source": "synthetic",
+            "seed": seed, "n_users": 1500 * seed, "n_hotspots": 20 * seed}
 
 
 def search_config(p: TrainParams, mechanisms: list[str] | None = None, city: str | None = None) -> dict:
@@ -90,20 +95,10 @@ def search_config(p: TrainParams, mechanisms: list[str] | None = None, city: str
     mechs = p.mechanisms if mechanisms is None else mechanisms
     config = {"epsilons": p.epsilons, "mechanisms": mechs, "rhos": p.rhos, "user_ks": p.user_ks, "bands": p.bands,
               "n_queries": p.n_queries, "trials": p.trials, "seed": p.seed}
-    if "snh" in mechs and (city is None or denoiser_applies(city)):
+    if "snh" in mechs and (city is None or shipped_denoiser_usable(city_region(city))[0]):
         # A new denoiser is a new cache entry for the rows it changes, and only for those.
         config["snh_denoiser"] = model_fingerprint()
     return config
-
-
-def denoiser_applies(city: str) -> bool:
-    """Whether snh (defaults) denoises releases of ``city``: the shipped model exists and never saw it."""
-    from dpcore.geo import city_region
-    from dpcore.models.pyramid_denoiser import DEFAULT_DENOISER_PATH, load_denoiser, usable_for
-
-    if not DEFAULT_DENOISER_PATH.exists():
-        return False
-    return usable_for(load_denoiser(DEFAULT_DENOISER_PATH)[1], city_region(city))[0]
 
 
 @flow(name="paramselect-train", log_prints=True)

@@ -59,7 +59,17 @@ from dpcore.geo import Region
 from dpcore.histogram import answer_boxes, block_sum, grid_counts, prefix_sums, shrink_factor, split_to_parent
 from dpcore.mechanisms.base import FitInput, Mechanism, MechanismError
 from dpcore.mechanisms.ug import check_fraction
-from dpcore.models.pyramid_denoiser import DENOISER_GRID, LEVEL_DIVISORS, LEVEL_WEIGHTS
+from dpcore.models.pyramid_denoiser import (
+    DEFAULT_DENOISER_PATH,
+    DENOISER_GRID,
+    LEVEL_DIVISORS,
+    LEVEL_WEIGHTS,
+    denoise,
+    load_denoiser,
+    load_meta,
+    shipped_denoiser_usable,
+    usable_for,
+)
 from dpcore.noise import NoiseSource, discrete_laplace_variance
 from dpcore.synopsis import PrivacyInfo, Synopsis, SynopsisError
 
@@ -203,6 +213,21 @@ def pyramid_estimate(noisy_levels: dict[int, np.ndarray], noise_var: dict[int, f
     return est
 
 
+def release_pyramid(counts: dict[int, np.ndarray], sensitivity: float, level_epsilons: dict[int, float],
+                    noise: NoiseSource, kappa: float = 1.0,
+                    ) -> tuple[np.ndarray, dict[int, np.ndarray], dict[int, float]]:
+    """Discrete Laplace noise at each level's ε (levels in the order given), then :func:`pyramid_estimate`.
+
+    Returns (estimate, noisy levels, per-cell noise variances). The one place SNH's pyramid is noised:
+    releases call it with the ε their accountant granted, the public denoiser's training with simulated ε.
+    """
+    noisy, var = {}, {}
+    for g, eps in level_epsilons.items():
+        noisy[g] = noise.add_discrete_laplace(counts[g], sensitivity, eps).astype(np.float64)
+        var[g] = discrete_laplace_variance(sensitivity / eps)
+    return pyramid_estimate(noisy, var, kappa), noisy, var
+
+
 def pyramid_size(side_m: float, rho_m: float) -> int:
     """Finest pyramid level G: the power of two nearest to 4·side/ρ (cells ≈ ρ/4), within [16, 512].
 
@@ -327,28 +352,21 @@ class SpatialNeuralHistogram(Mechanism):
         ``"auto"`` uses the shipped model when the release uses the pyramid (ρ not fixed by the caller),
         the model file is present, and none of its training regions overlaps this region; a path must
         name a model that was not trained on this region (refused otherwise)."""
-        from dpcore.models.pyramid_denoiser import DEFAULT_DENOISER_PATH, usable_for
-
         if self.denoiser == "none":
             return None, "no denoiser (denoiser='none')"
         if self.denoiser == "auto":
             if self.cell_width_m is not None or self.data_collection == "grid":
                 return None, "no denoiser (the paper's flat grid at a given ρ)"
             path = DEFAULT_DENOISER_PATH
-            if not path.exists():
-                return None, f"no denoiser ({path.name} is not installed)"
+            ok, why = _read_denoiser(path, lambda: shipped_denoiser_usable(region, path))
+            if not ok:
+                return None, f"no denoiser: {why}"
         else:
             path = Path(self.denoiser)
-        try:
-            stamp = path.stat().st_mtime_ns
-        except OSError as exc:
-            raise MechanismError(f"cannot read denoiser model {path}: {exc}") from exc
-        model, meta = _load_denoiser(str(path), stamp)
-        ok, why = usable_for(meta, region)
-        if not ok:
-            if self.denoiser == "auto":
-                return None, f"no denoiser: {why}"
-            raise MechanismError(f"denoiser {path}: {why}; a city is never denoised by a model trained on it")
+            ok, why = _read_denoiser(path, lambda: usable_for(load_meta(path), region))
+            if not ok:
+                raise MechanismError(f"denoiser {path}: {why}; a city is never denoised by a model trained on it")
+        model, _ = _read_denoiser(path, lambda: _load_denoiser(str(path), path.stat().st_mtime_ns))
         return model, why
 
     def _collect_pyramid(self, data: FitInput, acct: Accountant, noise: NoiseSource,
@@ -364,21 +382,17 @@ class SpatialNeuralHistogram(Mechanism):
         levels = [max(1, G // d) for d in PYRAMID_DIVISORS]
         weights = np.asarray(PYRAMID_WEIGHTS, dtype=np.float64)
         total = acct.remaining
-        noisy_levels, noise_var = {}, {}
+        level_eps = {}
         for i, (g, share) in enumerate(zip(levels, weights / weights.sum(), strict=True)):
-            counts = grid_counts(data.x, data.y, data.region.bounds_m, g, g)
             note = (f"pyramid level {g}x{g} ({data.region.side_m / g:.0f} m cells); disjoint cells, L1 "
                     "sensitivity = per-unit contribution bound")
-            eps = acct.spend_rest(f"pyramid_{g}", s, note=note) if i == len(levels) - 1 \
+            level_eps[g] = acct.spend_rest(f"pyramid_{g}", s, note=note) if i == len(levels) - 1 \
                 else acct.spend(f"pyramid_{g}", total * share, s, note=note)
-            noisy_levels[g] = noise.add_discrete_laplace(counts, s, eps).astype(np.float64)
-            noise_var[g] = discrete_laplace_variance(s / eps)
-        est = pyramid_estimate(noisy_levels, noise_var, float(self.pyramid_kappa))
+        counts = {g: grid_counts(data.x, data.y, data.region.bounds_m, g, g) for g in levels}
+        est, noisy_levels, noise_var = release_pyramid(counts, s, level_eps, noise, float(self.pyramid_kappa))
         note = (f"data collection: noisy pyramid {levels} (ε shares {list(PYRAMID_WEIGHTS)}), combined "
                 f"by inverse-variance consistency and Wiener shrinkage (κ={self.pyramid_kappa:g})")
         if denoiser is not None:
-            from dpcore.models.pyramid_denoiser import denoise
-
             est = denoise(denoiser, est, noisy_levels, noise_var)
             note += "; then the public denoiser (post-processing of the noisy levels)"
         return est, G, note
@@ -487,10 +501,13 @@ class SpatialNeuralHistogram(Mechanism):
 @functools.lru_cache(maxsize=4)
 def _load_denoiser(path: str, mtime_ns: int):
     """A denoiser file read once per process and version (``mtime_ns`` makes a retrained file a new entry)."""
-    from dpcore.models.pyramid_denoiser import load_denoiser
+    return load_denoiser(path)
 
+
+def _read_denoiser(path: Path, read):
+    """``read()`` of a denoiser file, with an unreadable or malformed file reported as a MechanismError."""
     try:
-        return load_denoiser(path)
+        return read()
     except (OSError, ValueError, KeyError, RuntimeError) as exc:
         raise MechanismError(f"cannot read denoiser model {path}: {exc}") from exc
 

@@ -192,18 +192,13 @@ def _dihedral(a: np.ndarray, t: int) -> np.ndarray:
 def simulate_release(counts: dict[int, np.ndarray], sensitivity: float, epsilon: float,
                      rng: np.random.Generator) -> tuple[np.ndarray, dict[int, np.ndarray], dict[int, float]]:
     """SNH's pyramid release of public counts (the same levels, shares and combination)."""
-    from dpcore.mechanisms.snh import pyramid_estimate
-    from dpcore.noise import NoiseSource, discrete_laplace_variance
+    from dpcore.mechanisms.snh import release_pyramid
+    from dpcore.noise import NoiseSource
 
-    source = NoiseSource(secure_mode=False, rng=rng)  # public data: seeded noise is fine
     shares = np.asarray(LEVEL_WEIGHTS) / sum(LEVEL_WEIGHTS)
-    noisy, var = {}, {}
-    for d, share in zip(LEVEL_DIVISORS, shares, strict=True):
-        g = DENOISER_GRID // d
-        eps = epsilon * share
-        noisy[g] = source.add_discrete_laplace(counts[g], sensitivity, eps).astype(np.float64)
-        var[g] = discrete_laplace_variance(sensitivity / eps)
-    return pyramid_estimate(noisy, var), noisy, var
+    level_eps = {DENOISER_GRID // d: epsilon * share for d, share in zip(LEVEL_DIVISORS, shares, strict=True)}
+    # Public data: seeded noise is fine.
+    return release_pyramid(counts, sensitivity, level_eps, NoiseSource(secure_mode=False, rng=rng))
 
 
 def _training_batch(datasets: list[PublicDataset], cfg: DenoiserTrainConfig, rng: np.random.Generator):
@@ -304,16 +299,31 @@ def save_denoiser(path: str | Path, model: PyramidDenoiser, meta: dict) -> None:
                                                       "grid": DENOISER_GRID}, indent=1))
 
 
-def load_denoiser(path: str | Path) -> tuple[PyramidDenoiser, dict]:
+def load_meta(path: str | Path) -> dict:
+    """A denoiser's metadata (training regions, report) without its weights."""
     path = Path(path)
     meta = json.loads(path.with_suffix(".json").read_text())
     if int(meta.get("grid", -1)) != DENOISER_GRID:
         raise ValueError(f"denoiser {path} was trained on a {meta.get('grid')} grid, this code uses {DENOISER_GRID}")
+    return meta
+
+
+def load_denoiser(path: str | Path) -> tuple[PyramidDenoiser, dict]:
+    meta = load_meta(path)
     model = PyramidDenoiser(int(meta["channels"]))
     with np.load(path) as z:
         model.load_state_dict({k: torch.from_numpy(z[k]) for k in z.files})
     model.eval()
     return model, meta
+
+
+def shipped_denoiser_usable(region: Region, path: str | Path = DEFAULT_DENOISER_PATH) -> tuple[bool, str]:
+    """Whether snh's default (``denoiser="auto"``) applies the shipped model to ``region``, and why:
+    the file is installed and none of its training regions overlaps the region."""
+    path = Path(path)
+    if not path.exists():
+        return False, f"{path.name} is not installed"
+    return usable_for(load_meta(path), region)
 
 
 def usable_for(meta: dict, region: Region) -> tuple[bool, str]:
