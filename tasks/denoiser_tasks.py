@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 from prefect import task
@@ -16,7 +15,7 @@ from dpcore.models.pyramid_denoiser import (
     train_denoiser,
 )
 from tasks.paramselect_tasks import dataset_points
-from tasks.runtime import run_logger
+from tasks.runtime import ProgressClock, run_logger
 
 
 @task(name="denoiser-dataset", retries=0)
@@ -30,16 +29,12 @@ def prepare_dataset(spec: dict) -> PublicDataset:
 
 @task(name="denoiser-train", retries=0)
 def train_and_save(datasets: list[PublicDataset], config: DenoiserTrainConfig, path: str) -> dict:
-    logger = run_logger()
-    started = last = time.monotonic()
+    logger, clock = run_logger(), ProgressClock()
 
     def progress(step: int, loss: float) -> None:
-        nonlocal last
-        now = time.monotonic()
-        if now - last >= 30 or step == config.steps - 1:
-            last = now
+        if clock.due(final=step == config.steps - 1):
             logger.info("denoiser step %d/%d, mean relative error (last 50 steps) %.4f, %.0f s",
-                        step + 1, config.steps, loss, now - started)
+                        step + 1, config.steps, loss, clock.elapsed_s)
 
     model, report = train_denoiser(datasets, config, progress)
     regions = {d.region.name: region_record(d.region) for d in datasets}

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import time
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +13,7 @@ from prefect import task
 from dpcore.data import clip_to_region, load_points
 from dpcore.geo import city_region
 from dpcore.paramselect import PublicProfile, training_rows
-from tasks.runtime import run_logger
+from tasks.runtime import ProgressClock, run_logger
 
 ROWS_VERSION = 2  # bump when training_rows or the evaluation protocol it uses changes (v2: scaling floor)
 
@@ -65,17 +64,12 @@ def dataset_rows(spec: dict, config: dict, cache_dir: str) -> dict:
     profile = PublicProfile.from_points(x, y, user, region, source=spec["name"])
     rows = []
     mechs = tuple(config["mechanisms"])
-    logger = run_logger()
-    started = last_logged = time.monotonic()
+    logger, clock = run_logger(), ProgressClock()  # a dataset with SNH rows runs for 10+ minutes
 
     def progress(done: int, total: int, what: str) -> None:
-        # A dataset with SNH rows runs for 10+ minutes: a line every 30 s (and at the end) shows it moving.
-        nonlocal last_logged
-        now = time.monotonic()
-        if now - last_logged >= 30 or done == total:
-            last_logged = now
+        if clock.due(final=done == total):
             logger.info("%s [%s]: %d/%d configurations, %.0f s (%s)", spec["name"], ",".join(mechs), done, total,
-                        now - started, what)
+                        clock.elapsed_s, what)
 
     common = dict(epsilons=tuple(config["epsilons"]), n_queries=int(config["n_queries"]),
                   trials=int(config["trials"]), seed=int(config["seed"]),

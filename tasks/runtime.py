@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import time
 from collections.abc import Iterator
 
 from prefect_dask import DaskTaskRunner
@@ -25,6 +26,26 @@ def run_logger() -> logging.Logger | logging.LoggerAdapter:
         return get_run_logger()
     except MissingContextError:
         return logging.getLogger("geodp.tasks")
+
+
+class ProgressClock:
+    """When a long task should log progress: every ``every_s`` seconds, and always at the end, so a
+    10-minute task shows it is moving without a line per step."""
+
+    def __init__(self, every_s: float = 30.0):
+        self.every_s = float(every_s)
+        self.started = self._last = time.monotonic()
+
+    def due(self, final: bool = False) -> bool:
+        now = time.monotonic()
+        if final or now - self._last >= self.every_s:
+            self._last = now
+            return True
+        return False
+
+    @property
+    def elapsed_s(self) -> float:
+        return time.monotonic() - self.started
 
 
 def dask_task_runner(address: str | None = None, n_workers: int = 2) -> DaskTaskRunner:
