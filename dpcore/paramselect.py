@@ -71,9 +71,17 @@ ENTROPY_BINS = 512
 #: no loss in leave-one-city-out accuracy (measured: bench/README.md).
 COST_LEAF = 10
 RHO_LEAF = 3
+#: How far beyond the largest n·ε/s of its training rows a mechanism's predicted cost is trusted. 4× was
+#: chosen on the training table's leave-one-city-out mechanism choice (3×, 4×, 8×: within 5% of the best
+#: in 82.6–83.0% of cases, no limit 82.1%), bench/README.md.
+EXTRAPOLATION_FACTOR = 4.0
 
 BASE_FEATURES = ["log_n", "log_eps_s", "inv_n_eps", "inv_sqrt_n_eps", "entropy", "log_band", "kept_fraction"]
-COST_FEATURES = BASE_FEATURES + ["log_rho"] + [f"is_{m}" for m in ALL_MECHANISMS]
+#: SNH rows run with the public denoiser (1) or without it (0). Where the shipped denoiser applies
+#: the table holds both variants; the cost model must tell them apart, as auto's snh is the denoised one
+#: exactly where :func:`dpcore.models.pyramid_denoiser.shipped_denoiser_usable` says so.
+DENOISED_COLUMN = "snh_denoised"
+COST_FEATURES = BASE_FEATURES + ["log_rho"] + [f"is_{m}" for m in ALL_MECHANISMS] + [DENOISED_COLUMN]
 
 
 def searches_rho(mechanism: str) -> bool:
@@ -141,11 +149,38 @@ def feature_row(n: float, epsilon: float, sensitivity: float, entropy: float, ba
             "log_band": math.log10(math.sqrt(band[0] * band[1])), "kept_fraction": float(kept_fraction)}
 
 
-def config_columns(mechanism: str, rho: float | None) -> dict[str, float]:
+def config_columns(mechanism: str, rho: float | None, denoised: bool = False) -> dict[str, float]:
     row = {"log_rho": math.log10(rho) if rho else 0.0}
     for m in ALL_MECHANISMS:
         row[f"is_{m}"] = 1.0 if m == mechanism else 0.0
+    row[DENOISED_COLUMN] = 1.0 if denoised and mechanism == "snh" else 0.0
     return row
+
+
+def with_served_entropy(table: pd.DataFrame, profiles: dict[str, PublicProfile]) -> pd.DataFrame:
+    """Rows take the entropy of the public profile their region is served with, where it has one.
+
+    A release reads the entropy feature from its region's public profile, not from the data released,
+    and a 512² histogram's entropy grows with the sample: New York's profile (the Gowalla sample, 6.9 k
+    points) has 8.97 bits, Gowalla NYC's 115 k points 12.02. Trained on each dataset's own entropy, the
+    model saw New York at 12 bits and was asked about it at 9. Leave-one-city-out with the features a
+    release would use, this raised the ρ choice within 10% of the best from 73.8% to 74.9% and cut the
+    mechanism choice's mean error ratio from 1.45 to 1.38 (bench/README.md).
+    """
+    served = table["group"].map({g: p.entropy for g, p in profiles.items()})
+    return table.assign(entropy=served.fillna(table["entropy"]))
+
+
+def with_denoised_column(table: pd.DataFrame) -> pd.DataFrame:
+    """A table whose rows predate the denoiser column (or come from untagged sets) counts them as plain."""
+    if DENOISED_COLUMN not in table.columns:
+        return table.assign(**{DENOISED_COLUMN: 0.0})
+    return table.assign(**{DENOISED_COLUMN: table[DENOISED_COLUMN].fillna(0.0)})
+
+
+def tag_denoised(rows: pd.DataFrame, denoised: bool) -> pd.DataFrame:
+    """Mark a dataset's SNH rows as run with (or without) the public denoiser."""
+    return rows.assign(**{DENOISED_COLUMN: np.where(rows["mechanism"] == "snh", float(denoised), 0.0)})
 
 
 # -- the model -----------------------------------------------------------------------------------
@@ -171,12 +206,35 @@ class Choice:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class Scored:
+    """One candidate of a choice: its predicted error, and whether that prediction is within reach."""
+
+    mechanism: str
+    cell_width_m: float
+    predicted_error: float
+    within_reach: bool
+
+
+def pick_candidate(scored: list[Scored]) -> tuple[Scored, list[str]]:
+    """The least predicted error among the candidates within reach (all, if none is), and those left out.
+
+    Trees predict a constant beyond the signal-to-noise their rows cover, so a mechanism measured only on
+    small releases (the denoised snh, when New York is held out) would be rated at a far larger release
+    as at its largest one. Such extrapolated candidates are weighed only if all are. min() keeps the
+    first of equal errors, so the cheap-first order of :meth:`ParamSelectModel.score_candidates` holds.
+    """
+    reachable = [c for c in scored if c.within_reach] or scored
+    beyond = [c.mechanism for c in scored if not c.within_reach] if len(reachable) < len(scored) else []
+    return min(reachable, key=lambda c: c.predicted_error), beyond
+
+
 class ParamSelectModel:
     """Two ExtraTrees regressors trained on a public training table (see module docstring)."""
 
     def __init__(self, table: pd.DataFrame, profiles: dict[str, PublicProfile], seed: int = 0,
                  n_estimators: int = 50, exclude_groups: tuple[str, ...] = ()):
-        self.table = table.reset_index(drop=True)
+        self.table = with_denoised_column(table.reset_index(drop=True))
         self.profiles = profiles
         self.seed = seed
         self.n_estimators = n_estimators
@@ -192,6 +250,8 @@ class ParamSelectModel:
                                                                np.log10(best["best_rho"].to_numpy()))
         self.groups = sorted(train["group"].unique())
         self.mechanisms = sorted(train["mechanism"].unique())
+        self.reach = training_reach(train)
+        self.mean_ranks = mean_ranks(train)
 
     # Training-time helpers are static so the flow and the CV can use them on any table.
     def without(self, groups: tuple[str, ...]) -> ParamSelectModel:
@@ -214,10 +274,46 @@ class ParamSelectModel:
         errs = [self.predict_error(features, "identity", r) for r in cands]
         return float(cands[int(np.argmin(errs))])
 
-    def predict_error(self, features: dict[str, float], mechanism: str, rho: float | None) -> float:
-        row = {**features, **config_columns(mechanism, rho)}
+    def predict_error(self, features: dict[str, float], mechanism: str, rho: float | None,
+                      denoised: bool = False) -> float:
+        row = {**features, **config_columns(mechanism, rho, denoised)}
         x = np.array([[row[c] for c in COST_FEATURES]])
         return float(10 ** self.cost_model.predict(x)[0])
+
+    def score_candidates(self, features: dict[str, float], mechanisms: tuple[str, ...] | list[str],
+                         snh_denoised: bool = False, privacy_unit: str = "record") -> list[Scored]:
+        """Predicted error of each candidate at these features (ρ mechanisms at :meth:`choose_rho`'s ρ),
+        in tie-break order (see :func:`pick_candidate`)."""
+        rho = self.choose_rho(features)
+        out = []
+        # Trees share leaves across mechanisms where rows are few (large n·ε/s), so exact ties in
+        # predicted error happen. They go to the mechanism that ranked best on the training cases of this
+        # privacy unit and query band (public data), and never to a self-tuned (neural, slow) one first.
+        rank = self._mean_rank(privacy_unit, features["log_band"])
+        for mech in sorted(mechanisms, key=lambda m: (m in SELF_TUNED_MECHANISMS, rank.get(m, math.inf))):
+            # A lone ρ mechanism without rows of its own uses the grid's predicted error at ρ.
+            proxy = mech if mech in self.mechanisms else "identity"
+            denoised = snh_denoised and proxy == "snh"
+            err = self.predict_error(features, proxy, rho if searches_rho(proxy) else None, denoised)
+            out.append(Scored(mech, rho, err, self.within_reach(features, proxy, denoised)))
+        return out
+
+    def _mean_rank(self, privacy_unit: str, log_band: float) -> dict[str, float]:
+        """Mean rank (1 = least error) of each mechanism over the training cases of the privacy unit and
+        of the training band nearest to ``log_band`` (the grid at its best ρ)."""
+        ranks = self.mean_ranks.get(privacy_unit) or next(iter(self.mean_ranks.values()), {})
+        if not ranks:
+            return {}
+        nearest = min(ranks, key=lambda b: abs(b - log_band))
+        return ranks[nearest]
+
+    def within_reach(self, features: dict[str, float], mechanism: str, denoised: bool = False) -> bool:
+        """Whether the release's n·ε/s is at most EXTRAPOLATION_FACTOR × the largest one the mechanism
+        (variant) has training rows at."""
+        key = f"{mechanism}/{int(bool(denoised) and mechanism == 'snh')}"
+        reach = self.reach.get(key)
+        return reach is not None and features["log_n"] + features["log_eps_s"] <= reach + math.log10(
+            EXTRAPOLATION_FACTOR)
 
     def save(self, path: str | Path = DEFAULT_MODEL_PATH, table_path: str | Path | None = None) -> None:
         """Write the model (joblib) and its training table (CSV, default: next to it, same stem)."""
@@ -240,7 +336,7 @@ class ParamSelectModel:
             raise ParamSelectError(f"no ParamSelect model at {p}; train one with `geodp paramselect train`")
         blob = joblib.load(p)
         obj = cls.__new__(cls)
-        obj.table = pd.read_csv(p.parent / blob["table_file"])
+        obj.table = with_denoised_column(pd.read_csv(p.parent / blob["table_file"]))
         obj.profiles = {k: PublicProfile.from_dict(v) for k, v in blob["profiles"].items()}
         obj.seed, obj.n_estimators = blob["seed"], blob["n_estimators"]
         obj.exclude_groups = tuple(blob["exclude_groups"])
@@ -248,7 +344,27 @@ class ParamSelectModel:
         train = obj.table[~obj.table["group"].isin(obj.exclude_groups)]
         obj.groups = sorted(train["group"].unique())
         obj.mechanisms = sorted(train["mechanism"].unique())
+        obj.reach = training_reach(train)
+        obj.mean_ranks = mean_ranks(train)
         return obj
+
+
+def training_reach(table: pd.DataFrame) -> dict[str, float]:
+    """Per mechanism variant ("snh/1" is the denoised snh): the largest log10(n·ε/s) of its rows."""
+    variant = table["mechanism"] + "/" + table[DENOISED_COLUMN].astype(int).astype(str)
+    return (table["log_n"] + table["log_eps_s"]).groupby(variant).max().to_dict()
+
+
+def mean_ranks(table: pd.DataFrame) -> dict[str, dict[float, dict[str, float]]]:
+    """unit → log_band → mechanism → mean rank of its error among the mechanisms measured on each case."""
+    keys = ["dataset", "epsilon", "privacy_unit", "k", "log_band"]
+    plain = table[table[DENOISED_COLUMN] == 0]  # one row set per mechanism and case (the grid: min over ρ)
+    best = plain.groupby(keys + ["mechanism"], dropna=False)["error"].min().reset_index()
+    best["rank"] = best.groupby(keys, dropna=False)["error"].rank()
+    out: dict[str, dict[float, dict[str, float]]] = {}
+    for (unit, band), grp in best.groupby(["privacy_unit", "log_band"]):
+        out.setdefault(str(unit), {})[float(band)] = grp.groupby("mechanism")["rank"].mean().to_dict()
+    return out
 
 
 def _table_path_for(model_path: Path) -> Path:
@@ -290,14 +406,17 @@ def select_params(*, region: Region, n: float, epsilon: float, sensitivity: floa
                   privacy_unit: str = "record", band: tuple[float, float] = DEFAULT_BAND_M,
                   mechanisms: tuple[str, ...] = ("identity",), choose_k: bool = False,
                   max_points_per_user: int | None = None, profile: PublicProfile | None = None,
-                  n_is_bounded: bool = False, model_path: str | Path | None = None) -> Choice:
+                  n_is_bounded: bool = False, model_path: str | Path | None = None,
+                  snh_denoised: bool | None = None) -> Choice:
     """Recommend (mechanism, ρ, k) from public inputs only. There is no private-data argument.
 
     ``n`` is the public (or DP-estimated) number of points in the region; under user-level privacy it
     is the unbounded count and the number surviving bounding is estimated with the public profile's
     kept fraction (unless ``n_is_bounded``: n already counts the bounded sample). ``profile`` defaults to the shipped public profile of ``region.name`` (Gowalla
     sample), else the median of the training profiles. With ``choose_k`` the bound k is chosen from
-    K_GRID (user-level only); otherwise ``sensitivity`` (= k or 1) is used as given.
+    K_GRID (user-level only); otherwise ``sensitivity`` (= k or 1) is used as given. ``snh_denoised``:
+    whether snh would run with the public denoiser (default: whether the shipped one applies to the
+    region, as for snh's ``denoiser="auto"``).
     """
     if not (n > 0 and math.isfinite(n)):
         raise ParamSelectError(f"n must be a positive number, got {n}")
@@ -318,25 +437,28 @@ def select_params(*, region: Region, n: float, epsilon: float, sensitivity: floa
     if untrained and (len(mechanisms) > 1 or mechanisms[0] not in RHO_MECHANISMS):
         raise ParamSelectError(f"the ParamSelect model has no training rows for {untrained}; retrain with "
                                f"`geodp paramselect train --mechanisms ...` (it knows {model.mechanisms})")
-    best: tuple[float, str, float, int | None, dict] | None = None
+    if snh_denoised is None:
+        snh_denoised = "snh" in mechanisms and _denoiser_applies(region)
+    scored: list[tuple[Scored, int | None, dict]] = []
     for k in ks:
         kept = _kept(prof, k) if k is not None else 1.0
         sens = float(k) if k is not None else float(sensitivity)
         feats = feature_row(n if n_is_bounded else n * kept, epsilon, sens, prof.entropy, band, kept)
-        rho = model.choose_rho(feats)
-        # Self-tuned (neural, slow) mechanisms are weighed last, so a tie in predicted error — trees often
-        # share leaves across mechanisms where the table says they are alike — goes to a cheap one.
-        for mech in sorted(mechanisms, key=lambda m: m in SELF_TUNED_MECHANISMS):
-            # A lone ρ mechanism without rows of its own uses the grid's predicted error at ρ.
-            proxy = mech if mech in model.mechanisms else "identity"
-            err = model.predict_error(feats, proxy, rho if searches_rho(proxy) else None)
-            if best is None or err < best[0]:
-                best = (err, mech, rho, k, feats)
-    assert best is not None
-    err, mech, rho, k, feats = best
+        scored += [(c, k, feats) for c in model.score_candidates(feats, mechanisms, bool(snh_denoised), privacy_unit)]
+    best, beyond = pick_candidate([c for c, _, _ in scored])
+    _, k, feats = next(item for item in scored if item[0] is best)
+    err, mech, rho = best.predicted_error, best.mechanism, best.cell_width_m
     inputs = {"region": region.name, "n": float(n), "epsilon": float(epsilon), "privacy_unit": privacy_unit,
-              "band_m": list(band), "profile_source": prof.source, "features": feats}
+              "band_m": list(band), "profile_source": prof.source, "features": feats,
+              "snh_denoised": bool(snh_denoised), "beyond_training_reach": sorted(set(beyond))}
     return Choice(mech, float(rho), k, float(err), inputs, list(model.exclude_groups))
+
+
+def _denoiser_applies(region: Region) -> bool:
+    """Whether snh's default would apply the shipped public denoiser to ``region`` (its rows then differ)."""
+    from dpcore.models.pyramid_denoiser import shipped_denoiser_usable
+
+    return shipped_denoiser_usable(region)[0]
 
 
 def _kept(profile: PublicProfile, k: int) -> float:
@@ -425,39 +547,58 @@ def public_n_for_fit(data: FitInput, acct: Accountant, noise: NoiseSource, total
 # -- evaluation of the model (cross-validation by group) ---------------------------------------------
 def cross_validate(table: pd.DataFrame, profiles: dict[str, PublicProfile], seed: int = 0,
                    n_estimators: int = 50, useful_error: float = 1.0) -> dict:
-    """Leave-one-group(city)-out CV of the ρ choice: error at the chosen ρ / error at the best ρ.
+    """Leave-one-group(city)-out CV of the ρ choice and of the mechanism choice.
 
-    For each held-out group, ρ is chosen by a model that never saw it (the paper's regressed ρ̂ snapped
-    to the searched grid, and the refined choice of :meth:`ParamSelectModel.choose_rho`) and the
-    identity-grid error there is compared with the best searched ρ's error. Cases whose best error
-    exceeds ``useful_error`` (releases too noisy to be useful: tiny n·ε/k) are counted separately.
+    For each held-out group, a model that never saw it chooses:
+    - ρ (the paper's regressed ρ̂ snapped to the searched grid, and the refined choice of
+      :meth:`ParamSelectModel.choose_rho`); the identity-grid error there is compared with the best
+      searched ρ's. Cases whose best error exceeds ``useful_error`` (releases too noisy to be useful:
+      tiny n·ε/k) are counted separately.
+    - the mechanism, as ``auto`` does (:meth:`ParamSelectModel.score_candidates`, :func:`pick_candidate`),
+      on every case with rows for all mechanisms; snh is the variant a release of that city would run
+      (denoised where the table has denoised rows). The chosen candidate's error (the grid's at its
+      chosen ρ) is compared with the best candidate's.
+    The table's features are those a release would use (see :func:`with_served_entropy`).
     """
+    table = with_denoised_column(table)
     groups = sorted(table["group"].unique())
+    mechs = [m for m in ALL_MECHANISMS if m in set(table["mechanism"])]
     out: dict[str, list[float]] = {"paper": [], "refined": []}
+    choice: dict[str, list[float]] = {"record": [], "user": []}
     per_group = {}
     skipped = 0
+    keys = ["dataset", "epsilon", "privacy_unit", "k", "band_lo"]
     for g in groups:
         train = table[table["group"] != g]
         if train.empty:
             continue
         model = ParamSelectModel(train, profiles, seed, n_estimators)
-        ident = table[(table["group"] == g) & (table["mechanism"] == "identity")]
-        keys = ["dataset", "epsilon", "privacy_unit", "k", "band_lo"]
         g_ratios = []
-        for _, grp in ident.groupby(keys, dropna=False):
-            best_err = float(grp["error"].min())
+        for (_, _, unit, _, _), grp in table[table["group"] == g].groupby(keys, dropna=False):
+            feats = {c: float(grp.iloc[0][c]) for c in BASE_FEATURES}
+            ident = grp[grp["mechanism"] == "identity"]
+            rhos = ident["rho"].to_numpy(dtype=float)
+            errs = ident["error"].to_numpy(dtype=float)
+            rho_ref = model.choose_rho(feats)
+            at_ref = float(errs[np.argmin(np.abs(np.log(rhos) - math.log(rho_ref)))])
+            best_err = float(errs.min())
             if best_err > useful_error:
                 skipped += 1
-                continue
-            feats = {c: float(grp.iloc[0][c]) for c in BASE_FEATURES}
-            rhos = grp["rho"].to_numpy(dtype=float)
-            errs = grp["error"].to_numpy(dtype=float)
-            rho_hat = model.predict_rho(feats)
-            out["paper"].append(float(errs[np.argmin(np.abs(np.log(rhos) - math.log(rho_hat)))] / best_err))
-            rho_ref = model.choose_rho(feats)
-            ratio = float(errs[np.argmin(np.abs(np.log(rhos) - math.log(rho_ref)))] / best_err)
-            out["refined"].append(ratio)
-            g_ratios.append(ratio)
+            else:
+                rho_hat = model.predict_rho(feats)
+                out["paper"].append(float(errs[np.argmin(np.abs(np.log(rhos) - math.log(rho_hat)))] / best_err))
+                out["refined"].append(at_ref / best_err)
+                g_ratios.append(at_ref / best_err)
+            if set(mechs) <= set(grp["mechanism"]):
+                denoised = bool((grp[DENOISED_COLUMN] == 1).any())
+                truth = {"identity": at_ref}
+                for m in mechs:
+                    rows = grp[(grp["mechanism"] == m) & ((grp[DENOISED_COLUMN] == 1) == (denoised and m == "snh"))]
+                    if m != "identity" and len(rows):
+                        truth[m] = float(rows["error"].iloc[0])
+                if len(truth) == len(mechs):
+                    chosen, _ = pick_candidate(model.score_candidates(feats, mechs, denoised, unit))
+                    choice[unit].append(truth[chosen.mechanism] / min(truth.values()))
         if g_ratios:
             per_group[g] = {"cases": len(g_ratios), "median_error_ratio": float(np.median(g_ratios)),
                             "within_10pct": float(np.mean(np.array(g_ratios) <= 1.10))}
@@ -468,9 +609,15 @@ def cross_validate(table: pd.DataFrame, profiles: dict[str, PublicProfile], seed
                          "mean_error_ratio": float(np.mean(v)),
                          "within_10pct": float(np.mean(v <= 1.10)), "within_25pct": float(np.mean(v <= 1.25)),
                          "worse_than_2x": float(np.mean(v > 2.0))}
+    choice_summary = {}
+    for name, vals in {**choice, "all": choice["record"] + choice["user"]}.items():
+        v = np.array(vals)
+        if v.size:
+            choice_summary[name] = {"cases": int(v.size), "mean_error_ratio": float(v.mean()),
+                                    "within_5pct": float(np.mean(v <= 1.05)), "worse_than_1.2x": float(np.mean(v > 1.2))}
     return {"cv": "leave-one-group-out", "groups": groups, "useful_error": useful_error,
             "skipped_useless_cases": skipped, "paper_rho": summary["paper"], "chosen_rho": summary["refined"],
-            "per_group": per_group}
+            "per_group": per_group, "mechanism_choice": {"candidates": mechs, **choice_summary}}
 
 
 def write_report(path: str | Path, report: dict) -> None:

@@ -103,6 +103,11 @@ def cmd_predict(args: argparse.Namespace) -> int:
         print(f"  max points / user  {choice.max_points_per_user}")
     print(f"  mechanism          {choice.mechanism}")
     print(f"  predicted error    {choice.predicted_error:.3f} (mean relative error)")
+    if "snh" in mechanisms:
+        print(f"  snh weighed        {'with' if choice.inputs['snh_denoised'] else 'without'} the public denoiser")
+    if choice.inputs["beyond_training_reach"]:
+        print(f"  not weighed        {', '.join(choice.inputs['beyond_training_reach'])} (n·ε/s far beyond "
+              "their training rows)")
     print(f"  public profile     {choice.inputs['profile_source']}"
           + (f"; trained without {', '.join(choice.excluded_groups)}" if choice.excluded_groups else ""))
     return 0

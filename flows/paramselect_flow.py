@@ -27,6 +27,8 @@ from dpcore.paramselect import (
     ParamSelectModel,
     PublicProfile,
     cross_validate,
+    tag_denoised,
+    with_served_entropy,
     write_report,
 )
 from tasks.paramselect_tasks import dataset_rows
@@ -89,16 +91,31 @@ def synthetic_spec(seed: int) -> dict:
             "seed": seed, "n_users": 1500 * seed, "n_hotspots": 20 * seed}
 
 
-def search_config(p: TrainParams, mechanisms: list[str] | None = None, city: str | None = None) -> dict:
+def search_config(p: TrainParams, mechanisms: list[str] | None = None, city: str | None = None,
+                  denoised: bool = True) -> dict:
     """The search settings a dataset's rows depend on (their cache key). ``city``: the dataset's city,
-    for SNH, whose rows also depend on the shipped public denoiser where snh applies it."""
+    for SNH, whose rows also depend on the shipped public denoiser where snh applies it; with
+    ``denoised=False`` SNH runs without it there (``denoiser="none"``), so the table has both variants."""
     mechs = p.mechanisms if mechanisms is None else mechanisms
     config = {"epsilons": p.epsilons, "mechanisms": mechs, "rhos": p.rhos, "user_ks": p.user_ks, "bands": p.bands,
               "n_queries": p.n_queries, "trials": p.trials, "seed": p.seed}
     if "snh" in mechs and (city is None or shipped_denoiser_usable(city_region(city))[0]):
-        # A new denoiser is a new cache entry for the rows it changes, and only for those.
-        config["snh_denoiser"] = model_fingerprint()
+        if denoised:
+            # A new denoiser is a new cache entry for the rows it changes, and only for those.
+            config["snh_denoiser"] = model_fingerprint()
+        else:
+            config["mechanism_params"] = {"snh": {"denoiser": "none"}}
     return config
+
+
+def snh_configs(p: TrainParams, slow: list[str], city: str) -> list[tuple[dict, bool]]:
+    """(config, rows are denoised) for a dataset's self-tuned rows: SNH with and without the public
+    denoiser where it applies (the cost model must not call both "snh"), else the one plain variant."""
+    if not slow:
+        return []
+    if "snh" in slow and shipped_denoiser_usable(city_region(city))[0]:
+        return [(search_config(p, slow, city), True), (search_config(p, slow, city, denoised=False), False)]
+    return [(search_config(p, slow, city), False)]
 
 
 @flow(name="paramselect-train", log_prints=True)
@@ -113,12 +130,14 @@ def paramselect_train_flow(params: TrainParams) -> dict:
     config = search_config(params, cheap)
     slow_specs = [s for s in specs if slow and float(s.get("fraction", 1.0)) in params.self_tuned_fractions]
     # The slow tasks go first so the short ones fill the workers around them.
-    slow_futures = [dataset_rows.submit(spec, search_config(params, slow, spec["city"]), params.cache_dir)
-                    for spec in slow_specs]
+    slow_jobs = [(dataset_rows.submit(spec, cfg, params.cache_dir), denoised)
+                 for spec in slow_specs for cfg, denoised in snh_configs(params, slow, spec["city"])]
     futures = [dataset_rows.submit(spec, config, params.cache_dir) for spec in specs]
     outs = [f.result() for f in futures]
-    slow_outs = [f.result() for f in slow_futures]
-    table = pd.concat([pd.read_csv(o["rows"]) for o in outs + slow_outs], ignore_index=True)
+    slow_outs = [(f.result(), denoised) for f, denoised in slow_jobs]
+    table = pd.concat([pd.read_csv(o["rows"]) for o in outs]
+                      + [tag_denoised(pd.read_csv(o["rows"]), denoised) for o, denoised in slow_outs],
+                      ignore_index=True)
     profiles: dict[str, PublicProfile] = {}
     for spec, o in zip(specs, outs, strict=True):
         # One public profile per city for predictions: the full-size dataset of that city.
@@ -128,7 +147,8 @@ def paramselect_train_flow(params: TrainParams) -> dict:
                 profiles[spec["group"]] = prof
     print(f"training table: {len(table)} rows from {len(specs)} public datasets "
           f"({sum(o['cached'] for o in outs)} cached); {', '.join(slow) or 'no self-tuned mechanism'} on "
-          f"{len(slow_specs)} of them ({sum(o['cached'] for o in slow_outs)} cached)")
+          f"{len(slow_specs)} of them, {len(slow_outs)} row sets ({sum(o['cached'] for o, _ in slow_outs)} cached)")
+    table = with_served_entropy(table, profiles)
     model = ParamSelectModel(table, profiles, params.seed, params.n_estimators)
     cv = cross_validate(table, profiles, params.seed, params.n_estimators)
     Path(params.model_path).parent.mkdir(parents=True, exist_ok=True)

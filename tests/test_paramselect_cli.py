@@ -134,3 +134,21 @@ def test_snh_rows_key_their_cache_on_the_denoiser():
     # tulsa's synthetic data, so snh there runs without it and those rows do not depend on it).
     assert "snh_denoiser" in search_config(p, ["snh"], "new-york")
     assert "snh_denoiser" not in search_config(p, ["snh"], "tulsa")
+
+
+def test_snh_rows_are_built_with_and_without_the_denoiser_where_it_applies():
+    """Where snh applies the denoiser the table gets both variants (tagged), each its own cache entry;
+    elsewhere snh runs plain and has one."""
+    from flows.paramselect_flow import snh_configs
+    from tasks.paramselect_tasks import cache_key
+
+    p = TrainParams()
+    nyc = snh_configs(p, ["snh"], "new-york")
+    assert [denoised for _, denoised in nyc] == [True, False]
+    (den, _), (plain, _) = nyc
+    assert "snh_denoiser" in den and "mechanism_params" not in den
+    assert plain["mechanism_params"] == {"snh": {"denoiser": "none"}} and "snh_denoiser" not in plain
+    spec = {"name": "d", "city": "new-york"}
+    assert cache_key(spec, den) != cache_key(spec, plain)
+    assert [d for _, d in snh_configs(p, ["snh"], "tulsa")] == [False]
+    assert snh_configs(p, [], "new-york") == []

@@ -12,7 +12,10 @@ Privacy accounting:
   own charges are recorded as
   ``<mechanism>/<step>`` so the ledger shows every part, and the parts sum to ε.
 Candidates: by default every mechanism the ParamSelect model has error rows for (the shipped model:
-identity, snh, ug, ag, privtree); SNH, when chosen, runs with its defaults and reaches the same ρ.
+identity, snh, ug, ag, privtree); SNH, when chosen, runs with its defaults and reaches the same ρ. SNH
+is weighed as the variant it would run here (with the public denoiser where that applies), and a
+candidate whose training rows stop far below this release's n·ε/s is not weighed (see
+dpcore.paramselect.pick_candidate).
 k (``max_points_per_user``) is fixed before a mechanism sees the data (bounding happens upstream for the
 whole release), so ``auto`` does not change it; ``geodp paramselect predict`` recommends k.
 """
@@ -84,7 +87,10 @@ class AutoMechanism(Mechanism):
         params = {**self.get_params(), "mechanisms": list(cands), "query_sides_m": [lo, hi],
                   "chosen": {"mechanism": choice.mechanism, "params": inner_params,
                              "predicted_error": choice.predicted_error}}
-        notes = [f"ParamSelect chose {choice.mechanism} {inner_params} from public inputs; n from {how}",
-                 *synopsis.privacy.notes]
+        notes = [f"ParamSelect chose {choice.mechanism} {inner_params} from public inputs; n from {how}"]
+        if choice.inputs.get("beyond_training_reach"):
+            notes.append(f"not weighed: {', '.join(choice.inputs['beyond_training_reach'])} (this release's n·ε/s "
+                         "is far beyond the training rows the cost model has for them)")
+        notes += synopsis.privacy.notes
         synopsis.privacy = self.privacy_info(data, acct, noise, notes, params=params)
         return synopsis
