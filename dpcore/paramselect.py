@@ -75,6 +75,10 @@ RHO_LEAF = 3
 #: chosen on the training table's leave-one-city-out mechanism choice (3×, 4×, 8×: within 5% of the best
 #: in 82.6–83.0% of cases, no limit 82.1%), bench/README.md.
 EXTRAPOLATION_FACTOR = 4.0
+#: Ties in predicted error go to the best mean rank over training cases within ±RANK_WINDOW of the
+#: release's log10(n·ε/s), widened to take in at least the RANK_MIN_CASES nearest distinct values.
+RANK_WINDOW = 0.5
+RANK_MIN_CASES = 3
 
 BASE_FEATURES = ["log_n", "log_eps_s", "inv_n_eps", "inv_sqrt_n_eps", "entropy", "log_band", "kept_fraction"]
 #: SNH rows run with the public denoiser (1) or without it (0). Where the shipped denoiser applies
@@ -251,7 +255,7 @@ class ParamSelectModel:
         self.groups = sorted(train["group"].unique())
         self.mechanisms = sorted(train["mechanism"].unique())
         self.reach = training_reach(train)
-        self.mean_ranks = mean_ranks(train)
+        self.case_ranks = case_ranks(train)
 
     # Training-time helpers are static so the flow and the CV can use them on any table.
     def without(self, groups: tuple[str, ...]) -> ParamSelectModel:
@@ -287,9 +291,9 @@ class ParamSelectModel:
         rho = self.choose_rho(features)
         out = []
         # Trees share leaves across mechanisms where rows are few (large n·ε/s), so exact ties in
-        # predicted error happen. They go to the mechanism that ranked best on the training cases of this
-        # privacy unit and query band (public data), and never to a self-tuned (neural, slow) one first.
-        rank = self._mean_rank(privacy_unit, features["log_band"])
+        # predicted error happen. They go to the mechanism that ranked best on the nearest training cases
+        # (public data), and never to a self-tuned (neural, slow) one first.
+        rank = self._mean_rank(privacy_unit, features)
         for mech in sorted(mechanisms, key=lambda m: (m in SELF_TUNED_MECHANISMS, rank.get(m, math.inf))):
             # A lone ρ mechanism without rows of its own uses the grid's predicted error at ρ.
             proxy = mech if mech in self.mechanisms else "identity"
@@ -298,14 +302,20 @@ class ParamSelectModel:
             out.append(Scored(mech, rho, err, self.within_reach(features, proxy, denoised)))
         return out
 
-    def _mean_rank(self, privacy_unit: str, log_band: float) -> dict[str, float]:
-        """Mean rank (1 = least error) of each mechanism over the training cases of the privacy unit and
-        of the training band nearest to ``log_band`` (the grid at its best ρ)."""
-        ranks = self.mean_ranks.get(privacy_unit) or next(iter(self.mean_ranks.values()), {})
-        if not ranks:
+    def _mean_rank(self, privacy_unit: str, features: dict[str, float]) -> dict[str, float]:
+        """Mean rank of each mechanism over the training cases nearest to these features: same privacy
+        unit, nearest band, log10(n·ε/s) within ±RANK_WINDOW (wider if fewer than RANK_MIN_CASES distinct
+        values are that near)."""
+        r = self.case_ranks
+        r = r[r["privacy_unit"] == privacy_unit] if (r["privacy_unit"] == privacy_unit).any() else r
+        if r.empty:
             return {}
-        nearest = min(ranks, key=lambda b: abs(b - log_band))
-        return ranks[nearest]
+        bands = r["log_band"].unique()
+        r = r[r["log_band"] == bands[np.argmin(np.abs(bands - features["log_band"]))]]
+        distance = (r["snr"] - (features["log_n"] + features["log_eps_s"])).abs()
+        cases = np.sort(distance.unique())
+        limit = max(RANK_WINDOW, float(cases[min(RANK_MIN_CASES, cases.size) - 1]))
+        return r[distance <= limit].groupby("mechanism")["rank"].mean().to_dict()
 
     def within_reach(self, features: dict[str, float], mechanism: str, denoised: bool = False) -> bool:
         """Whether the release's n·ε/s is at most EXTRAPOLATION_FACTOR × the largest one the mechanism
@@ -345,7 +355,7 @@ class ParamSelectModel:
         obj.groups = sorted(train["group"].unique())
         obj.mechanisms = sorted(train["mechanism"].unique())
         obj.reach = training_reach(train)
-        obj.mean_ranks = mean_ranks(train)
+        obj.case_ranks = case_ranks(train)
         return obj
 
 
@@ -355,16 +365,16 @@ def training_reach(table: pd.DataFrame) -> dict[str, float]:
     return (table["log_n"] + table["log_eps_s"]).groupby(variant).max().to_dict()
 
 
-def mean_ranks(table: pd.DataFrame) -> dict[str, dict[float, dict[str, float]]]:
-    """unit → log_band → mechanism → mean rank of its error among the mechanisms measured on each case."""
+def case_ranks(table: pd.DataFrame) -> pd.DataFrame:
+    """Per training case (dataset, ε, unit, k, band): each mechanism's rank (1 = least error; the grid
+    at its best ρ) among those measured on it, with the case's unit, log_band and log10(n·ε/s)."""
     keys = ["dataset", "epsilon", "privacy_unit", "k", "log_band"]
-    plain = table[table[DENOISED_COLUMN] == 0]  # one row set per mechanism and case (the grid: min over ρ)
-    best = plain.groupby(keys + ["mechanism"], dropna=False)["error"].min().reset_index()
+    plain = table[table[DENOISED_COLUMN] == 0]  # one row set per mechanism and case
+    best = plain.groupby(keys + ["mechanism"], dropna=False).agg(
+        error=("error", "min"), snr=("log_n", "first"), log_eps_s=("log_eps_s", "first")).reset_index()
+    best["snr"] = best["snr"] + best.pop("log_eps_s")
     best["rank"] = best.groupby(keys, dropna=False)["error"].rank()
-    out: dict[str, dict[float, dict[str, float]]] = {}
-    for (unit, band), grp in best.groupby(["privacy_unit", "log_band"]):
-        out.setdefault(str(unit), {})[float(band)] = grp.groupby("mechanism")["rank"].mean().to_dict()
-    return out
+    return best[["privacy_unit", "log_band", "snr", "mechanism", "rank"]]
 
 
 def _table_path_for(model_path: Path) -> Path:
