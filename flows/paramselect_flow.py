@@ -17,7 +17,13 @@ from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
 from dpcore.geo import city_region
-from dpcore.models.pyramid_denoiser import model_fingerprint, shipped_denoiser_usable
+from dpcore.models.pyramid_denoiser import (
+    HOLDOUT_DENOISER_PATH,
+    load_meta,
+    model_fingerprint,
+    shipped_denoiser_usable,
+    usable_for,
+)
 from dpcore.paramselect import (
     DEFAULT_MODEL_PATH,
     DEFAULT_REPORT_PATH,
@@ -60,6 +66,8 @@ class TrainParams:
     seed: int = 0
     n_estimators: int = 50
     include_nyc_full: bool = True
+    #: Denoiser for the denoised SNH rows of cities the shipped one was trained on (None: those get none).
+    holdout_denoiser: str | None = str(HOLDOUT_DENOISER_PATH)
     dask_address: str | None = None
     n_workers: int = 2
 
@@ -108,14 +116,26 @@ def search_config(p: TrainParams, mechanisms: list[str] | None = None, city: str
     return config
 
 
+def holdout_config(p: TrainParams, slow: list[str], city: str) -> dict | None:
+    """SNH with the hold-out denoiser, for a city the shipped one was trained on (None where it cannot)."""
+    path = Path(p.holdout_denoiser) if p.holdout_denoiser else None
+    if path is None or not path.exists() or not usable_for(load_meta(path), city_region(city))[0]:
+        return None
+    return {**search_config(p, slow, city), "snh_denoiser": model_fingerprint(path),
+            "mechanism_params": {"snh": {"denoiser": str(path)}}}
+
+
 def snh_configs(p: TrainParams, slow: list[str], city: str) -> list[tuple[dict, bool]]:
-    """(config, rows are denoised) for a dataset's self-tuned rows: SNH with and without the public
-    denoiser where it applies (the cost model must not call both "snh"), else the one plain variant."""
+    """(config, rows are denoised) for a dataset's self-tuned rows: SNH with and without a public
+    denoiser (the cost model must not call both "snh"). The denoised rows use the shipped denoiser where
+    it applies, else the hold-out one where that applies; otherwise there is only the plain variant."""
     if not slow:
         return []
     if "snh" in slow and shipped_denoiser_usable(city_region(city))[0]:
         return [(search_config(p, slow, city), True), (search_config(p, slow, city, denoised=False), False)]
-    return [(search_config(p, slow, city), False)]
+    plain = (search_config(p, slow, city), False)
+    held = holdout_config(p, slow, city) if "snh" in slow else None
+    return [plain] + ([(held, True)] if held else [])
 
 
 @flow(name="paramselect-train", log_prints=True)

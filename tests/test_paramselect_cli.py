@@ -150,5 +150,24 @@ def test_snh_rows_are_built_with_and_without_the_denoiser_where_it_applies():
     assert plain["mechanism_params"] == {"snh": {"denoiser": "none"}} and "snh_denoiser" not in plain
     spec = {"name": "d", "city": "new-york"}
     assert cache_key(spec, den) != cache_key(spec, plain)
-    assert [d for _, d in snh_configs(p, ["snh"], "tulsa")] == [False]
     assert snh_configs(p, [], "new-york") == []
+
+
+def test_cities_the_shipped_denoiser_learned_from_get_denoised_rows_from_the_holdout_one(tmp_path):
+    """Austin overlaps the shipped denoiser's training regions; a hold-out denoiser trained elsewhere
+    gives its denoised SNH rows (tagged, keyed on that model), and none is used where it overlaps too."""
+    from dpcore.geo import city_region
+    from dpcore.models.pyramid_denoiser import PyramidDenoiser, model_fingerprint, region_record, save_denoiser
+    from flows.paramselect_flow import snh_configs
+
+    hold = tmp_path / "holdout.npz"
+    save_denoiser(hold, PyramidDenoiser(4), {"training_regions": [region_record(city_region("tulsa"))]})
+    p = TrainParams(holdout_denoiser=str(hold))
+    austin = snh_configs(p, ["snh"], "austin")
+    assert [d for _, d in austin] == [False, True]
+    (plain, _), (held, _) = austin
+    assert "mechanism_params" not in plain and "snh_denoiser" not in plain  # snh's default skips the shipped one
+    assert held["mechanism_params"] == {"snh": {"denoiser": str(hold)}}
+    assert held["snh_denoiser"] == model_fingerprint(hold)
+    assert [d for _, d in snh_configs(p, ["snh"], "tulsa")] == [False]  # the hold-out model learned tulsa
+    assert [d for _, d in snh_configs(TrainParams(holdout_denoiser=None), ["snh"], "austin")] == [False]
