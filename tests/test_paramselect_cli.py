@@ -157,7 +157,12 @@ def test_cities_the_shipped_denoiser_learned_from_get_denoised_rows_from_the_hol
     """Austin overlaps the shipped denoiser's training regions; a hold-out denoiser trained elsewhere
     gives its denoised SNH rows (tagged, keyed on that model), and none is used where it overlaps too."""
     from dpcore.geo import city_region
-    from dpcore.models.pyramid_denoiser import PyramidDenoiser, model_fingerprint, region_record, save_denoiser
+    from dpcore.models.pyramid_denoiser import (
+        PyramidDenoiser,
+        model_fingerprint,
+        region_record,
+        save_denoiser,
+    )
     from flows.paramselect_flow import snh_configs
 
     hold = tmp_path / "holdout.npz"
