@@ -47,9 +47,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--queries", type=int, default=400)
     t.add_argument("--workers", type=int, default=2)
     t.add_argument("--dask-address", default=None)
-    t.add_argument("--holdout-denoiser", default=None,
-                   help="denoiser for the denoised SNH rows of the cities the shipped one was trained on "
-                        "(default: the shipped hold-out model; 'none': those cities get plain rows only)")
+    t.add_argument("--holdout-denoiser", default=None, metavar="NPZ",
+                   help="also build denoised SNH rows, with this denoiser (`train-denoiser --exclude-cities`), "
+                        "for the cities the shipped one was trained on; off by default (bench/README.md)")
     t.add_argument("--quick", action="store_true", help="tiny search (for smoke tests): 2 ε, 1 band, few ρ, no snh rows")
     t.set_defaults(func=cmd_train)
 
@@ -129,10 +129,9 @@ def cmd_train(args: argparse.Namespace) -> int:
                          synthetic_seeds=[int(v) for v in _floats(args.synthetic_seeds, "--synthetic-seeds")],
                          n_queries=args.queries, n_workers=args.workers, dask_address=args.dask_address)
     if args.holdout_denoiser is not None:
-        hold = args.holdout_denoiser
-        if hold != "none" and not Path(hold).exists():
-            raise CLIError(f"--holdout-denoiser {hold} does not exist")
-        params.holdout_denoiser = None if hold == "none" else hold
+        if not Path(args.holdout_denoiser).exists():
+            raise CLIError(f"--holdout-denoiser {args.holdout_denoiser} does not exist")
+        params.holdout_denoiser = args.holdout_denoiser
     if args.quick:
         params.epsilons, params.bands = params.epsilons[:2], [[100.0, 1000.0]]
         params.rhos, params.user_ks, params.n_estimators = [100.0, 200.0, 400.0, 800.0], [], 20

@@ -44,11 +44,6 @@ LEVEL_WEIGHTS = (1.0, 2.0, 2.0)
 TRUTH_GRID = 1024
 #: Where the shipped model lives (weights .npz + metadata .json).
 DEFAULT_DENOISER_PATH = Path(__file__).with_name("snh_denoiser.npz")
-#: A second public denoiser trained without the cities the shipped one learned from (Austin, San
-#: Francisco) and so able to denoise them. Releases never use it by default; ParamSelect's training
-#: table uses it for the denoised SNH rows of those cities, so the cost model learns the denoised snh
-#: from more than the small cities the shipped model may denoise.
-HOLDOUT_DENOISER_PATH = Path(__file__).with_name("snh_denoiser_holdout.npz")
 _N_CHANNELS = 2 + 2 + 3  # estimate, finest level, two coarser levels upsampled, three noise scales
 
 
