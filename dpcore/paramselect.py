@@ -232,7 +232,7 @@ def pick_candidate(scored: list[Scored]) -> tuple[Scored, list[str]]:
     Trees predict a constant beyond the signal-to-noise their rows cover, so a mechanism measured only on
     small releases (the denoised snh, when New York is held out) would be rated at a far larger release
     as at its largest one. Such extrapolated candidates are weighed only if all are. min() keeps the
-    first of equal errors, so the cheap-first order of :meth:`ParamSelectModel.score_candidates` holds.
+    first of equal errors, so ties follow the order of :meth:`ParamSelectModel.score_candidates`.
     """
     reachable = [c for c in scored if c.within_reach] or scored
     beyond = [c.mechanism for c in scored if not c.within_reach] if len(reachable) < len(scored) else []
