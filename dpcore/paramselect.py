@@ -258,6 +258,10 @@ class ParamSelectModel:
         best = best_rho_labels(train)
         self.rho_model = _extra_trees(seed, n_estimators, RHO_LEAF).fit(best[BASE_FEATURES].to_numpy(),
                                                                np.log10(best["best_rho"].to_numpy()))
+        self._summarise(train)
+
+    def _summarise(self, train: pd.DataFrame) -> None:
+        """What choices read from the training rows besides the two models (derived, not saved)."""
         self.groups = sorted(train["group"].unique())
         self.mechanisms = sorted(train["mechanism"].unique())
         self.reach = training_reach(train)
@@ -291,10 +295,11 @@ class ParamSelectModel:
         return float(10 ** self.cost_model.predict(x)[0])
 
     def score_candidates(self, features: dict[str, float], mechanisms: tuple[str, ...] | list[str],
-                         snh_denoised: bool = False, privacy_unit: str = "record") -> list[Scored]:
-        """Predicted error of each candidate at these features (ρ mechanisms at :meth:`choose_rho`'s ρ),
-        in tie-break order (see :func:`pick_candidate`)."""
-        rho = self.choose_rho(features)
+                         snh_denoised: bool = False, privacy_unit: str = "record",
+                         rho: float | None = None) -> list[Scored]:
+        """Predicted error of each candidate at these features (ρ mechanisms at ``rho``, by default
+        :meth:`choose_rho`'s), in tie-break order (see :func:`pick_candidate`)."""
+        rho = self.choose_rho(features) if rho is None else rho
         out = []
         # Trees share leaves across mechanisms where rows are few (large n·ε/s), so exact ties in
         # predicted error happen. They go to the mechanism that ranked best on the nearest training cases
@@ -357,11 +362,7 @@ class ParamSelectModel:
         obj.seed, obj.n_estimators = blob["seed"], blob["n_estimators"]
         obj.exclude_groups = tuple(blob["exclude_groups"])
         obj.cost_model, obj.rho_model = blob["cost_model"], blob["rho_model"]
-        train = obj.table[~obj.table["group"].isin(obj.exclude_groups)]
-        obj.groups = sorted(train["group"].unique())
-        obj.mechanisms = sorted(train["mechanism"].unique())
-        obj.reach = training_reach(train)
-        obj.case_ranks = case_ranks(train)
+        obj._summarise(obj.table[~obj.table["group"].isin(obj.exclude_groups)])
         return obj
 
 
@@ -613,7 +614,7 @@ def cross_validate(table: pd.DataFrame, profiles: dict[str, PublicProfile], seed
                     if m != "identity" and len(rows):
                         truth[m] = float(rows["error"].iloc[0])
                 if len(truth) == len(mechs):
-                    chosen, _ = pick_candidate(model.score_candidates(feats, mechs, denoised, unit))
+                    chosen, _ = pick_candidate(model.score_candidates(feats, mechs, denoised, unit, rho_ref))
                     choice[unit].append(truth[chosen.mechanism] / min(truth.values()))
         if g_ratios:
             per_group[g] = {"cases": len(g_ratios), "median_error_ratio": float(np.median(g_ratios)),
