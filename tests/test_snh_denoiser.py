@@ -177,33 +177,66 @@ def test_snh_refuses_a_denoiser_with_a_fixed_cell_width(trained):
 
 
 def test_answer_rules_combine_nets_and_denoised_grid(trained, tmp_path):
-    """"grid" answers by prefix sums of the denoised grid, "geometric" is √(nets · grid), "auto" picks
-    geometric with a denoiser; the rule survives save/load; queries above u always use the grid."""
+    """"grid" answers by prefix sums of the denoised grid, "geometric" is √(nets · grid), "auto" picks the
+    blend nets^a · grid^(1−a) with a denoiser, a by query side from the release's signal n̂·ε/s; the rule
+    and its weights survive save/load; queries above u always use the grid."""
+    from dpcore.mechanisms.snh import BLEND_SMALL_SIDE_M, blend_nets_weights
     from dpcore.synopsis import load_synopsis
 
     _, path, _, _ = trained
     syn = get_mechanism("snh", denoiser=str(path), **TINY).fit(_fit_input("boston"), 0.5, NoiseSource.seeded(4))
-    assert syn.config["answer"] == "geometric"
+    assert syn.config["answer"] == "blend"
+    # The signal is post-processing: the noisy grid's total × the pyramid's ε / the sensitivity (1).
+    assert syn.config["signal"] == pytest.approx(syn.noisy.sum() * 0.5)
+    small_w, large_w = blend_nets_weights(syn.config["signal"])
+    assert syn.config["nets_weights"] == [small_w, large_w] and small_w > large_w > 0  # a small release
     region = syn.region
     rng = np.random.default_rng(5)
     side = rng.uniform(30, 900, 300)
     c = rng.uniform(-region.half_m / 2, region.half_m / 2, (2, 300))
     boxes = np.stack([c[0] - side / 2, c[1] - side / 2, c[0] + side / 2, c[1] + side / 2], 1)
     grid = answer_boxes(syn._prefix, region.bounds_m, boxes)
-    geometric = syn.answer(boxes)
+    blend = syn.answer(boxes)
     syn.config["answer"] = "nets"
     nets = syn.answer(boxes)
     syn.config["answer"] = "grid"
     np.testing.assert_allclose(syn.answer(boxes), grid, rtol=1e-12)
-    np.testing.assert_allclose(geometric, np.sqrt(np.maximum(nets, 0) * np.maximum(grid, 0)), rtol=1e-6)
+    a = np.where(side < BLEND_SMALL_SIDE_M, small_w, large_w)
+    np.testing.assert_allclose(blend, np.maximum(nets, 0) ** a * np.maximum(grid, 0) ** (1 - a), rtol=1e-6)
+    syn.config["answer"] = "geometric"
+    syn.config["nets_weights"] = [0.5, 0.5]
+    np.testing.assert_allclose(syn.answer(boxes), np.sqrt(np.maximum(nets, 0) * np.maximum(grid, 0)), rtol=1e-6)
     assert not np.allclose(nets, grid)  # the rules differ, so the checks above mean something
     big = np.array([[-3000.0, -3000.0, 3000.0, 3000.0]])  # side 6 km > u = 1 km
     np.testing.assert_allclose(syn.answer(big), answer_boxes(syn._prefix, region.bounds_m, big))
-    syn.config["answer"] = "geometric"
+    syn.config["answer"] = "blend"
+    syn.config["nets_weights"] = [small_w, large_w]
     syn.save(tmp_path / "rel")
-    np.testing.assert_allclose(load_synopsis(tmp_path / "rel").answer(boxes), geometric, rtol=1e-6)
+    np.testing.assert_allclose(load_synopsis(tmp_path / "rel").answer(boxes), blend, rtol=1e-6)
     with pytest.raises(MechanismError, match="answer must be one of"):
         get_mechanism("snh", answer="median").check_params()
+
+
+def test_blend_answers_from_the_grid_alone_where_the_signal_is_large(trained):
+    """Record level at large ε: n̂·ε/s is past the threshold, a = 0 and the blend is the denoised grid,
+    even where the nets say 0."""
+    from dpcore.mechanisms.snh import BLEND_SIGNAL_THRESHOLD, blend_nets_weights
+
+    assert blend_nets_weights(BLEND_SIGNAL_THRESHOLD) == (0.0, 0.0)
+    assert blend_nets_weights(BLEND_SIGNAL_THRESHOLD / 2) == (0.5, 0.25)
+    _, path, _, _ = trained
+    data = _fit_input("boston")
+    region = data.region
+    epsilon = 2 * BLEND_SIGNAL_THRESHOLD / data.x.size  # signal ≈ 2 × the threshold
+    syn = get_mechanism("snh", denoiser=str(path), **TINY).fit(data, epsilon, NoiseSource.seeded(6))
+    assert syn.config["nets_weights"] == [0.0, 0.0]
+    assert any("a = 0 under" in n for n in syn.privacy.notes)
+    rng = np.random.default_rng(7)
+    side = rng.uniform(30, 900, 200)
+    c = rng.uniform(-region.half_m / 2, region.half_m / 2, (2, 200))
+    boxes = np.stack([c[0] - side / 2, c[1] - side / 2, c[0] + side / 2, c[1] + side / 2], 1)
+    np.testing.assert_allclose(syn.answer(boxes), np.maximum(answer_boxes(syn._prefix, region.bounds_m, boxes), 0),
+                               rtol=1e-12)
 
 
 def test_denoiser_train_flow_runs_on_a_real_server(prefect_harness, tmp_path):

@@ -40,9 +40,10 @@ Method (only step 1 reads data):
    r_i is nearest, evaluated at the query centre, scaled by (w·h)/r_i². Queries larger than the
    trained range (side > u) are answered from the noisy grid with prefix sums instead, where the
    uniformity assumption is accurate and a net would extrapolate.
-   With the public denoiser (``answer="auto"``) a query up to u gets the geometric mean of the net's
-   answer and the denoised grid's (``ANSWER_RULES``): the grid is the better of the two at record
-   level on large queries, the nets at user level, and the geometric mean tracks the better one.
+   With the public denoiser (``answer="auto"``) a query up to u gets a weighted geometric mean of the
+   net's answer and the denoised grid's, nets^a · grid^(1−a) (``ANSWER_RULES``): the grid resolves
+   more where the signal n̂·ε/s is large (record level), the nets are better where it is small (user
+   level); a is set from n̂·ε/s and the query side by :func:`blend_nets_weights`, tuned on public data.
 """
 
 from __future__ import annotations
@@ -249,12 +250,34 @@ def pyramid_size(side_m: float, rho_m: float) -> int:
 LOSSES = ("auto", "relative_l1", "paper")
 
 #: How queries up to the trained side u are answered (larger ones always use the grid): ``"nets"`` (the
-#: paper's), ``"grid"`` (prefix sums of the (denoised) grid), ``"geometric"`` (√(nets · grid)). ``"auto"``:
-#: geometric with the public denoiser, nets otherwise. With the denoiser the grid is the better answer at
-#: record level on 100–1000 m and the nets at user level; the geometric mean was within a few % of the
-#: better of the two, and never worse than the nets, in all 24 cells measured (Gowalla NYC and a
-#: synthetic city the denoiser never saw; bench/README.md).
-ANSWER_RULES = ("auto", "nets", "grid", "geometric")
+#: paper's), ``"grid"`` (prefix sums of the (denoised) grid), ``"geometric"`` (√(nets · grid)),
+#: ``"blend"`` (nets^a · grid^(1−a), a from :func:`blend_nets_weights`). ``"auto"``: blend with the public
+#: denoiser, nets otherwise.
+ANSWER_RULES = ("auto", "nets", "grid", "geometric", "blend")
+
+#: The blend's nets weight a, chosen on public data only (Gowalla-sample Kansas City, Chicago, Boston,
+#: Los Angeles and synthetic Milwaukee / Salt Lake City; bench/README.md, session 7): where the release's
+#: signal n̂·ε/s is large the denoised grid resolves what the nets smooth away and answers alone (a = 0);
+#: below, the nets (which shrink towards 0 where the grid spreads noise) get a = ½ on squares under
+#: 100 m and ¼ on larger ones.
+BLEND_SIGNAL_THRESHOLD = 8000.0
+BLEND_SMALL_SIDE_M = 100.0
+BLEND_NETS_WEIGHT_SMALL = 0.5
+BLEND_NETS_WEIGHT_LARGE = 0.25
+
+
+#: Names the denoised snh's answer rule in ParamSelect's row cache, so changing it recomputes those rows.
+BLEND_RULE_KEY = (f"blend:{BLEND_SIGNAL_THRESHOLD:g}:{BLEND_SMALL_SIDE_M:g}:"
+                  f"{BLEND_NETS_WEIGHT_SMALL:g}:{BLEND_NETS_WEIGHT_LARGE:g}")
+
+
+def blend_nets_weights(signal: float) -> tuple[float, float]:
+    """The blend's nets weights (squares under 100 m, larger ones) for a release whose signal n̂·ε/s
+    (n̂ the noisy grid's total, ε the data collection's, s its sensitivity) is ``signal``."""
+    if signal >= BLEND_SIGNAL_THRESHOLD:
+        return 0.0, 0.0
+    return BLEND_NETS_WEIGHT_SMALL, BLEND_NETS_WEIGHT_LARGE
+
 
 #: ``data_collection`` values: see the module docstring, step 1.
 DATA_COLLECTIONS = ("auto", "grid", "pyramid")
@@ -445,6 +468,7 @@ class SpatialNeuralHistogram(Mechanism):
             rho, rho_note = side / DENOISER_GRID, f"finest pyramid level fixed at {DENOISER_GRID} by the public denoiser"
         else:
             rho, rho_note = self._choose_cell_width(data, acct, noise)
+        collection_eps = acct.remaining  # the data collection spends all that is left
         collection = self.data_collection
         if collection == "auto":  # the paper's grid when the caller fixes ρ, else the pyramid
             collection = "grid" if self.cell_width_m is not None else "pyramid"
@@ -470,7 +494,17 @@ class SpatialNeuralHistogram(Mechanism):
         # (ω₀ ≈ m/6: ~8 for a 50-cell grid, tuned on Gowalla NYC and synthetic bumps) unless given.
         omega0 = float(self.omega0) if self.omega0 is not None else float(np.clip(m / 6.0, 4.0, 40.0))
         loss = self.loss if self.loss != "auto" else ("relative_l1" if collection == "pyramid" else "paper")
-        answer_rule = self.answer if self.answer != "auto" else ("geometric" if denoiser is not None else "nets")
+        answer_rule = self.answer if self.answer != "auto" else ("blend" if denoiser is not None else "nets")
+        # The grid's own total (post-processing) is the size of the data the noise was added to: the
+        # bounded sample at user level, which n̂ for ψ need not be (public_total is the full data's).
+        signal = max(float(noisy.sum()), 1.0) * collection_eps / float(data.sensitivity)
+        nets_weights = {"geometric": (0.5, 0.5), "blend": blend_nets_weights(signal)}.get(answer_rule)
+        if nets_weights is not None:
+            answer_note = (f"queries up to {hi:g} m answered by {answer_rule}: nets^a · grid^(1−a) with a = "
+                           f"{nets_weights[0]:g} under {BLEND_SMALL_SIDE_M:g} m, {nets_weights[1]:g} above "
+                           f"(signal n̂·ε/s = {signal:.3g})")
+        else:
+            answer_note = f"queries up to {hi:g} m answered by {answer_rule}"
         workload, workload_note = self._workload(data.region)
         device_ = _device(self.device)
         seed = int(noise.rng.integers(0, 2**63 - 1))  # non-published randomness: init + shuffling
@@ -485,7 +519,7 @@ class SpatialNeuralHistogram(Mechanism):
         notes = [rho_note, collection_note, denoiser_note, f"ψ = 0.1% of n̂ = {psi:.3g} (n̂ from {n_source})", f"training loss {loss}",
                  "augmentation, training and answering are post-processing of the noisy grid", workload_note,
                  f"trained {train['epochs']} epochs in {train['seconds']:.1f} s on {device_}",
-                 f"queries up to {hi:g} m answered by {answer_rule}"]
+                 answer_note]
         params = {**self.get_params(), "query_sides_m": [lo, hi]}  # JSON-native, so save/load round-trips
         if self.public_workload_boxes is not None:
             params["public_workload_boxes"] = np.asarray(self.public_workload_boxes, dtype=np.float64).tolist()
@@ -494,7 +528,9 @@ class SpatialNeuralHistogram(Mechanism):
                   "omega0": omega0, "label_scales": scales.tolist(), "grid_size": m,
                   "cell_width_m": side / m, "psi": psi, "query_sides_m": [lo, hi], "training": train,
                   "data_collection": collection, "loss": loss, "denoised": denoiser is not None,
-                  "answer": answer_rule}
+                  "answer": answer_rule, "signal": signal}
+        if nets_weights is not None:
+            config["nets_weights"] = list(nets_weights)
         return SNHSynopsis(noisy, net, config, data.region, privacy)
 
 
@@ -616,9 +652,13 @@ class SNHSynopsis(Synopsis):
             pred = predict_grouped(self.net, normalise_xy(centres, self.region).astype(np.float32), which,
                                    self._device)
             nets = pred * self.scales[which] * area[small] / self.sides[which] ** 2
-            if rule == "geometric":
+            if rule in ("geometric", "blend"):
+                # Releases saved before the blend stored no weights: their geometric rule is a = ½.
+                small_w, large_w = self.config.get("nets_weights", (0.5, 0.5))
+                a = np.where(r[small] < BLEND_SMALL_SIDE_M, small_w, large_w)
                 grid = answer_boxes(self._prefix, self.region.bounds_m, b[small])
-                nets = np.sqrt(np.maximum(nets, 0.0) * np.maximum(grid, 0.0))
+                # 0^0 = 1, so a = 0 gives the grid even where the nets say 0.
+                nets = np.maximum(nets, 0.0) ** a * np.maximum(grid, 0.0) ** (1.0 - a)
             out[small] = nets
         return out
 
