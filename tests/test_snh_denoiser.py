@@ -189,7 +189,9 @@ def test_answer_rules_combine_nets_and_denoised_grid(trained, tmp_path):
     # The signal is post-processing: the noisy grid's total × the pyramid's ε / the sensitivity (1).
     assert syn.config["signal"] == pytest.approx(syn.noisy.sum() * 0.5)
     small_w, large_w = blend_nets_weights(syn.config["signal"])
-    assert syn.config["nets_weights"] == [small_w, large_w] and small_w > large_w > 0  # a small release
+    assert syn.config["nets_weights"] == [small_w, large_w]
+    # This small release's large squares get a = ½ (signal < 1000); the check below needs two weights.
+    syn.config["nets_weights"] = [small_w, large_w] = [0.5, 0.25]
     region = syn.region
     rng = np.random.default_rng(5)
     side = rng.uniform(30, 900, 300)
@@ -217,26 +219,36 @@ def test_answer_rules_combine_nets_and_denoised_grid(trained, tmp_path):
         get_mechanism("snh", answer="median").check_params()
 
 
-def test_blend_answers_from_the_grid_alone_where_the_signal_is_large(trained):
-    """Record level at large ε: n̂·ε/s is past the threshold, a = 0 and the blend is the denoised grid,
-    even where the nets say 0."""
-    from dpcore.mechanisms.snh import BLEND_SIGNAL_THRESHOLD, blend_nets_weights
+def test_blend_answers_large_squares_from_the_grid_alone_where_the_signal_is_large(trained):
+    """Record level at large ε: n̂·ε/s is past the top threshold, so squares of 100 m and more get a = 0,
+    the denoised grid (even where the nets say 0), and smaller ones keep the geometric mean."""
+    from dpcore.mechanisms.snh import BLEND_LARGE_STEPS, BLEND_SMALL_SIDE_M, blend_nets_weights
 
-    assert blend_nets_weights(BLEND_SIGNAL_THRESHOLD) == (0.0, 0.0)
-    assert blend_nets_weights(BLEND_SIGNAL_THRESHOLD / 2) == (0.5, 0.25)
+    (top, top_weight), (mid, mid_weight) = BLEND_LARGE_STEPS
+    assert blend_nets_weights(top) == (0.5, top_weight) == (0.5, 0.0)
+    assert blend_nets_weights(top - 1) == blend_nets_weights(mid) == (0.5, mid_weight)
+    assert blend_nets_weights(mid - 1) == (0.5, 0.5)
     _, path, _, _ = trained
     data = _fit_input("boston")
     region = data.region
-    epsilon = 2 * BLEND_SIGNAL_THRESHOLD / data.x.size  # signal ≈ 2 × the threshold
+    epsilon = 2 * top / data.x.size  # signal ≈ 2 × the top threshold
     syn = get_mechanism("snh", denoiser=str(path), **TINY).fit(data, epsilon, NoiseSource.seeded(6))
-    assert syn.config["nets_weights"] == [0.0, 0.0]
-    assert any("a = 0 under" in n for n in syn.privacy.notes)
+    assert syn.config["nets_weights"] == [0.5, 0.0]
+    assert any("0 above" in n for n in syn.privacy.notes)
     rng = np.random.default_rng(7)
     side = rng.uniform(30, 900, 200)
     c = rng.uniform(-region.half_m / 2, region.half_m / 2, (2, 200))
     boxes = np.stack([c[0] - side / 2, c[1] - side / 2, c[0] + side / 2, c[1] + side / 2], 1)
-    np.testing.assert_allclose(syn.answer(boxes), np.maximum(answer_boxes(syn._prefix, region.bounds_m, boxes), 0),
-                               rtol=1e-12)
+    large = side >= BLEND_SMALL_SIDE_M
+    grid = np.maximum(answer_boxes(syn._prefix, region.bounds_m, boxes), 0)
+    np.testing.assert_allclose(syn.answer(boxes)[large], grid[large], rtol=1e-12)
+    syn.config["answer"] = "geometric"
+    syn.config["nets_weights"] = [0.5, 0.5]
+    geometric = syn.answer(boxes)
+    assert not np.allclose(geometric[large], grid[large])  # so a = 0 above is not the default
+    syn.config["answer"] = "blend"
+    syn.config["nets_weights"] = [0.5, 0.0]
+    np.testing.assert_allclose(syn.answer(boxes)[~large], geometric[~large], rtol=1e-12)
 
 
 def test_denoiser_train_flow_runs_on_a_real_server(prefect_harness, tmp_path):

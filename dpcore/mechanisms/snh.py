@@ -41,9 +41,10 @@ Method (only step 1 reads data):
    trained range (side > u) are answered from the noisy grid with prefix sums instead, where the
    uniformity assumption is accurate and a net would extrapolate.
    With the public denoiser (``answer="auto"``) a query up to u gets a weighted geometric mean of the
-   net's answer and the denoised grid's, nets^a · grid^(1−a) (``ANSWER_RULES``): the grid resolves
-   more where the signal n̂·ε/s is large (record level), the nets are better where it is small (user
-   level); a is set from n̂·ε/s and the query side by :func:`blend_nets_weights`, tuned on public data.
+   net's answer and the denoised grid's, nets^a · grid^(1−a) (``ANSWER_RULES``): on squares of 100 m
+   and more the grid resolves more where the signal n̂·ε/s is large (record level), the nets are
+   better where it is small (user level); a is set from n̂·ε/s and the query side by
+   :func:`blend_nets_weights`, chosen on public data.
 """
 
 from __future__ import annotations
@@ -255,28 +256,31 @@ LOSSES = ("auto", "relative_l1", "paper")
 #: denoiser, nets otherwise.
 ANSWER_RULES = ("auto", "nets", "grid", "geometric", "blend")
 
-#: The blend's nets weight a, chosen on public data only (Gowalla-sample Kansas City, Chicago, Boston,
-#: Los Angeles and synthetic Milwaukee / Salt Lake City; bench/README.md, session 7): where the release's
-#: signal n̂·ε/s is large the denoised grid resolves what the nets smooth away and answers alone (a = 0);
-#: below, the nets (which shrink towards 0 where the grid spreads noise) get a = ½ on squares under
-#: 100 m and ¼ on larger ones.
-BLEND_SIGNAL_THRESHOLD = 8000.0
+#: The blend's nets weight a on squares of 100 m and more, chosen on public data only (the Gowalla sample's
+#: Kansas City, Chicago, Boston and Los Angeles, synthetic Milwaukee and Salt Lake City; checked on the
+#: Gowalla sample's Austin and San Francisco and the SF taxis with a denoiser not trained on them;
+#: bench/README.md, session 7): where the release's signal n̂·ε/s is large the denoised grid resolves what
+#: the nets smooth away and answers alone (a = 0; at record level on the SF taxis ×0.46 of the geometric
+#: mean's error); where it is small the nets, which shrink towards 0 where the grid spreads noise, keep
+#: half the say (a = ½, the geometric mean). Squares under 100 m always get a = ½: on the real cities the
+#: grid alone was worse there at every signal (it was better only on the smooth synthetic ones).
 BLEND_SMALL_SIDE_M = 100.0
 BLEND_NETS_WEIGHT_SMALL = 0.5
-BLEND_NETS_WEIGHT_LARGE = 0.25
-
+#: (signal at least, nets weight on squares ≥ 100 m), from the largest threshold down; below all: ½.
+BLEND_LARGE_STEPS = ((8000.0, 0.0), (1000.0, 0.25))
+BLEND_NETS_WEIGHT_LOW_SIGNAL = 0.5
 
 #: Names the denoised snh's answer rule in ParamSelect's row cache, so changing it recomputes those rows.
-BLEND_RULE_KEY = (f"blend:{BLEND_SIGNAL_THRESHOLD:g}:{BLEND_SMALL_SIDE_M:g}:"
-                  f"{BLEND_NETS_WEIGHT_SMALL:g}:{BLEND_NETS_WEIGHT_LARGE:g}")
+BLEND_RULE_KEY = "blend:" + ":".join(
+    f"{v:g}" for v in (BLEND_SMALL_SIDE_M, BLEND_NETS_WEIGHT_SMALL, *np.ravel(BLEND_LARGE_STEPS),
+                       BLEND_NETS_WEIGHT_LOW_SIGNAL))
 
 
 def blend_nets_weights(signal: float) -> tuple[float, float]:
     """The blend's nets weights (squares under 100 m, larger ones) for a release whose signal n̂·ε/s
     (n̂ the noisy grid's total, ε the data collection's, s its sensitivity) is ``signal``."""
-    if signal >= BLEND_SIGNAL_THRESHOLD:
-        return 0.0, 0.0
-    return BLEND_NETS_WEIGHT_SMALL, BLEND_NETS_WEIGHT_LARGE
+    large = next((a for threshold, a in BLEND_LARGE_STEPS if signal >= threshold), BLEND_NETS_WEIGHT_LOW_SIGNAL)
+    return BLEND_NETS_WEIGHT_SMALL, large
 
 
 #: ``data_collection`` values: see the module docstring, step 1.
