@@ -265,6 +265,8 @@ ANSWER_RULES = ("auto", "nets", "grid", "geometric", "blend")
 #: half the say (a = ½, the geometric mean). Squares under 100 m always get a = ½: on the real cities the
 #: grid alone was worse there at every signal (it was better only on the smooth synthetic ones).
 BLEND_SMALL_SIDE_M = 100.0
+#: ``answer="geometric"``'s weights (small squares, large ones), and those of releases saved before the blend.
+GEOMETRIC_NETS_WEIGHTS = (0.5, 0.5)
 BLEND_NETS_WEIGHT_SMALL = 0.5
 #: (signal at least, nets weight on squares ≥ 100 m), from the largest threshold down; below all: ½.
 BLEND_LARGE_STEPS = ((8000.0, 0.0), (1000.0, 0.25))
@@ -502,7 +504,7 @@ class SpatialNeuralHistogram(Mechanism):
         # The grid's own total (post-processing) is the size of the data the noise was added to: the
         # bounded sample at user level, which n̂ for ψ need not be (public_total is the full data's).
         signal = max(float(noisy.sum()), 1.0) * collection_eps / float(data.sensitivity)
-        nets_weights = {"geometric": (0.5, 0.5), "blend": blend_nets_weights(signal)}.get(answer_rule)
+        nets_weights = {"geometric": GEOMETRIC_NETS_WEIGHTS, "blend": blend_nets_weights(signal)}.get(answer_rule)
         if nets_weights is not None:
             answer_note = (f"queries up to {hi:g} m answered by {answer_rule}: nets^a · grid^(1−a) with a = "
                            f"{nets_weights[0]:g} under {BLEND_SMALL_SIDE_M:g} m, {nets_weights[1]:g} above "
@@ -657,8 +659,8 @@ class SNHSynopsis(Synopsis):
                                    self._device)
             nets = pred * self.scales[which] * area[small] / self.sides[which] ** 2
             if rule in ("geometric", "blend"):
-                # Releases saved before the blend stored no weights: their geometric rule is a = ½.
-                small_w, large_w = self.config.get("nets_weights", (0.5, 0.5))
+                # Releases saved before the blend stored no weights: theirs is the geometric rule.
+                small_w, large_w = self.config.get("nets_weights", GEOMETRIC_NETS_WEIGHTS)
                 a = np.where(r[small] < BLEND_SMALL_SIDE_M, small_w, large_w)
                 grid = answer_boxes(self._prefix, self.region.bounds_m, b[small])
                 # 0^0 = 1, so a = 0 gives the grid even where the nets say 0.
