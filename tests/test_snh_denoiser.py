@@ -152,6 +152,30 @@ def test_snh_with_a_denoiser_spends_only_the_pyramid(trained):
     assert any("public denoiser" in n for n in syn.privacy.notes)
 
 
+def test_snh_applies_the_denoiser_at_a_finer_grid_when_asked(trained):
+    """denoiser_grid=256: levels 16/64/256 take all of ε, the synopsis is a 256² grid (78 m cells on a 20 km
+    region) whose total is the pyramid's, and it answers and round-trips like the default."""
+    _, path, _, _ = trained
+    syn = get_mechanism("snh", denoiser=str(path), denoiser_grid=256, **TINY).fit(
+        _fit_input("boston"), 0.3, NoiseSource.seeded(1))
+    assert [c["name"] for c in syn.privacy.charges] == ["pyramid_16", "pyramid_64", "pyramid_256"]
+    assert sum(c["epsilon"] for c in syn.privacy.charges) == pytest.approx(0.3, rel=1e-12)
+    assert syn.config["grid_size"] == 256 and syn.noisy.shape == (256, 256)
+    assert syn.config["cell_width_m"] == pytest.approx(syn.region.side_m / 256)
+    assert (syn.noisy >= 0).all()
+    assert any("fixed at 256" in n for n in syn.privacy.notes)
+
+
+@pytest.mark.parametrize("params, message", [
+    ({"denoiser_grid": 512}, "denoiser_grid must be one of"),
+    ({"denoiser_grid": 256, "denoiser": "none"}, "needs the pyramid and a denoiser"),
+    ({"denoiser_grid": 256, "cell_width_m": 100.0}, "needs the pyramid and a denoiser"),
+])
+def test_snh_checks_the_denoiser_grid(params, message):
+    with pytest.raises(MechanismError, match=message):
+        get_mechanism("snh", **params).check_params()
+
+
 def test_snh_refuses_a_denoiser_trained_on_the_city(trained):
     _, path, _, _ = trained
     noise = NoiseSource.seeded(2)

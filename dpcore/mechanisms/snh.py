@@ -288,6 +288,12 @@ def blend_nets_weights(signal: float) -> tuple[float, float]:
 #: ``data_collection`` values: see the module docstring, step 1.
 DATA_COLLECTIONS = ("auto", "grid", "pyramid")
 
+#: Finest pyramid levels the public denoiser may be applied at. It is convolutional and learned at 128²
+#: (156 m cells on a 20 km region); at 256² (78 m) the same model resolves small squares better on
+#: real cities but loses on 100–1000 m ones at low signal (bench/README.md, session 8), so 128 stays the
+#: default and 256 is for releases meant for small squares.
+DENOISER_GRIDS = (128, 256)
+
 #: Pyramid levels as divisors of G (coarse → fine) and their shares of the budget (one definition, shared
 #: with the public denoiser that learns from simulated pyramids).
 PYRAMID_DIVISORS = LEVEL_DIVISORS
@@ -310,7 +316,8 @@ class SpatialNeuralHistogram(Mechanism):
     (``bench/bench_snh.py``: 12–26 s under load): 8 query sides, nets of 3 hidden layers × 64 units,
     sine frequency ω₀ = m/6 for an m × m grid (clipped to [4, 40]), ≤ 40 epochs of 32k samples per
     net, early stopping on the training loss, one CPU training thread. By default the shipped public
-    denoiser is used (``denoiser="auto"``) and the pyramid's finest level is its fixed 128² grid; where
+    denoiser is used (``denoiser="auto"``) and the pyramid's finest level is its grid (``denoiser_grid``:
+    128², or 256² for small squares at record level, see :data:`DENOISER_GRIDS`); where
     it may not be used (its training regions overlap the release's, or ``denoiser="none"``) and
     ``cell_width_m`` is not given, ρ comes from ParamSelect: the identity grid's ρ (the shipped
     table's SNH rows are measured at this choice, not searched over ρ), and with the pyramid ρ only
@@ -325,7 +332,7 @@ class SpatialNeuralHistogram(Mechanism):
                  total_fraction: float = 0.05, paramselect_model: str | None = None, device: str | None = None,
                  public_workload: str | None = None, public_workload_boxes: list | None = None,
                  data_collection: str = "auto", pyramid_kappa: float = 1.0, loss: str = "auto",
-                 denoiser: str = "auto", answer: str = "auto"):
+                 denoiser: str = "auto", answer: str = "auto", denoiser_grid: int = DENOISER_GRID):
         self.cell_width_m = cell_width_m
         self.query_sides_m = query_sides_m
         self.n_sizes = n_sizes
@@ -347,6 +354,7 @@ class SpatialNeuralHistogram(Mechanism):
         self.loss = loss
         self.denoiser = denoiser
         self.answer = answer
+        self.denoiser_grid = denoiser_grid
 
     # -- step 1: the only step that reads data --------------------------------------------------
     def _choose_cell_width(self, data: FitInput, acct: Accountant, noise: NoiseSource) -> tuple[float, str]:
@@ -407,7 +415,7 @@ class SpatialNeuralHistogram(Mechanism):
         flat noisy grid as the source of SNH's labels and of large-query answers (post-processing).
         """
         s = float(data.sensitivity)
-        G = DENOISER_GRID if denoiser is not None else pyramid_size(data.region.side_m, rho)
+        G = int(self.denoiser_grid) if denoiser is not None else pyramid_size(data.region.side_m, rho)
         levels = [max(1, G // d) for d in PYRAMID_DIVISORS]
         weights = np.asarray(PYRAMID_WEIGHTS, dtype=np.float64)
         total = acct.remaining
@@ -439,6 +447,12 @@ class SpatialNeuralHistogram(Mechanism):
             raise MechanismError(f"data_collection must be 'auto', 'grid' or 'pyramid', got {self.data_collection!r}")
         if self.answer not in ANSWER_RULES:
             raise MechanismError(f"answer must be one of {list(ANSWER_RULES)}, got {self.answer!r}")
+        if self.denoiser_grid not in DENOISER_GRIDS:
+            raise MechanismError(f"denoiser_grid must be one of {list(DENOISER_GRIDS)}, got {self.denoiser_grid!r}")
+        if self.denoiser_grid != DENOISER_GRID and (self.denoiser == "none" or self.cell_width_m is not None
+                                                     or self.data_collection == "grid"):
+            raise MechanismError("denoiser_grid sets the grid the public denoiser works on: it needs the pyramid "
+                                 "and a denoiser (not denoiser='none', cell_width_m or data_collection='grid')")
         if not isinstance(self.denoiser, str):
             raise MechanismError(f"denoiser must be 'auto', 'none' or a model file path, got {self.denoiser!r}")
         if self.denoiser not in ("auto", "none"):
@@ -471,7 +485,8 @@ class SpatialNeuralHistogram(Mechanism):
         if denoiser is not None:
             # The denoiser works on its own fixed grid and does the smoothing that ParamSelect's ρ would
             # otherwise trade off, so no ρ (and no paid n) is needed.
-            rho, rho_note = side / DENOISER_GRID, f"finest pyramid level fixed at {DENOISER_GRID} by the public denoiser"
+            G = int(self.denoiser_grid)
+            rho, rho_note = side / G, f"finest pyramid level fixed at {G} by the public denoiser"
         else:
             rho, rho_note = self._choose_cell_width(data, acct, noise)
         collection_eps = acct.remaining  # the data collection spends all that is left
