@@ -45,6 +45,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--fractions", default="1,0.3", help="user subsample fractions of each public dataset")
     t.add_argument("--synthetic-seeds", default="1,2,3")
     t.add_argument("--queries", type=int, default=400)
+    t.add_argument("--trials", type=int, default=1, help="noise draws averaged per snh case (default 1)")
+    t.add_argument("--cheap-trials", type=int, default=10,
+                   help="noise draws averaged per case of identity, ug, ag, privtree (default 10: ρ's labels)")
     t.add_argument("--workers", type=int, default=2)
     t.add_argument("--dask-address", default=None)
     t.add_argument("--holdout-denoiser", default=None, metavar="NPZ",
@@ -127,7 +130,10 @@ def cmd_train(args: argparse.Namespace) -> int:
                          fractions=_floats(args.fractions, "--fractions"),
                          self_tuned_fractions=_floats(args.self_tuned_fractions, "--self-tuned-fractions"),
                          synthetic_seeds=[int(v) for v in _floats(args.synthetic_seeds, "--synthetic-seeds")],
-                         n_queries=args.queries, n_workers=args.workers, dask_address=args.dask_address)
+                         n_queries=args.queries, trials=args.trials, cheap_trials=args.cheap_trials,
+                         n_workers=args.workers, dask_address=args.dask_address)
+    if min(args.queries, args.trials, args.cheap_trials, args.workers) < 1:
+        raise CLIError("--queries, --trials, --cheap-trials and --workers must be ≥ 1")
     if args.holdout_denoiser is not None:
         if not Path(args.holdout_denoiser).exists():
             raise CLIError(f"--holdout-denoiser {args.holdout_denoiser} does not exist")
@@ -135,6 +141,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.quick:
         params.epsilons, params.bands = params.epsilons[:2], [[100.0, 1000.0]]
         params.rhos, params.user_ks, params.n_estimators = [100.0, 200.0, 400.0, 800.0], [], 20
+        params.cheap_trials = min(params.cheap_trials, 2)
         params.fractions, params.synthetic_seeds, params.include_nyc_full = [1.0], params.synthetic_seeds[:1], False
         params.mechanisms = [m for m in params.mechanisms if m != "snh"] or params.mechanisms
     if args.out_dir:

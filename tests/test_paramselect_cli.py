@@ -142,6 +142,29 @@ def test_snh_rows_key_their_cache_on_the_denoiser():
     assert "snh_denoiser" not in search_config(p, ["snh"], "tulsa")
 
 
+def test_cheap_and_self_tuned_rows_average_their_own_number_of_trials():
+    """The cheap mechanisms' rows (ρ's labels) average cheap_trials noise draws, snh's rows `trials`; each
+    count keys only its own rows' cache, so more draws for the grid never recompute the neural fits."""
+    from flows.paramselect_flow import search_config
+    from tasks.paramselect_tasks import cache_key
+
+    p = TrainParams(trials=1, cheap_trials=10)
+    cheap, snh = search_config(p, ["identity", "ug"]), search_config(p, ["snh"], "new-york")
+    assert cheap["trials"] == 10 and snh["trials"] == 1
+    more = TrainParams(trials=1, cheap_trials=20)
+    spec = {"name": "d", "city": "new-york"}
+    assert cache_key(spec, search_config(more, ["identity", "ug"])) != cache_key(spec, cheap)
+    assert cache_key(spec, search_config(more, ["snh"], "new-york")) == cache_key(spec, snh)
+
+
+def test_train_cli_refuses_a_trial_count_below_one(tmp_path, capsys):
+    out = tmp_path / "model"
+    assert main(["paramselect", "train", "--shared-data", str(tmp_path), "--out-dir", str(out),
+                 "--cheap-trials", "0"]) == 2
+    assert "--cheap-trials" in capsys.readouterr().err
+    assert not any(out.glob("*"))  # refused before anything was trained or written
+
+
 def test_snh_rows_are_built_with_and_without_the_denoiser_where_it_applies():
     """Where snh applies the denoiser the table gets both variants (tagged), each its own cache entry;
     elsewhere snh runs plain and has one."""
