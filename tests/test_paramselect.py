@@ -291,3 +291,33 @@ def test_a_choice_between_mechanisms_needs_rows_for_each(small_model, model_with
     both = select_params(region=region, n=5000, epsilon=0.2, mechanisms=("identity", "snh", "ug"),
                          model_path=model_with_snh[0])
     assert both.mechanism in ("identity", "snh", "ug")
+
+
+def test_evaluate_fits_auto_once_per_query_band_unless_the_band_is_given(small_model):
+    """auto tunes itself to a query band, so an evaluation over two bands fits it once per band (each fit
+    answers its own band, with the same noise seed); a band given as a parameter means one fit for all,
+    and mechanisms without a band are fitted once."""
+    from dpcore.data import Points
+    from dpcore.evaluate import EvalConfig, evaluate
+
+    path, _, _ = small_model
+    region, x, y, user = _synthetic("chicago", seed=5)
+    lat, lon = region.unproject(x, y)
+    points = Points(user=np.unique(user, return_inverse=True)[1], ts=np.zeros(x.size, dtype=np.int64), lat=lat, lon=lon)
+    bands = [(25.0, 100.0), (1000.0, 5000.0)]
+    fits: list[str] = []
+    auto = {"mechanisms": "identity,ug", "model_path": str(path)}
+    config = EvalConfig(mechanisms=["auto", "ug"], epsilons=[0.5], privacy_unit="record", query_sides_m=bands,
+                        n_queries=100, trials=2, mechanism_params={"auto": auto})
+    report = evaluate(points, region, config, on_fit=lambda m, e, t, s: fits.append(m))
+    assert fits.count("auto") == 2 * 2 and fits.count("ug") == 2  # bands × trials; trials
+    rows = {(r["mechanism"], tuple(r["query_sides_m"])): r for r in report["results"]}
+    for band in bands:
+        assert tuple(rows[("auto", band)]["params"]["query_sides_m"]) == band
+        assert rows[("ug", band)]["params"] == {}
+    fits.clear()
+    fixed = EvalConfig(mechanisms=["auto"], epsilons=[0.5], privacy_unit="record", query_sides_m=bands,
+                       n_queries=100, trials=1, mechanism_params={"auto": {**auto, "query_sides_m": (100.0, 1000.0)}})
+    report = evaluate(points, region, fixed, on_fit=lambda m, e, t, s: fits.append(m))
+    assert fits == ["auto"]
+    assert all(tuple(r["params"]["query_sides_m"]) == (100.0, 1000.0) for r in report["results"])

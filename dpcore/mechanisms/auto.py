@@ -33,6 +33,7 @@ from dpcore.synopsis import Synopsis
 
 class AutoMechanism(Mechanism):
     name = "auto"
+    band_parameter = "query_sides_m"
 
     def __init__(self, *, mechanisms: tuple[str, ...] | str | None = None,
                  query_sides_m: tuple[float, float] = (100.0, 1000.0), total_fraction: float = 0.05,

@@ -84,6 +84,9 @@ class Mechanism(ABC):
     name: ClassVar[str]
     #: True when the mechanism consumes ``slot``/``n_slots`` and returns a spatio-temporal synopsis.
     spatio_temporal: ClassVar[bool] = False
+    #: The parameter naming the query band the mechanism tunes itself to (auto: ``query_sides_m``), or
+    #: None. An evaluation over several bands fits such a mechanism once per band unless it is given.
+    band_parameter: ClassVar[str | None] = None
 
     def get_params(self) -> dict[str, Any]:
         sig = inspect.signature(type(self).__init__)
