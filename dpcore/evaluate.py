@@ -11,8 +11,9 @@ Protocol (stated in every result):
 - Relative error |est − truth| / max(truth, ψ), ψ = 0.1% of N. Workloads are squares with side
   uniform in [a, b] metres, centres uniform over the region; the same workload is used for every
   mechanism, ε and trial. Noise is seeded (experiments only), derived from ``seed``.
-- A mechanism that tunes itself to a query band (``auto``) is fitted once per band, with that band as
-  its parameter and the same noise seed, and answers only that band (see :func:`band_runs`).
+- A mechanism that tunes itself to a query band (``auto``, ``identity`` with ``cell_width_m="auto"``) is
+  fitted once per band, with that band as its parameter and the same noise seed, and answers only that
+  band (see :func:`band_runs`).
 """
 
 from __future__ import annotations
@@ -104,12 +105,11 @@ def band_runs(mechanism: str, params: dict, query_sides_m: list[tuple[float, flo
               ) -> list[tuple[dict, list[int]]]:
     """The fits one (mechanism, ε, trial) needs: (parameters, indices of the bands they answer).
 
-    A mechanism that tunes itself to a query band (``band_parameter``, e.g. auto's ``query_sides_m``)
-    is fitted once per band of the workload, each fit answering its own band, unless the caller fixed
-    that parameter; every other mechanism is fitted once and answers every band."""
-    from dpcore.mechanisms import get_mechanism_class
-
-    key = get_mechanism_class(mechanism).band_parameter
+    A configuration that tunes itself to a query band (``Mechanism.tuned_band_parameter``: auto's and
+    identity@ParamSelect's ``query_sides_m``) is fitted once per band of the workload, each fit
+    answering its own band, unless the caller fixed that parameter; every other one is fitted once and
+    answers every band."""
+    key = get_mechanism(mechanism, **params).tuned_band_parameter()
     if key is None or key in params:
         return [(params, list(range(len(query_sides_m))))]
     return [({**params, key: (float(a), float(b))}, [w]) for w, (a, b) in enumerate(query_sides_m)]

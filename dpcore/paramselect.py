@@ -562,6 +562,19 @@ def public_n_for_fit(data: FitInput, acct: Accountant, noise: NoiseSource, total
     return max(n_hat, 1.0), how, True
 
 
+def cell_width_for_fit(data: FitInput, acct: Accountant, noise: NoiseSource, *, mechanism: str,
+                       band: tuple[float, float], total_fraction: float,
+                       model_path: str | Path | None = None) -> tuple[float, str]:
+    """ρ for ``mechanism`` inside a fit, from public inputs and n (see :func:`public_n_for_fit`, which
+    may charge ``total_count`` / ``total_count_refine``); returns (ρ, a note for the release)."""
+    n_public, how, bounded = public_n_for_fit(data, acct, noise, total_fraction)
+    choice = select_params(region=data.region, n=n_public, epsilon=acct.remaining,
+                           sensitivity=float(data.sensitivity), privacy_unit=data.privacy_unit,
+                           max_points_per_user=data.max_points_per_user, band=band, mechanisms=(mechanism,),
+                           n_is_bounded=bounded, model_path=model_path)
+    return choice.cell_width_m, f"cell width {choice.cell_width_m:.1f} m chosen by ParamSelect; n from {how}"
+
+
 # -- evaluation of the model (cross-validation by group) ---------------------------------------------
 def cross_validate(table: pd.DataFrame, profiles: dict[str, PublicProfile], seed: int = 0,
                    n_estimators: int = 50, useful_error: float = 1.0) -> dict:

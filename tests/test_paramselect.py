@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 
 import numpy as np
@@ -162,7 +163,7 @@ def _two_private_datasets(region: Region):
     return (x1, y1), (x2, y2)
 
 
-@pytest.mark.parametrize("mechanism", ["auto", "snh"])
+@pytest.mark.parametrize("mechanism", ["auto", "snh", "identity"])
 def test_paramselect_never_reads_the_private_dataset(small_model, mechanism):
     """With a public n, the choice must not move when the private contents change."""
     path, _, _ = small_model
@@ -172,6 +173,8 @@ def test_paramselect_never_reads_the_private_dataset(small_model, mechanism):
     assert abs(histogram_entropy(x1, y1, region) - histogram_entropy(x2, y2, region)) > 3
     if mechanism == "auto":
         params = dict(model_path=str(path), mechanisms=("identity", "ug"))
+    elif mechanism == "identity":
+        params = dict(cell_width_m="auto", paramselect_model=str(path))
     else:
         params = dict(paramselect_model=str(path), n_sizes=2, hidden=8, depth=1, max_epochs=1,
                       samples_per_epoch=256, device="cpu")
@@ -180,7 +183,8 @@ def test_paramselect_never_reads_the_private_dataset(small_model, mechanism):
     for x, y in ((x1, y1), (x2, y2)):
         data = FitInput(x, y, region, "record", None, public_total=50_000.0)
         syn = mech.fit(data, 0.2, NoiseSource.seeded(0))
-        chosen.append(syn.config["cell_width_m"] if mechanism == "snh" else syn.privacy.params["chosen"])
+        chosen.append(syn.privacy.params["chosen"] if mechanism == "auto"
+                      else syn.values.shape if mechanism == "identity" else syn.config["cell_width_m"])
         assert "total_count" not in [c["name"] for c in syn.privacy.charges]  # public n: nothing paid
     assert chosen[0] == chosen[1]
 
@@ -307,13 +311,17 @@ def test_evaluate_fits_auto_once_per_query_band_unless_the_band_is_given(small_m
     bands = [(25.0, 100.0), (1000.0, 5000.0)]
     fits: list[str] = []
     auto = {"mechanisms": "identity,ug", "model_path": str(path)}
-    config = EvalConfig(mechanisms=["auto", "ug"], epsilons=[0.5], privacy_unit="record", query_sides_m=bands,
-                        n_queries=100, trials=2, mechanism_params={"auto": auto})
+    identity = {"cell_width_m": "auto", "paramselect_model": str(path)}
+    config = EvalConfig(mechanisms=["auto", "ug", "identity"], epsilons=[0.5], privacy_unit="record",
+                        query_sides_m=bands, n_queries=100, trials=2,
+                        mechanism_params={"auto": auto, "identity": identity})
     report = evaluate(points, region, config, on_fit=lambda m, e, t, s: fits.append(m))
-    assert fits.count("auto") == 2 * 2 and fits.count("ug") == 2  # bands × trials; trials
+    # bands × trials for the band-tuned ones (identity@ParamSelect too); trials for ug
+    assert fits.count("auto") == 2 * 2 and fits.count("identity") == 2 * 2 and fits.count("ug") == 2
     rows = {(r["mechanism"], tuple(r["query_sides_m"])): r for r in report["results"]}
     for band in bands:
         assert tuple(rows[("auto", band)]["params"]["query_sides_m"]) == band
+        assert tuple(rows[("identity", band)]["params"]["query_sides_m"]) == band
         assert rows[("ug", band)]["params"] == {}
     fits.clear()
     fixed = EvalConfig(mechanisms=["auto"], epsilons=[0.5], privacy_unit="record", query_sides_m=bands,
@@ -321,3 +329,40 @@ def test_evaluate_fits_auto_once_per_query_band_unless_the_band_is_given(small_m
     report = evaluate(points, region, fixed, on_fit=lambda m, e, t, s: fits.append(m))
     assert fits == ["auto"]
     assert all(tuple(r["params"]["query_sides_m"]) == (100.0, 1000.0) for r in report["results"])
+
+
+def test_identity_takes_its_cell_width_from_paramselect_when_asked(small_model):
+    """identity@ParamSelect: ρ is the model's choice for the band at the paid n̂; the count is charged,
+    the grid gets the rest, the charges sum to ε, and the release says where ρ came from."""
+    path, _, _ = small_model
+    region, x, y, user = _synthetic("chicago", seed=5)
+    data = FitInput(x, y, region, "record", None, user=user)
+    band = (25.0, 100.0)
+    mech = get_mechanism("identity", cell_width_m="auto", query_sides_m=band, paramselect_model=str(path))
+    syn = mech.fit(data, 0.4, NoiseSource.seeded(3))
+    charges = syn.privacy.charges
+    assert charges[0]["name"] == "total_count" and charges[-1]["name"] == "cell_counts"
+    assert sum(c["epsilon"] for c in charges) == pytest.approx(0.4)
+    assert any("chosen by ParamSelect" in n for n in syn.privacy.notes)
+    paid = [c["epsilon"] for c in charges if c["name"].startswith("total_count")]
+    expected = select_params(region=region, n=x.size, epsilon=0.4 - sum(paid), band=band,
+                             mechanisms=("identity",), model_path=path).cell_width_m
+    # ρ moves in steps of the searched widths, so the noisy n̂ (near x.size) gives the same ρ here
+    assert expected != 100.0  # not the fixed default width
+    side = max(1, round(region.side_m / expected))
+    assert syn.values.shape == (side, side)
+    public = get_mechanism("identity", cell_width_m="auto", paramselect_model=str(path)).fit(
+        dataclasses.replace(data, public_total=float(x.size)), 0.4, NoiseSource.seeded(3))
+    assert [c["name"] for c in public.privacy.charges] == ["cell_counts"]  # a public n costs nothing
+
+
+@pytest.mark.parametrize("params, message", [
+    ({"cell_width_m": "fine"}, "cell_width_m must be > 0 or 'auto'"),
+    ({"cell_width_m": "auto", "query_sides_m": (100.0, 10.0)}, "0 < lo ≤ hi"),
+    ({"cell_width_m": "auto", "total_fraction": 0.0}, "total_fraction"),
+])
+def test_identity_checks_its_paramselect_parameters(params, message):
+    from dpcore.mechanisms import MechanismError
+
+    with pytest.raises(MechanismError, match=message):
+        get_mechanism("identity", **params).check_params()

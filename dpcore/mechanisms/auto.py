@@ -33,7 +33,6 @@ from dpcore.synopsis import Synopsis
 
 class AutoMechanism(Mechanism):
     name = "auto"
-    band_parameter = "query_sides_m"
 
     def __init__(self, *, mechanisms: tuple[str, ...] | str | None = None,
                  query_sides_m: tuple[float, float] = (100.0, 1000.0), total_fraction: float = 0.05,
@@ -57,6 +56,9 @@ class AutoMechanism(Mechanism):
         if not cands or bad:
             raise MechanismError(f"auto chooses among {list(ALL_MECHANISMS)}; got {list(cands)}")
         return cands
+
+    def tuned_band_parameter(self) -> str | None:
+        return "query_sides_m"
 
     def check_params(self) -> None:
         self._candidates()

@@ -84,13 +84,16 @@ class Mechanism(ABC):
     name: ClassVar[str]
     #: True when the mechanism consumes ``slot``/``n_slots`` and returns a spatio-temporal synopsis.
     spatio_temporal: ClassVar[bool] = False
-    #: The parameter naming the query band the mechanism tunes itself to (auto: ``query_sides_m``), or
-    #: None. An evaluation over several bands fits such a mechanism once per band unless it is given.
-    band_parameter: ClassVar[str | None] = None
 
     def get_params(self) -> dict[str, Any]:
         sig = inspect.signature(type(self).__init__)
         return {p: getattr(self, p) for p in sig.parameters if p != "self"}
+
+    def tuned_band_parameter(self) -> str | None:
+        """The parameter naming the query band this configuration tunes itself to (auto's and
+        identity@ParamSelect's ``query_sides_m``), or None. An evaluation over several bands fits such a
+        configuration once per band, unless the caller gave that parameter."""
+        return None
 
     def check_params(self) -> None:
         """Raise :class:`MechanismError` for parameter values that cannot work, without data.

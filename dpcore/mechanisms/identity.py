@@ -3,6 +3,11 @@
 Sensitivity: one privacy unit changes the histogram's L1 norm by at most k (user) or 1 (record);
 the whole ε goes to one Laplace step of that sensitivity. Negative cells are kept as they are
 (unbiased for range sums); pass ``clamp_negative=True`` to zero them for display.
+
+``cell_width_m="auto"`` (identity@ParamSelect): ρ comes from ParamSelect for the query band
+``query_sides_m``, from public inputs and n; n is ``public_total`` or a paid sample-size estimate when
+declared, else a noisy count that costs at most ``total_fraction`` of ε (steps ``total_count``,
+``total_count_refine``; dpcore.paramselect.public_n_for_fit), and the grid gets the rest.
 """
 
 from __future__ import annotations
@@ -16,6 +21,15 @@ from dpcore.noise import NoiseSource
 from dpcore.synopsis import GridSynopsis
 
 
+def check_band(query_sides_m) -> None:
+    try:
+        lo, hi = (float(v) for v in query_sides_m)
+    except (TypeError, ValueError) as exc:
+        raise MechanismError(f"query_sides_m must be two numbers (lo, hi), got {query_sides_m!r}") from exc
+    if not 0 < lo <= hi:
+        raise MechanismError(f"query_sides_m must satisfy 0 < lo ≤ hi, got {list(query_sides_m)}")
+
+
 def cells_for_width(side_m: float, cell_width_m: float) -> int:
     if cell_width_m <= 0:
         raise MechanismError(f"cell_width_m must be > 0, got {cell_width_m}")
@@ -25,27 +39,54 @@ def cells_for_width(side_m: float, cell_width_m: float) -> int:
 class IdentityGrid(Mechanism):
     name = "identity"
 
-    def __init__(self, *, cell_width_m: float = 100.0, grid_size: int | None = None,
-                 clamp_negative: bool = False):
+    def __init__(self, *, cell_width_m: float | str = 100.0, grid_size: int | None = None,
+                 clamp_negative: bool = False, query_sides_m: tuple[float, float] = (100.0, 1000.0),
+                 total_fraction: float = 0.05, paramselect_model: str | None = None):
         self.cell_width_m = cell_width_m
         self.grid_size = grid_size
         self.clamp_negative = clamp_negative
+        self.query_sides_m = query_sides_m
+        self.total_fraction = total_fraction
+        self.paramselect_model = paramselect_model
+
+    def _width_from_paramselect(self) -> bool:
+        return self.grid_size is None and self.cell_width_m == "auto"
+
+    def tuned_band_parameter(self) -> str | None:
+        return "query_sides_m" if self._width_from_paramselect() else None
 
     def check_params(self) -> None:
         if self.grid_size is not None:
             if int(self.grid_size) < 1:
                 raise MechanismError(f"grid_size must be ≥ 1, got {self.grid_size}")
-        elif not self.cell_width_m > 0:  # the width is only used when no grid size is given
-            raise MechanismError(f"cell_width_m must be > 0, got {self.cell_width_m}")
+        elif self._width_from_paramselect():
+            from dpcore.mechanisms.ug import check_fraction
+
+            check_band(self.query_sides_m)
+            check_fraction(self.total_fraction, "total_fraction")
+        # the width is only used when no grid size is given
+        elif isinstance(self.cell_width_m, str) or not self.cell_width_m > 0:
+            raise MechanismError(f"cell_width_m must be > 0 or 'auto' (ParamSelect), got {self.cell_width_m!r}")
 
     def _fit(self, data: FitInput, acct: Accountant, noise: NoiseSource) -> GridSynopsis:
-        m = int(self.grid_size) if self.grid_size is not None else cells_for_width(data.region.side_m,
-                                                                                     self.cell_width_m)
+        notes = []
+        if self.grid_size is not None:
+            m = int(self.grid_size)
+        elif self._width_from_paramselect():
+            from dpcore.paramselect import cell_width_for_fit
+
+            rho, note = cell_width_for_fit(data, acct, noise, mechanism="identity",
+                                           band=tuple(float(v) for v in self.query_sides_m),
+                                           total_fraction=self.total_fraction, model_path=self.paramselect_model)
+            m = cells_for_width(data.region.side_m, rho)
+            notes.append(note)
+        else:
+            m = cells_for_width(data.region.side_m, float(self.cell_width_m))
         counts = grid_counts(data.x, data.y, data.region.bounds_m, m, m)
-        eps = acct.spend("cell_counts", acct.epsilon, data.sensitivity,
-                         note=f"{m}x{m} grid; disjoint cells, L1 sensitivity = per-unit contribution bound")
+        eps = acct.spend_rest("cell_counts", data.sensitivity,
+                              note=f"{m}x{m} grid; disjoint cells, L1 sensitivity = per-unit contribution bound")
         noisy = noise.add_discrete_laplace(counts, data.sensitivity, eps).astype(np.float64)
-        notes = ["negatives clamped to 0" if self.clamp_negative else "negatives kept (unbiased range sums)"]
+        notes.append("negatives clamped to 0" if self.clamp_negative else "negatives kept (unbiased range sums)")
         if self.clamp_negative:
             noisy = np.maximum(noisy, 0.0)
         return GridSynopsis(noisy, data.region, self.privacy_info(data, acct, noise, notes),

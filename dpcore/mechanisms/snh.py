@@ -360,15 +360,10 @@ class SpatialNeuralHistogram(Mechanism):
     def _choose_cell_width(self, data: FitInput, acct: Accountant, noise: NoiseSource) -> tuple[float, str]:
         if self.cell_width_m is not None:
             return float(self.cell_width_m), "cell width given as a public parameter"
-        from dpcore.paramselect import public_n_for_fit, select_params
+        from dpcore.paramselect import cell_width_for_fit
 
-        n_public, how, bounded = public_n_for_fit(data, acct, noise, self.total_fraction)
-        lo, hi = (float(v) for v in self.query_sides_m)
-        choice = select_params(region=data.region, n=n_public, epsilon=acct.remaining,
-                               sensitivity=float(data.sensitivity), privacy_unit=data.privacy_unit,
-                               max_points_per_user=data.max_points_per_user, band=(lo, hi),
-                               mechanisms=("snh",), n_is_bounded=bounded, model_path=self.paramselect_model)
-        return choice.cell_width_m, f"cell width {choice.cell_width_m:.1f} m chosen by ParamSelect; n from {how}"
+        return cell_width_for_fit(data, acct, noise, mechanism="snh", band=tuple(float(v) for v in self.query_sides_m),
+                                  total_fraction=self.total_fraction, model_path=self.paramselect_model)
 
     def _workload(self, region: Region) -> tuple[np.ndarray | None, str]:
         """The PUBLIC workload that sets the loss weights w (None: w = 1), and a note for the release."""
