@@ -134,9 +134,13 @@ class Mechanism(ABC):
 
 
 def _jsonable(params: dict) -> dict:
-    out = {}
-    for k, v in params.items():
+    """Parameters as JSON will give them back (tuples as lists, numpy scalars as Python ones), so a
+    saved release's privacy record equals the fitted one."""
+    def native(v: Any) -> Any:
         if isinstance(v, np.generic):
-            v = v.item()
-        out[k] = v
-    return out
+            return v.item()
+        if isinstance(v, (tuple, list)):
+            return [native(x) for x in v]
+        return v
+
+    return {k: native(v) for k, v in params.items()}
