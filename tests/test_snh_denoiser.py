@@ -152,9 +152,11 @@ def test_snh_with_a_denoiser_spends_only_the_pyramid(trained):
     assert any("public denoiser" in n for n in syn.privacy.notes)
 
 
-def test_snh_applies_the_denoiser_at_a_finer_grid_when_asked(trained):
-    """denoiser_grid=256: levels 16/64/256 take all of ε, the synopsis is a 256² grid (78 m cells on a 20 km
-    region) whose total is the pyramid's, and it answers and round-trips like the default."""
+def test_snh_applies_the_denoiser_at_a_finer_grid_when_asked(trained, tmp_path):
+    """denoiser_grid=256: levels 16/64/256 take all of ε, the synopsis is a non-negative 256² grid (78 m
+    cells on a 20 km region), and a saved one loads with the same answers."""
+    from dpcore.synopsis import load_synopsis
+
     _, path, _, _ = trained
     syn = get_mechanism("snh", denoiser=str(path), denoiser_grid=256, **TINY).fit(
         _fit_input("boston"), 0.3, NoiseSource.seeded(1))
@@ -164,6 +166,9 @@ def test_snh_applies_the_denoiser_at_a_finer_grid_when_asked(trained):
     assert syn.config["cell_width_m"] == pytest.approx(syn.region.side_m / 256)
     assert (syn.noisy >= 0).all()
     assert any("fixed at 256" in n for n in syn.privacy.notes)
+    syn.save(tmp_path / "fine")
+    boxes = np.array([[-2000.0, -2000.0, -1950.0, -1940.0], [0.0, 0.0, 800.0, 600.0], [-9000.0, -9000.0, 9000.0, 9000.0]])
+    np.testing.assert_array_equal(load_synopsis(tmp_path / "fine").answer(boxes), syn.answer(boxes))
 
 
 @pytest.mark.parametrize("params, message", [

@@ -26,6 +26,7 @@ import dataclasses
 
 from dpcore.budget import Accountant
 from dpcore.mechanisms.base import FitInput, Mechanism, MechanismError
+from dpcore.mechanisms.identity import check_band
 from dpcore.mechanisms.ug import check_fraction
 from dpcore.noise import NoiseSource
 from dpcore.synopsis import Synopsis
@@ -62,9 +63,7 @@ class AutoMechanism(Mechanism):
 
     def check_params(self) -> None:
         self._candidates()
-        lo, hi = (float(v) for v in self.query_sides_m)
-        if not 0 < lo <= hi:
-            raise MechanismError(f"query_sides_m must satisfy 0 < lo ≤ hi, got {list(self.query_sides_m)}")
+        check_band(self.query_sides_m)
         check_fraction(self.total_fraction, "total_fraction")
 
     def _fit(self, data: FitInput, acct: Accountant, noise: NoiseSource) -> Synopsis:
