@@ -38,7 +38,7 @@ import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -511,9 +511,19 @@ N_FIRST_FRACTION = 0.01
 N_TARGET_REL_STD = 0.10
 
 
+class NForFit(NamedTuple):
+    """n for a fit: its value, where it came from, whether it counts the bounded (noised) sample, and its
+    noise variance (0 for a public count; None when a caller's paid estimate came without one)."""
+
+    n: float
+    how: str
+    bounded: bool
+    variance: float | None
+
+
 def public_n_for_fit(data: FitInput, acct: Accountant, noise: NoiseSource, total_fraction: float,
                      first_fraction: float = N_FIRST_FRACTION,
-                     target_rel_std: float = N_TARGET_REL_STD) -> tuple[float, str, bool]:
+                     target_rel_std: float = N_TARGET_REL_STD) -> NForFit:
     """n for ParamSelect inside a mechanism: ``public_total`` when declared, else a paid DP estimate.
 
     The estimate is paid in at most two looks, each the point count plus discrete Laplace noise of
@@ -530,13 +540,14 @@ def public_n_for_fit(data: FitInput, acct: Accountant, noise: NoiseSource, total
     and the ledger records the charges actually made. Large releases
     thus pay 1% instead of 5% (at the defaults: when n·ε/s ≥ √2/(0.1·0.01) ≈ 1,400); small or
     user-level ones pay up to ``total_fraction`` where they need it.
-    Returns (n, where it came from, whether n counts the bounded sample): ``public_total`` is the
-    unbounded public count, the estimate counts what was noised.
+    Returns :class:`NForFit`: ``public_total`` is the unbounded public count, the estimate counts what
+    was noised.
     """
     if data.sample_size is not None:
-        return float(data.sample_size), "the caller's already-paid DP estimate of the sample size", True
+        return NForFit(float(data.sample_size), "the caller's already-paid DP estimate of the sample size", True,
+                       data.sample_size_variance)
     if data.public_total is not None:
-        return float(data.public_total), "public_total (declared public by the caller)", False
+        return NForFit(float(data.public_total), "public_total (declared public by the caller)", False, 0.0)
     if not (0 < total_fraction < 1):
         raise ParamSelectError(f"total_fraction must be in (0, 1), got {total_fraction}")
     first = min(float(first_fraction), float(total_fraction))
@@ -549,7 +560,7 @@ def public_n_for_fit(data: FitInput, acct: Accountant, noise: NoiseSource, total
     # The noise is discrete Laplace: variance 2t/(1 − t)² with t = exp(−ε/s), not the continuous 2(s/ε)².
     var1 = discrete_laplace_variance(s / eps1)
     how = f"a DP estimate paid with ε={eps1:g} (step total_count)"
-    n_hat = n1
+    n_hat, n_var = n1, var1
     if total_fraction > first and math.sqrt(var1) > target_rel_std * max(n1, math.sqrt(var1)):
         # Post-processing of n̂_1 decides to look again; the second look is charged like the first.
         eps2 = acct.spend_fraction("total_count_refine", total_fraction - first, s,
@@ -558,8 +569,9 @@ def public_n_for_fit(data: FitInput, acct: Accountant, noise: NoiseSource, total
         n2 = float(noise.add_discrete_laplace(np.array([data.n]), s, eps2)[0])
         var2 = discrete_laplace_variance(s / eps2)
         n_hat = (n1 / var1 + n2 / var2) / (1.0 / var1 + 1.0 / var2)
+        n_var = 1.0 / (1.0 / var1 + 1.0 / var2)
         how = f"a DP estimate paid with ε={eps1 + eps2:g} (steps total_count, total_count_refine)"
-    return max(n_hat, 1.0), how, True
+    return NForFit(max(n_hat, 1.0), how, True, n_var)
 
 
 def cell_width_for_fit(data: FitInput, acct: Accountant, noise: NoiseSource, *, mechanism: str,
@@ -567,7 +579,7 @@ def cell_width_for_fit(data: FitInput, acct: Accountant, noise: NoiseSource, *, 
                        model_path: str | Path | None = None) -> tuple[float, str]:
     """ρ for ``mechanism`` inside a fit, from public inputs and n (see :func:`public_n_for_fit`, which
     may charge ``total_count`` / ``total_count_refine``); returns (ρ, a note for the release)."""
-    n_public, how, bounded = public_n_for_fit(data, acct, noise, total_fraction)
+    n_public, how, bounded, _ = public_n_for_fit(data, acct, noise, total_fraction)
     choice = select_params(region=data.region, n=n_public, epsilon=acct.remaining,
                            sensitivity=float(data.sensitivity), privacy_unit=data.privacy_unit,
                            max_points_per_user=data.max_points_per_user, band=band, mechanisms=(mechanism,),

@@ -9,8 +9,9 @@ Scaling by N / n̂ restores full counts, where
   count of sensitivity k), recorded as the charge ``sample_total_for_scaling``. Using the
   synopsis's own total instead would be free but, for a fine identity grid, its noise (the sum
   of every cell's noise) swamps the total at small ε. n̂ is clamped to [k/ε_n, N] (post-processing)
-  and handed to the mechanism as ``FitInput.sample_size``, so mechanisms that size a grid from n
-  (UG, AG, HB, SNH, auto) do not pay for the same count twice.
+  and handed to the mechanism as ``FitInput.sample_size`` (with its noise variance), so mechanisms that
+  size a grid from n (UG, AG, HB, SNH, auto) do not pay for the same count twice, and SNH's pyramid
+  can weigh it against its own total.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import numpy as np
 from dpcore.budget import Accountant, check_epsilon
 from dpcore.geo import Region
 from dpcore.mechanisms import FitInput, get_mechanism
-from dpcore.noise import NoiseSource
+from dpcore.noise import NoiseSource, discrete_laplace_variance
 from dpcore.synopsis import PrivacyInfo, Synopsis, load_synopsis
 
 #: Share of ε spent on n̂ when a user-level release is scaled to full counts. n̂'s relative error is
@@ -93,7 +94,8 @@ def fit_scaled(mechanism_name: str, params: dict, data: FitInput, epsilon: float
     n_hat = min(max(raw_n_hat, data.sensitivity / eps_n, 1.0), float(total_points))
     # n̂ is already a paid DP estimate of the sample size, so the mechanism may reuse it instead of
     # spending a second share of ε on the same count.
-    data = dataclasses.replace(data, sample_size=n_hat)
+    data = dataclasses.replace(data, sample_size=n_hat,
+                               sample_size_variance=discrete_laplace_variance(data.sensitivity / eps_n))
     inner = get_mechanism(mechanism_name, **params).fit(data, acct.remaining, noise)
     charges = acct.to_list() + inner.privacy.charges
     p = inner.privacy

@@ -17,7 +17,7 @@ from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
 from dpcore.geo import city_region
-from dpcore.mechanisms.snh import BLEND_RULE_KEY
+from dpcore.mechanisms.snh import DENOISED_RULES_KEY
 from dpcore.models.pyramid_denoiser import (
     load_meta,
     model_fingerprint,
@@ -120,7 +120,7 @@ def search_config(p: TrainParams, mechanisms: list[str] | None = None, city: str
         if denoised:
             # A new denoiser is a new cache entry for the rows it changes, and only for those.
             config["snh_denoiser"] = model_fingerprint()
-            config["snh_answer"] = BLEND_RULE_KEY  # the denoised snh's answer rule changes its rows too
+            config["snh_answer"] = DENOISED_RULES_KEY  # the denoised snh's post-processing rules change its rows too
         else:
             config["mechanism_params"] = {"snh": {"denoiser": "none"}}
     return config

@@ -220,7 +220,7 @@ def test_n_estimate_pays_a_second_look_only_when_the_first_is_too_coarse(n_point
     data = FitInput(x, y, region, unit, None if unit == "record" else sensitivity)
     eps = 0.1
     acct = Accountant(eps)
-    n_hat, how, bounded = public_n_for_fit(data, acct, NoiseSource.seeded(3), 0.05)
+    n_hat, how, bounded, n_var = public_n_for_fit(data, acct, NoiseSource.seeded(3), 0.05)
     names = [c.name for c in acct.charges]
     assert names == ["total_count", "total_count_refine"][:looks] and bounded
     assert acct.spent == pytest.approx(eps * (0.01 if looks == 1 else 0.05))
@@ -228,6 +228,11 @@ def test_n_estimate_pays_a_second_look_only_when_the_first_is_too_coarse(n_point
     # The combined estimate's std is about √2·s/(0.05·ε) (two looks) or √2·s/(0.01·ε) (one).
     std = np.sqrt(2) * sensitivity / (eps * (0.01 if looks == 1 else 0.05))
     assert abs(n_hat - n_points) < 6 * std
+    # The variance handed on with the estimate is the inverse-variance combination of the looks'.
+    from dpcore.noise import discrete_laplace_variance
+
+    look_vars = [discrete_laplace_variance(sensitivity / (eps * f)) for f in (0.01, 0.04)[:looks]]
+    assert n_var == pytest.approx(1.0 / sum(1.0 / v for v in look_vars))
     acct.spend_rest("cells", sensitivity)
     assert acct.spent == pytest.approx(eps)
 

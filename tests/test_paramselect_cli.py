@@ -130,10 +130,10 @@ def test_snh_rows_key_their_cache_on_the_denoiser():
     assert snh["snh_denoiser"] == model_fingerprint() and "snh_denoiser" not in cheap
     spec = {"name": "d", "city": "tulsa"}
     assert cache_key(spec, snh) != cache_key(spec, {**snh, "snh_denoiser": "another-model"})
-    # The denoised snh's answer rule is part of the key too: a new rule recomputes those rows.
-    from dpcore.mechanisms.snh import BLEND_RULE_KEY
+    # The denoised snh's post-processing rules are part of the key too: a new rule recomputes those rows.
+    from dpcore.mechanisms.snh import DENOISED_RULES_KEY
 
-    assert snh["snh_answer"] == BLEND_RULE_KEY and "snh_answer" not in cheap
+    assert snh["snh_answer"] == DENOISED_RULES_KEY and "snh_answer" not in cheap
     assert cache_key(spec, snh) != cache_key(spec, {**snh, "snh_answer": "geometric"})
     assert "snh_answer" not in search_config(p, ["snh"], "new-york", denoised=False)
     # Per city: only where snh applies the denoiser (the shipped one never saw new-york; it learned from

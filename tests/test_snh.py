@@ -13,9 +13,12 @@ from dpcore.mechanisms.base import MechanismError
 from dpcore.mechanisms.snh import (
     SNHSynopsis,
     augment,
+    cap_to_levels,
+    known_total,
     normalise_xy,
     pyramid_estimate,
     pyramid_size,
+    pyramid_upward,
     query_sides,
     train_snh,
     workload_overlaps,
@@ -293,6 +296,62 @@ def test_pyramid_estimate_is_exact_without_noise_and_never_adds_mass():
     assert abs(est.sum() - counts.sum()) < 5 * np.sqrt(50.0 * 16)
     with pytest.raises(MechanismError):
         pyramid_estimate({3: np.zeros((3, 3)), 12: np.zeros((12, 12))}, {3: 1.0, 12: 1.0})
+
+
+def test_an_independent_total_joins_the_pyramid_root_by_inverse_variance():
+    """A paid n̂ (or a public count) is one more measurement of the root: variance 0 sets the total, a
+    finite variance combines with the levels' own root by inverse variance; shape comes from the levels."""
+    rng = np.random.default_rng(3)
+    counts = rng.poisson(rng.gamma(0.3, 20, (64, 64)))
+    var = {4: 400.0, 16: 200.0, 64: 200.0}
+    noisy = {g: v + rng.laplace(0, np.sqrt(var[g] / 2), v.shape) for g, v in _levels_of(counts, (4, 16, 64)).items()}
+    z, v = pyramid_upward(noisy, var)
+    root, root_var = float(z[1][0, 0]), float(v[1][0, 0])
+    assert pyramid_estimate(noisy, var).sum() == pytest.approx(root)
+    exact = pyramid_estimate(noisy, var, total=(float(counts.sum()), 0.0))
+    assert exact.sum() == pytest.approx(counts.sum())
+    measured = float(counts.sum()) + 500.0
+    combined = pyramid_estimate(noisy, var, total=(measured, root_var / 3))  # 3× the root's weight
+    assert combined.sum() == pytest.approx((root + 3 * measured) / 4)
+    assert (combined >= 0).all()
+
+
+def test_known_total_is_a_paid_sample_size_with_its_variance_or_a_record_level_public_count():
+    region = small_region(2.0)
+    x, y = np.zeros(10), np.zeros(10)
+    user = FitInput(x, y, region, "user", 5, public_total=50.0, sample_size=9.0, sample_size_variance=4.0)
+    assert known_total(user)[0] == (9.0, 4.0)
+    # A user-level public total counts the unbounded data, not what was noised: it is not the root.
+    assert known_total(FitInput(x, y, region, "user", 5, public_total=50.0))[0] is None
+    assert known_total(FitInput(x, y, region, "record", None, public_total=10.0))[0] == (10.0, 0.0)
+    # A paid size without its variance cannot be weighed: left out.
+    assert known_total(FitInput(x, y, region, "record", None, sample_size=9.0))[0] is None
+
+
+def test_cap_to_levels_drops_mass_the_coarse_counts_rule_out_and_leaves_the_rest():
+    """A block holding more than its level's combined count + c·σ is scaled down to that cap (mass dropped,
+    not moved); blocks under their caps are untouched."""
+    rng = np.random.default_rng(4)
+    counts = rng.poisson(rng.gamma(0.5, 10, (64, 64))).astype(float)
+    var = {4: 4.0, 16: 4.0, 64: 4.0}
+    noisy = {g: v + rng.laplace(0, np.sqrt(2.0), v.shape) for g, v in _levels_of(counts, (4, 16, 64)).items()}
+    grid = counts.copy()
+    grid[63, 0] += 5000.0  # a denoiser dumping mass into an empty corner cell
+    capped, dropped = cap_to_levels(grid, noisy, var, 3.0)
+    z, v = pyramid_upward(noisy, var)
+    for g in (4, 16):
+        b = 64 // g
+        sums = capped.reshape(g, b, g, b).sum(axis=(1, 3))
+        assert (sums <= np.maximum(z[g] + 3 * np.sqrt(v[g]), 0) + 1e-9).all()
+    assert dropped == pytest.approx(1 - capped.sum() / grid.sum())
+    assert capped[63, 0] < 0.05 * grid[63, 0]  # the dump is cut to its block's cap
+    # Blocks of the 16×16 level away from the corner block hold what they held.
+    untouched = np.ones((16, 16), dtype=bool)
+    untouched[15, 0] = False
+    mask = np.repeat(np.repeat(untouched, 4, 0), 4, 1)
+    np.testing.assert_allclose(capped[mask], counts[mask], rtol=0.05)
+    # Without the dump, an exact grid loses almost nothing at 3σ.
+    assert cap_to_levels(counts, noisy, var, 3.0)[1] < 0.02
 
 
 def test_pyramid_beats_a_flat_noisy_grid_on_sparse_hotspots():

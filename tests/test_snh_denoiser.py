@@ -152,6 +152,30 @@ def test_snh_with_a_denoiser_spends_only_the_pyramid(trained):
     assert any("public denoiser" in n for n in syn.privacy.notes)
 
 
+def test_denoised_snh_takes_the_paid_sample_size_into_its_total_and_caps_its_grid(trained):
+    """User level, scaled: the pyramid's total joins the paid n̂ (variance 0 here makes it exact), the
+    denoised grid is capped by its own levels' counts and the manifest says both; without the cap
+    (denoiser_cap_sigmas=None) the grid keeps the whole total."""
+    import dataclasses
+
+    _, path, _, _ = trained
+    base = _fit_input("boston")
+    data = dataclasses.replace(base, privacy_unit="user", max_points_per_user=5, sample_size=float(base.n) + 40.0,
+                               sample_size_variance=0.0)
+    syn = get_mechanism("snh", denoiser=str(path), **TINY).fit(data, 0.3, NoiseSource.seeded(2))
+    assert syn.config["estimated_total"] == pytest.approx(base.n + 40.0)
+    assert syn.config["signal"] == pytest.approx((base.n + 40.0) * 0.3 / 5)
+    notes = " ".join(syn.privacy.notes)
+    assert "already-paid sample size" in notes and "capped at their levels' combined counts + 3σ" in notes
+    assert syn.noisy.sum() <= base.n + 40.0 + 1e-6
+    uncapped = get_mechanism("snh", denoiser=str(path), denoiser_cap_sigmas=None, **TINY).fit(
+        data, 0.3, NoiseSource.seeded(2))
+    assert uncapped.noisy.sum() == pytest.approx(base.n + 40.0)
+    assert "capped" not in " ".join(uncapped.privacy.notes)
+    with pytest.raises(MechanismError, match="denoiser_cap_sigmas"):
+        get_mechanism("snh", denoiser_cap_sigmas=-1.0).check_params()
+
+
 def test_snh_applies_the_denoiser_at_a_finer_grid_when_asked(trained, tmp_path):
     """denoiser_grid=256: levels 16/64/256 take all of ε, the synopsis is a non-negative 256² grid (78 m
     cells on a 20 km region), and a saved one loads with the same answers."""
@@ -215,8 +239,10 @@ def test_answer_rules_combine_nets_and_denoised_grid(trained, tmp_path):
     _, path, _, _ = trained
     syn = get_mechanism("snh", denoiser=str(path), **TINY).fit(_fit_input("boston"), 0.5, NoiseSource.seeded(4))
     assert syn.config["answer"] == "blend"
-    # The signal is post-processing: the noisy grid's total × the pyramid's ε / the sensitivity (1).
-    assert syn.config["signal"] == pytest.approx(syn.noisy.sum() * 0.5)
+    # The signal is post-processing: the pyramid's estimated total (before the denoised grid's cap) × the
+    # pyramid's ε / the sensitivity (1).
+    assert syn.config["signal"] == pytest.approx(syn.config["estimated_total"] * 0.5)
+    assert syn.noisy.sum() <= syn.config["estimated_total"] * (1 + 1e-9)
     small_w, large_w = blend_nets_weights(syn.config["signal"])
     assert syn.config["nets_weights"] == [small_w, large_w]
     # This small release's large squares get a = ½ (signal < 1000); the check below needs two weights.

@@ -72,7 +72,7 @@ class AutoMechanism(Mechanism):
 
         cands = self._candidates()
         lo, hi = (float(v) for v in self.query_sides_m)
-        n, how, bounded = public_n_for_fit(data, acct, noise, self.total_fraction)
+        n, how, bounded, n_var = public_n_for_fit(data, acct, noise, self.total_fraction)
         choice = select_params(region=data.region, n=n, epsilon=acct.remaining, sensitivity=float(data.sensitivity),
                                privacy_unit=data.privacy_unit, max_points_per_user=data.max_points_per_user,
                                band=(lo, hi), mechanisms=cands, n_is_bounded=bounded, model_path=self.model_path)
@@ -82,7 +82,8 @@ class AutoMechanism(Mechanism):
         sub = Accountant(acct.remaining)
         # A paid estimate of the bounded sample's size is reused by the inner mechanism; a declared
         # public total stays what it is (the full count) and is not mistaken for the sample size.
-        inner_data = dataclasses.replace(data, sample_size=n) if bounded and data.sample_size is None else data
+        inner_data = (dataclasses.replace(data, sample_size=n, sample_size_variance=n_var)
+                      if bounded and data.sample_size is None else data)
         synopsis = inner._fit(inner_data, sub, noise)
         for c in sub.charges:
             acct.spend(f"{choice.mechanism}/{c.name}", c.epsilon, c.sensitivity, c.noise, c.note)

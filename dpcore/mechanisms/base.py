@@ -43,7 +43,8 @@ class FitInput:
     ``sample_size`` is a DP estimate of ``n`` (the points given here, after bounding) that the caller
     has *already paid for* (see dpcore.scaling); reusing it is post-processing. Mechanisms that need
     n (grid-size rules, ψ, ParamSelect) take it from here when set, else pay for their own estimate.
-    Never the raw n.
+    Never the raw n. ``sample_size_variance`` is its noise variance (public: it follows from the ε and
+    sensitivity it was paid with), for mechanisms that combine it with their own measurements.
     """
 
     x: np.ndarray
@@ -58,6 +59,7 @@ class FitInput:
     window_start_s: int | None = None
     public_total: float | None = None
     sample_size: float | None = None
+    sample_size_variance: float | None = None
 
     def __post_init__(self) -> None:
         check_privacy_unit(self.privacy_unit)

@@ -21,7 +21,11 @@ Method (only step 1 reads data):
    region, the pyramid is taken at the model's fixed grid (128², so no ρ and no paid n are needed) and
    its estimate is replaced by the model's output: a U-Net that has learned from simulated releases of
    public cities what a city's density looks like under this noise. Post-processing of the noisy
-   levels; the nets then learn from its output.
+   levels; the nets then learn from its output. Two guards, also post-processing: the pyramid's total
+   takes in the caller's already-paid sample size n̂ (user level: dpcore.scaling) or a record-level
+   ``public_total`` by inverse variance (:func:`known_total`), and the denoised grid's blocks are capped
+   at their own levels' combined counts + ``denoiser_cap_sigmas``·σ (:func:`cap_to_levels`), the
+   excess dropped; the manifest says how much.
 2. **Augmentation** (post-processing). For k_s query sides r_i = l + (u − l)(i + ½)/k_s over
    [l, u], the label of every grid-aligned square of side r_i (bottom-left corner on a cell corner)
    is the mass of the (noisy or pyramid) grid it covers: whole cells plus the uniformity share of partly covered cells,
@@ -166,23 +170,11 @@ def _check_workload(boxes, source: str) -> np.ndarray:
     return b
 
 
-def pyramid_estimate(noisy_levels: dict[int, np.ndarray], noise_var: dict[int, float],
-                     kappa: float = 1.0, total_floor: float = 1.0) -> np.ndarray:
-    """Combine noisy quadtree levels into one non-negative (G, G) estimate (post-processing only).
-
-    ``noisy_levels[g]`` is a (g, g) noisy histogram for some powers of two g ≤ G (G, the finest, must be
-    present); ``noise_var[g]`` its per-cell noise variance.
-
-    1. Upward pass (Hay et al.'s consistency, inverse-variance form): every node of every level up to
-       the root gets the best linear combination of its own measurement (when that level was measured)
-       and the sum of its four children's combined estimates, with the resulting variance.
-    2. Downward pass: a node's final estimate P is split among its children as their combined estimates
-       made to add up to P (the residual spread evenly), then each child's deviation d from the even
-       share P/4 is shrunk by the positive-part Wiener factor max(0, 1 − κ·σ_d²/d²) (σ_d² = ¾ of the
-       child's variance): structure that does not stand out from the noise is flattened, significant
-       structure — a dense block next to an empty one — is kept. Children are clipped at 0 and rescaled
-       to P, so no level adds or loses mass.
-    """
+def pyramid_upward(noisy_levels: dict[int, np.ndarray], noise_var: dict[int, float],
+                   ) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray]]:
+    """Hay et al.'s upward pass (inverse-variance form): for every level g from the finest up to the root,
+    the best linear combination z[g] of its own measurement (when that level was measured) and the sum
+    of its children's combined estimates, with its variance v[g] (post-processing)."""
     G = max(noisy_levels)
     if G & (G - 1) or any(g & (g - 1) for g in noisy_levels):
         raise MechanismError(f"pyramid levels must be powers of two, got {sorted(noisy_levels)}")
@@ -200,7 +192,39 @@ def pyramid_estimate(noisy_levels: dict[int, np.ndarray], noise_var: dict[int, f
         else:
             z[h], v[h] = agg, agg_var
         g = h
-    est = np.array([[max(float(z[1][0, 0]), total_floor)]])
+    return z, v
+
+
+def pyramid_estimate(noisy_levels: dict[int, np.ndarray], noise_var: dict[int, float],
+                     kappa: float = 1.0, total_floor: float = 1.0,
+                     total: tuple[float, float] | None = None) -> np.ndarray:
+    """Combine noisy quadtree levels into one non-negative (G, G) estimate (post-processing only).
+
+    ``noisy_levels[g]`` is a (g, g) noisy histogram for some powers of two g ≤ G (G, the finest, must be
+    present); ``noise_var[g]`` its per-cell noise variance.
+
+    1. Upward pass (:func:`pyramid_upward`): every node of every level up to the root gets the best
+       linear combination of its own measurement and the sum of its four children's, with its variance.
+    2. Downward pass: a node's final estimate P is split among its children as their combined estimates
+       made to add up to P (the residual spread evenly), then each child's deviation d from the even
+       share P/4 is shrunk by the positive-part Wiener factor max(0, 1 − κ·σ_d²/d²) (σ_d² = ¾ of the
+       child's variance): structure that does not stand out from the noise is flattened, significant
+       structure — a dense block next to an empty one — is kept. Children are clipped at 0 and rescaled
+       to P, so no level adds or loses mass.
+
+    ``total`` = (value, variance) is one more unbiased measurement of the grand total, independent of the
+    levels (a user-level release's paid sample size n̂, or a public count with variance 0); it joins the
+    root's combination with its inverse-variance weight. The levels' own root is poor at low signal: it
+    sums the noise of every coarsest cell (64 of them at G = 128), so at n·ε/s ≈ 50 it is off by ~100%
+    where n̂ paid with 10% of ε is off by ~25%.
+    """
+    G = max(noisy_levels)
+    z, v = pyramid_upward(noisy_levels, noise_var)
+    root, root_var = float(z[1][0, 0]), float(v[1][0, 0])
+    if total is not None:
+        value, variance = float(total[0]), float(total[1])
+        root = value if variance <= 0 else (root / root_var + value / variance) / (1 / root_var + 1 / variance)
+    est = np.array([[max(root, total_floor)]])
     g = 1
     while g < G:
         child = z[2 * g].reshape(g, 2, g, 2)
@@ -215,10 +239,36 @@ def pyramid_estimate(noisy_levels: dict[int, np.ndarray], noise_var: dict[int, f
     return est
 
 
+def cap_to_levels(grid: np.ndarray, noisy_levels: dict[int, np.ndarray], noise_var: dict[int, float],
+                  sigmas: float) -> tuple[np.ndarray, float]:
+    """Cap a (G, G) estimate's block sums at every measured coarser level g < G to z + sigmas·σ, z the
+    block's combined measurement (:func:`pyramid_upward`) and σ its standard deviation; the mass above the
+    caps is dropped, not moved (post-processing). Returns (capped grid, fraction of mass dropped).
+
+    The public denoiser outputs a distribution learned on other cities; where it puts more in a block
+    than the block's own noisy counts allow, the counts are the better witness. Moving the excess
+    elsewhere was tried and is worse: it lands in sparse blocks, where the relative error is largest.
+    """
+    z, v = pyramid_upward(noisy_levels, noise_var)
+    G = grid.shape[0]
+    out = np.asarray(grid, dtype=np.float64)
+    before = float(out.sum())
+    # Fine → coarse: a dump into one cell is cut at the smallest block that rules it out, so the larger
+    # block around it keeps its other cells' mass.
+    for g in sorted((k for k in noisy_levels if k < G), reverse=True):
+        b = G // g
+        have = block_sum(out, b)
+        cap = np.maximum(z[g] + sigmas * np.sqrt(v[g]), 0.0)
+        factor = np.where(have > cap, cap / np.maximum(have, 1e-300), 1.0)
+        out = out * np.repeat(np.repeat(factor, b, axis=0), b, axis=1)
+    return out, (1.0 - float(out.sum()) / before) if before > 0 else 0.0
+
+
 def release_pyramid(counts: dict[int, np.ndarray], sensitivity: float, level_epsilons: dict[int, float],
-                    noise: NoiseSource, kappa: float = 1.0,
+                    noise: NoiseSource, kappa: float = 1.0, total: tuple[float, float] | None = None,
                     ) -> tuple[np.ndarray, dict[int, np.ndarray], dict[int, float]]:
-    """Discrete Laplace noise at each level's ε (levels in the order given), then :func:`pyramid_estimate`.
+    """Discrete Laplace noise at each level's ε (levels in the order given), then :func:`pyramid_estimate`
+    (``total``: an independent measurement of the grand total, see there).
 
     Returns (estimate, noisy levels, per-cell noise variances). The one place SNH's pyramid is noised:
     releases call it with the ε their accountant granted, the public denoiser's training with simulated ε.
@@ -227,7 +277,7 @@ def release_pyramid(counts: dict[int, np.ndarray], sensitivity: float, level_eps
     for g, eps in level_epsilons.items():
         noisy[g] = noise.add_discrete_laplace(counts[g], sensitivity, eps).astype(np.float64)
         var[g] = discrete_laplace_variance(sensitivity / eps)
-    return pyramid_estimate(noisy, var, kappa), noisy, var
+    return pyramid_estimate(noisy, var, kappa, total=total), noisy, var
 
 
 def pyramid_size(side_m: float, rho_m: float) -> int:
@@ -272,11 +322,6 @@ BLEND_NETS_WEIGHT_SMALL = 0.5
 BLEND_LARGE_STEPS = ((8000.0, 0.0), (1000.0, 0.25))
 BLEND_NETS_WEIGHT_LOW_SIGNAL = 0.5
 
-#: Names the denoised snh's answer rule in ParamSelect's row cache, so changing it recomputes those rows.
-BLEND_RULE_KEY = "blend:" + ":".join(
-    f"{v:g}" for v in (BLEND_SMALL_SIDE_M, BLEND_NETS_WEIGHT_SMALL, *np.ravel(BLEND_LARGE_STEPS),
-                       BLEND_NETS_WEIGHT_LOW_SIGNAL))
-
 
 def blend_nets_weights(signal: float) -> tuple[float, float]:
     """The blend's nets weights (squares under 100 m, larger ones) for a release whose signal n̂·ε/s
@@ -294,10 +339,38 @@ DATA_COLLECTIONS = ("auto", "grid", "pyramid")
 #: default and 256 is for releases meant for small squares.
 DENOISER_GRIDS = (128, 256)
 
+#: The denoised grid's blocks at the measured coarser levels are capped at their combined noisy count + this
+#: many standard deviations (:func:`cap_to_levels`). At low signal the shipped denoiser dumps mass into a
+#: corner cell far from any data (Gowalla NYC user level, ε = 0.05: all 50 k points in one empty cell);
+#: the cap removes it. On the choosing cities (Gowalla sample Kansas City, Chicago, Boston, Los Angeles,
+#: which the denoiser never saw) and on NYC, record and user level, ε 0.05–1.6, 4 seeds, the capped grid
+#: was as good or better in every cell and band (bench/README.md, session 9). Tighter caps scored better
+#: still, but by dropping mass the denoiser had right (c = 1 drops 10% of NYC's record-level mass at
+#: ε = 0.05); at 3σ a block's own counts rule the excess out at ~99% one-sided (discrete Laplace tails).
+DENOISER_CAP_SIGMAS = 3.0
+
+#: Names the denoised snh's post-processing rules (answer blend, cap, the paid n̂ in the pyramid's root) in
+#: ParamSelect's row cache, so changing one recomputes those rows.
+DENOISED_RULES_KEY = "blend:" + ":".join(
+    f"{v:g}" for v in (BLEND_SMALL_SIDE_M, BLEND_NETS_WEIGHT_SMALL, *np.ravel(BLEND_LARGE_STEPS),
+                       BLEND_NETS_WEIGHT_LOW_SIGNAL)) + f"|cap:{DENOISER_CAP_SIGMAS:g}|root:sample_size"
+
 #: Pyramid levels as divisors of G (coarse → fine) and their shares of the budget (one definition, shared
 #: with the public denoiser that learns from simulated pyramids).
 PYRAMID_DIVISORS = LEVEL_DIVISORS
 PYRAMID_WEIGHTS = LEVEL_WEIGHTS
+
+
+def known_total(data: FitInput) -> tuple[tuple[float, float] | None, str]:
+    """An independent measurement (value, variance) of the noised points' total for the pyramid's root,
+    with a note for the manifest: a paid sample size the caller hands over, or at record level a public
+    total (the region's count, exact). None when there is neither, or a paid size comes without its variance."""
+    if data.sample_size is not None and data.sample_size_variance is not None:
+        return ((float(data.sample_size), float(data.sample_size_variance)),
+                "; its total joined by the already-paid sample size n̂ (inverse-variance)")
+    if data.sample_size is None and data.public_total is not None and data.privacy_unit == "record":
+        return (float(data.public_total), 0.0), "; its total set to public_total"
+    return None, ""
 
 
 def normalise_xy(xy: np.ndarray, region: Region) -> np.ndarray:
@@ -332,7 +405,8 @@ class SpatialNeuralHistogram(Mechanism):
                  total_fraction: float = 0.05, paramselect_model: str | None = None, device: str | None = None,
                  public_workload: str | None = None, public_workload_boxes: list | None = None,
                  data_collection: str = "auto", pyramid_kappa: float = 1.0, loss: str = "auto",
-                 denoiser: str = "auto", answer: str = "auto", denoiser_grid: int = DENOISER_GRID):
+                 denoiser: str = "auto", answer: str = "auto", denoiser_grid: int = DENOISER_GRID,
+                 denoiser_cap_sigmas: float | None = DENOISER_CAP_SIGMAS):
         self.cell_width_m = cell_width_m
         self.query_sides_m = query_sides_m
         self.n_sizes = n_sizes
@@ -355,6 +429,7 @@ class SpatialNeuralHistogram(Mechanism):
         self.denoiser = denoiser
         self.answer = answer
         self.denoiser_grid = denoiser_grid
+        self.denoiser_cap_sigmas = denoiser_cap_sigmas
 
     # -- step 1: the only step that reads data --------------------------------------------------
     def _choose_cell_width(self, data: FitInput, acct: Accountant, noise: NoiseSource) -> tuple[float, str]:
@@ -402,12 +477,13 @@ class SpatialNeuralHistogram(Mechanism):
         return model, why
 
     def _collect_pyramid(self, data: FitInput, acct: Accountant, noise: NoiseSource,
-                         rho: float, denoiser=None) -> tuple[np.ndarray, int, str]:
+                         rho: float, denoiser=None) -> tuple[np.ndarray, int, str, float]:
         """Noisy quadtree levels G/16, G/4, G (budget 1 : 2 : 2), combined by :func:`pyramid_estimate`.
 
         Each level is a partition of the region, so its L1 sensitivity is the per-unit bound; the levels
         compose sequentially and their ε add up to what is left. The combined (G, G) estimate replaces the
         flat noisy grid as the source of SNH's labels and of large-query answers (post-processing).
+        Returns (estimate, G, note, the estimated total before the denoised grid's cap).
         """
         s = float(data.sensitivity)
         G = int(self.denoiser_grid) if denoiser is not None else pyramid_size(data.region.side_m, rho)
@@ -421,13 +497,20 @@ class SpatialNeuralHistogram(Mechanism):
             level_eps[g] = acct.spend_rest(f"pyramid_{g}", s, note=note) if i == len(levels) - 1 \
                 else acct.spend(f"pyramid_{g}", total * share, s, note=note)
         counts = {g: grid_counts(data.x, data.y, data.region.bounds_m, g, g) for g in levels}
-        est, noisy_levels, noise_var = release_pyramid(counts, s, level_eps, noise, float(self.pyramid_kappa))
+        total, total_note = known_total(data)
+        est, noisy_levels, noise_var = release_pyramid(counts, s, level_eps, noise, float(self.pyramid_kappa),
+                                                       total=total)
         note = (f"data collection: noisy pyramid {levels} (ε shares {list(PYRAMID_WEIGHTS)}), combined "
-                f"by inverse-variance consistency and Wiener shrinkage (κ={self.pyramid_kappa:g})")
+                f"by inverse-variance consistency and Wiener shrinkage (κ={self.pyramid_kappa:g}){total_note}")
+        estimated_total = float(est.sum())
         if denoiser is not None:
             est = denoise(denoiser, est, noisy_levels, noise_var)
             note += "; then the public denoiser (post-processing of the noisy levels)"
-        return est, G, note
+            if self.denoiser_cap_sigmas is not None:
+                est, dropped = cap_to_levels(est, noisy_levels, noise_var, float(self.denoiser_cap_sigmas))
+                note += (f", its blocks capped at their levels' combined counts + {self.denoiser_cap_sigmas:g}σ "
+                         f"({dropped:.1%} of the mass dropped)")
+        return est, G, note, estimated_total
 
     def check_params(self) -> None:
         if self.loss not in LOSSES:
@@ -442,6 +525,9 @@ class SpatialNeuralHistogram(Mechanism):
             raise MechanismError(f"data_collection must be 'auto', 'grid' or 'pyramid', got {self.data_collection!r}")
         if self.answer not in ANSWER_RULES:
             raise MechanismError(f"answer must be one of {list(ANSWER_RULES)}, got {self.answer!r}")
+        if self.denoiser_cap_sigmas is not None and not (
+                isinstance(self.denoiser_cap_sigmas, (int, float)) and self.denoiser_cap_sigmas >= 0):
+            raise MechanismError(f"denoiser_cap_sigmas must be a number ≥ 0 or None, got {self.denoiser_cap_sigmas!r}")
         if self.denoiser_grid not in DENOISER_GRIDS:
             raise MechanismError(f"denoiser_grid must be one of {list(DENOISER_GRIDS)}, got {self.denoiser_grid!r}")
         if self.denoiser_grid != DENOISER_GRID and (self.denoiser == "none" or self.cell_width_m is not None
@@ -495,25 +581,27 @@ class SpatialNeuralHistogram(Mechanism):
                                   note=f"{m}x{m} grid (ρ={side / m:.1f} m); disjoint cells, L1 sensitivity = "
                                        "per-unit contribution bound")
             noisy = noise.add_discrete_laplace(counts, data.sensitivity, eps).astype(np.float64)
+            noisy_total = float(noisy.sum())
             collection_note = "data collection: one flat noisy grid (the paper's)"
         else:  # "pyramid"
-            noisy, m, collection_note = self._collect_pyramid(data, acct, noise, rho, denoiser)
+            noisy, m, collection_note, noisy_total = self._collect_pyramid(data, acct, noise, rho, denoiser)
         # ---- everything below is post-processing of `noisy` ----
         if data.sample_size is not None:
             n_hat = float(data.sample_size)
         elif data.public_total is not None:
             n_hat = float(data.public_total)
         else:
-            n_hat = max(float(noisy.sum()), 1.0)
+            n_hat = max(noisy_total, 1.0)
         psi = PSI_FRACTION * n_hat
         # The sine layer's frequency sets the finest detail the nets can draw; scale it with the grid
         # (ω₀ ≈ m/6: ~8 for a 50-cell grid, tuned on Gowalla NYC and synthetic bumps) unless given.
         omega0 = float(self.omega0) if self.omega0 is not None else float(np.clip(m / 6.0, 4.0, 40.0))
         loss = self.loss if self.loss != "auto" else ("relative_l1" if collection == "pyramid" else "paper")
         answer_rule = self.answer if self.answer != "auto" else ("blend" if denoiser is not None else "nets")
-        # The grid's own total (post-processing) is the size of the data the noise was added to: the
-        # bounded sample at user level, which n̂ for ψ need not be (public_total is the full data's).
-        signal = max(float(noisy.sum()), 1.0) * collection_eps / float(data.sensitivity)
+        # The collection's estimated total (post-processing; before the denoised grid's cap) is the size of
+        # the data the noise was added to: the bounded sample at user level, which n̂ for ψ need not be
+        # (public_total is the full data's).
+        signal = max(noisy_total, 1.0) * collection_eps / float(data.sensitivity)
         nets_weights = {"geometric": GEOMETRIC_NETS_WEIGHTS, "blend": blend_nets_weights(signal)}.get(answer_rule)
         if nets_weights is not None:
             answer_note = (f"queries up to {hi:g} m answered by {answer_rule}: nets^a · grid^(1−a) with a = "
@@ -544,7 +632,7 @@ class SpatialNeuralHistogram(Mechanism):
                   "omega0": omega0, "label_scales": scales.tolist(), "grid_size": m,
                   "cell_width_m": side / m, "psi": psi, "query_sides_m": [lo, hi], "training": train,
                   "data_collection": collection, "loss": loss, "denoised": denoiser is not None,
-                  "answer": answer_rule, "signal": signal}
+                  "answer": answer_rule, "signal": signal, "estimated_total": noisy_total}
         if nets_weights is not None:
             config["nets_weights"] = list(nets_weights)
         return SNHSynopsis(noisy, net, config, data.region, privacy)
