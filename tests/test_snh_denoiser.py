@@ -172,8 +172,9 @@ def test_denoised_snh_takes_the_paid_sample_size_into_its_total_and_caps_its_gri
         data, 0.3, NoiseSource.seeded(2))
     assert uncapped.noisy.sum() == pytest.approx(base.n + 40.0)
     assert "capped" not in " ".join(uncapped.privacy.notes)
-    with pytest.raises(MechanismError, match="denoiser_cap_sigmas"):
-        get_mechanism("snh", denoiser_cap_sigmas=-1.0).check_params()
+    for bad in (-1.0, "none", True, float("nan")):
+        with pytest.raises(MechanismError, match="denoiser_cap_sigmas"):
+            get_mechanism("snh", denoiser_cap_sigmas=bad).check_params()
 
 
 def test_snh_applies_the_denoiser_at_a_finer_grid_when_asked(trained, tmp_path):

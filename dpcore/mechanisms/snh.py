@@ -525,8 +525,8 @@ class SpatialNeuralHistogram(Mechanism):
             raise MechanismError(f"data_collection must be 'auto', 'grid' or 'pyramid', got {self.data_collection!r}")
         if self.answer not in ANSWER_RULES:
             raise MechanismError(f"answer must be one of {list(ANSWER_RULES)}, got {self.answer!r}")
-        if self.denoiser_cap_sigmas is not None and not (
-                isinstance(self.denoiser_cap_sigmas, (int, float)) and self.denoiser_cap_sigmas >= 0):
+        cap = self.denoiser_cap_sigmas
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap >= 0):
             raise MechanismError(f"denoiser_cap_sigmas must be a number ≥ 0 or None, got {self.denoiser_cap_sigmas!r}")
         if self.denoiser_grid not in DENOISER_GRIDS:
             raise MechanismError(f"denoiser_grid must be one of {list(DENOISER_GRIDS)}, got {self.denoiser_grid!r}")
