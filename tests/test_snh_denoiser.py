@@ -172,6 +172,9 @@ def test_denoised_snh_takes_the_paid_sample_size_into_its_total_and_caps_its_gri
         data, 0.3, NoiseSource.seeded(2))
     assert uncapped.noisy.sum() == pytest.approx(base.n + 40.0)
     assert "capped" not in " ".join(uncapped.privacy.notes)
+    # The plain pyramid (no denoiser) keeps its own total: ParamSelect's rows for it were measured so.
+    plain = get_mechanism("snh", denoiser="none", **TINY).fit(data, 0.3, NoiseSource.seeded(2))
+    assert "already-paid sample size n̂ (inverse-variance)" not in " ".join(plain.privacy.notes)
     for bad in (-1.0, "none", True, float("nan")):
         with pytest.raises(MechanismError, match="denoiser_cap_sigmas"):
             get_mechanism("snh", denoiser_cap_sigmas=bad).check_params()

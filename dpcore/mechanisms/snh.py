@@ -21,7 +21,7 @@ Method (only step 1 reads data):
    region, the pyramid is taken at the model's fixed grid (128², so no ρ and no paid n are needed) and
    its estimate is replaced by the model's output: a U-Net that has learned from simulated releases of
    public cities what a city's density looks like under this noise. Post-processing of the noisy
-   levels; the nets then learn from its output. Two guards, also post-processing: the pyramid's total
+   levels; the nets then learn from its output. Two guards with the denoiser, also post-processing: the pyramid's total
    takes in the caller's already-paid sample size n̂ (user level: dpcore.scaling) or a record-level
    ``public_total`` by inverse variance (:func:`known_total`), and the denoised grid's blocks are capped
    at their own levels' combined counts + ``denoiser_cap_sigmas``·σ (:func:`cap_to_levels`), the
@@ -497,7 +497,9 @@ class SpatialNeuralHistogram(Mechanism):
             level_eps[g] = acct.spend_rest(f"pyramid_{g}", s, note=note) if i == len(levels) - 1 \
                 else acct.spend(f"pyramid_{g}", total * share, s, note=note)
         counts = {g: grid_counts(data.x, data.y, data.region.bounds_m, g, g) for g in levels}
-        total, total_note = known_total(data)
+        # Only the denoised path takes in a known total: ParamSelect's rows of the plain pyramid were
+        # measured without it (their cache key does not name it).
+        total, total_note = known_total(data) if denoiser is not None else (None, "")
         est, noisy_levels, noise_var = release_pyramid(counts, s, level_eps, noise, float(self.pyramid_kappa),
                                                        total=total)
         note = (f"data collection: noisy pyramid {levels} (ε shares {list(PYRAMID_WEIGHTS)}), combined "
