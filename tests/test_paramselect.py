@@ -356,6 +356,9 @@ def test_identity_takes_its_cell_width_from_paramselect_when_asked(small_model):
     assert expected != 100.0  # not the fixed default width
     side = max(1, round(region.side_m / expected))
     assert syn.values.shape == (side, side)
+    # The manifest's params keep "auto" and name the width used.
+    assert syn.privacy.params["cell_width_m"] == "auto"
+    assert syn.privacy.params["chosen_cell_width_m"] == pytest.approx(region.side_m / side)
     public = get_mechanism("identity", cell_width_m="auto", paramselect_model=str(path)).fit(
         dataclasses.replace(data, public_total=float(x.size)), 0.4, NoiseSource.seeded(3))
     assert [c["name"] for c in public.privacy.charges] == ["cell_counts"]  # a public n costs nothing

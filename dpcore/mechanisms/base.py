@@ -125,7 +125,7 @@ class Mechanism(ABC):
 
     def privacy_info(self, data: FitInput, acct: Accountant, noise: NoiseSource,
                      notes: list[str] | None = None, params: dict | None = None) -> PrivacyInfo:
-        return PrivacyInfo(self.name, params if params is not None else _jsonable(self.get_params()),
+        return PrivacyInfo(self.name, _jsonable(params if params is not None else self.get_params()),
                            acct.epsilon, acct.to_list(), data.privacy_unit, float(data.sensitivity),
                            data.max_points_per_user if data.privacy_unit == "user" else None,
                            noise.description, list(notes or []))

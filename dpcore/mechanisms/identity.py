@@ -89,5 +89,9 @@ class IdentityGrid(Mechanism):
         notes.append("negatives clamped to 0" if self.clamp_negative else "negatives kept (unbiased range sums)")
         if self.clamp_negative:
             noisy = np.maximum(noisy, 0.0)
-        return GridSynopsis(noisy, data.region, self.privacy_info(data, acct, noise, notes),
+        params = self.get_params()
+        if self._width_from_paramselect() and self.grid_size is None:
+            # "auto" alone would not say which width the release used.
+            params["chosen_cell_width_m"] = data.region.side_m / m
+        return GridSynopsis(noisy, data.region, self.privacy_info(data, acct, noise, notes, params=params),
                             {"grid_size": m, "cell_width_m": data.region.side_m / m})
