@@ -29,6 +29,12 @@ def block_sum(a: np.ndarray, s: int, *, pad: bool = False) -> np.ndarray:
     return a[:bx * s, :by * s].reshape(bx, s, by, s, *a.shape[2:]).sum(axis=(1, 3))
 
 
+def expand(a: np.ndarray, b: int) -> np.ndarray:
+    """Repeat each cell of a into a b × b block over the first two axes (parent value broadcast to its
+    children; the inverse of :func:`block_sum`'s shape change)."""
+    return np.repeat(np.repeat(a, b, axis=0), b, axis=1)
+
+
 def shrink_factor(deviation: np.ndarray, variance: np.ndarray | float, kappa: float) -> np.ndarray:
     """Positive-part Wiener factor max(0, 1 − κ·σ²/d²) of a deviation d with noise variance σ²: 0 where d
     looks like noise (|d| ≤ √κ·σ), towards 1 where it stands far out of it."""

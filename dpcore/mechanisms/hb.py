@@ -35,7 +35,7 @@ import math
 import numpy as np
 
 from dpcore.budget import Accountant
-from dpcore.histogram import block_sum, grid_counts
+from dpcore.histogram import block_sum, expand, grid_counts
 from dpcore.mechanisms.base import FitInput, Mechanism, MechanismError
 from dpcore.mechanisms.ug import DEFAULT_C, MAX_RASTER, check_fraction, grid_size_rule, private_total
 from dpcore.noise import NoiseSource, discrete_laplace_variance
@@ -52,11 +52,6 @@ def level_budgets(epsilon: float, h: int, b: int, split: str) -> list[float]:
         return [epsilon / h] * h
     weights = np.array([(b * b) ** (-(h - 1 - lvl) / 6.0) for lvl in range(h)])
     return list(epsilon * weights / weights.sum())
-
-
-def expand(a: np.ndarray, b: int) -> np.ndarray:
-    """Repeat each cell of a into a b × b block (parent value broadcast to its children)."""
-    return np.repeat(np.repeat(a, b, axis=0), b, axis=1)
 
 
 def hierarchy_consistency(noisy: list[np.ndarray], variances: list[float], b: int) -> list[np.ndarray]:

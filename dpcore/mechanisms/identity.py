@@ -90,7 +90,7 @@ class IdentityGrid(Mechanism):
         if self.clamp_negative:
             noisy = np.maximum(noisy, 0.0)
         params = self.get_params()
-        if self._width_from_paramselect() and self.grid_size is None:
+        if self._width_from_paramselect():
             # "auto" alone would not say which width the release used.
             params["chosen_cell_width_m"] = data.region.side_m / m
         return GridSynopsis(noisy, data.region, self.privacy_info(data, acct, noise, notes, params=params),

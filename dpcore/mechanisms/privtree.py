@@ -34,9 +34,8 @@ import math
 import numpy as np
 
 from dpcore.budget import Accountant
-from dpcore.histogram import block_sum, grid_counts
+from dpcore.histogram import block_sum, expand, grid_counts
 from dpcore.mechanisms.base import FitInput, Mechanism, MechanismError
-from dpcore.mechanisms.hb import expand
 from dpcore.mechanisms.ug import check_fraction
 from dpcore.noise import NoiseSource
 from dpcore.synopsis import GridSynopsis

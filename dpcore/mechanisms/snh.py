@@ -62,7 +62,15 @@ import torch
 
 from dpcore.budget import Accountant
 from dpcore.geo import Region
-from dpcore.histogram import answer_boxes, block_sum, grid_counts, prefix_sums, shrink_factor, split_to_parent
+from dpcore.histogram import (
+    answer_boxes,
+    block_sum,
+    expand,
+    grid_counts,
+    prefix_sums,
+    shrink_factor,
+    split_to_parent,
+)
 from dpcore.mechanisms.base import FitInput, Mechanism, MechanismError
 from dpcore.mechanisms.ug import check_fraction
 from dpcore.models.pyramid_denoiser import (
@@ -260,7 +268,7 @@ def cap_to_levels(grid: np.ndarray, noisy_levels: dict[int, np.ndarray], noise_v
         have = block_sum(out, b)
         cap = np.maximum(z[g] + sigmas * np.sqrt(v[g]), 0.0)
         factor = np.where(have > cap, cap / np.maximum(have, 1e-300), 1.0)
-        out = out * np.repeat(np.repeat(factor, b, axis=0), b, axis=1)
+        out = out * expand(factor, b)
     return out, (1.0 - float(out.sum()) / before) if before > 0 else 0.0
 
 

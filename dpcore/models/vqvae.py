@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dpcore.histogram import block_sum, shrink_factor, split_to_parent
+from dpcore.histogram import block_sum, expand, shrink_factor, split_to_parent
 
 Progress = Callable[[int, int, str], None]
 logger = logging.getLogger(__name__)
@@ -307,9 +307,9 @@ def residual_wiener(noisy: np.ndarray, denoised: np.ndarray, noise_std: float, w
             continue
         pos = np.pad(np.maximum(current, 0.0), ((0, px), (0, py), (0, 0)))
         pos_block = block_sum(pos, s)
-        up = np.repeat(np.repeat(pos_block, s, axis=0), s, axis=1)
+        up = expand(pos_block, s)
         share = np.where(up > 0, pos / np.where(up > 0, up, 1.0), 1.0 / (s * s))
-        current += (np.repeat(np.repeat(kept, s, axis=0), s, axis=1) * share)[:nx, :ny]
+        current += (expand(kept, s) * share)[:nx, :ny]
     return current
 
 
@@ -328,7 +328,7 @@ def nonnegative_keep_block_mass(values: np.ndarray, block: int) -> np.ndarray:
     target = np.maximum(block_sum(v, block, pad=True), 0.0)
     have = block_sum(pos, block, pad=True)
     factor = np.divide(target, have, out=np.zeros_like(have), where=have > 0)
-    return pos * np.repeat(np.repeat(factor, block, axis=0), block, axis=1)[:nx, :ny]
+    return pos * expand(factor, block)[:nx, :ny]
 
 
 def _random_crops(data: torch.Tensor, n: int, crop: int, rng: np.random.Generator) -> torch.Tensor:
