@@ -180,6 +180,35 @@ def test_denoised_snh_takes_the_paid_sample_size_into_its_total_and_caps_its_gri
             get_mechanism("snh", denoiser_cap_sigmas=bad).check_params()
 
 
+def test_snh_skips_the_denoiser_where_the_signal_is_large(trained, monkeypatch):
+    """At or above denoiser_max_signal the plain pyramid estimate is the grid: the denoiser is not run,
+    the release says so and records it, and the answers still come from the blend. Bad thresholds are refused before any budget is spent."""
+    import dpcore.mechanisms.snh as snh
+
+    _, path, _, _ = trained
+    data = _fit_input("boston")
+    signal = data.n * 0.3  # record level: s = 1, and the pyramid's total is close to n
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the denoiser ran")
+
+    monkeypatch.setattr(snh, "denoise", refuse)
+    syn = get_mechanism("snh", denoiser=str(path), denoiser_max_signal=0.5 * signal, **TINY).fit(
+        data, 0.3, NoiseSource.seeded(1))
+    assert not syn.config["denoised"] and syn.config["grid_size"] == DENOISER_GRID
+    assert syn.config["answer"] == "blend"
+    assert syn.config["nets_weights"] == list(snh.blend_nets_weights(syn.config["signal"]))
+    notes = " ".join(syn.privacy.notes)
+    assert "public denoiser not applied" in notes and "capped" not in notes
+    assert [c["name"] for c in syn.privacy.charges] == ["pyramid_8", "pyramid_32", "pyramid_128"]
+    with pytest.raises(AssertionError, match="the denoiser ran"):
+        get_mechanism("snh", denoiser=str(path), denoiser_max_signal=2.0 * signal, **TINY).fit(
+            data, 0.3, NoiseSource.seeded(1))
+    for bad in (0.0, -5.0, "big", True, float("nan")):
+        with pytest.raises(MechanismError, match="denoiser_max_signal"):
+            get_mechanism("snh", denoiser_max_signal=bad).check_params()
+
+
 def test_snh_applies_the_denoiser_at_a_finer_grid_when_asked(trained, tmp_path):
     """denoiser_grid=256: levels 16/64/256 take all of ε, the synopsis is a non-negative 256² grid (78 m
     cells on a 20 km region), and a saved one loads with the same answers."""

@@ -25,7 +25,9 @@ Method (only step 1 reads data):
    takes in the caller's already-paid sample size n̂ (user level: dpcore.scaling) or a record-level
    ``public_total`` by inverse variance (:func:`known_total`), and the denoised grid's blocks are capped
    at their own levels' combined counts + ``denoiser_cap_sigmas``·σ (:func:`cap_to_levels`), the
-   excess dropped; the manifest says how much.
+   excess dropped; the manifest says how much. The denoiser is applied only while the release's signal
+   n̂·ε/s is below ``denoiser_max_signal`` (:data:`DENOISER_MAX_SIGNAL`): above it the counts alone
+   resolve the density better, and the plain pyramid estimate at the model's grid is kept.
 2. **Augmentation** (post-processing). For k_s query sides r_i = l + (u − l)(i + ½)/k_s over
    [l, u], the label of every grid-aligned square of side r_i (bottom-left corner on a cell corner)
    is the mass of the (noisy or pyramid) grid it covers: whole cells plus the uniformity share of partly covered cells,
@@ -357,11 +359,21 @@ DENOISER_GRIDS = (128, 256)
 #: ε = 0.05); at 3σ a block's own counts rule the excess out at ~99% one-sided (discrete Laplace tails).
 DENOISER_CAP_SIGMAS = 3.0
 
+#: The denoiser is applied only below this signal n̂·ε/s (the pyramid's estimated total × the collection's ε
+#: over the sensitivity); at or above it the plain pyramid estimate is the grid. Where the counts pin the
+#: density down, the denoiser's learned prior only adds bias: on 1–5 km squares the plain estimate was
+#: better in every release above ~14,000 (×0.40–0.98) and on 100–1000 m ones above ~25,000 (×0.87–1.00),
+#: and no worse on 25–100 m. Chosen with a denoiser not trained on them on the SF taxis (1% and 4% of the
+#: fleet), the Gowalla sample's Austin and San Francisco, and with the shipped one on the choosing cities
+#: and Gowalla NYC; record level, ε 0.05–1.6, 3 seeds (bench/README.md, session 10). User-level releases
+#: of these data stay far below it.
+DENOISER_MAX_SIGNAL = 25_000.0
+
 #: Names the denoised snh's post-processing rules (answer blend, cap, the paid n̂ in the pyramid's root) in
 #: ParamSelect's row cache, so changing one recomputes those rows.
 DENOISED_RULES_KEY = "blend:" + ":".join(
     f"{v:g}" for v in (BLEND_SMALL_SIDE_M, BLEND_NETS_WEIGHT_SMALL, *np.ravel(BLEND_LARGE_STEPS),
-                       BLEND_NETS_WEIGHT_LOW_SIGNAL)) + f"|cap:{DENOISER_CAP_SIGMAS:g}|root:sample_size"
+                       BLEND_NETS_WEIGHT_LOW_SIGNAL)) + f"|cap:{DENOISER_CAP_SIGMAS:g}|root:sample_size|max_signal:{DENOISER_MAX_SIGNAL:g}"
 
 #: Pyramid levels as divisors of G (coarse → fine) and their shares of the budget (one definition, shared
 #: with the public denoiser that learns from simulated pyramids).
@@ -414,7 +426,8 @@ class SpatialNeuralHistogram(Mechanism):
                  public_workload: str | None = None, public_workload_boxes: list | None = None,
                  data_collection: str = "auto", pyramid_kappa: float = 1.0, loss: str = "auto",
                  denoiser: str = "auto", answer: str = "auto", denoiser_grid: int = DENOISER_GRID,
-                 denoiser_cap_sigmas: float | None = DENOISER_CAP_SIGMAS):
+                 denoiser_cap_sigmas: float | None = DENOISER_CAP_SIGMAS,
+                 denoiser_max_signal: float | None = DENOISER_MAX_SIGNAL):
         self.cell_width_m = cell_width_m
         self.query_sides_m = query_sides_m
         self.n_sizes = n_sizes
@@ -438,6 +451,7 @@ class SpatialNeuralHistogram(Mechanism):
         self.answer = answer
         self.denoiser_grid = denoiser_grid
         self.denoiser_cap_sigmas = denoiser_cap_sigmas
+        self.denoiser_max_signal = denoiser_max_signal
 
     # -- step 1: the only step that reads data --------------------------------------------------
     def _choose_cell_width(self, data: FitInput, acct: Accountant, noise: NoiseSource) -> tuple[float, str]:
@@ -485,25 +499,26 @@ class SpatialNeuralHistogram(Mechanism):
         return model, why
 
     def _collect_pyramid(self, data: FitInput, acct: Accountant, noise: NoiseSource,
-                         rho: float, denoiser=None) -> tuple[np.ndarray, int, str, float]:
+                         rho: float, denoiser=None) -> tuple[np.ndarray, int, str, float, bool]:
         """Noisy quadtree levels G/16, G/4, G (budget 1 : 2 : 2), combined by :func:`pyramid_estimate`.
 
         Each level is a partition of the region, so its L1 sensitivity is the per-unit bound; the levels
         compose sequentially and their ε add up to what is left. The combined (G, G) estimate replaces the
         flat noisy grid as the source of SNH's labels and of large-query answers (post-processing).
-        Returns (estimate, G, note, the estimated total before the denoised grid's cap).
+        Returns (estimate, G, note, the estimated total before the denoised grid's cap, whether the public
+        denoiser was applied).
         """
         s = float(data.sensitivity)
         G = int(self.denoiser_grid) if denoiser is not None else pyramid_size(data.region.side_m, rho)
         levels = [max(1, G // d) for d in PYRAMID_DIVISORS]
         weights = np.asarray(PYRAMID_WEIGHTS, dtype=np.float64)
-        total = acct.remaining
+        collection_eps = acct.remaining
         level_eps = {}
         for i, (g, share) in enumerate(zip(levels, weights / weights.sum(), strict=True)):
             note = (f"pyramid level {g}x{g} ({data.region.side_m / g:.0f} m cells); disjoint cells, L1 "
                     "sensitivity = per-unit contribution bound")
             level_eps[g] = acct.spend_rest(f"pyramid_{g}", s, note=note) if i == len(levels) - 1 \
-                else acct.spend(f"pyramid_{g}", total * share, s, note=note)
+                else acct.spend(f"pyramid_{g}", collection_eps * share, s, note=note)
         counts = {g: grid_counts(data.x, data.y, data.region.bounds_m, g, g) for g in levels}
         # Only the denoised path takes in a known total: ParamSelect's rows of the plain pyramid were
         # measured without it (their cache key does not name it).
@@ -513,14 +528,19 @@ class SpatialNeuralHistogram(Mechanism):
         note = (f"data collection: noisy pyramid {levels} (ε shares {list(PYRAMID_WEIGHTS)}), combined "
                 f"by inverse-variance consistency and Wiener shrinkage (κ={self.pyramid_kappa:g}){total_note}")
         estimated_total = float(est.sum())
-        if denoiser is not None:
+        signal = max(estimated_total, 1.0) * collection_eps / s
+        if denoiser is not None and self.denoiser_max_signal is not None and signal >= self.denoiser_max_signal:
+            note += (f"; the public denoiser not applied: signal n̂·ε/s = {signal:,.0f} ≥ "
+                     f"{self.denoiser_max_signal:,.0f}, where the counts alone resolve the density better")
+            denoiser = None
+        elif denoiser is not None:
             est = denoise(denoiser, est, noisy_levels, noise_var)
             note += "; then the public denoiser (post-processing of the noisy levels)"
             if self.denoiser_cap_sigmas is not None:
                 est, dropped = cap_to_levels(est, noisy_levels, noise_var, float(self.denoiser_cap_sigmas))
                 note += (f", its blocks capped at their levels' combined counts + {self.denoiser_cap_sigmas:g}σ "
                          f"({dropped:.1%} of the mass dropped)")
-        return est, G, note, estimated_total
+        return est, G, note, estimated_total, denoiser is not None
 
     def check_params(self) -> None:
         if self.loss not in LOSSES:
@@ -538,6 +558,9 @@ class SpatialNeuralHistogram(Mechanism):
         cap = self.denoiser_cap_sigmas
         if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap >= 0):
             raise MechanismError(f"denoiser_cap_sigmas must be a number ≥ 0 or None, got {self.denoiser_cap_sigmas!r}")
+        top = self.denoiser_max_signal
+        if top is not None and (isinstance(top, bool) or not isinstance(top, (int, float)) or not top > 0):
+            raise MechanismError(f"denoiser_max_signal must be a number > 0 or None, got {self.denoiser_max_signal!r}")
         if self.denoiser_grid not in DENOISER_GRIDS:
             raise MechanismError(f"denoiser_grid must be one of {list(DENOISER_GRIDS)}, got {self.denoiser_grid!r}")
         if self.denoiser_grid != DENOISER_GRID and (self.denoiser == "none" or self.cell_width_m is not None
@@ -593,8 +616,9 @@ class SpatialNeuralHistogram(Mechanism):
             noisy = noise.add_discrete_laplace(counts, data.sensitivity, eps).astype(np.float64)
             noisy_total = float(noisy.sum())
             collection_note = "data collection: one flat noisy grid (the paper's)"
+            denoised = False
         else:  # "pyramid"
-            noisy, m, collection_note, noisy_total = self._collect_pyramid(data, acct, noise, rho, denoiser)
+            noisy, m, collection_note, noisy_total, denoised = self._collect_pyramid(data, acct, noise, rho, denoiser)
         # ---- everything below is post-processing of `noisy` ----
         if data.sample_size is not None:
             n_hat = float(data.sample_size)
@@ -641,7 +665,7 @@ class SpatialNeuralHistogram(Mechanism):
         config = {"sides_m": sides.tolist(), "hidden": int(self.hidden), "depth": int(self.depth),
                   "omega0": omega0, "label_scales": scales.tolist(), "grid_size": m,
                   "cell_width_m": side / m, "psi": psi, "query_sides_m": [lo, hi], "training": train,
-                  "data_collection": collection, "loss": loss, "denoised": denoiser is not None,
+                  "data_collection": collection, "loss": loss, "denoised": denoised,
                   "answer": answer_rule, "signal": signal, "estimated_total": noisy_total}
         if nets_weights is not None:
             config["nets_weights"] = list(nets_weights)
