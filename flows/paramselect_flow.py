@@ -131,8 +131,9 @@ def holdout_config(p: TrainParams, slow: list[str], city: str) -> dict | None:
     path = Path(p.holdout_denoiser) if p.holdout_denoiser else None
     if path is None or not path.exists() or not usable_for(load_meta(path), city_region(city))[0]:
         return None
+    # Denoised rows, so the denoised snh's post-processing rules are part of their key too.
     return {**search_config(p, slow, city), "snh_denoiser": model_fingerprint(path),
-            "mechanism_params": {"snh": {"denoiser": str(path)}}}
+            "snh_answer": DENOISED_RULES_KEY, "mechanism_params": {"snh": {"denoiser": str(path)}}}
 
 
 def snh_configs(p: TrainParams, slow: list[str], city: str) -> list[tuple[dict, bool]]:

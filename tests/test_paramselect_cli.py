@@ -186,6 +186,7 @@ def test_cities_the_shipped_denoiser_learned_from_get_denoised_rows_from_the_hol
     """Austin overlaps the shipped denoiser's training regions; a hold-out denoiser trained elsewhere
     gives its denoised SNH rows (tagged, keyed on that model), and none is used where it overlaps too."""
     from dpcore.geo import city_region
+    from dpcore.mechanisms.snh import DENOISED_RULES_KEY
     from dpcore.models.pyramid_denoiser import (
         PyramidDenoiser,
         model_fingerprint,
@@ -203,5 +204,6 @@ def test_cities_the_shipped_denoiser_learned_from_get_denoised_rows_from_the_hol
     assert "mechanism_params" not in plain and "snh_denoiser" not in plain  # snh's default skips the shipped one
     assert held["mechanism_params"] == {"snh": {"denoiser": str(hold)}}
     assert held["snh_denoiser"] == model_fingerprint(hold)
+    assert held["snh_answer"] == DENOISED_RULES_KEY  # a rule change recomputes these rows too
     assert [d for _, d in snh_configs(p, ["snh"], "tulsa")] == [False]  # the hold-out model learned tulsa
     assert [d for _, d in snh_configs(TrainParams(holdout_denoiser=None), ["snh"], "austin")] == [False]
