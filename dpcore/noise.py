@@ -136,8 +136,9 @@ def _words_to_open_uniform(words: np.ndarray) -> np.ndarray:
 
 def discrete_laplace_pmf(x: np.ndarray, scale: float) -> np.ndarray:
     """Exact pmf of the discrete Laplace law, for tests and accounting."""
-    t = np.exp(-1.0 / scale)
-    return (1 - t) / (1 + t) * t ** np.abs(np.asarray(x, dtype=np.float64))
+    # (1 − t)/(1 + t) = tanh(1/(2·scale)) and t^|x| = exp(−|x|/scale), t = exp(−1/scale): the direct form
+    # loses the digits of 1 − t at large scales, as discrete_laplace_variance explains.
+    return np.tanh(0.5 / scale) * np.exp(-np.abs(np.asarray(x, dtype=np.float64)) / scale)
 
 
 def discrete_laplace_variance(scale: float) -> float:

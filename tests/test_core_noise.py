@@ -96,6 +96,23 @@ def test_variance_is_stable_for_large_scales(scale):
     assert v == pytest.approx(2.0 * scale**2 - 1.0 / 6.0, rel=1e-12)
 
 
+@pytest.mark.parametrize("scale", [0.3, 2.0, 1e6, 1e12, 1e17])
+def test_pmf_is_exact_and_stable_for_large_scales(scale):
+    # pmf(x) = (1 − t)/(1 + t)·t^|x|, t = exp(−1/scale). For large scales the limit is the continuous
+    # Laplace density 1/(2·scale)·exp(−|x|/scale); at small ones, check against the direct form in
+    # long arithmetic (no cancellation there), and that it sums to 1 over a wide support.
+    x = np.array([0, 1, -3, 7])
+    p = discrete_laplace_pmf(x, scale)
+    if scale >= 1e6:
+        assert p == pytest.approx(np.exp(-np.abs(x) / scale) / (2 * scale), rel=1e-9, abs=0)
+    else:
+        t = np.exp(np.longdouble(-1.0) / np.longdouble(scale))
+        direct = (1 - t) / (1 + t) * t ** np.abs(x).astype(np.longdouble)
+        assert p == pytest.approx(direct.astype(np.float64), rel=1e-13, abs=0)
+        support = np.arange(-2000, 2001)
+        assert discrete_laplace_pmf(support, scale).sum() == pytest.approx(1.0, abs=1e-12)
+
+
 def test_snapped_laplace_lies_on_grid():
     v = NoiseSource.seeded(0).snapped_laplace(np.array([0.123, 0.5, 2.0]), scale=1.0, granularity=0.25)
     assert np.allclose(v / 0.25, np.rint(v / 0.25))
