@@ -86,6 +86,10 @@ class Synopsis(ABC):
         """Subclass-specific JSON-able metadata stored in synopsis.json."""
         return {}
 
+    def caveats(self) -> list[str]:
+        """What a reader of this release's answers should know about their bias (shown by `geodp query`)."""
+        return []
+
     def answer_latlon(self, boxes_latlon: np.ndarray) -> np.ndarray:
         return self.answer(self.region.box_latlon_to_m(boxes_latlon))
 

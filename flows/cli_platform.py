@@ -269,6 +269,8 @@ def cmd_query(args: argparse.Namespace) -> int:
             est = synopsis.answer_st_time(boxes_m, np.full(len(boxes_m), t0), np.full(len(boxes_m), t1))
         else:
             est = synopsis.answer(boxes_m)
+        for caveat in synopsis.caveats():
+            eprint(f"note: {caveat}")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if args.json:

@@ -153,3 +153,21 @@ def test_sigterm_runs_cleanup(tmp_path):
     while not marker.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert marker.exists()
+
+
+def test_query_of_a_release_whose_denoiser_cap_dropped_mass_says_so(synth_file, tmp_path):
+    """A user-level snh release at small ε drops much of its mass at the denoiser's cap (the manifest says
+    how much); `geodp query` then warns on stderr that its counts are low, and the answer is unchanged."""
+    import re
+
+    out = tmp_path / "rel"
+    tiny = ["n_sizes=2", "hidden=8", "depth=1", "max_epochs=2", "samples_per_epoch=1024"]
+    geodp("release", synth_file, "--city", "new-york", "--epsilon", "0.05", "--mechanism", "snh",
+          "--max-points-per-user", "5", "--seed", "2", "--out", out, *[a for p in tiny for a in ("--param", p)])
+    (manifest,) = out.glob("releases/*/new-york/all/v1/_MANIFEST.json")
+    notes = " ".join(json.loads(manifest.read_text())["privacy"]["notes"])
+    dropped = float(re.search(r"\(([\d.]+)% of the mass dropped\)", notes).group(1))
+    assert dropped >= 10, notes  # this configuration is meant to exercise the warning
+    q = geodp("query", out, "--box", "40.70,-74.02,40.72,-74.00", "--json")
+    assert f"cap dropped {dropped:.0f}% of this release's mass" in q.stderr and "denoiser=none" in q.stderr
+    assert np.isfinite(json.loads(q.stdout)[0]["estimate"])

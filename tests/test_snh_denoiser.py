@@ -171,6 +171,10 @@ def test_denoised_snh_takes_the_paid_sample_size_into_its_total_and_caps_its_gri
     uncapped = get_mechanism("snh", denoiser=str(path), denoiser_cap_sigmas=None, **TINY).fit(
         data, 0.3, NoiseSource.seeded(2))
     assert uncapped.noisy.sum() == pytest.approx(base.n + 40.0)
+    # The config keeps the dropped fraction; from 10% a query warns that the counts are low.
+    assert syn.config["dropped_fraction"] == pytest.approx(1 - syn.noisy.sum() / (base.n + 40.0))
+    assert bool(syn.caveats()) == (syn.config["dropped_fraction"] >= 0.1)
+    assert uncapped.config["dropped_fraction"] == 0.0 and uncapped.caveats() == []
     assert "capped" not in " ".join(uncapped.privacy.notes)
     # The plain pyramid (no denoiser) keeps its own total: ParamSelect's rows for it were measured so.
     plain = get_mechanism("snh", denoiser="none", **TINY).fit(data, 0.3, NoiseSource.seeded(2))

@@ -359,6 +359,10 @@ DENOISER_GRIDS = (128, 256)
 #: ε = 0.05); at 3σ a block's own counts rule the excess out at ~99% one-sided (discrete Laplace tails).
 DENOISER_CAP_SIGMAS = 3.0
 
+#: A release whose cap dropped at least this fraction of the mass says so to whoever queries it
+#: (:meth:`SNHSynopsis.caveats`): on Gowalla NYC that is user level at small ε, where hotspots are starved.
+CAVEAT_DROPPED_FRACTION = 0.10
+
 #: The denoiser is applied only below this signal n̂·ε/s (the pyramid's estimated total × the collection's ε
 #: over the sensitivity); at or above it the plain pyramid estimate is the grid. Where the counts pin the
 #: density down, the denoiser's learned prior only adds bias: on 1–5 km squares the plain estimate was
@@ -499,14 +503,14 @@ class SpatialNeuralHistogram(Mechanism):
         return model, why
 
     def _collect_pyramid(self, data: FitInput, acct: Accountant, noise: NoiseSource,
-                         rho: float, denoiser=None) -> tuple[np.ndarray, int, str, float, bool]:
+                         rho: float, denoiser=None) -> tuple[np.ndarray, int, str, dict]:
         """Noisy quadtree levels G/16, G/4, G (budget 1 : 2 : 2), combined by :func:`pyramid_estimate`.
 
         Each level is a partition of the region, so its L1 sensitivity is the per-unit bound; the levels
         compose sequentially and their ε add up to what is left. The combined (G, G) estimate replaces the
         flat noisy grid as the source of SNH's labels and of large-query answers (post-processing).
-        Returns (estimate, G, note, the estimated total before the denoised grid's cap, whether the public
-        denoiser was applied).
+        Returns (estimate, G, note, facts for the config: the estimated total before the denoised grid's cap,
+        whether the public denoiser was applied, the fraction of mass its cap dropped).
         """
         s = float(data.sensitivity)
         G = int(self.denoiser_grid) if denoiser is not None else pyramid_size(data.region.side_m, rho)
@@ -528,6 +532,7 @@ class SpatialNeuralHistogram(Mechanism):
         note = (f"data collection: noisy pyramid {levels} (ε shares {list(PYRAMID_WEIGHTS)}), combined "
                 f"by inverse-variance consistency and Wiener shrinkage (κ={self.pyramid_kappa:g}){total_note}")
         estimated_total = float(est.sum())
+        dropped = 0.0
         signal = max(estimated_total, 1.0) * collection_eps / s
         if denoiser is not None and self.denoiser_max_signal is not None and signal >= self.denoiser_max_signal:
             note += (f"; the public denoiser not applied: signal n̂·ε/s = {signal:,.0f} ≥ "
@@ -540,7 +545,8 @@ class SpatialNeuralHistogram(Mechanism):
                 est, dropped = cap_to_levels(est, noisy_levels, noise_var, float(self.denoiser_cap_sigmas))
                 note += (f", its blocks capped at their levels' combined counts + {self.denoiser_cap_sigmas:g}σ "
                          f"({dropped:.1%} of the mass dropped)")
-        return est, G, note, estimated_total, denoiser is not None
+        return est, G, note, {"estimated_total": estimated_total, "denoised": denoiser is not None,
+                               "dropped_fraction": dropped}
 
     def check_params(self) -> None:
         if self.loss not in LOSSES:
@@ -616,9 +622,10 @@ class SpatialNeuralHistogram(Mechanism):
             noisy = noise.add_discrete_laplace(counts, data.sensitivity, eps).astype(np.float64)
             noisy_total = float(noisy.sum())
             collection_note = "data collection: one flat noisy grid (the paper's)"
-            denoised = False
+            facts = {"estimated_total": noisy_total, "denoised": False, "dropped_fraction": 0.0}
         else:  # "pyramid"
-            noisy, m, collection_note, noisy_total, denoised = self._collect_pyramid(data, acct, noise, rho, denoiser)
+            noisy, m, collection_note, facts = self._collect_pyramid(data, acct, noise, rho, denoiser)
+            noisy_total = facts["estimated_total"]
         # ---- everything below is post-processing of `noisy` ----
         if data.sample_size is not None:
             n_hat = float(data.sample_size)
@@ -665,8 +672,8 @@ class SpatialNeuralHistogram(Mechanism):
         config = {"sides_m": sides.tolist(), "hidden": int(self.hidden), "depth": int(self.depth),
                   "omega0": omega0, "label_scales": scales.tolist(), "grid_size": m,
                   "cell_width_m": side / m, "psi": psi, "query_sides_m": [lo, hi], "training": train,
-                  "data_collection": collection, "loss": loss, "denoised": denoised,
-                  "answer": answer_rule, "signal": signal, "estimated_total": noisy_total}
+                  "data_collection": collection, "loss": loss, **facts,
+                  "answer": answer_rule, "signal": signal}
         if nets_weights is not None:
             config["nets_weights"] = list(nets_weights)
         return SNHSynopsis(noisy, net, config, data.region, privacy)
@@ -799,6 +806,14 @@ class SNHSynopsis(Synopsis):
                 nets = np.maximum(nets, 0.0) ** a * np.maximum(grid, 0.0) ** (1.0 - a)
             out[small] = nets
         return out
+
+    def caveats(self) -> list[str]:
+        dropped = float(self.config.get("dropped_fraction", 0.0))  # releases saved before it recorded none
+        if dropped < CAVEAT_DROPPED_FRACTION:
+            return []
+        return [f"the public denoiser's cap dropped {dropped:.0%} of this release's mass (its noisy counts could "
+                "not place it), so its counts are low, most of all in dense areas; for hotspots release with "
+                "--param denoiser=none (README: 'Caveat')"]
 
     def density(self, nx: int, ny: int | None = None) -> np.ndarray:
         """Counts on an (nx, ny) grid: each cell answered as a range query (nets or grid by cell size)."""
