@@ -53,6 +53,9 @@ class ScaledSynopsis(Synopsis):
     def density(self, nx: int, ny: int | None = None) -> np.ndarray:
         return self.inner.density(nx, ny) * self.factor
 
+    def caveats(self) -> list[str]:
+        return self.inner.caveats()
+
     def __getattr__(self, name: str):
         if name in ("inner", "factor") or name.startswith("__"):
             raise AttributeError(name)

@@ -29,6 +29,7 @@ from dpcore.models.pyramid_denoiser import (
     usable_for,
 )
 from dpcore.noise import NoiseSource
+from dpcore.scaling import ScaledSynopsis
 from tasks.paramselect_tasks import dataset_points
 
 
@@ -175,6 +176,10 @@ def test_denoised_snh_takes_the_paid_sample_size_into_its_total_and_caps_its_gri
     assert syn.config["dropped_fraction"] == pytest.approx(1 - syn.noisy.sum() / (base.n + 40.0))
     assert bool(syn.caveats()) == (syn.config["dropped_fraction"] >= 0.1)
     assert uncapped.config["dropped_fraction"] == 0.0 and uncapped.caveats() == []
+    # A release scaled to full counts (dpcore.scaling) passes its inner synopsis's caveats on.
+    forced = get_mechanism("snh", denoiser=str(path), denoiser_cap_sigmas=0.0, **TINY).fit(
+        data, 0.3, NoiseSource.seeded(2))
+    assert forced.caveats() and ScaledSynopsis(forced, 2.0, 2.0 * base.n, "test").caveats() == forced.caveats()
     assert "capped" not in " ".join(uncapped.privacy.notes)
     # The plain pyramid (no denoiser) keeps its own total: ParamSelect's rows for it were measured so.
     plain = get_mechanism("snh", denoiser="none", **TINY).fit(data, 0.3, NoiseSource.seeded(2))
