@@ -49,12 +49,16 @@ class ProgressClock:
 
 
 def dask_task_runner(address: str | None = None, n_workers: int = 2) -> DaskTaskRunner:
-    """A DaskTaskRunner on an existing scheduler (``address``) or a LocalCluster of processes."""
+    """A DaskTaskRunner on an existing scheduler (``address``) or a LocalCluster of processes.
+
+    The LocalCluster serves the Dask dashboard (task stream, progress) on a free loopback port, whose link
+    the run log prints: a fixed :8787 collides when two flows or a flow and a test run at once, and
+    ``dashboard_address=None`` still binds the scheduler's bare HTTP server to 8787."""
     if address:
         return DaskTaskRunner(address=address)
     return DaskTaskRunner(cluster_kwargs={
         "n_workers": int(n_workers), "threads_per_worker": 1, "processes": True,
-        "dashboard_address": None, "silence_logs": logging.WARNING,
+        "dashboard_address": "127.0.0.1:0", "silence_logs": logging.WARNING,
     })
 
 
