@@ -17,7 +17,7 @@ from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
 from dpcore.geo import city_region
-from dpcore.mechanisms.snh import DENOISED_RULES_KEY
+from dpcore.mechanisms.snh import DENOISED_RULES_KEY, PLAIN_RULES_KEY
 from dpcore.models.pyramid_denoiser import (
     load_meta,
     model_fingerprint,
@@ -116,13 +116,16 @@ def search_config(p: TrainParams, mechanisms: list[str] | None = None, city: str
     trials = p.trials if set(mechs) & set(SELF_TUNED_MECHANISMS) else p.cheap_trials
     config = {"epsilons": p.epsilons, "mechanisms": mechs, "rhos": p.rhos, "user_ks": p.user_ks, "bands": p.bands,
               "n_queries": p.n_queries, "trials": trials, "seed": p.seed}
-    if "snh" in mechs and (city is None or shipped_denoiser_usable(city_region(city))[0]):
-        if denoised:
-            # A new denoiser is a new cache entry for the rows it changes, and only for those.
-            config["snh_denoiser"] = model_fingerprint()
-            config["snh_answer"] = DENOISED_RULES_KEY  # the denoised snh's post-processing rules change its rows too
-        else:
-            config["mechanism_params"] = {"snh": {"denoiser": "none"}}
+    if "snh" not in mechs:
+        return config
+    if (city is None or shipped_denoiser_usable(city_region(city))[0]) and denoised:
+        # A new denoiser is a new cache entry for the rows it changes, and only for those.
+        config["snh_denoiser"] = model_fingerprint()
+        config["snh_answer"] = DENOISED_RULES_KEY  # the denoised snh's post-processing rules change its rows too
+        return config
+    if city is None or shipped_denoiser_usable(city_region(city))[0]:
+        config["mechanism_params"] = {"snh": {"denoiser": "none"}}
+    config["snh_plain_answer"] = PLAIN_RULES_KEY  # the plain pyramid's answer rule changes its rows
     return config
 
 
@@ -131,9 +134,11 @@ def holdout_config(p: TrainParams, slow: list[str], city: str) -> dict | None:
     path = Path(p.holdout_denoiser) if p.holdout_denoiser else None
     if path is None or not path.exists() or not usable_for(load_meta(path), city_region(city))[0]:
         return None
-    # Denoised rows, so the denoised snh's post-processing rules are part of their key too.
-    return {**search_config(p, slow, city), "snh_denoiser": model_fingerprint(path),
-            "snh_answer": DENOISED_RULES_KEY, "mechanism_params": {"snh": {"denoiser": str(path)}}}
+    # Denoised rows, so the denoised snh's post-processing rules are part of their key, not the plain one's.
+    config = {**search_config(p, slow, city), "snh_denoiser": model_fingerprint(path),
+              "snh_answer": DENOISED_RULES_KEY, "mechanism_params": {"snh": {"denoiser": str(path)}}}
+    config.pop("snh_plain_answer", None)
+    return config
 
 
 def snh_configs(p: TrainParams, slow: list[str], city: str) -> list[tuple[dict, bool]]:

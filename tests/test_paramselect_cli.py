@@ -186,7 +186,7 @@ def test_cities_the_shipped_denoiser_learned_from_get_denoised_rows_from_the_hol
     """Austin overlaps the shipped denoiser's training regions; a hold-out denoiser trained elsewhere
     gives its denoised SNH rows (tagged, keyed on that model), and none is used where it overlaps too."""
     from dpcore.geo import city_region
-    from dpcore.mechanisms.snh import DENOISED_RULES_KEY
+    from dpcore.mechanisms.snh import DENOISED_RULES_KEY, PLAIN_RULES_KEY
     from dpcore.models.pyramid_denoiser import (
         PyramidDenoiser,
         model_fingerprint,
@@ -205,5 +205,10 @@ def test_cities_the_shipped_denoiser_learned_from_get_denoised_rows_from_the_hol
     assert held["mechanism_params"] == {"snh": {"denoiser": str(hold)}}
     assert held["snh_denoiser"] == model_fingerprint(hold)
     assert held["snh_answer"] == DENOISED_RULES_KEY  # a rule change recomputes these rows too
+    assert plain["snh_plain_answer"] == PLAIN_RULES_KEY and "snh_plain_answer" not in held
+    # Where the shipped denoiser applies, its rows are keyed on the denoised rules, the plain ones on theirs.
+    (den, _), (nyc_plain, _) = snh_configs(p, ["snh"], "new-york")
+    assert den["snh_answer"] == DENOISED_RULES_KEY and "snh_plain_answer" not in den
+    assert nyc_plain["snh_plain_answer"] == PLAIN_RULES_KEY and "snh_answer" not in nyc_plain
     assert [d for _, d in snh_configs(p, ["snh"], "tulsa")] == [False]  # the hold-out model learned tulsa
     assert [d for _, d in snh_configs(TrainParams(holdout_denoiser=None), ["snh"], "austin")] == [False]

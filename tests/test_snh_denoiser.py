@@ -348,6 +348,26 @@ def test_blend_answers_large_squares_from_the_grid_alone_where_the_signal_is_lar
     np.testing.assert_allclose(syn.answer(boxes)[~large], geometric[~large], rtol=1e-12)
 
 
+def test_the_plain_pyramid_blends_only_from_its_own_signal_threshold():
+    """Without the denoiser the nets answer alone below PLAIN_BLEND_MIN_SIGNAL and the blend's weights
+    apply from it; a plain pyramid release says which; the paper's flat grid keeps the paper's nets."""
+    from dpcore.mechanisms.snh import PLAIN_BLEND_MIN_SIGNAL, blend_nets_weights
+
+    assert blend_nets_weights(PLAIN_BLEND_MIN_SIGNAL - 1, denoised=False) == (1.0, 1.0)
+    assert blend_nets_weights(PLAIN_BLEND_MIN_SIGNAL - 1) != (1.0, 1.0)
+    for signal in (PLAIN_BLEND_MIN_SIGNAL, 4 * PLAIN_BLEND_MIN_SIGNAL):
+        assert blend_nets_weights(signal, denoised=False) == blend_nets_weights(signal)
+    data = _fit_input("boston")
+    for epsilon in (0.5 * PLAIN_BLEND_MIN_SIGNAL / data.n, 2.0 * PLAIN_BLEND_MIN_SIGNAL / data.n):
+        syn = get_mechanism("snh", denoiser="none", cell_width_m=None, **TINY).fit(
+            data, epsilon, NoiseSource.seeded(3))
+        assert syn.config["answer"] == "blend" and syn.config["data_collection"] == "pyramid"
+        assert syn.config["nets_weights"] == list(blend_nets_weights(syn.config["signal"], denoised=False))
+    assert syn.config["signal"] >= PLAIN_BLEND_MIN_SIGNAL and syn.config["nets_weights"] != [1.0, 1.0]
+    flat = get_mechanism("snh", cell_width_m=500.0, **TINY).fit(data, 1.0, NoiseSource.seeded(3))
+    assert flat.config["data_collection"] == "grid" and flat.config["answer"] == "nets"
+
+
 def test_denoiser_train_flow_runs_on_a_real_server(prefect_harness, tmp_path):
     """The `snh-denoiser-train` flow on Prefect + a Dask LocalCluster, two synthetic public cities and a
     few steps: it writes weights + metadata that load, list the training regions and keep excluded

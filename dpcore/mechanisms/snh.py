@@ -46,11 +46,12 @@ Method (only step 1 reads data):
    r_i is nearest, evaluated at the query centre, scaled by (w·h)/r_i². Queries larger than the
    trained range (side > u) are answered from the noisy grid with prefix sums instead, where the
    uniformity assumption is accurate and a net would extrapolate.
-   With the public denoiser (``answer="auto"``) a query up to u gets a weighted geometric mean of the
-   net's answer and the denoised grid's, nets^a · grid^(1−a) (``ANSWER_RULES``): on squares of 100 m
+   With the pyramid (``answer="auto"``) a query up to u gets a weighted geometric mean of the
+   net's answer and the (denoised) grid's, nets^a · grid^(1−a) (``ANSWER_RULES``): on squares of 100 m
    and more the grid resolves more where the signal n̂·ε/s is large (record level), the nets are
    better where it is small (user level); a is set from n̂·ε/s and the query side by
-   :func:`blend_nets_weights`, chosen on public data.
+   :func:`blend_nets_weights`, chosen on public data. Without the denoiser the nets answer alone below
+   signal 4,000 (:data:`PLAIN_BLEND_MIN_SIGNAL`). The paper's flat grid keeps the paper's nets.
 """
 
 from __future__ import annotations
@@ -312,8 +313,8 @@ LOSSES = ("auto", "relative_l1", "paper")
 
 #: How queries up to the trained side u are answered (larger ones always use the grid): ``"nets"`` (the
 #: paper's), ``"grid"`` (prefix sums of the (denoised) grid), ``"geometric"`` (√(nets · grid)),
-#: ``"blend"`` (nets^a · grid^(1−a), a from :func:`blend_nets_weights`). ``"auto"``: blend with the public
-#: denoiser, nets otherwise.
+#: ``"blend"`` (nets^a · grid^(1−a), a from :func:`blend_nets_weights`). ``"auto"``: blend with the
+#: pyramid (denoised or not), nets with the paper's flat grid.
 ANSWER_RULES = ("auto", "nets", "grid", "geometric", "blend")
 
 #: The blend's nets weight a on squares of 100 m and more, chosen on public data only (the Gowalla sample's
@@ -333,9 +334,21 @@ BLEND_LARGE_STEPS = ((8000.0, 0.0), (1000.0, 0.25))
 BLEND_NETS_WEIGHT_LOW_SIGNAL = 0.5
 
 
-def blend_nets_weights(signal: float) -> tuple[float, float]:
+#: Without the public denoiser (the plain pyramid) the nets answer alone below this signal, and the blend's
+#: weights apply from it. The plain grid is noisier than the denoised one, so it earns its share later:
+#: with the blend from signal 1,000, 100–1000 m squares were up to 17% worse below ~4,000 (Kansas City at
+#: 1,800) and 3–56% better above (Kansas City at 7,000; the Gowalla sample's San Francisco at 7,000–28,000
+#: and Austin at 15,000–60,000). The nets alone were 2.5–9.5× worse than the grid on the SF taxis' 100–1000 m at record
+#: level (signal 44 k–700 k). Public data only, denoiser off (bench/README.md, session 10).
+PLAIN_BLEND_MIN_SIGNAL = 4000.0
+
+
+def blend_nets_weights(signal: float, denoised: bool = True) -> tuple[float, float]:
     """The blend's nets weights (squares under 100 m, larger ones) for a release whose signal n̂·ε/s
-    (n̂ the noisy grid's total, ε the data collection's, s its sensitivity) is ``signal``."""
+    (n̂ the noisy grid's total, ε the data collection's, s its sensitivity) is ``signal``; ``denoised``:
+    whether the release's pyramid goes through the public denoiser (:data:`PLAIN_BLEND_MIN_SIGNAL`)."""
+    if not denoised and signal < PLAIN_BLEND_MIN_SIGNAL:
+        return 1.0, 1.0
     large = next((a for threshold, a in BLEND_LARGE_STEPS if signal >= threshold), BLEND_NETS_WEIGHT_LOW_SIGNAL)
     return BLEND_NETS_WEIGHT_SMALL, large
 
@@ -373,11 +386,15 @@ CAVEAT_DROPPED_FRACTION = 0.10
 #: of these data stay far below it.
 DENOISER_MAX_SIGNAL = 25_000.0
 
-#: Names the denoised snh's post-processing rules (answer blend, cap, the paid n̂ in the pyramid's root) in
-#: ParamSelect's row cache, so changing one recomputes those rows.
-DENOISED_RULES_KEY = "blend:" + ":".join(
+#: Name snh's post-processing rules in ParamSelect's row cache, so changing one recomputes the rows it
+#: changes: the denoised snh's (answer blend, cap, the paid n̂ in the pyramid's root, the signal gate) and
+#: the plain pyramid's (the blend from PLAIN_BLEND_MIN_SIGNAL).
+BLEND_KEY = "blend:" + ":".join(
     f"{v:g}" for v in (BLEND_SMALL_SIDE_M, BLEND_NETS_WEIGHT_SMALL, *np.ravel(BLEND_LARGE_STEPS),
-                       BLEND_NETS_WEIGHT_LOW_SIGNAL)) + f"|cap:{DENOISER_CAP_SIGMAS:g}|root:sample_size|max_signal:{DENOISER_MAX_SIGNAL:g}"
+                       BLEND_NETS_WEIGHT_LOW_SIGNAL))
+DENOISED_RULES_KEY = (BLEND_KEY + f"|cap:{DENOISER_CAP_SIGMAS:g}|root:sample_size"
+                      f"|max_signal:{DENOISER_MAX_SIGNAL:g}")
+PLAIN_RULES_KEY = BLEND_KEY + f"|plain_from:{PLAIN_BLEND_MIN_SIGNAL:g}"
 
 #: Pyramid levels as divisors of G (coarse → fine) and their shares of the budget (one definition, shared
 #: with the public denoiser that learns from simulated pyramids).
@@ -638,12 +655,13 @@ class SpatialNeuralHistogram(Mechanism):
         # (ω₀ ≈ m/6: ~8 for a 50-cell grid, tuned on Gowalla NYC and synthetic bumps) unless given.
         omega0 = float(self.omega0) if self.omega0 is not None else float(np.clip(m / 6.0, 4.0, 40.0))
         loss = self.loss if self.loss != "auto" else ("relative_l1" if collection == "pyramid" else "paper")
-        answer_rule = self.answer if self.answer != "auto" else ("blend" if denoiser is not None else "nets")
+        answer_rule = self.answer if self.answer != "auto" else ("blend" if collection == "pyramid" else "nets")
         # The collection's estimated total (post-processing; before the denoised grid's cap) is the size of
         # the data the noise was added to: the bounded sample at user level, which n̂ for ψ need not be
         # (public_total is the full data's).
         signal = max(noisy_total, 1.0) * collection_eps / float(data.sensitivity)
-        nets_weights = {"geometric": GEOMETRIC_NETS_WEIGHTS, "blend": blend_nets_weights(signal)}.get(answer_rule)
+        nets_weights = {"geometric": GEOMETRIC_NETS_WEIGHTS,
+                        "blend": blend_nets_weights(signal, denoiser is not None)}.get(answer_rule)
         if nets_weights is not None:
             answer_note = (f"queries up to {hi:g} m answered by {answer_rule}: nets^a · grid^(1−a) with a = "
                            f"{nets_weights[0]:g} under {BLEND_SMALL_SIDE_M:g} m, {nets_weights[1]:g} above "
