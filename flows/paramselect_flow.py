@@ -118,12 +118,13 @@ def search_config(p: TrainParams, mechanisms: list[str] | None = None, city: str
               "n_queries": p.n_queries, "trials": trials, "seed": p.seed}
     if "snh" not in mechs:
         return config
-    if (city is None or shipped_denoiser_usable(city_region(city))[0]) and denoised:
+    shipped_applies = city is None or shipped_denoiser_usable(city_region(city))[0]
+    if shipped_applies and denoised:
         # A new denoiser is a new cache entry for the rows it changes, and only for those.
         config["snh_denoiser"] = model_fingerprint()
         config["snh_answer"] = DENOISED_RULES_KEY  # the denoised snh's post-processing rules change its rows too
         return config
-    if city is None or shipped_denoiser_usable(city_region(city))[0]:
+    if shipped_applies:
         config["mechanism_params"] = {"snh": {"denoiser": "none"}}
     config["snh_plain_answer"] = PLAIN_RULES_KEY  # the plain pyramid's answer rule changes its rows
     return config
