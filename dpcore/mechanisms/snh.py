@@ -337,9 +337,10 @@ BLEND_NETS_WEIGHT_LOW_SIGNAL = 0.5
 #: Without the public denoiser (the plain pyramid) the nets answer alone below this signal, and the blend's
 #: weights apply from it. The plain grid is noisier than the denoised one, so it earns its share later:
 #: with the blend from signal 1,000, 100–1000 m squares were up to 17% worse below ~4,000 (Kansas City at
-#: 1,800) and 3–56% better above (Kansas City at 7,000; the Gowalla sample's San Francisco at 7,000–28,000
-#: and Austin at 15,000–60,000). The nets alone were 2.5–9.5× worse than the grid on the SF taxis' 100–1000 m at record
-#: level (signal 44 k–700 k). Public data only, denoiser off (bench/README.md, session 10).
+#: 1,800) and 3–56% better above (Kansas City at 7,000; the Gowalla sample's San Francisco at
+#: 7,000–28,000 and Austin at 15,000–60,000). The nets alone were 2.5–9.5× worse than the blend on the SF
+#: taxis' 100–1000 m at record level (signal 44 k–700 k). Public data only, denoiser off (bench/README.md,
+#: session 10).
 PLAIN_BLEND_MIN_SIGNAL = 4000.0
 
 
@@ -379,8 +380,8 @@ CAVEAT_DROPPED_FRACTION = 0.10
 #: The denoiser is applied only below this signal n̂·ε/s (the pyramid's estimated total × the collection's ε
 #: over the sensitivity); at or above it the plain pyramid estimate is the grid. Where the counts pin the
 #: density down, the denoiser's learned prior only adds bias: on 1–5 km squares the plain estimate was
-#: better in every release above ~14,000 (×0.40–0.98) and on 100–1000 m ones above ~25,000 (×0.87–1.00),
-#: and no worse on 25–100 m. Chosen with a denoiser not trained on them on the SF taxis (1% and 4% of the
+#: better in every release above ~14,000 (×0.40–0.98) and on 100–1000 m ones above ~25,000 (×0.87–0.98),
+#: and within 2% on 25–100 m. Chosen with a denoiser not trained on them on the SF taxis (1% and 4% of the
 #: fleet), the Gowalla sample's Austin and San Francisco, and with the shipped one on the choosing cities
 #: and Gowalla NYC; record level, ε 0.05–1.6, 3 seeds (bench/README.md, session 10). User-level releases
 #: of these data stay far below it.
