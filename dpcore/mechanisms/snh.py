@@ -344,6 +344,12 @@ BLEND_NETS_WEIGHT_LOW_SIGNAL = 0.5
 PLAIN_BLEND_MIN_SIGNAL = 4000.0
 
 
+def release_signal(estimated_total: float, epsilon: float, sensitivity: float) -> float:
+    """A release's signal n̂·ε/s: its collection's estimated total (post-processing; at least 1) times the
+    collection's ε over its sensitivity. The denoiser gate and the blend's weights are set by it."""
+    return max(float(estimated_total), 1.0) * float(epsilon) / float(sensitivity)
+
+
 def blend_nets_weights(signal: float, denoised: bool = True) -> tuple[float, float]:
     """The blend's nets weights (squares under 100 m, larger ones) for a release whose signal n̂·ε/s
     (n̂ the noisy grid's total, ε the data collection's, s its sensitivity) is ``signal``; ``denoised``:
@@ -413,6 +419,16 @@ def known_total(data: FitInput) -> tuple[tuple[float, float] | None, str]:
     if data.sample_size is None and data.public_total is not None and data.privacy_unit == "record":
         return (float(data.public_total), 0.0), "; its total set to public_total"
     return None, ""
+
+
+def _check_optional_number(name: str, value, minimum: float, *, inclusive: bool) -> None:
+    """None, or a real number (not a bool, not NaN) at least (``inclusive``) or above ``minimum``."""
+    if value is None:
+        return
+    number = not isinstance(value, bool) and isinstance(value, (int, float))
+    if not (number and (value >= minimum if inclusive else value > minimum)):
+        raise MechanismError(f"{name} must be a number {'≥' if inclusive else '>'} {minimum:g} or None, "
+                             f"got {value!r}")
 
 
 def normalise_xy(xy: np.ndarray, region: Region) -> np.ndarray:
@@ -551,7 +567,7 @@ class SpatialNeuralHistogram(Mechanism):
                 f"by inverse-variance consistency and Wiener shrinkage (κ={self.pyramid_kappa:g}){total_note}")
         estimated_total = float(est.sum())
         dropped = 0.0
-        signal = max(estimated_total, 1.0) * collection_eps / s
+        signal = release_signal(estimated_total, collection_eps, s)
         if denoiser is not None and self.denoiser_max_signal is not None and signal >= self.denoiser_max_signal:
             note += (f"; the public denoiser not applied: signal n̂·ε/s = {signal:,.0f} ≥ "
                      f"{self.denoiser_max_signal:,.0f}, where the counts alone resolve the density better")
@@ -579,12 +595,8 @@ class SpatialNeuralHistogram(Mechanism):
             raise MechanismError(f"data_collection must be 'auto', 'grid' or 'pyramid', got {self.data_collection!r}")
         if self.answer not in ANSWER_RULES:
             raise MechanismError(f"answer must be one of {list(ANSWER_RULES)}, got {self.answer!r}")
-        cap = self.denoiser_cap_sigmas
-        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap >= 0):
-            raise MechanismError(f"denoiser_cap_sigmas must be a number ≥ 0 or None, got {self.denoiser_cap_sigmas!r}")
-        top = self.denoiser_max_signal
-        if top is not None and (isinstance(top, bool) or not isinstance(top, (int, float)) or not top > 0):
-            raise MechanismError(f"denoiser_max_signal must be a number > 0 or None, got {self.denoiser_max_signal!r}")
+        _check_optional_number("denoiser_cap_sigmas", self.denoiser_cap_sigmas, 0.0, inclusive=True)
+        _check_optional_number("denoiser_max_signal", self.denoiser_max_signal, 0.0, inclusive=False)
         if self.denoiser_grid not in DENOISER_GRIDS:
             raise MechanismError(f"denoiser_grid must be one of {list(DENOISER_GRIDS)}, got {self.denoiser_grid!r}")
         if self.denoiser_grid != DENOISER_GRID and (self.denoiser == "none" or self.cell_width_m is not None
@@ -660,7 +672,7 @@ class SpatialNeuralHistogram(Mechanism):
         # The collection's estimated total (post-processing; before the denoised grid's cap) is the size of
         # the data the noise was added to: the bounded sample at user level, which n̂ for ψ need not be
         # (public_total is the full data's).
-        signal = max(noisy_total, 1.0) * collection_eps / float(data.sensitivity)
+        signal = release_signal(noisy_total, collection_eps, float(data.sensitivity))
         nets_weights = {"geometric": GEOMETRIC_NETS_WEIGHTS,
                         "blend": blend_nets_weights(signal, denoiser is not None)}.get(answer_rule)
         if nets_weights is not None:
