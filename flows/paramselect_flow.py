@@ -107,15 +107,20 @@ def synthetic_spec(seed: int) -> dict:
             "seed": seed, "n_users": 1500 * seed, "n_hotspots": 20 * seed}
 
 
+def _search_settings(p: TrainParams, mechs: list[str]) -> dict:
+    """The settings every dataset's rows depend on, whichever snh variant they hold."""
+    trials = p.trials if set(mechs) & set(SELF_TUNED_MECHANISMS) else p.cheap_trials
+    return {"epsilons": p.epsilons, "mechanisms": mechs, "rhos": p.rhos, "user_ks": p.user_ks, "bands": p.bands,
+            "n_queries": p.n_queries, "trials": trials, "seed": p.seed}
+
+
 def search_config(p: TrainParams, mechanisms: list[str] | None = None, city: str | None = None,
                   denoised: bool = True) -> dict:
     """The search settings a dataset's rows depend on (their cache key). ``city``: the dataset's city,
     for SNH, whose rows also depend on the shipped public denoiser where snh applies it; with
     ``denoised=False`` SNH runs without it there (``denoiser="none"``), so the table has both variants."""
     mechs = p.mechanisms if mechanisms is None else mechanisms
-    trials = p.trials if set(mechs) & set(SELF_TUNED_MECHANISMS) else p.cheap_trials
-    config = {"epsilons": p.epsilons, "mechanisms": mechs, "rhos": p.rhos, "user_ks": p.user_ks, "bands": p.bands,
-              "n_queries": p.n_queries, "trials": trials, "seed": p.seed}
+    config = _search_settings(p, mechs)
     if "snh" not in mechs:
         return config
     shipped_applies = city is None or shipped_denoiser_usable(city_region(city))[0]
@@ -135,11 +140,9 @@ def holdout_config(p: TrainParams, slow: list[str], city: str) -> dict | None:
     path = Path(p.holdout_denoiser) if p.holdout_denoiser else None
     if path is None or not path.exists() or not usable_for(load_meta(path), city_region(city))[0]:
         return None
-    # Denoised rows, so the denoised snh's post-processing rules are part of their key, not the plain one's.
-    config = {**search_config(p, slow, city), "snh_denoiser": model_fingerprint(path),
-              "snh_answer": DENOISED_RULES_KEY, "mechanism_params": {"snh": {"denoiser": str(path)}}}
-    config.pop("snh_plain_answer", None)
-    return config
+    # Denoised rows, so the denoised snh's post-processing rules are part of their key.
+    return {**_search_settings(p, slow), "snh_denoiser": model_fingerprint(path),
+            "snh_answer": DENOISED_RULES_KEY, "mechanism_params": {"snh": {"denoiser": str(path)}}}
 
 
 def snh_configs(p: TrainParams, slow: list[str], city: str) -> list[tuple[dict, bool]]:
