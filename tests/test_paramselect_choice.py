@@ -139,3 +139,18 @@ def test_ties_go_to_the_mechanism_that_ranked_best_on_public_cases(model_path):
     best, beyond = pick_candidate(tie)
     assert best.mechanism == "ag" and beyond == ["snh"]
     assert pick_candidate([Scored("snh", 0.0, 0.05, False)])[0].mechanism == "snh"
+
+
+def test_a_self_tuned_candidate_needs_a_lead_of_the_margin():
+    """snh's rows are one draw each, the cheap rows ten: snh must be predicted better by SELF_TUNED_MARGIN."""
+    from dpcore.paramselect import SELF_TUNED_MARGIN, ParamSelectError, Scored, pick_candidate
+
+    cheap = Scored("ag", 0.0, 0.100, True)
+    just_below = Scored("snh", 0.0, 0.100 / (1 + SELF_TUNED_MARGIN / 2), True)
+    well_below = Scored("snh", 0.0, 0.100 / (1 + 2 * SELF_TUNED_MARGIN), True)
+    assert pick_candidate([cheap, just_below])[0].mechanism == "ag"
+    chosen = pick_candidate([cheap, well_below])[0]
+    assert chosen.mechanism == "snh" and chosen.predicted_error == well_below.predicted_error  # unweighted
+    assert pick_candidate([cheap, just_below], self_tuned_margin=0.0)[0].mechanism == "snh"
+    with pytest.raises(ParamSelectError, match="self_tuned_margin"):
+        pick_candidate([cheap], self_tuned_margin=-0.1)
