@@ -674,7 +674,7 @@ class SpatialNeuralHistogram(Mechanism):
         # (public_total is the full data's).
         signal = release_signal(noisy_total, collection_eps, float(data.sensitivity))
         nets_weights = {"geometric": GEOMETRIC_NETS_WEIGHTS,
-                        "blend": blend_nets_weights(signal, denoiser is not None)}.get(answer_rule)
+                        "blend": blend_nets_weights(signal, facts["denoised"])}.get(answer_rule)
         if nets_weights is not None:
             answer_note = (f"queries up to {hi:g} m answered by {answer_rule}: nets^a · grid^(1−a) with a = "
                            f"{nets_weights[0]:g} under {BLEND_SMALL_SIDE_M:g} m, {nets_weights[1]:g} above "
