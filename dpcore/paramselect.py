@@ -481,9 +481,16 @@ def select_params(*, region: Region, n: float, epsilon: float, sensitivity: floa
     best, beyond = pick_candidate([c for c, _, _ in scored])
     _, k, feats = next(item for item in scored if item[0] is best)
     err, mech, rho = best.predicted_error, best.mechanism, best.cell_width_m
+    # Every candidate's prediction, so a user can see how close the choice was (and what decided it).
+    candidates = sorted(({"mechanism": c.mechanism, "max_points_per_user": ck,
+                          "cell_width_m": float(c.cell_width_m) if searches_rho(c.mechanism) else None,
+                          "predicted_error": float(c.predicted_error), "within_reach": bool(c.within_reach),
+                          "self_tuned": c.mechanism in SELF_TUNED_MECHANISMS} for c, ck, _ in scored),
+                        key=lambda row: row["predicted_error"])
     inputs = {"region": region.name, "n": float(n), "epsilon": float(epsilon), "privacy_unit": privacy_unit,
               "band_m": list(band), "profile_source": prof.source, "features": feats,
-              "snh_denoised": bool(snh_denoised), "beyond_training_reach": sorted(set(beyond))}
+              "snh_denoised": bool(snh_denoised), "beyond_training_reach": sorted(set(beyond)),
+              "self_tuned_margin": SELF_TUNED_MARGIN, "candidates": candidates}
     return Choice(mech, float(rho), k, float(err), inputs, list(model.exclude_groups))
 
 

@@ -75,6 +75,10 @@ def _floats(text: str, what: str) -> list[float]:
         raise CLIError(f"{what} must be comma-separated numbers, got {text!r}") from exc
 
 
+#: How many of ParamSelect's candidates `predict` prints (best first); --json has them all.
+CANDIDATES_SHOWN = 8
+
+
 def cmd_predict(args: argparse.Namespace) -> int:
     from dpcore.paramselect import PublicProfile, select_params
     from dpcore.queries import parse_query_sides
@@ -114,6 +118,22 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if choice.inputs["beyond_training_reach"]:
         print(f"  not weighed        {', '.join(choice.inputs['beyond_training_reach'])} (n·ε/s far beyond "
               "their training rows)")
+    cands = choice.inputs["candidates"]
+    if len(cands) > 1:
+        print("  candidates         predicted error (the chosen one marked *)")
+        for c in cands[:CANDIDATES_SHOWN]:
+            chosen = (c["mechanism"], c["max_points_per_user"]) == (choice.mechanism, choice.max_points_per_user)
+            what = c["mechanism"] + (f" k={c['max_points_per_user']}" if c["max_points_per_user"] else "") + \
+                (f" ρ={c['cell_width_m']:.0f} m" if c["cell_width_m"] else "")
+            why = []
+            if c["self_tuned"]:
+                why.append(f"self-tuned: weighed at ×{1 + choice.inputs['self_tuned_margin']:g}")
+            if not c["within_reach"]:
+                why.append("beyond its training reach")
+            print(f"    {'*' if chosen else ' '} {what:<24} {c['predicted_error']:.4f}"
+                  + (f"  ({'; '.join(why)})" if why else ""))
+        if len(cands) > CANDIDATES_SHOWN:
+            print(f"      … {len(cands) - CANDIDATES_SHOWN} more (--json lists all)")
     print(f"  public profile     {choice.inputs['profile_source']}"
           + (f"; trained without {', '.join(choice.excluded_groups)}" if choice.excluded_groups else ""))
     return 0

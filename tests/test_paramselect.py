@@ -199,6 +199,10 @@ def test_auto_pays_for_a_private_n_and_spends_exactly_epsilon(small_model, tmp_p
     assert names[:2] == ["total_count", "total_count_refine"]
     chosen = syn.privacy.params["chosen"]["mechanism"]
     assert all(n.startswith(chosen + "/") for n in names[2:]) and len(names) >= 3
+    # The release records what was weighed, best predicted first (no self-tuned candidate here).
+    weighed = syn.privacy.params["candidates"]
+    assert sorted(c["mechanism"] for c in weighed) == ["identity", "ug"] and weighed[0]["mechanism"] == chosen
+    assert weighed[0]["predicted_error"] == syn.privacy.params["chosen"]["predicted_error"]
     assert sum(c["epsilon"] for c in syn.privacy.charges) == pytest.approx(0.3)
     assert all(c["sensitivity"] == 5.0 for c in syn.privacy.charges)
     assert syn.privacy.mechanism == "auto"

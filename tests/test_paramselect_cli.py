@@ -47,6 +47,30 @@ def test_shipped_model_weighs_snh(capsys):
     assert choice["mechanism"] in ("identity", "snh") and choice["predicted_error"] > 0
 
 
+def test_predict_lists_every_candidate_best_first(capsys):
+    """The choice comes with what it was chosen from: each candidate's prediction, and why one with a
+    lower prediction may lose (snh must lead by SELF_TUNED_MARGIN)."""
+    from dpcore.paramselect import SELF_TUNED_MARGIN
+
+    args = ["paramselect", "predict", "--city", "new-york", "--n", "115000", "--epsilon", "0.1",
+            "--privacy-unit", "record", "--mechanisms", "identity,ug,ag,privtree,snh", "--query-sides-m", "1000:5000"]
+    assert main(args + ["--json"]) == 0
+    choice = json.loads(capsys.readouterr().out)
+    cands = choice["inputs"]["candidates"]
+    assert sorted(c["mechanism"] for c in cands) == ["ag", "identity", "privtree", "snh", "ug"]
+    errors = [c["predicted_error"] for c in cands]
+    assert errors == sorted(errors)
+    chosen = next(c for c in cands if c["mechanism"] == choice["mechanism"])
+    assert chosen["predicted_error"] == choice["predicted_error"]
+    weighed = [c["predicted_error"] * (1 + SELF_TUNED_MARGIN if c["self_tuned"] else 1) for c in cands
+               if c["within_reach"]]
+    assert chosen["predicted_error"] * (1 + SELF_TUNED_MARGIN if chosen["self_tuned"] else 1) == min(weighed)
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert "candidates" in text and f"* {choice['mechanism']}" in text
+    assert f"self-tuned: weighed at ×{1 + SELF_TUNED_MARGIN:g}" in text
+
+
 def test_dataset_rows_are_cached(tmp_path):
     spec = {"name": "synthetic-tulsa-9", "group": "synthetic-9", "city": "tulsa", "source": "synthetic",
             "seed": 9, "n_users": 200, "n_hotspots": 10}

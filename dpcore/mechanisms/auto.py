@@ -13,9 +13,10 @@ Privacy accounting:
   ``<mechanism>/<step>`` so the ledger shows every part, and the parts sum to ε.
 Candidates: by default every mechanism the ParamSelect model has error rows for (the shipped model:
 identity, snh, ug, ag, privtree); SNH, when chosen, runs with its defaults and reaches the same ρ. SNH
-is weighed as the variant it would run here (with the public denoiser where that applies), and a
-candidate whose training rows stop far below this release's n·ε/s is not weighed (see
-dpcore.paramselect.pick_candidate).
+is weighed as the variant it would run here (with the public denoiser where that applies) and must be
+predicted better than the others by ``SELF_TUNED_MARGIN``; a candidate whose training rows stop far
+below this release's n·ε/s is not weighed (see dpcore.paramselect.pick_candidate). The release's
+parameters list every candidate's predicted error.
 k (``max_points_per_user``) is fixed before a mechanism sees the data (bounding happens upstream for the
 whole release), so ``auto`` does not change it; ``geodp paramselect predict`` recommends k.
 """
@@ -89,7 +90,11 @@ class AutoMechanism(Mechanism):
             acct.spend(f"{choice.mechanism}/{c.name}", c.epsilon, c.sensitivity, c.noise, c.note)
         params = {**self.get_params(), "mechanisms": list(cands), "query_sides_m": [lo, hi],
                   "chosen": {"mechanism": choice.mechanism, "params": inner_params,
-                             "predicted_error": choice.predicted_error}}
+                             "predicted_error": choice.predicted_error},
+                  # What was weighed (public inputs only), best predicted first.
+                  "candidates": [{"mechanism": c["mechanism"], "predicted_error": c["predicted_error"],
+                                  "within_reach": c["within_reach"]} for c in choice.inputs["candidates"]],
+                  "self_tuned_margin": choice.inputs["self_tuned_margin"]}
         notes = [f"ParamSelect chose {choice.mechanism} {inner_params} from public inputs; n from {how}"]
         if choice.inputs.get("beyond_training_reach"):
             notes.append(f"not weighed: {', '.join(choice.inputs['beyond_training_reach'])} (this release's n·ε/s "
