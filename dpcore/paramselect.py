@@ -348,8 +348,7 @@ class ParamSelectModel:
     def within_reach(self, features: dict[str, float], mechanism: str, denoised: bool = False) -> bool:
         """Whether the release's n·ε/s is at most EXTRAPOLATION_FACTOR × the largest one the mechanism
         (variant) has training rows at."""
-        key = f"{mechanism}/{int(bool(denoised) and mechanism == 'snh')}"
-        reach = self.reach.get(key)
+        reach = self.reach.get(variant_key(mechanism, bool(denoised) and mechanism == "snh"))
         return reach is not None and features["log_n"] + features["log_eps_s"] <= reach + math.log10(
             EXTRAPOLATION_FACTOR)
 
@@ -384,9 +383,14 @@ class ParamSelectModel:
 
 
 def training_reach(table: pd.DataFrame) -> dict[str, float]:
-    """Per mechanism variant ("snh/1" is the denoised snh): the largest log10(n·ε/s) of its rows."""
-    variant = table["mechanism"] + "/" + table[DENOISED_COLUMN].astype(int).astype(str)
+    """Per mechanism variant (:func:`variant_key`): the largest log10(n·ε/s) of its rows."""
+    variant = [variant_key(m, bool(d)) for m, d in zip(table["mechanism"], table[DENOISED_COLUMN], strict=True)]
     return (table["log_n"] + table["log_eps_s"]).groupby(variant).max().to_dict()
+
+
+def variant_key(mechanism: str, denoised: bool) -> str:
+    """A mechanism variant's name in :attr:`ParamSelectModel.reach`: "snh/1" is the denoised snh."""
+    return f"{mechanism}/{int(denoised)}"
 
 
 def case_ranks(table: pd.DataFrame) -> pd.DataFrame:
