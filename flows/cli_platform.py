@@ -155,6 +155,7 @@ def _prevalidate(params) -> None:
 def run_release_inprocess(params, config_path: str | None = None, strict: bool = False) -> dict:
     """The release steps without Prefect or Dask (same tasks' functions, same store semantics)."""
     from dpcore.data import load_points, parse_column_map
+    from flows.release import chosen_mechanism
     from flows.store import ReleaseStore
     from tasks.config import budget_cap_for, load_platform_config, parse_period
     from tasks.release_tasks import (
@@ -197,7 +198,8 @@ def run_release_inprocess(params, config_path: str | None = None, strict: bool =
     return {"dataset": dataset, "period": period.label, "store": store.url, "cap": cap,
             "spent": store.spent(dataset, period.label),
             "releases": [{"city": r["city"], "version": r["version"], "epsilon": r["epsilon"],
-                          "mechanism": r["mechanism"], "status": r["status"], "url": r["url"],
+                          "mechanism": r["mechanism"], "chosen_mechanism": chosen_mechanism(r),
+                          "status": r["status"], "url": r["url"],
                           "region": r["region"]} for r in (rows[p.city] for p in plans)]}
 
 
@@ -228,7 +230,8 @@ def cmd_release(args: argparse.Namespace) -> int:
         return 0
     for r in summary["releases"]:
         word = "release written to" if r["status"] == "committed" else "already committed (no-op):"
-        print(f"{r['city']} {summary['period']} v{r['version']}: {word} {r['url']}")
+        chose = f" ({r['mechanism']} chose {r['chosen_mechanism']})" if r.get("chosen_mechanism") else ""
+        print(f"{r['city']} {summary['period']} v{r['version']}: {word} {r['url']}{chose}")
     print(f"ledger {summary['dataset']}/{summary['period']}: ε spent {summary['spent']:g} of cap "
           f"{summary['cap']:g}")
     r = summary["releases"][0]

@@ -103,9 +103,16 @@ def release_cities(params: ReleaseParams, config_path: str | None = None, loaded
     return summary
 
 
+def chosen_mechanism(manifest: dict) -> str | None:
+    """What a self-choosing mechanism (auto) ran, from its release's manifest; None for the others."""
+    chosen = (manifest.get("params") or {}).get("chosen")
+    return chosen.get("mechanism") if isinstance(chosen, dict) else None
+
+
 def _row(manifest: dict, stats: dict | None) -> dict:
     return {"city": manifest["city"], "version": manifest["version"], "epsilon": manifest["epsilon"],
-            "mechanism": manifest["mechanism"], "status": manifest["status"], "url": manifest.get("url"),
+            "mechanism": manifest["mechanism"], "chosen_mechanism": chosen_mechanism(manifest),
+            "status": manifest["status"], "url": manifest.get("url"),
             "points_raw_internal": None if stats is None else stats["points"],
             "users_raw_internal": None if stats is None else stats["users"]}
 

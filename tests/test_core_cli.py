@@ -171,3 +171,14 @@ def test_query_of_a_release_whose_denoiser_cap_dropped_mass_says_so(synth_file, 
     q = geodp("query", out, "--box", "40.70,-74.02,40.72,-74.00", "--json")
     assert f"cap dropped {dropped:.0f}% of this release's mass" in q.stderr and "denoiser=none" in q.stderr
     assert np.isfinite(json.loads(q.stdout)[0]["estimate"])
+
+
+def test_an_auto_release_says_what_it_chose(synth_file, tmp_path):
+    out = tmp_path / "rel"
+    r = geodp("release", synth_file, "--city", "new-york", "--epsilon", "1", "--privacy-unit", "record",
+              "--mechanism", "auto", "--param", "mechanisms=ug,ag", "--seed", "2", "--out", out)
+    (manifest,) = out.glob("releases/*/new-york/all/v1/_MANIFEST.json")
+    params = json.loads(manifest.read_text())["params"]
+    assert params["chosen"]["mechanism"] in ("ug", "ag")
+    assert f"(auto chose {params['chosen']['mechanism']})" in r.stdout
+    assert sorted(c["mechanism"] for c in params["candidates"]) == ["ag", "ug"]
