@@ -19,8 +19,9 @@ data are; learn it from public datasets with a tree ensemble. Here:
   choosing k (``max_points_per_user``) and the mechanism: the choice is the argmin of predicted error
   (:func:`pick_candidate`), among the candidates whose training rows reach within
   ``EXTRAPOLATION_FACTOR`` of the release's n·ε/s, a self-tuned candidate (snh) needing a lead of
-  ``SELF_TUNED_MARGIN``, ties going to the best rank on the nearest public cases. SNH is scored as the variant the release would run (``snh_denoised``: with the public
-  denoiser or without; the table holds both where the denoiser applies).
+  ``SELF_TUNED_MARGIN``, ties going to the best rank on the nearest public cases. SNH is scored as
+  the variant the release would run (``snh_denoised``: with the public denoiser or without; the
+  table holds both where the denoiser applies). Every choice lists its candidates' predictions.
 - **Train as served**: a release's entropy feature comes from its region's public profile, so the
   training rows carry that profile's entropy too (:func:`with_served_entropy`), not their own dataset's.
 - **The released city is never in its own training set**: the shipped model file holds the training
