@@ -62,6 +62,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--exclude-cities", default="new-york",
                    help="cities kept out of training, comma-separated (default new-york, the benchmark city)")
     d.add_argument("--steps", type=int, default=1500, help="training steps (batches of 6 simulated releases)")
+    d.add_argument("--record-only", action="store_true", help="train on record-level releases only")
+    d.add_argument("--signal-range", default=None, metavar="LOW:HIGH",
+                   help="draw each simulated release's signal n·ε/s from LOW..HIGH (log-uniform) instead of ε; "
+                        "for a denoiser meant for one band of signals (use it with --param denoiser=PATH)")
     d.add_argument("--synthetic-seeds", default="1,2,3,4,5,6")
     d.add_argument("--workers", type=int, default=2)
     d.add_argument("--dask-address", default=None)
@@ -189,9 +193,15 @@ def cmd_train_denoiser(args: argparse.Namespace) -> int:
 
     if args.steps < 1:
         raise CLIError(f"--steps must be ≥ 1, got {args.steps}")
+    signal_range = None
+    if args.signal_range is not None:
+        signal_range = _floats(args.signal_range.replace(":", ","), "--signal-range")
+        if len(signal_range) != 2 or not 0 < signal_range[0] < signal_range[1]:
+            raise CLIError(f"--signal-range must be LOW:HIGH with 0 < LOW < HIGH, got {args.signal_range!r}")
     if not Path(args.shared_data).exists():
         raise CLIError(f"--shared-data {args.shared_data} does not exist")
     params = DenoiserParams(shared_data=args.shared_data, steps=args.steps, n_workers=args.workers,
+                            record_only=args.record_only, signal_range=signal_range,
                             dask_address=args.dask_address,
                             exclude_cities=[c.strip() for c in args.exclude_cities.split(",") if c.strip()],
                             synthetic_seeds=[int(v) for v in _floats(args.synthetic_seeds, "--synthetic-seeds")])

@@ -31,6 +31,10 @@ class DenoiserParams:
     cab_fractions: list[float] = field(default_factory=lambda: [0.04, 0.01, 0.005])
     synthetic_seeds: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5, 6])
     steps: int = 1500
+    #: Record-level releases only, and each release's signal n·ε/s drawn from this range instead of ε
+    #: (dpcore.models.pyramid_denoiser.DenoiserTrainConfig); the shipped model uses neither.
+    record_only: bool = False
+    signal_range: list[float] | None = None
     seed: int = 0
     dask_address: str | None = None
     n_workers: int = 2
@@ -63,7 +67,8 @@ def denoiser_train_flow(params: DenoiserParams) -> dict:
         raise FileNotFoundError(f"no public training data for the denoiser under {params.shared_data}")
     datasets = [f.result() for f in [prepare_dataset.submit(s) for s in specs]]
     print(f"denoiser: {len(datasets)} public datasets: " + ", ".join(f"{d.name} ({d.n_points:,})" for d in datasets))
-    config = DenoiserTrainConfig(steps=params.steps, seed=params.seed)
+    config = DenoiserTrainConfig(steps=params.steps, seed=params.seed, record_only=params.record_only,
+                                 signal_range=tuple(params.signal_range) if params.signal_range else None)
     meta = train_and_save(datasets, config, params.model_path)
     rep = meta["report"]
     create_markdown_artifact(

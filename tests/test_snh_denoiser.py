@@ -376,14 +376,45 @@ def test_denoiser_train_flow_runs_on_a_real_server(prefect_harness, tmp_path):
     from flows.denoiser_flow import DenoiserParams, denoiser_datasets, run_denoiser_train
 
     params = DenoiserParams(shared_data=str(tmp_path / "none"), model_path=str(tmp_path / "den.npz"),
-                            synthetic_seeds=[1, 2, 3], exclude_cities=["tulsa"], steps=3, n_workers=2)
+                            synthetic_seeds=[1, 2, 3], exclude_cities=["tulsa"], steps=3, n_workers=2,
+                            record_only=True, signal_range=[1000.0, 5000.0])
     assert [s["city"] for s in denoiser_datasets(params)] == ["houston", "miami"]  # tulsa (seed 3) excluded
     meta = run_denoiser_train(params)
     assert [d["name"] for d in meta["training_datasets"]] == ["synthetic-houston-1", "synthetic-miami-2"]
     model, saved = load_denoiser(tmp_path / "den.npz")
     assert {r["name"] for r in saved["training_regions"]} == {"houston", "miami"}
     assert saved["report"]["steps"] == 3 and len(saved["report"]["loss_curve"]) == 1
+    assert saved["report"]["config"]["record_only"] is True  # the model file says how it was trained
+    assert list(saved["report"]["config"]["signal_range"]) == [1000.0, 5000.0]
     assert usable_for(saved, city_region("tulsa"))[0] and not usable_for(saved, city_region("miami"))[0]
+
+
+def test_training_can_be_held_to_record_level_and_a_band_of_signals(monkeypatch):
+    """record_only draws only unbounded releases (sensitivity 1), and signal_range sets each release's
+    ε so that its signal n·ε/s falls in the band; without them ε comes from epsilon_range and user-level
+    releases are drawn too."""
+    import dpcore.models.pyramid_denoiser as pdn
+
+    dataset = synthetic_public("tulsa", 1)
+    drawn: list[tuple[float, float, float]] = []
+
+    def spy(counts, sensitivity, epsilon, rng):
+        drawn.append((sensitivity, epsilon, float(counts[DENOISER_GRID].sum())))
+        return simulate_release(counts, sensitivity, epsilon, rng)
+
+    monkeypatch.setattr(pdn, "simulate_release", spy)
+    banded = DenoiserTrainConfig(batch_size=40, queries_per_sample=8, record_only=True, signal_range=(3000.0, 40000.0))
+    pdn._training_batch([dataset], banded, np.random.default_rng(0))
+    assert {s for s, _, _ in drawn} == {1.0}
+    signals = np.array([n * eps / s for s, eps, n in drawn])
+    assert signals.min() >= 3000.0 * (1 - 1e-9) and signals.max() <= 40000.0 * (1 + 1e-9)
+    assert signals.max() / signals.min() > 3  # spread over the band, not one value
+    drawn.clear()
+    pdn._training_batch([dataset], DenoiserTrainConfig(batch_size=40, queries_per_sample=8), np.random.default_rng(0))
+    assert {s for s, _, _ in drawn} == {1.0, 5.0}
+    assert all(0.02 <= eps <= 3.0 for _, eps, _ in drawn)
+    with pytest.raises(ValueError, match="signal_range"):
+        train_denoiser([dataset], DenoiserTrainConfig(steps=1, signal_range=(5000.0, 100.0)))
 
 
 def test_train_denoiser_cli_refuses_bad_input(tmp_path):
@@ -391,3 +422,5 @@ def test_train_denoiser_cli_refuses_bad_input(tmp_path):
 
     assert main(["paramselect", "train-denoiser", "--shared-data", str(tmp_path / "missing")]) == 2
     assert main(["paramselect", "train-denoiser", "--steps", "0"]) == 2
+    for bad in ("40000:3000", "0:100", "3000", "a:b"):
+        assert main(["paramselect", "train-denoiser", "--signal-range", bad]) == 2

@@ -177,6 +177,14 @@ class DenoiserTrainConfig:
     lr: float = 5e-4
     channels: int = 32
     epsilon_range: tuple[float, float] = (0.02, 3.0)
+    #: Train on record-level releases only (no user-level bounding).
+    record_only: bool = False
+    #: Draw each simulated release's signal n·ε/s log-uniformly from this range (ε follows from the
+    #: released sample's n and s) instead of drawing ε from ``epsilon_range``. A denoiser for a band of
+    #: signals: one trained on record level at 3,000–40,000 cut snh's 100–1000 m error on Gowalla NYC
+    #: by 5–10% at record ε ≤ 0.2 and on Kansas City by 8–18% at signal 1,800–7,000, and was worse at
+    #: signal 440 (bench/README.md, session 11). Not the shipped default.
+    signal_range: tuple[float, float] | None = None
     query_sides_m: tuple[float, float] = (25.0, 1000.0)
     seed: int = 0
     #: None: CUDA when present, else CPU (dpcore.models.snh_net.pick_device).
@@ -207,11 +215,16 @@ def _training_batch(datasets: list[PublicDataset], cfg: DenoiserTrainConfig, rng
     q = cfg.queries_per_sample
     for _ in range(cfg.batch_size):
         ds = datasets[int(rng.integers(len(datasets)))]
-        k = list(ds.levels)[int(rng.integers(len(ds.levels)))]
+        k = 0 if cfg.record_only else list(ds.levels)[int(rng.integers(len(ds.levels)))]
         versions = ds.levels[k]
         counts = versions[int(rng.integers(len(versions)))]
-        eps = float(np.exp(rng.uniform(*np.log(cfg.epsilon_range))))
-        est, noisy, var = simulate_release(counts, float(max(k, 1)), eps, rng)
+        sensitivity = float(max(k, 1))
+        if cfg.signal_range is None:
+            eps = float(np.exp(rng.uniform(*np.log(cfg.epsilon_range))))
+        else:
+            released = max(float(counts[DENOISER_GRID].sum()), 1.0)  # the bounded sample at user level
+            eps = float(np.exp(rng.uniform(*np.log(cfg.signal_range)))) * sensitivity / released
+        est, noisy, var = simulate_release(counts, sensitivity, eps, rng)
         t = int(rng.integers(8))
         feats.append(np.stack([_dihedral(c, t) for c in pyramid_features(est, noisy, var)]))
         truth = _dihedral(ds.truth, t)
@@ -237,6 +250,8 @@ def train_denoiser(datasets: list[PublicDataset], cfg: DenoiserTrainConfig | Non
     cfg = cfg or DenoiserTrainConfig()
     if not datasets:
         raise ValueError("the denoiser needs at least one public dataset")
+    if cfg.signal_range is not None and not 0 < cfg.signal_range[0] < cfg.signal_range[1]:
+        raise ValueError(f"signal_range must be (low, high) with 0 < low < high, got {cfg.signal_range}")
     from dpcore.models.snh_net import pick_device
 
     device = pick_device(cfg.device)
