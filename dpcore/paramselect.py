@@ -491,7 +491,8 @@ def select_params(*, region: Region, n: float, epsilon: float, sensitivity: floa
     candidates = sorted(({"mechanism": c.mechanism, "max_points_per_user": ck,
                           "cell_width_m": float(c.cell_width_m) if searches_rho(c.mechanism) else None,
                           "predicted_error": float(c.predicted_error), "within_reach": bool(c.within_reach),
-                          "self_tuned": c.mechanism in SELF_TUNED_MECHANISMS} for c, ck, _ in scored),
+                          "self_tuned": c.mechanism in SELF_TUNED_MECHANISMS, "chosen": c is best}
+                         for c, ck, _ in scored),
                         key=lambda row: row["predicted_error"])
     inputs = {"region": region.name, "n": float(n), "epsilon": float(epsilon), "privacy_unit": privacy_unit,
               "band_m": list(band), "profile_source": prof.source, "features": feats,

@@ -126,7 +126,6 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if len(cands) > 1:
         print("  candidates         predicted error (the chosen one marked *)")
         for c in cands[:CANDIDATES_SHOWN]:
-            chosen = (c["mechanism"], c["max_points_per_user"]) == (choice.mechanism, choice.max_points_per_user)
             what = c["mechanism"] + (f" k={c['max_points_per_user']}" if c["max_points_per_user"] else "") + \
                 (f" ρ={c['cell_width_m']:.0f} m" if c["cell_width_m"] else "")
             why = []
@@ -134,7 +133,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
                 why.append(f"self-tuned: weighed at ×{1 + choice.inputs['self_tuned_margin']:g}")
             if not c["within_reach"]:
                 why.append("beyond its training reach")
-            print(f"    {'*' if chosen else ' '} {what:<24} {c['predicted_error']:.4f}"
+            print(f"    {'*' if c['chosen'] else ' '} {what:<24} {c['predicted_error']:.4f}"
                   + (f"  ({'; '.join(why)})" if why else ""))
         if len(cands) > CANDIDATES_SHOWN:
             print(f"      … {len(cands) - CANDIDATES_SHOWN} more (--json lists all)")

@@ -62,6 +62,7 @@ def test_predict_lists_every_candidate_best_first(capsys):
     assert errors == sorted(errors)
     chosen = next(c for c in cands if c["mechanism"] == choice["mechanism"])
     assert chosen["predicted_error"] == choice["predicted_error"]
+    assert [c["chosen"] for c in cands].count(True) == 1 and chosen["chosen"]
     weighed = [c["predicted_error"] * (1 + SELF_TUNED_MARGIN if c["self_tuned"] else 1) for c in cands
                if c["within_reach"]]
     assert chosen["predicted_error"] * (1 + SELF_TUNED_MARGIN if chosen["self_tuned"] else 1) == min(weighed)
