@@ -194,9 +194,13 @@ def cmd_train_denoiser(args: argparse.Namespace) -> int:
         raise CLIError(f"--steps must be ≥ 1, got {args.steps}")
     signal_range = None
     if args.signal_range is not None:
+        from dpcore.models.pyramid_denoiser import check_signal_range
+
         signal_range = _floats(args.signal_range.replace(":", ","), "--signal-range")
-        if len(signal_range) != 2 or not 0 < signal_range[0] < signal_range[1]:
-            raise CLIError(f"--signal-range must be LOW:HIGH with 0 < LOW < HIGH, got {args.signal_range!r}")
+        try:
+            check_signal_range(signal_range)  # before Prefect starts, not inside the flow
+        except ValueError as exc:
+            raise CLIError(f"--signal-range must be LOW:HIGH with 0 < LOW < HIGH, got {args.signal_range!r}") from exc
     if not Path(args.shared_data).exists():
         raise CLIError(f"--shared-data {args.shared_data} does not exist")
     params = DenoiserParams(shared_data=args.shared_data, steps=args.steps, n_workers=args.workers,

@@ -244,14 +244,20 @@ def _training_batch(datasets: list[PublicDataset], cfg: DenoiserTrainConfig, rng
     return tuple(torch.tensor(np.asarray(a), dtype=torch.float32) for a in (feats, boxes, truths, totals, psis))
 
 
+def check_signal_range(signal_range) -> None:
+    """A band of release signals n·ε/s: two numbers (low, high) with 0 < low < high."""
+    if len(signal_range) != 2 or not 0 < signal_range[0] < signal_range[1]:
+        raise ValueError(f"signal_range must be (low, high) with 0 < low < high, got {tuple(signal_range)}")
+
+
 def train_denoiser(datasets: list[PublicDataset], cfg: DenoiserTrainConfig | None = None,
                    progress: Callable[[int, float], None] | None = None) -> tuple[PyramidDenoiser, dict]:
     """Train on simulated releases of public datasets; returns the model and a training report."""
     cfg = cfg or DenoiserTrainConfig()
     if not datasets:
         raise ValueError("the denoiser needs at least one public dataset")
-    if cfg.signal_range is not None and not 0 < cfg.signal_range[0] < cfg.signal_range[1]:
-        raise ValueError(f"signal_range must be (low, high) with 0 < low < high, got {cfg.signal_range}")
+    if cfg.signal_range is not None:
+        check_signal_range(cfg.signal_range)
     from dpcore.models.snh_net import pick_device
 
     device = pick_device(cfg.device)
