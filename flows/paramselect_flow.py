@@ -19,6 +19,7 @@ from prefect.artifacts import create_markdown_artifact
 from dpcore.geo import city_region
 from dpcore.mechanisms.snh import DENOISED_RULES_KEY, PLAIN_RULES_KEY
 from dpcore.models.pyramid_denoiser import (
+    BAND_DENOISER_PATH,
     load_meta,
     model_fingerprint,
     shipped_denoiser_usable,
@@ -127,6 +128,7 @@ def search_config(p: TrainParams, mechanisms: list[str] | None = None, city: str
     if shipped_applies and denoised:
         # A new denoiser is a new cache entry for the rows it changes, and only for those.
         config["snh_denoiser"] = model_fingerprint()
+        config["snh_band_denoiser"] = model_fingerprint(BAND_DENOISER_PATH)  # "none" without one
         config["snh_answer"] = DENOISED_RULES_KEY  # the denoised snh's post-processing rules change its rows too
         return config
     if shipped_applies:

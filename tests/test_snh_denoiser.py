@@ -238,6 +238,64 @@ def test_snh_applies_the_denoiser_at_a_finer_grid_when_asked(trained, tmp_path):
     np.testing.assert_array_equal(load_synopsis(tmp_path / "fine").answer(boxes), syn.answer(boxes))
 
 
+def _band_copy(trained, path, low: float, high: float, record_only: bool = True, regions=None) -> None:
+    """The trained model saved again as a specialist for signals in [low, high)."""
+    model, _, report, _ = trained
+    config = {**report["config"], "signal_range": [low, high], "record_only": record_only}
+    save_denoiser(path, model, {"training_regions": regions or [region_record(city_region("tulsa"))],
+                                "report": {**report, "config": config}})
+
+
+def test_snh_hands_releases_in_a_specialists_band_to_it(trained, tmp_path, monkeypatch):
+    """By default a release whose signal and unit fall in the band the shipped specialist was trained on is
+    denoised by it instead of the general model: same ledger, the band in the config and the notes. Out
+    of its band, at user level for a record-level specialist, on a city it was trained on, with
+    denoiser_bands=False or with an explicit denoiser file, the general model runs."""
+    import dataclasses
+
+    import dpcore.mechanisms.snh as snh
+    from dpcore.models.pyramid_denoiser import trained_band
+
+    _, general_path, _, _ = trained
+    band_path = tmp_path / "band.npz"
+    monkeypatch.setattr(snh, "DEFAULT_DENOISER_PATH", general_path)
+    monkeypatch.setattr(snh, "BAND_DENOISER_PATH", band_path)
+    ran = []
+    real_denoise = snh.denoise
+    monkeypatch.setattr(snh, "denoise", lambda model, *a: ran.append(model) or real_denoise(model, *a))
+    data = _fit_input("boston")
+    signal = data.n * 0.3  # record level: s = 1, and the pyramid's total is close to n
+
+    def fit(params=None, fit_data=data):
+        ran.clear()
+        syn = get_mechanism("snh", **TINY, **(params or {})).fit(fit_data, 0.3, NoiseSource.seeded(4))
+        assert len(ran) == 1
+        band = band_path.exists() and ran[0] is snh._load_denoiser(str(band_path), band_path.stat().st_mtime_ns)[0]
+        return syn, "band" if band else "general"
+
+    without, which = fit()  # no specialist installed
+    assert which == "general" and without.config["denoiser_band"] is None
+    _band_copy(trained, band_path, 0.5 * signal, 2.0 * signal)
+    assert trained_band(load_denoiser(band_path)[1]) == (0.5 * signal, 2.0 * signal, True)
+    assert trained_band(load_denoiser(general_path)[1]) is None
+    banded, which = fit()
+    assert which == "band" and banded.config["denoiser_band"] == [0.5 * signal, 2.0 * signal]
+    assert "specialist denoiser" in " ".join(banded.privacy.notes)
+    assert banded.privacy.charges == without.privacy.charges  # chosen from the signal: post-processing
+    assert fit({"denoiser_bands": False})[1] == "general"
+    assert fit({"denoiser": str(general_path)})[1] == "general"
+    user_level = dataclasses.replace(data, privacy_unit="user", max_points_per_user=1)
+    assert fit(fit_data=user_level)[1] == "general"
+    _band_copy(trained, band_path, 0.5 * signal, 2.0 * signal, record_only=False)
+    assert fit(fit_data=user_level)[1] == "band"
+    _band_copy(trained, band_path, 2.0 * signal, 4.0 * signal)
+    assert fit()[1] == "general"
+    _band_copy(trained, band_path, 0.5 * signal, 2.0 * signal, regions=[region_record(city_region("boston"))])
+    assert fit()[1] == "general"
+    with pytest.raises(MechanismError, match="denoiser_bands"):
+        get_mechanism("snh", denoiser_bands="yes").check_params()
+
+
 @pytest.mark.parametrize("params, message", [
     ({"denoiser_grid": 512}, "denoiser_grid must be one of"),
     ({"denoiser_grid": 256, "denoiser": "none"}, "needs the pyramid and a denoiser"),

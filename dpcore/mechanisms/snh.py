@@ -27,7 +27,10 @@ Method (only step 1 reads data):
    at their own levels' combined counts + ``denoiser_cap_sigmas``·σ (:func:`cap_to_levels`), the
    excess dropped; the manifest says how much. The denoiser is applied only while the release's signal
    n̂·ε/s is below ``denoiser_max_signal`` (:data:`DENOISER_MAX_SIGNAL`): above it the counts alone
-   resolve the density better, and the plain pyramid estimate at the model's grid is kept.
+   resolve the density better, and the plain pyramid estimate at the model's grid is kept. Where a
+   release's signal and privacy unit fall in the band a shipped specialist was trained on
+   (``denoiser_bands``, :data:`BAND_DENOISER_PATH`: record level, signal 3,000–40,000), that model
+   denoises it instead of the general one; the signal is post-processing, so this choice costs nothing.
 2. **Augmentation** (post-processing). For k_s query sides r_i = l + (u − l)(i + ½)/k_s over
    [l, u], the label of every grid-aligned square of side r_i (bottom-left corner on a cell corner)
    is the mass of the (noisy or pyramid) grid it covers: whole cells plus the uniformity share of partly covered cells,
@@ -77,6 +80,7 @@ from dpcore.histogram import (
 from dpcore.mechanisms.base import FitInput, Mechanism, MechanismError
 from dpcore.mechanisms.ug import check_fraction
 from dpcore.models.pyramid_denoiser import (
+    BAND_DENOISER_PATH,
     DEFAULT_DENOISER_PATH,
     DENOISER_GRID,
     LEVEL_DIVISORS,
@@ -85,6 +89,7 @@ from dpcore.models.pyramid_denoiser import (
     load_denoiser,
     load_meta,
     shipped_denoiser_usable,
+    trained_band,
     usable_for,
 )
 from dpcore.noise import NoiseSource, discrete_laplace_variance
@@ -394,13 +399,14 @@ CAVEAT_DROPPED_FRACTION = 0.10
 DENOISER_MAX_SIGNAL = 25_000.0
 
 #: Name snh's post-processing rules in ParamSelect's row cache, so changing one recomputes the rows it
-#: changes: the denoised snh's (answer blend, cap, the paid n̂ in the pyramid's root, the signal gate) and
+#: changes: the denoised snh's (answer blend, cap, the paid n̂ in the pyramid's root, the signal gate, the
+#: specialists' choice by signal and unit; their weights are keyed by ParamSelect's flow) and
 #: the plain pyramid's (the blend from PLAIN_BLEND_MIN_SIGNAL).
 BLEND_KEY = "blend:" + ":".join(
     f"{v:g}" for v in (BLEND_SMALL_SIDE_M, BLEND_NETS_WEIGHT_SMALL, *np.ravel(BLEND_LARGE_STEPS),
                        BLEND_NETS_WEIGHT_LOW_SIGNAL))
 DENOISED_RULES_KEY = (BLEND_KEY + f"|cap:{DENOISER_CAP_SIGMAS:g}|root:sample_size"
-                      f"|max_signal:{DENOISER_MAX_SIGNAL:g}")
+                      f"|max_signal:{DENOISER_MAX_SIGNAL:g}|bands:signal+unit@{DENOISER_GRID}")
 PLAIN_RULES_KEY = BLEND_KEY + f"|plain_from:{PLAIN_BLEND_MIN_SIGNAL:g}"
 
 #: Pyramid levels as divisors of G (coarse → fine) and their shares of the budget (one definition, shared
@@ -465,7 +471,7 @@ class SpatialNeuralHistogram(Mechanism):
                  data_collection: str = "auto", pyramid_kappa: float = 1.0, loss: str = "auto",
                  denoiser: str = "auto", answer: str = "auto", denoiser_grid: int = DENOISER_GRID,
                  denoiser_cap_sigmas: float | None = DENOISER_CAP_SIGMAS,
-                 denoiser_max_signal: float | None = DENOISER_MAX_SIGNAL):
+                 denoiser_max_signal: float | None = DENOISER_MAX_SIGNAL, denoiser_bands: bool = True):
         self.cell_width_m = cell_width_m
         self.query_sides_m = query_sides_m
         self.n_sizes = n_sizes
@@ -490,6 +496,7 @@ class SpatialNeuralHistogram(Mechanism):
         self.denoiser_grid = denoiser_grid
         self.denoiser_cap_sigmas = denoiser_cap_sigmas
         self.denoiser_max_signal = denoiser_max_signal
+        self.denoiser_bands = denoiser_bands
 
     # -- step 1: the only step that reads data --------------------------------------------------
     def _choose_cell_width(self, data: FitInput, acct: Accountant, noise: NoiseSource) -> tuple[float, str]:
@@ -536,15 +543,35 @@ class SpatialNeuralHistogram(Mechanism):
         model, _ = _read_denoiser(path, lambda: _load_denoiser(str(path), path.stat().st_mtime_ns))
         return model, why
 
+    def _band_denoisers(self, region: Region) -> list[tuple[object, tuple[float, float, bool]]]:
+        """The shipped specialists that may replace the general denoiser on this region, each with its
+        band (lowest signal, highest signal, record level only). Public inputs only: the default
+        (``denoiser="auto"``, ``denoiser_bands``) at the grid the specialists were measured at, and only
+        models not trained on the region."""
+        if self.denoiser != "auto" or not self.denoiser_bands or int(self.denoiser_grid) != DENOISER_GRID:
+            return []
+        path = BAND_DENOISER_PATH
+        if not path.exists():
+            return []
+        meta = _read_denoiser(path, lambda: load_meta(path))
+        band = trained_band(meta)
+        if band is None or not usable_for(meta, region)[0]:
+            return []
+        model, _ = _read_denoiser(path, lambda: _load_denoiser(str(path), path.stat().st_mtime_ns))
+        return [(model, band)]
+
     def _collect_pyramid(self, data: FitInput, acct: Accountant, noise: NoiseSource,
-                         rho: float, denoiser=None) -> tuple[np.ndarray, int, str, dict]:
+                         rho: float, denoiser=None, bands=()) -> tuple[np.ndarray, int, str, dict]:
         """Noisy quadtree levels G/16, G/4, G (budget 1 : 2 : 2), combined by :func:`pyramid_estimate`.
 
         Each level is a partition of the region, so its L1 sensitivity is the per-unit bound; the levels
         compose sequentially and their ε add up to what is left. The combined (G, G) estimate replaces the
         flat noisy grid as the source of SNH's labels and of large-query answers (post-processing).
+        ``bands``: specialist denoisers (model, (lowest signal, highest signal, record level only)) that
+        replace ``denoiser`` on the releases they were trained for.
         Returns (estimate, G, note, facts for the config: the estimated total before the denoised grid's cap,
-        whether the public denoiser was applied, the fraction of mass its cap dropped).
+        whether the public denoiser was applied, the band of the specialist that was (None: the general
+        model or none), the fraction of mass its cap dropped).
         """
         s = float(data.sensitivity)
         G = int(self.denoiser_grid) if denoiser is not None else pyramid_size(data.region.side_m, rho)
@@ -567,12 +594,20 @@ class SpatialNeuralHistogram(Mechanism):
                 f"by inverse-variance consistency and Wiener shrinkage (κ={self.pyramid_kappa:g}){total_note}")
         estimated_total = float(est.sum())
         dropped = 0.0
+        band_used = None
         signal = release_signal(estimated_total, collection_eps, s)
         if denoiser is not None and self.denoiser_max_signal is not None and signal >= self.denoiser_max_signal:
             note += (f"; the public denoiser not applied: signal n̂·ε/s = {signal:,.0f} ≥ "
                      f"{self.denoiser_max_signal:,.0f}, where the counts alone resolve the density better")
             denoiser = None
         elif denoiser is not None:
+            for model, (low, high, record_only) in bands:
+                if low <= signal < high and (data.privacy_unit == "record" or not record_only):
+                    denoiser, band_used = model, [low, high]
+                    note += (f"; signal n̂·ε/s = {signal:,.0f} is in the band {low:,.0f}–{high:,.0f} the shipped "
+                             f"specialist denoiser was trained on{' (record level)' if record_only else ''}, "
+                             "so it replaces the general one")
+                    break
             est = denoise(denoiser, est, noisy_levels, noise_var)
             note += "; then the public denoiser (post-processing of the noisy levels)"
             if self.denoiser_cap_sigmas is not None:
@@ -580,7 +615,7 @@ class SpatialNeuralHistogram(Mechanism):
                 note += (f", its blocks capped at their levels' combined counts + {self.denoiser_cap_sigmas:g}σ "
                          f"({dropped:.1%} of the mass dropped)")
         return est, G, note, {"estimated_total": estimated_total, "denoised": denoiser is not None,
-                               "dropped_fraction": dropped}
+                               "denoiser_band": band_used, "dropped_fraction": dropped}
 
     def check_params(self) -> None:
         if self.loss not in LOSSES:
@@ -597,6 +632,8 @@ class SpatialNeuralHistogram(Mechanism):
             raise MechanismError(f"answer must be one of {list(ANSWER_RULES)}, got {self.answer!r}")
         _check_optional_number("denoiser_cap_sigmas", self.denoiser_cap_sigmas, 0.0, inclusive=True)
         _check_optional_number("denoiser_max_signal", self.denoiser_max_signal, 0.0, inclusive=False)
+        if not isinstance(self.denoiser_bands, bool):
+            raise MechanismError(f"denoiser_bands must be true or false, got {self.denoiser_bands!r}")
         if self.denoiser_grid not in DENOISER_GRIDS:
             raise MechanismError(f"denoiser_grid must be one of {list(DENOISER_GRIDS)}, got {self.denoiser_grid!r}")
         if self.denoiser_grid != DENOISER_GRID and (self.denoiser == "none" or self.cell_width_m is not None
@@ -652,9 +689,10 @@ class SpatialNeuralHistogram(Mechanism):
             noisy = noise.add_discrete_laplace(counts, data.sensitivity, eps).astype(np.float64)
             noisy_total = float(noisy.sum())
             collection_note = "data collection: one flat noisy grid (the paper's)"
-            facts = {"estimated_total": noisy_total, "denoised": False, "dropped_fraction": 0.0}
+            facts = {"estimated_total": noisy_total, "denoised": False, "denoiser_band": None, "dropped_fraction": 0.0}
         else:  # "pyramid"
-            noisy, m, collection_note, facts = self._collect_pyramid(data, acct, noise, rho, denoiser)
+            bands = self._band_denoisers(data.region) if denoiser is not None else []
+            noisy, m, collection_note, facts = self._collect_pyramid(data, acct, noise, rho, denoiser, bands)
             noisy_total = facts["estimated_total"]
         # ---- everything below is post-processing of `noisy` ----
         if data.sample_size is not None:

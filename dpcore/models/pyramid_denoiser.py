@@ -44,6 +44,10 @@ LEVEL_WEIGHTS = (1.0, 2.0, 2.0)
 TRUTH_GRID = 1024
 #: Where the shipped model lives (weights .npz + metadata .json).
 DEFAULT_DENOISER_PATH = Path(__file__).with_name("snh_denoiser.npz")
+#: A specialist shipped beside it: trained on record-level releases whose signal n·ε/s lies in one band
+#: (``train-denoiser --record-only --signal-range``); snh's default applies it in place of the general
+#: model to exactly those releases (:func:`trained_band`).
+BAND_DENOISER_PATH = Path(__file__).with_name("snh_denoiser_band.npz")
 _N_CHANNELS = 2 + 2 + 3  # estimate, finest level, two coarser levels upsampled, three noise scales
 
 
@@ -336,6 +340,16 @@ def load_denoiser(path: str | Path) -> tuple[PyramidDenoiser, dict]:
         model.load_state_dict({k: torch.from_numpy(z[k]) for k in z.files})
     model.eval()
     return model, meta
+
+
+def trained_band(meta: dict) -> tuple[float, float, bool] | None:
+    """(lowest signal, highest signal, record level only) of the releases a band denoiser was trained on,
+    from its metadata; None for a general one (trained on ε drawn from a range, not on a signal band)."""
+    config = meta.get("report", {}).get("config", {})
+    band = config.get("signal_range")
+    if band is None:
+        return None
+    return float(band[0]), float(band[1]), bool(config.get("record_only", False))
 
 
 def shipped_denoiser_usable(region: Region, path: str | Path = DEFAULT_DENOISER_PATH) -> tuple[bool, str]:
