@@ -58,14 +58,17 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     d = psub.add_parser("train-denoiser", help="train SNH's pyramid denoiser on public data (Prefect + Dask)")
     d.add_argument("--shared-data", default="../shared/data", help="folder of public datasets")
-    d.add_argument("--out", default=None, help="model file (.npz; default: the one shipped with geodp)")
+    d.add_argument("--out", default=None,
+                   help="model file (.npz; default: the general model shipped with geodp, or with --signal-range "
+                        "the shipped specialist that snh applies to the releases of its band)")
     d.add_argument("--exclude-cities", default="new-york",
                    help="cities kept out of training, comma-separated (default new-york, the benchmark city)")
     d.add_argument("--steps", type=int, default=1500, help="training steps (batches of 6 simulated releases)")
     d.add_argument("--record-only", action="store_true", help="train on record-level releases only")
     d.add_argument("--signal-range", default=None, metavar="LOW:HIGH",
-                   help="draw each simulated release's signal n·ε/s from LOW..HIGH (log-uniform) instead of ε; "
-                        "for a denoiser meant for one band of signals (use it with --param denoiser=PATH)")
+                   help="draw each simulated release's signal n·ε/s from LOW..HIGH (log-uniform) instead of ε: "
+                        "a specialist for one band of signals, which snh's default applies to the releases in "
+                        "that band (and at record level, with --record-only)")
     d.add_argument("--synthetic-seeds", default="1,2,3,4,5,6")
     d.add_argument("--workers", type=int, default=2)
     d.add_argument("--dask-address", default=None)
@@ -210,6 +213,10 @@ def cmd_train_denoiser(args: argparse.Namespace) -> int:
                             synthetic_seeds=[int(v) for v in _floats(args.synthetic_seeds, "--synthetic-seeds")])
     if args.out:
         params.model_path = args.out
+    elif signal_range is not None:
+        from dpcore.models.pyramid_denoiser import BAND_DENOISER_PATH
+
+        params.model_path = str(BAND_DENOISER_PATH)
     eprint(f"snh-denoiser-train: public data from {params.shared_data}, {params.steps} steps, "
            f"excluding {params.exclude_cities or 'nothing'}")
     with local_prefect():

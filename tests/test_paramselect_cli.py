@@ -144,7 +144,7 @@ def test_training_rows_report_progress():
 
 
 def test_snh_rows_key_their_cache_on_the_denoiser():
-    """SNH's rows depend on the shipped denoiser, so its fingerprint is part of their cache key (and
+    """SNH's rows depend on the shipped denoisers, so their fingerprints are part of their cache key (and
     only of theirs: the cheap mechanisms' rows stay cached when the denoiser changes)."""
     from dpcore.models.pyramid_denoiser import model_fingerprint
     from flows.paramselect_flow import search_config
@@ -153,6 +153,11 @@ def test_snh_rows_key_their_cache_on_the_denoiser():
     p = TrainParams()
     snh, cheap = search_config(p, ["snh"]), search_config(p, ["identity", "ug"])
     assert snh["snh_denoiser"] == model_fingerprint() and "snh_denoiser" not in cheap
+    # So is the specialist's, which replaces the general model on the releases of its band.
+    from dpcore.models.pyramid_denoiser import BAND_DENOISER_PATH
+
+    assert snh["snh_band_denoiser"] == model_fingerprint(BAND_DENOISER_PATH) and "snh_band_denoiser" not in cheap
+    assert "snh_band_denoiser" not in search_config(p, ["snh"], "new-york", denoised=False)
     spec = {"name": "d", "city": "tulsa"}
     assert cache_key(spec, snh) != cache_key(spec, {**snh, "snh_denoiser": "another-model"})
     # The denoised snh's post-processing rules are part of the key too: a new rule recomputes those rows.

@@ -187,7 +187,8 @@ class DenoiserTrainConfig:
     #: released sample's n and s) instead of drawing ε from ``epsilon_range``. A denoiser for a band of
     #: signals: one trained on record level at 3,000–40,000 cut snh's 100–1000 m error on Gowalla NYC
     #: by 5–10% at record ε ≤ 0.2 and on Kansas City by 6–18% at signal 1,800–7,000, but was 31% worse
-    #: at signal 440 (bench/README.md, session 11). Not the shipped default.
+    #: at signal 440 (bench/README.md, session 11). It ships as :data:`BAND_DENOISER_PATH`,
+    #: which snh applies only to the releases inside its band.
     signal_range: tuple[float, float] | None = None
     query_sides_m: tuple[float, float] = (25.0, 1000.0)
     seed: int = 0
