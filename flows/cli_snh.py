@@ -64,6 +64,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--exclude-cities", default="new-york",
                    help="cities kept out of training, comma-separated (default new-york, the benchmark city)")
     d.add_argument("--steps", type=int, default=1500, help="training steps (batches of 6 simulated releases)")
+    d.add_argument("--channels", type=int, default=32,
+                   help="width of the U-Net (default 32, the shipped models'); a conv layer's compute grows with its square")
     d.add_argument("--record-only", action="store_true", help="train on record-level releases only")
     d.add_argument("--signal-range", default=None, metavar="LOW:HIGH",
                    help="draw each simulated release's signal n·ε/s from LOW..HIGH (log-uniform) instead of ε: "
@@ -195,6 +197,8 @@ def cmd_train_denoiser(args: argparse.Namespace) -> int:
 
     if args.steps < 1:
         raise CLIError(f"--steps must be ≥ 1, got {args.steps}")
+    if args.channels < 1:
+        raise CLIError(f"--channels must be ≥ 1, got {args.channels}")
     signal_range = None
     if args.signal_range is not None:
         from dpcore.models.pyramid_denoiser import check_signal_range
@@ -207,6 +211,7 @@ def cmd_train_denoiser(args: argparse.Namespace) -> int:
     if not Path(args.shared_data).exists():
         raise CLIError(f"--shared-data {args.shared_data} does not exist")
     params = DenoiserParams(shared_data=args.shared_data, steps=args.steps, n_workers=args.workers,
+                            channels=args.channels,
                             record_only=args.record_only, signal_range=signal_range,
                             dask_address=args.dask_address,
                             exclude_cities=[c.strip() for c in args.exclude_cities.split(",") if c.strip()],

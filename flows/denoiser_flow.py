@@ -35,6 +35,8 @@ class DenoiserParams:
     #: (dpcore.models.pyramid_denoiser.DenoiserTrainConfig); the shipped model uses neither.
     record_only: bool = False
     signal_range: list[float] | None = None
+    #: Width of the U-Net (its first level's channels; the second has twice as many).
+    channels: int = 32
     seed: int = 0
     dask_address: str | None = None
     n_workers: int = 2
@@ -68,6 +70,7 @@ def denoiser_train_flow(params: DenoiserParams) -> dict:
     datasets = [f.result() for f in [prepare_dataset.submit(s) for s in specs]]
     print(f"denoiser: {len(datasets)} public datasets: " + ", ".join(f"{d.name} ({d.n_points:,})" for d in datasets))
     config = DenoiserTrainConfig(steps=params.steps, seed=params.seed, record_only=params.record_only,
+                                 channels=params.channels,
                                  signal_range=tuple(params.signal_range) if params.signal_range else None)
     meta = train_and_save(datasets, config, params.model_path)
     rep = meta["report"]

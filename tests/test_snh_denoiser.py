@@ -435,7 +435,7 @@ def test_denoiser_train_flow_runs_on_a_real_server(prefect_harness, tmp_path):
 
     params = DenoiserParams(shared_data=str(tmp_path / "none"), model_path=str(tmp_path / "den.npz"),
                             synthetic_seeds=[1, 2, 3], exclude_cities=["tulsa"], steps=3, n_workers=2,
-                            record_only=True, signal_range=[1000.0, 5000.0])
+                            record_only=True, signal_range=[1000.0, 5000.0], channels=8)
     assert [s["city"] for s in denoiser_datasets(params)] == ["houston", "miami"]  # tulsa (seed 3) excluded
     meta = run_denoiser_train(params)
     assert [d["name"] for d in meta["training_datasets"]] == ["synthetic-houston-1", "synthetic-miami-2"]
@@ -444,6 +444,7 @@ def test_denoiser_train_flow_runs_on_a_real_server(prefect_harness, tmp_path):
     assert saved["report"]["steps"] == 3 and len(saved["report"]["loss_curve"]) == 1
     assert saved["report"]["config"]["record_only"] is True  # the model file says how it was trained
     assert list(saved["report"]["config"]["signal_range"]) == [1000.0, 5000.0]
+    assert saved["channels"] == model.channels == 8
     assert usable_for(saved, city_region("tulsa"))[0] and not usable_for(saved, city_region("miami"))[0]
 
 
@@ -480,5 +481,6 @@ def test_train_denoiser_cli_refuses_bad_input(tmp_path):
 
     assert main(["paramselect", "train-denoiser", "--shared-data", str(tmp_path / "missing")]) == 2
     assert main(["paramselect", "train-denoiser", "--steps", "0"]) == 2
+    assert main(["paramselect", "train-denoiser", "--channels", "0"]) == 2
     for bad in ("40000:3000", "0:100", "3000", "a:b"):
         assert main(["paramselect", "train-denoiser", "--signal-range", bad]) == 2
