@@ -41,6 +41,26 @@ from dpcore.paramselect import (
 from tasks.paramselect_tasks import dataset_rows
 from tasks.runtime import dask_task_runner
 
+#: Packages the report names the versions of. The neural rows are sensitive to the environment: with the
+#: same cache key and seeds, snh rows computed in another session's virtualenv were up to 13% apart
+#: (bench/README.md, session 12).
+REPORTED_PACKAGES = ("torch", "numpy", "scipy", "scikit-learn", "pandas", "prefect", "dask")
+
+
+def package_versions() -> dict[str, str]:
+    """Python's and :data:`REPORTED_PACKAGES`' versions in this process ("not installed" where absent)."""
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"python": platform.python_version()}
+    for name in REPORTED_PACKAGES:
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = "not installed"
+    return out
+
+
 #: Gowalla-sample cities with enough points to learn from (PROVENANCE.md: rows per 20 km box).
 GOWALLA_SAMPLE_CITIES = ("austin", "san-francisco", "new-york", "kansas-city", "chicago", "boston", "los-angeles")
 
@@ -198,7 +218,9 @@ def paramselect_train_flow(params: TrainParams) -> dict:
     report = {"datasets": [s["name"] for s in specs], "rows": len(table),
               "config": {**search_config(params), "cheap_trials": params.cheap_trials, "self_tuned_datasets": [s["name"] for s in slow_specs]},
               "profiles": {k: v.to_dict() for k, v in profiles.items()}, "cross_validation": cv,
-              "params": asdict(params)}
+              "params": asdict(params),
+              # Of this run; rows read from the cache may have been computed in another environment.
+              "environment": package_versions()}
     write_report(params.report_path, report)
     create_markdown_artifact(
         f"# ParamSelect\n\n{len(table)} rows, {len(specs)} public datasets.\n\n"

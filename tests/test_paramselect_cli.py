@@ -111,6 +111,9 @@ def test_paramselect_train_flow_runs_on_a_real_server_and_caches(prefect_harness
     assert report["rows"] == 2 * 2 * 3
     assert set(report["cross_validation"]["groups"]) == {"synthetic-1", "synthetic-2"}
     assert json.loads((tmp_path / "r.json").read_text())["rows"] == report["rows"]
+    import numpy
+
+    assert report["environment"]["numpy"] == numpy.__version__ and set(report["environment"]) >= {"python", "torch"}
     # Synthetic datasets give the model no city profiles, so the caller supplies a public one.
     profile = PublicProfile("boston", "a public profile given by the caller", 0, 0, 9.0, {})
     choice = select_params(region=city_region("boston"), n=20_000, epsilon=0.2, mechanisms=("identity", "ug"),
