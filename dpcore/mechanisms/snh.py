@@ -400,7 +400,7 @@ DENOISER_MAX_SIGNAL = 25_000.0
 
 #: Name snh's post-processing rules in ParamSelect's row cache, so changing one recomputes the rows it
 #: changes: the denoised snh's (answer blend, cap, the paid n̂ in the pyramid's root, the signal gate, the
-#: specialists' choice by signal and unit; their weights are keyed by ParamSelect's flow) and
+#: specialist's choice by signal and unit; its weights are keyed by ParamSelect's flow) and
 #: the plain pyramid's (the blend from PLAIN_BLEND_MIN_SIGNAL).
 BLEND_KEY = "blend:" + ":".join(
     f"{v:g}" for v in (BLEND_SMALL_SIDE_M, BLEND_NETS_WEIGHT_SMALL, *np.ravel(BLEND_LARGE_STEPS),
@@ -543,32 +543,32 @@ class SpatialNeuralHistogram(Mechanism):
         model, _ = _read_denoiser(path, lambda: _load_denoiser(str(path), path.stat().st_mtime_ns))
         return model, why
 
-    def _band_denoisers(self, region: Region) -> list[tuple[object, tuple[float, float, bool]]]:
-        """The shipped specialists that may replace the general denoiser on this region, each with its
-        band (lowest signal, highest signal, record level only). Public inputs only: the default
-        (``denoiser="auto"``, ``denoiser_bands``) at the grid the specialists were measured at, and only
-        models not trained on the region."""
+    def _band_denoiser(self, region: Region) -> tuple[object, tuple[float, float, bool]] | None:
+        """The shipped specialist that may replace the general denoiser on this region, with its band
+        (lowest signal, highest signal, record level only); None where there is none. Public inputs only:
+        the default (``denoiser="auto"``, ``denoiser_bands``) at the grid the specialist was measured at,
+        and only a model not trained on the region."""
         if self.denoiser != "auto" or not self.denoiser_bands or int(self.denoiser_grid) != DENOISER_GRID:
-            return []
+            return None
         path = BAND_DENOISER_PATH
         if not path.exists():
-            return []
-        meta = _read_denoiser(path, lambda: load_meta(path))
+            return None
+        # The cached read gives the metadata with the weights, so a fit reads neither file again.
+        model, meta = _read_denoiser(path, lambda: _load_denoiser(str(path), path.stat().st_mtime_ns))
         band = trained_band(meta)
         if band is None or not usable_for(meta, region)[0]:
-            return []
-        model, _ = _read_denoiser(path, lambda: _load_denoiser(str(path), path.stat().st_mtime_ns))
-        return [(model, band)]
+            return None
+        return model, band
 
     def _collect_pyramid(self, data: FitInput, acct: Accountant, noise: NoiseSource,
-                         rho: float, denoiser=None, bands=()) -> tuple[np.ndarray, int, str, dict]:
+                         rho: float, denoiser=None, specialist=None) -> tuple[np.ndarray, int, str, dict]:
         """Noisy quadtree levels G/16, G/4, G (budget 1 : 2 : 2), combined by :func:`pyramid_estimate`.
 
         Each level is a partition of the region, so its L1 sensitivity is the per-unit bound; the levels
         compose sequentially and their ε add up to what is left. The combined (G, G) estimate replaces the
         flat noisy grid as the source of SNH's labels and of large-query answers (post-processing).
-        ``bands``: specialist denoisers (model, (lowest signal, highest signal, record level only)) that
-        replace ``denoiser`` on the releases they were trained for.
+        ``specialist``: a denoiser (model, (lowest signal, highest signal, record level only)) that replaces
+        ``denoiser`` on the releases it was trained for.
         Returns (estimate, G, note, facts for the config: the estimated total before the denoised grid's cap,
         whether the public denoiser was applied, the band of the specialist that was (None: the general
         model or none), the fraction of mass its cap dropped).
@@ -601,13 +601,13 @@ class SpatialNeuralHistogram(Mechanism):
                      f"{self.denoiser_max_signal:,.0f}, where the counts alone resolve the density better")
             denoiser = None
         elif denoiser is not None:
-            for model, (low, high, record_only) in bands:
+            if specialist is not None:
+                model, (low, high, record_only) = specialist
                 if low <= signal < high and (data.privacy_unit == "record" or not record_only):
                     denoiser, band_used = model, [low, high]
                     note += (f"; signal n̂·ε/s = {signal:,.0f} is in the band {low:,.0f}–{high:,.0f} the shipped "
                              f"specialist denoiser was trained on{' (record level)' if record_only else ''}, "
                              "so it replaces the general one")
-                    break
             est = denoise(denoiser, est, noisy_levels, noise_var)
             note += "; then the public denoiser (post-processing of the noisy levels)"
             if self.denoiser_cap_sigmas is not None:
@@ -691,8 +691,8 @@ class SpatialNeuralHistogram(Mechanism):
             collection_note = "data collection: one flat noisy grid (the paper's)"
             facts = {"estimated_total": noisy_total, "denoised": False, "denoiser_band": None, "dropped_fraction": 0.0}
         else:  # "pyramid"
-            bands = self._band_denoisers(data.region) if denoiser is not None else []
-            noisy, m, collection_note, facts = self._collect_pyramid(data, acct, noise, rho, denoiser, bands)
+            specialist = self._band_denoiser(data.region) if denoiser is not None else None
+            noisy, m, collection_note, facts = self._collect_pyramid(data, acct, noise, rho, denoiser, specialist)
             noisy_total = facts["estimated_total"]
         # ---- everything below is post-processing of `noisy` ----
         if data.sample_size is not None:
