@@ -39,27 +39,7 @@ from dpcore.paramselect import (
     write_report,
 )
 from tasks.paramselect_tasks import dataset_rows
-from tasks.runtime import dask_task_runner
-
-#: Packages the report names the versions of. The neural rows are sensitive to the environment: with the
-#: same cache key and seeds, snh rows computed in another session's virtualenv were up to 13% apart
-#: (bench/README.md, session 12).
-REPORTED_PACKAGES = ("torch", "numpy", "scipy", "scikit-learn", "pandas", "prefect", "dask")
-
-
-def package_versions() -> dict[str, str]:
-    """Python's and :data:`REPORTED_PACKAGES`' versions in this process ("not installed" where absent)."""
-    import platform
-    from importlib.metadata import PackageNotFoundError, version
-
-    out = {"python": platform.python_version()}
-    for name in REPORTED_PACKAGES:
-        try:
-            out[name] = version(name)
-        except PackageNotFoundError:
-            out[name] = "not installed"
-    return out
-
+from tasks.runtime import dask_task_runner, environment
 
 #: Gowalla-sample cities with enough points to learn from (PROVENANCE.md: rows per 20 km box).
 GOWALLA_SAMPLE_CITIES = ("austin", "san-francisco", "new-york", "kansas-city", "chicago", "boston", "los-angeles")
@@ -141,10 +121,15 @@ def search_config(p: TrainParams, mechanisms: list[str] | None = None, city: str
     for SNH, whose rows also depend on the shipped public denoiser where snh applies it; with
     ``denoised=False`` SNH runs without it there (``denoiser="none"``), so the table has both variants."""
     mechs = p.mechanisms if mechanisms is None else mechanisms
-    config = _search_settings(p, mechs)
     if "snh" not in mechs:
-        return config
-    shipped_applies = city is None or shipped_denoiser_usable(city_region(city))[0]
+        return _search_settings(p, mechs)
+    return _snh_search_config(p, mechs, city is None or shipped_denoiser_usable(city_region(city))[0], denoised)
+
+
+def _snh_search_config(p: TrainParams, mechs: list[str], shipped_applies: bool, denoised: bool) -> dict:
+    """:func:`search_config` with snh among ``mechs``, once it is known whether the shipped denoiser
+    applies to the dataset's city."""
+    config = _search_settings(p, mechs)
     if shipped_applies and denoised:
         # A new denoiser is a new cache entry for the rows it changes, and only for those.
         config["snh_denoiser"] = model_fingerprint()
@@ -173,11 +158,12 @@ def snh_configs(p: TrainParams, slow: list[str], city: str) -> list[tuple[dict, 
     it applies, else the hold-out one where that applies; otherwise there is only the plain variant."""
     if not slow:
         return []
-    if "snh" in slow and shipped_denoiser_usable(city_region(city))[0]:
-        return [(search_config(p, slow, city), True), (search_config(p, slow, city, denoised=False), False)]
-    plain = (search_config(p, slow, city), False)
-    held = holdout_config(p, slow, city) if "snh" in slow else None
-    return [plain] + ([(held, True)] if held else [])
+    if "snh" not in slow:
+        return [(_search_settings(p, slow), False)]
+    if shipped_denoiser_usable(city_region(city))[0]:
+        return [(_snh_search_config(p, slow, True, True), True), (_snh_search_config(p, slow, True, False), False)]
+    held = holdout_config(p, slow, city)
+    return [(_snh_search_config(p, slow, False, True), False)] + ([(held, True)] if held else [])
 
 
 @flow(name="paramselect-train", log_prints=True)
@@ -210,6 +196,12 @@ def paramselect_train_flow(params: TrainParams) -> dict:
     print(f"training table: {len(table)} rows from {len(specs)} public datasets "
           f"({sum(o['cached'] for o in outs)} cached); {', '.join(slow) or 'no self-tuned mechanism'} on "
           f"{len(slow_specs)} of them, {len(slow_outs)} row sets ({sum(o['cached'] for o, _ in slow_outs)} cached)")
+    here = environment()
+    row_envs = group_by_environment(outs + [o for o, _ in slow_outs])
+    elsewhere = sum(len(g["row_sets"]) for g in row_envs if g["environment"] != here)
+    if elsewhere:
+        print(f"{elsewhere} of {len(outs) + len(slow_outs)} row sets were computed in another environment or one "
+              "not recorded (report: row_environments); neural rows may differ from this machine's by a few %")
     table = with_served_entropy(table, profiles)
     model = ParamSelectModel(table, profiles, params.seed, params.n_estimators)
     cv = cross_validate(table, profiles, params.seed, params.n_estimators)
@@ -218,9 +210,9 @@ def paramselect_train_flow(params: TrainParams) -> dict:
     report = {"datasets": [s["name"] for s in specs], "rows": len(table),
               "config": {**search_config(params), "cheap_trials": params.cheap_trials, "self_tuned_datasets": [s["name"] for s in slow_specs]},
               "profiles": {k: v.to_dict() for k, v in profiles.items()}, "cross_validation": cv,
-              "params": asdict(params),
-              # Of this run; rows read from the cache may have been computed in another environment.
-              "environment": package_versions()}
+              "params": asdict(params), "environment": here,
+              # Rows read from the cache may have been computed in another environment.
+              "row_environments": row_envs}
     write_report(params.report_path, report)
     create_markdown_artifact(
         f"# ParamSelect\n\n{len(table)} rows, {len(specs)} public datasets.\n\n"
@@ -231,6 +223,19 @@ def paramselect_train_flow(params: TrainParams) -> dict:
     print(f"cross-validated: median error ratio {cv['chosen_rho']['median_error_ratio']:.3f}, "
           f"{cv['chosen_rho']['within_10pct']:.0%} within 10% of the best ρ")
     return report
+
+
+def group_by_environment(outs: list[dict]) -> list[dict]:
+    """Row-set files grouped by the environment they were computed in (None: not recorded)."""
+    groups: list[dict] = []
+    for o in outs:
+        env = o.get("environment")
+        group = next((g for g in groups if g["environment"] == env), None)
+        if group is None:
+            group = {"environment": env, "row_sets": []}
+            groups.append(group)
+        group["row_sets"].append(Path(o["rows"]).name)
+    return groups
 
 
 def run_paramselect_train(params: TrainParams) -> dict:

@@ -13,7 +13,7 @@ from prefect import task
 from dpcore.data import clip_to_region, load_points
 from dpcore.geo import city_region
 from dpcore.paramselect import PublicProfile, training_rows
-from tasks.runtime import ProgressClock, run_logger
+from tasks.runtime import ProgressClock, environment, run_logger
 
 ROWS_VERSION = 2  # bump when training_rows or the evaluation protocol it uses changes (v2: scaling floor)
 
@@ -54,11 +54,17 @@ def cache_key(spec: dict, config: dict) -> str:
 
 @task(name="paramselect-rows", retries=0)
 def dataset_rows(spec: dict, config: dict, cache_dir: str) -> dict:
-    """Rows for one public dataset (record-level and user-level), read from the cache when present."""
+    """Rows for one public dataset (record-level and user-level), read from the cache when present.
+
+    ``environment`` is the one the rows were computed in (:func:`tasks.runtime.environment`), recorded
+    beside them; None for rows cached before geodp recorded it."""
     path = Path(cache_dir) / f"rows-{spec['name']}-{cache_key(spec, config)}.csv"
     profile_path = path.with_suffix(".profile.json")
+    env_path = path.with_suffix(".env.json")
     if path.exists() and profile_path.exists():
-        return {"rows": str(path), "profile": json.loads(profile_path.read_text()), "cached": True}
+        env = json.loads(env_path.read_text()) if env_path.exists() else None
+        return {"rows": str(path), "profile": json.loads(profile_path.read_text()), "cached": True,
+                "environment": env}
     region = city_region(spec["city"])
     x, y, user = dataset_points(spec)
     profile = PublicProfile.from_points(x, y, user, region, source=spec["name"])
@@ -84,5 +90,7 @@ def dataset_rows(spec: dict, config: dict, cache_dir: str) -> dict:
     tmp = path.with_suffix(".tmp")
     pd.DataFrame(rows).to_csv(tmp, index=False)
     profile_path.write_text(json.dumps(profile.to_dict()))
+    env = environment()
+    env_path.write_text(json.dumps(env, indent=1))
     tmp.replace(path)  # the CSV appears only when complete, so a crashed run never caches half a table
-    return {"rows": str(path), "profile": profile.to_dict(), "cached": False}
+    return {"rows": str(path), "profile": profile.to_dict(), "cached": False, "environment": env}

@@ -48,6 +48,46 @@ class ProgressClock:
         return time.monotonic() - self.started
 
 
+#: Packages :func:`environment` names the versions of. The neural rows are sensitive to the environment:
+#: with the same cache key and seeds, snh rows computed in another session's virtualenv and machine were
+#: up to 13% apart (bench/README.md, session 12).
+REPORTED_PACKAGES = ("torch", "numpy", "scipy", "scikit-learn", "pandas", "prefect", "dask")
+
+
+def _cpu_model() -> str:
+    import platform
+
+    with contextlib.suppress(OSError):
+        for line in open("/proc/cpuinfo", encoding="utf-8"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown"
+
+
+def environment() -> dict[str, str]:
+    """What a computed result may depend on beyond its inputs: Python's and :data:`REPORTED_PACKAGES`'
+    versions ("not installed" where absent), the CPU model and the vector instructions torch uses (its
+    kernels round differently on AVX2 and AVX-512, and a neural fit follows the rounding)."""
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"python": platform.python_version()}
+    for name in REPORTED_PACKAGES:
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = "not installed"
+    out["machine"] = platform.machine()
+    out["cpu"] = _cpu_model()
+    try:
+        import torch
+
+        out["torch_cpu_capability"] = str(torch.backends.cpu.get_cpu_capability())
+    except (ImportError, AttributeError):
+        out["torch_cpu_capability"] = "unknown"
+    return out
+
+
 def dask_task_runner(address: str | None = None, n_workers: int = 2) -> DaskTaskRunner:
     """A DaskTaskRunner on an existing scheduler (``address``) or a LocalCluster of processes.
 

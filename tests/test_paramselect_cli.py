@@ -80,11 +80,26 @@ def test_dataset_rows_are_cached(tmp_path):
     first = dataset_rows.fn(spec, config, str(tmp_path))
     second = dataset_rows.fn(spec, config, str(tmp_path))
     assert not first["cached"] and second["cached"]
+    # The environment the rows were computed in is recorded with them and read back from the cache.
+    assert first["environment"]["cpu"] and second["environment"] == first["environment"]
     rows = pd.read_csv(first["rows"])
     assert len(rows) == 2 * 2  # 2 ρ × (record + user k=5)
     assert set(rows["privacy_unit"]) == {"record", "user"}
     changed = dataset_rows.fn(spec, {**config, "epsilons": [0.25]}, str(tmp_path))
     assert not changed["cached"]  # another configuration is another cache entry
+
+
+def test_row_sets_group_by_the_environment_they_were_computed_in():
+    from flows.paramselect_flow import group_by_environment
+
+    here, there = {"cpu": "a", "torch": "2.13.0"}, {"cpu": "b", "torch": "2.13.0"}
+    outs = [{"rows": "/c/rows-a.csv", "environment": here}, {"rows": "/c/rows-b.csv", "environment": None},
+            {"rows": "/c/rows-c.csv", "environment": there}, {"rows": "/c/rows-d.csv", "environment": dict(here)}]
+    groups = group_by_environment(outs)
+    # A set cached before environments were recorded is its own group ("not recorded"), never merged.
+    assert groups == [{"environment": here, "row_sets": ["rows-a.csv", "rows-d.csv"]},
+                      {"environment": None, "row_sets": ["rows-b.csv"]},
+                      {"environment": there, "row_sets": ["rows-c.csv"]}]
 
 
 def test_training_datasets_group_by_city(tmp_path):
@@ -114,6 +129,8 @@ def test_paramselect_train_flow_runs_on_a_real_server_and_caches(prefect_harness
     import numpy
 
     assert report["environment"]["numpy"] == numpy.__version__ and set(report["environment"]) >= {"python", "torch"}
+    # Both row sets were computed by this run, so they carry its environment.
+    assert [(g["environment"], len(g["row_sets"])) for g in report["row_environments"]] == [(report["environment"], 2)]
     # Synthetic datasets give the model no city profiles, so the caller supplies a public one.
     profile = PublicProfile("boston", "a public profile given by the caller", 0, 0, 9.0, {})
     choice = select_params(region=city_region("boston"), n=20_000, epsilon=0.2, mechanisms=("identity", "ug"),

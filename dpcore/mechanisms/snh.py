@@ -87,8 +87,6 @@ from dpcore.models.pyramid_denoiser import (
     LEVEL_WEIGHTS,
     denoise,
     load_denoiser,
-    load_meta,
-    shipped_denoiser_usable,
     trained_band,
     usable_for,
 )
@@ -532,16 +530,18 @@ class SpatialNeuralHistogram(Mechanism):
             if self.cell_width_m is not None or self.data_collection == "grid":
                 return None, "no denoiser (the paper's flat grid at a given ρ)"
             path = DEFAULT_DENOISER_PATH
-            ok, why = _read_denoiser(path, lambda: shipped_denoiser_usable(region, path))
-            if not ok:
-                return None, f"no denoiser: {why}"
+            if not path.exists():
+                return None, f"no denoiser: {path.name} is not installed"
         else:
             path = Path(self.denoiser)
-            ok, why = _read_denoiser(path, lambda: usable_for(load_meta(path), region))
-            if not ok:
-                raise MechanismError(f"denoiser {path}: {why}; a city is never denoised by a model trained on it")
-        model, _ = _read_denoiser(path, lambda: _load_denoiser(str(path), path.stat().st_mtime_ns))
-        return model, why
+        # The cached read gives the metadata with the weights, so a fit reads neither file again.
+        model, meta = _read_denoiser(path, lambda: _load_denoiser(str(path), path.stat().st_mtime_ns))
+        ok, why = usable_for(meta, region)
+        if ok:
+            return model, why
+        if self.denoiser == "auto":
+            return None, f"no denoiser: {why}"
+        raise MechanismError(f"denoiser {path}: {why}; a city is never denoised by a model trained on it")
 
     def _band_denoiser(self, region: Region) -> tuple[object, tuple[float, float, bool]] | None:
         """The shipped specialist that may replace the general denoiser on this region, with its band
