@@ -12,8 +12,8 @@ if [ ! -x "$VENV/bin/python" ]; then
     echo "[geodp] creating $VENV" >&2
     "$PY" -m venv "$VENV"
 fi
-# Reinstall when pyproject.toml changed since the last install.
-if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ]; then
+# Reinstall when pyproject.toml or constraints.txt (the exact versions) changed since the last install.
+if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ] || [ constraints.txt -nt "$STAMP" ]; then
     echo "[geodp] installing torch==2.13.0 (CPU) then geodp[test] into .venv" >&2
     # This machine's pip config lists local mirrors that may be absent; drop those warnings only.
     pipq() { "$VENV/bin/python" -m pip install --quiet "$@" 2>&1 | grep -v "is ignored: it is neither" >&2 || true; \
@@ -21,7 +21,7 @@ if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ]; then
     pipq --upgrade "pip>=24"
     # torch first, pinned: a range would let pip fetch a newer build with CUDA packages.
     pipq "torch==2.13.0"
-    pipq -e ".[test]"
+    pipq -c constraints.txt -e ".[test]"
     touch "$STAMP"
 fi
 export PATH="$VENV/bin:$PATH"
