@@ -49,16 +49,16 @@ class ProgressClock:
 
 
 #: Packages :func:`environment` names the versions of. The neural rows are sensitive to the environment:
-#: with the same cache key and seeds, snh rows computed in another session's virtualenv and machine were
-#: up to 13% apart (bench/README.md, session 12).
+#: with the same cache key and seeds, snh rows computed in an earlier session's environment were up to 13%
+#: apart from this machine's (bench/README.md, session 12).
 REPORTED_PACKAGES = ("torch", "numpy", "scipy", "scikit-learn", "pandas", "prefect", "dask")
 
 
 def _cpu_model() -> str:
     import platform
 
-    with contextlib.suppress(OSError):
-        for line in open("/proc/cpuinfo", encoding="utf-8"):
+    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+        for line in cpuinfo:
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
     return platform.processor() or "unknown"
@@ -66,8 +66,8 @@ def _cpu_model() -> str:
 
 def environment() -> dict[str, str]:
     """What a computed result may depend on beyond its inputs: Python's and :data:`REPORTED_PACKAGES`'
-    versions ("not installed" where absent), the CPU model and the vector instructions torch uses (its
-    kernels round differently on AVX2 and AVX-512, and a neural fit follows the rounding)."""
+    versions ("not installed" where absent), the CPU model and the vector instructions torch's CPU kernels
+    use (which kernels run, and so how they round, depends on it; a neural fit follows the rounding)."""
     import platform
     from importlib.metadata import PackageNotFoundError, version
 
