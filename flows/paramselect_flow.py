@@ -198,10 +198,12 @@ def paramselect_train_flow(params: TrainParams) -> dict:
           f"{len(slow_specs)} of them, {len(slow_outs)} row sets ({sum(o['cached'] for o, _ in slow_outs)} cached)")
     here = environment()
     row_envs = group_by_environment(outs + [o for o, _ in slow_outs])
-    elsewhere = sum(len(g["row_sets"]) for g in row_envs if g["environment"] != here)
-    if elsewhere:
-        print(f"{elsewhere} of {len(outs) + len(slow_outs)} row sets were computed in another environment or one "
-              "not recorded (report: row_environments); neural rows may differ from this machine's by a few %")
+    unrecorded = sum(len(g["row_sets"]) for g in row_envs if g["environment"] is None)
+    elsewhere = sum(len(g["row_sets"]) for g in row_envs if g["environment"] not in (None, here))
+    if unrecorded or elsewhere:
+        print(f"of {len(outs) + len(slow_outs)} row sets, {elsewhere} were computed in another environment and "
+              f"{unrecorded} in an unrecorded one (report: row_environments); their snh rows may differ from "
+              "what this machine computes by a few %")
     table = with_served_entropy(table, profiles)
     model = ParamSelectModel(table, profiles, params.seed, params.n_estimators)
     cv = cross_validate(table, profiles, params.seed, params.n_estimators)
