@@ -203,7 +203,7 @@ def paramselect_train_flow(params: TrainParams) -> dict:
     if unrecorded or elsewhere:
         print(f"of {len(outs) + len(slow_outs)} row sets, {elsewhere} were computed in another environment and "
               f"{unrecorded} in an unrecorded one (report: row_environments); their snh rows may differ from "
-              "what this machine computes by a few %")
+              "what this machine computes (single rows by up to 13% in bench/README.md, session 12)")
     table = with_served_entropy(table, profiles)
     model = ParamSelectModel(table, profiles, params.seed, params.n_estimators)
     cv = cross_validate(table, profiles, params.seed, params.n_estimators)
