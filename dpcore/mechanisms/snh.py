@@ -534,8 +534,7 @@ class SpatialNeuralHistogram(Mechanism):
                 return None, f"no denoiser: {path.name} is not installed"
         else:
             path = Path(self.denoiser)
-        # The cached read gives the metadata with the weights, so a fit reads neither file again.
-        model, meta = _read_denoiser(path, lambda: _load_denoiser(str(path), path.stat().st_mtime_ns))
+        model, meta = _read_denoiser(path)
         ok, why = usable_for(meta, region)
         if ok:
             return model, why
@@ -553,8 +552,7 @@ class SpatialNeuralHistogram(Mechanism):
         path = BAND_DENOISER_PATH
         if not path.exists():
             return None
-        # The cached read gives the metadata with the weights, so a fit reads neither file again.
-        model, meta = _read_denoiser(path, lambda: _load_denoiser(str(path), path.stat().st_mtime_ns))
+        model, meta = _read_denoiser(path)
         band = trained_band(meta)
         if band is None or not usable_for(meta, region)[0]:
             return None
@@ -754,10 +752,11 @@ def _load_denoiser(path: str, mtime_ns: int):
     return load_denoiser(path)
 
 
-def _read_denoiser(path: Path, read):
-    """``read()`` of a denoiser file, with an unreadable or malformed file reported as a MechanismError."""
+def _read_denoiser(path: Path):
+    """(model, metadata) of a denoiser file from the per-process cache, so a fit reads neither file again;
+    an unreadable or malformed file is reported as a MechanismError."""
     try:
-        return read()
+        return _load_denoiser(str(path), path.stat().st_mtime_ns)
     except (OSError, ValueError, KeyError, RuntimeError) as exc:
         raise MechanismError(f"cannot read denoiser model {path}: {exc}") from exc
 
