@@ -18,6 +18,8 @@ from prefect.artifacts import (
     create_table_artifact,
     update_progress_artifact,
 )
+from prefect.exceptions import UnfinishedRun
+from prefect.futures import PrefectFuture
 
 from flows.store import ReleaseStore
 from tasks.config import ReleaseParams, budget_cap_for, load_platform_config, parse_period
@@ -86,12 +88,12 @@ def release_cities(params: ReleaseParams, config_path: str | None = None, loaded
         for p in todo:
             syn = privatize.submit(p, inputs[p.city])
             png = render_preview.submit(p, syn)
-            futures[p.city] = persist_release.submit(params.store, p, syn, png, entries[p.city], code)
+            futures[p.city] = (persist_release.submit(params.store, p, syn, png, entries[p.city], code), (syn, png))
         stats = {c: {"points": i.n_points_raw, "users": i.n_users_raw, "kept": int(i.x.size)}
                  for c, i in inputs.items()}
         done = 0
-        for city, fut in futures.items():
-            manifest = fut.result()
+        for city, (fut, upstream) in futures.items():
+            manifest = _persisted(fut, upstream)
             results[city] = {**manifest, "status": "committed"}
             done += 1
             update_progress_artifact(progress, 100.0 * done / len(futures))
@@ -101,6 +103,19 @@ def release_cities(params: ReleaseParams, config_path: str | None = None, loaded
     if artifacts:
         _artifacts(summary, results, store)
     return summary
+
+
+def _persisted(persist: PrefectFuture, upstream: tuple[PrefectFuture, ...]) -> dict:
+    """The persist task's manifest. When a task before it failed (a fit the mechanism refused), persist
+    never ran and its result is only "not ready"; the first failed task's own error is raised instead,
+    so the caller sees why (a GeoDPError reaches the CLI as a clean error)."""
+    try:
+        return persist.result()
+    except UnfinishedRun as exc:
+        not_ready = exc
+    for task_future in upstream:  # outside the except block, so the cause is not chained to "not ready"
+        task_future.result()  # raises that task's exception if it failed
+    raise not_ready
 
 
 def chosen_mechanism(manifest: dict) -> str | None:
