@@ -440,6 +440,13 @@ def load_model(path: str | Path | None = None, exclude_groups: tuple[str, ...] =
     return _cached_model(str(path or DEFAULT_MODEL_PATH), tuple(sorted(exclude_groups)))
 
 
+def trained_mechanisms(path: str | Path | None = None) -> tuple[str, ...]:
+    """Every mechanism the model has error rows for, in ALL_MECHANISMS order: what ``auto`` weighs by
+    default (the shipped model: the grid, SNH, UG, AG and PrivTree)."""
+    trained = set(load_model(path).mechanisms)
+    return tuple(m for m in ALL_MECHANISMS if m in trained)
+
+
 # -- choosing ----------------------------------------------------------------------------------------
 def select_params(*, region: Region, n: float, epsilon: float, sensitivity: float = 1.0,
                   privacy_unit: str = "record", band: tuple[float, float] = DEFAULT_BAND_M,

@@ -24,7 +24,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="k for user-level releases; omit to let ParamSelect choose it")
     p.add_argument("--mechanisms", default="identity",
                    help="candidates, comma-separated, from identity,snh,ug,ag,privtree (default identity: "
-                        "the paper's ρ choice); several → ParamSelect also picks the mechanism")
+                        "the paper's ρ choice); several → ParamSelect also picks the mechanism; 'auto': every "
+                        "mechanism the model knows, as `release --mechanism auto` weighs them")
     p.add_argument("--query-sides-m", default="100:1000", help="query band A:B in metres (default 100:1000)")
     p.add_argument("--public-data", metavar="PATH",
                    help="a PUBLIC dataset of the region for the entropy feature (default: the shipped profile)")
@@ -89,7 +90,7 @@ CANDIDATES_SHOWN = 8
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    from dpcore.paramselect import PublicProfile, select_params
+    from dpcore.paramselect import PublicProfile, select_params, trained_mechanisms
     from dpcore.queries import parse_query_sides
 
     region = region_from_args(args)
@@ -97,6 +98,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if len(bands) != 1:
         raise CLIError("--query-sides-m takes one band A:B")
     mechanisms = tuple(m.strip() for m in args.mechanisms.split(",") if m.strip())
+    if mechanisms == ("auto",):
+        mechanisms = trained_mechanisms(args.model)
     profile = None
     if args.public_data:
         from dpcore.data import clip_to_region, load_points

@@ -262,3 +262,18 @@ def test_cities_the_shipped_denoiser_learned_from_get_denoised_rows_from_the_hol
     assert nyc_plain["snh_plain_answer"] == PLAIN_RULES_KEY and "snh_answer" not in nyc_plain
     assert [d for _, d in snh_configs(p, ["snh"], "tulsa")] == [False]  # the hold-out model learned tulsa
     assert [d for _, d in snh_configs(TrainParams(holdout_denoiser=None), ["snh"], "austin")] == [False]
+
+
+def test_predict_auto_weighs_what_an_auto_release_weighs(capsys):
+    """`--mechanisms auto` is every mechanism the model has rows for, exactly auto's default candidates."""
+    from dpcore.mechanisms import get_mechanism
+
+    base = ["paramselect", "predict", "--city", "new-york", "--n", "115000", "--epsilon", "0.2",
+            "--privacy-unit", "record", "--json", "--mechanisms"]
+    assert main(base + ["auto"]) == 0
+    via_auto = json.loads(capsys.readouterr().out)
+    listed = ",".join(get_mechanism("auto")._candidates())
+    assert main(base + [listed]) == 0
+    assert json.loads(capsys.readouterr().out) == via_auto
+    assert sorted(c["mechanism"] for c in via_auto["inputs"]["candidates"]) == sorted(listed.split(","))
+    assert len(via_auto["inputs"]["candidates"]) == 5  # the shipped model knows all five

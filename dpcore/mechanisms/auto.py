@@ -45,13 +45,12 @@ class AutoMechanism(Mechanism):
         self.model_path = model_path
 
     def _candidates(self) -> tuple[str, ...]:
-        from dpcore.paramselect import ALL_MECHANISMS, load_model
+        from dpcore.paramselect import ALL_MECHANISMS, trained_mechanisms
 
         if self.mechanisms is None:
-            # Default: every mechanism the ParamSelect model has error rows for (the shipped one: the
-            # grid, UG, AG, PrivTree and SNH), so auto weighs exactly what it can predict.
-            trained = set(load_model(self.model_path).mechanisms)
-            return tuple(m for m in ALL_MECHANISMS if m in trained)
+            # Default: every mechanism the ParamSelect model has error rows for, so auto weighs exactly
+            # what it can predict.
+            return trained_mechanisms(self.model_path)
         cands = tuple(m.strip() for m in self.mechanisms.split(",")) if isinstance(self.mechanisms, str) \
             else tuple(self.mechanisms)
         bad = [m for m in cands if m not in ALL_MECHANISMS]
