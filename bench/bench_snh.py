@@ -4,6 +4,7 @@
     nice -n 10 .venv/bin/python bench/bench_snh.py accuracy --epsilons 0.05,0.1,0.2 --privacy-unit record
     nice -n 10 .venv/bin/python bench/bench_snh.py rho              # ParamSelect ρ vs the best searched ρ
     nice -n 10 .venv/bin/python bench/bench_snh.py floors           # no-privacy reference errors
+    nice -n 10 .venv/bin/python bench/bench_snh.py bins             # error split by the squares' true counts
 
 Data: Gowalla NYC from ../shared/data (falls back to the synthetic generator when it is absent, and
 says so). Prints numbers; nothing here asserts.
@@ -196,6 +197,49 @@ def cmd_floors(args: argparse.Namespace) -> None:
             row(f"  only cells with >= {t} points", np.where(counts >= t, counts, 0.0))
 
 
+#: Upper edges of the true-count bins `bins` splits a workload by, in units of ψ (0.1% of n), after the
+#: empty squares: (0, 0.2ψ], (0.2ψ, ψ], (ψ, 4ψ], (4ψ, 16ψ], (16ψ, ∞).
+COUNT_BIN_EDGES_PSI = (0.2, 1.0, 4.0, 16.0)
+
+
+def cmd_bins(args: argparse.Namespace) -> None:
+    """Where each mechanism's mean relative error comes from: the workload's squares split by their TRUE
+    count (no privacy: a diagnostic), with each bin's share of the mean (its errors summed ÷ all squares)
+    and its own mean. Variants of snh are given as JSON parameter sets with --snh-variants."""
+    from dpcore.evaluate import fit_and_scale, make_fit_input, protocol_workloads, region_data
+    from dpcore.metrics import psi_for, relative_error
+    from dpcore.queries import parse_query_sides
+
+    pts, source = load_city(args.city)
+    region = city_region(args.city)
+    data = region_data(pts, region)
+    psi = psi_for(data.n_points)
+    (a, b), = parse_query_sides(args.query_sides_m)
+    (_, boxes, truth), = protocol_workloads(data, [(a, b)], args.queries, seed=0)
+    runs = [(m, {}) for m in args.mechanisms.split(",") if m] + [("snh", v) for v in args.snh_variants]
+    edges = [0.0] + [e * psi for e in COUNT_BIN_EDGES_PSI] + [np.inf]
+    bins = [(truth == 0, "0")] + [((truth > lo) & (truth <= hi), f"{lo:.0f}-{hi:.0f}")
+                                  for lo, hi in zip(edges[:-1], edges[1:], strict=True)]
+    print(f"data {source}; {args.privacy_unit}-level; {a:g}-{b:g} m, {truth.size:,} squares; ψ = {psi:g}; "
+          f"{args.trials} trials; share of the mean error per true-count bin (bin mean in brackets)")
+    for eps in [float(e) for e in args.epsilons.split(",")]:
+        errors = {}
+        for mech, params in runs:
+            per_trial = []
+            for trial in range(args.trials):
+                rng = np.random.default_rng([trial, 7])
+                fit_input = make_fit_input(data, args.privacy_unit, args.max_points_per_user, rng)
+                syn = fit_and_scale(mech, params, fit_input, eps, NoiseSource.seeded(trial), data.n_points)
+                per_trial.append(relative_error(syn.answer(boxes), truth, psi))
+            errors[mech + (json.dumps(params) if params else "")] = np.mean(per_trial, axis=0)
+        print(f"\nε = {eps:g}\n{'true count':<12}{'squares':>8}  " + "  ".join(f"{k:>20}" for k in errors))
+        for mask, label in bins:
+            print(f"{label:<12}{int(mask.sum()):>8}  " + "  ".join(
+                f"{e[mask].sum() / e.size:>10.4f} ({e[mask].mean() if mask.any() else 0.0:7.3f})"
+                for e in errors.values()))
+        print(f"{'all':<12}{truth.size:>8}  " + "  ".join(f"{e.mean():>10.4f}{'':10}" for e in errors.values()))
+
+
 def cmd_rho(args: argparse.Namespace) -> None:
     from dpcore.evaluate import EvalConfig, evaluate
     from dpcore.paramselect import RHO_GRID_M, select_params
@@ -248,6 +292,18 @@ def main() -> None:
     f.add_argument("--query-sides-m", default="25:100,100:1000")
     f.add_argument("--queries", type=int, default=2000)
     f.set_defaults(func=cmd_floors)
+    bn = sub.add_parser("bins", help="each mechanism's error split by the squares' true counts (diagnostic)")
+    bn.add_argument("--city", default="new-york")
+    bn.add_argument("--epsilons", default="0.05,0.1,0.2")
+    bn.add_argument("--privacy-unit", default="record", choices=["record", "user"])
+    bn.add_argument("--max-points-per-user", type=int, default=20)
+    bn.add_argument("--query-sides-m", default="100:1000", help="one band A:B")
+    bn.add_argument("--queries", type=int, default=2000)
+    bn.add_argument("--trials", type=int, default=3)
+    bn.add_argument("--mechanisms", default="ag,privtree,snh")
+    bn.add_argument("--snh-variants", type=json.loads, default=[],
+                    help='extra snh runs, a JSON list of parameter sets, e.g. \'[{"answer": "grid"}]\'')
+    bn.set_defaults(func=cmd_bins)
     for name, fn in (("accuracy", cmd_accuracy), ("rho", cmd_rho)):
         p = sub.add_parser(name)
         p.add_argument("--city", default="new-york")
