@@ -100,6 +100,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
     mechanisms = tuple(m.strip() for m in args.mechanisms.split(",") if m.strip())
     if mechanisms == ("auto",):
         mechanisms = trained_mechanisms(args.model)
+    elif "auto" in mechanisms:
+        raise CLIError("--mechanisms auto stands alone (it means every mechanism the model knows); "
+                       "otherwise list candidates from identity,snh,ug,ag,privtree")
     profile = None
     if args.public_data:
         from dpcore.data import clip_to_region, load_points

@@ -277,3 +277,5 @@ def test_predict_auto_weighs_what_an_auto_release_weighs(capsys):
     assert json.loads(capsys.readouterr().out) == via_auto
     assert sorted(c["mechanism"] for c in via_auto["inputs"]["candidates"]) == sorted(listed.split(","))
     assert len(via_auto["inputs"]["candidates"]) == 5  # the shipped model knows all five
+    assert main(base + ["auto,identity"]) == 2
+    assert "--mechanisms auto stands alone" in capsys.readouterr().err
