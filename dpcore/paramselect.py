@@ -430,7 +430,9 @@ def best_rho_labels(table: pd.DataFrame) -> pd.DataFrame:
 
 @functools.lru_cache(maxsize=16)
 def _cached_model(path: str, exclude: tuple[str, ...]) -> ParamSelectModel:
-    base = ParamSelectModel.load(path)
+    # A model without some groups is retrained from the cached full one, so the file is read once per
+    # process (auto reads the full model for its candidates, then the one without the release's city).
+    base = _cached_model(path, ()) if exclude else ParamSelectModel.load(path)
     present = tuple(g for g in exclude if g in set(base.table["group"]))
     return base.without(present) if present else base
 
