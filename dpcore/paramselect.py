@@ -19,7 +19,7 @@ data are; learn it from public datasets with a tree ensemble. Here:
   choosing k (``max_points_per_user``) and the mechanism: the choice is the argmin of predicted error
   (:func:`pick_candidate`), among the candidates whose training rows reach within
   ``EXTRAPOLATION_FACTOR`` of the release's n·ε/s, a self-tuned candidate (snh) needing a lead of
-  ``SELF_TUNED_MARGIN``, ties going to the best rank on the nearest public cases. SNH is scored as
+  ``SELF_TUNED_MARGIN``, ties going to the least mean log-regret on the nearest public cases. SNH is scored as
   the variant the release would run (``snh_denoised``: with the public denoiser or without; the
   table holds both where the denoiser applies). Every choice lists its candidates' predictions.
 - **Train as served**: a release's entropy feature comes from its region's public profile, so the
@@ -90,10 +90,13 @@ EXTRAPOLATION_FACTOR = 4.0
 #: of the best in 86.2 / 87.5 / 89.6 / 89.6 / 89.6 / 89.4 / 89.1 / 88.4 / 86.5% of cases; 7.5% is the middle
 #: of the plateau. The training flow's own CV (full precision) went from 85.4% at 0 to 88.8% at 7.5%.
 SELF_TUNED_MARGIN = 0.075
-#: Ties in predicted error go to the best mean rank over training cases within ±RANK_WINDOW of the
-#: release's log10(n·ε/s), widened to take in at least the RANK_MIN_CASES nearest distinct values.
-RANK_WINDOW = 0.5
-RANK_MIN_CASES = 3
+#: Ties in predicted error go to the least mean log-regret (log of error over the case's best) over
+#: training cases within ±REGRET_WINDOW of the release's log10(n·ε/s), widened to take in at least the
+#: REGRET_MIN_CASES nearest distinct values. Regret, not rank: goal 2 judges the ratio to the best, and a
+#: mechanism second by 1% ranks as badly as one second by 30%. Leave-one-city-out on the shipped table,
+#: within 5% of the best: rank 88.4%, log-regret 88.5% (mean ratio ×1.0387 vs ×1.0385), bench/README.md.
+REGRET_WINDOW = 0.5
+REGRET_MIN_CASES = 3
 
 BASE_FEATURES = ["log_n", "log_eps_s", "inv_n_eps", "inv_sqrt_n_eps", "entropy", "log_band", "kept_fraction"]
 #: SNH rows run with the public denoiser (1) or without it (0). Where the shipped denoiser applies
@@ -282,7 +285,7 @@ class ParamSelectModel:
         self.groups = sorted(train["group"].unique())
         self.mechanisms = sorted(train["mechanism"].unique())
         self.reach = training_reach(train)
-        self.case_ranks = case_ranks(train)
+        self.case_regrets = case_regrets(train)
 
     # Training-time helpers are static so the flow and the CV can use them on any table.
     def without(self, groups: tuple[str, ...]) -> ParamSelectModel:
@@ -320,10 +323,10 @@ class ParamSelectModel:
         rho = self.choose_rho(features) if rho is None else rho
         out = []
         # Trees share leaves across mechanisms where rows are few (large n·ε/s), so exact ties in
-        # predicted error happen. They go to the mechanism that ranked best on the nearest training cases
-        # (public data), and never to a self-tuned (neural, slow) one first.
-        rank = self._mean_rank(privacy_unit, features)
-        for mech in sorted(mechanisms, key=lambda m: (m in SELF_TUNED_MECHANISMS, rank.get(m, math.inf))):
+        # predicted error happen. They go to the mechanism closest to the best on the nearest training
+        # cases (public data; least mean log-regret), and never to a self-tuned (neural, slow) one first.
+        regret = self._mean_regret(privacy_unit, features)
+        for mech in sorted(mechanisms, key=lambda m: (m in SELF_TUNED_MECHANISMS, regret.get(m, math.inf))):
             # A lone ρ mechanism without rows of its own uses the grid's predicted error at ρ.
             proxy = mech if mech in self.mechanisms else "identity"
             denoised = snh_denoised and proxy == "snh"
@@ -331,11 +334,11 @@ class ParamSelectModel:
             out.append(Scored(mech, rho, err, self.within_reach(features, proxy, denoised)))
         return out
 
-    def _mean_rank(self, privacy_unit: str, features: dict[str, float]) -> dict[str, float]:
-        """Mean rank of each mechanism over the training cases nearest to these features: same privacy
-        unit, nearest band, log10(n·ε/s) within ±RANK_WINDOW (wider if fewer than RANK_MIN_CASES distinct
-        values are that near)."""
-        r = self.case_ranks
+    def _mean_regret(self, privacy_unit: str, features: dict[str, float]) -> dict[str, float]:
+        """Mean log-regret of each mechanism over the training cases nearest to these features: same
+        privacy unit, nearest band, log10(n·ε/s) within ±REGRET_WINDOW (wider if fewer than
+        REGRET_MIN_CASES distinct values are that near)."""
+        r = self.case_regrets
         r = r[r["privacy_unit"] == privacy_unit] if (r["privacy_unit"] == privacy_unit).any() else r
         if r.empty:
             return {}
@@ -343,8 +346,8 @@ class ParamSelectModel:
         r = r[r["log_band"] == bands[np.argmin(np.abs(bands - features["log_band"]))]]
         distance = (r["snr"] - (features["log_n"] + features["log_eps_s"])).abs()
         cases = np.sort(distance.unique())
-        limit = max(RANK_WINDOW, float(cases[min(RANK_MIN_CASES, cases.size) - 1]))
-        return r[distance <= limit].groupby("mechanism")["rank"].mean().to_dict()
+        limit = max(REGRET_WINDOW, float(cases[min(REGRET_MIN_CASES, cases.size) - 1]))
+        return r[distance <= limit].groupby("mechanism")["log_regret"].mean().to_dict()
 
     def within_reach(self, features: dict[str, float], mechanism: str, denoised: bool = False) -> bool:
         """Whether the release's n·ε/s is at most EXTRAPOLATION_FACTOR × the largest one the mechanism
@@ -394,16 +397,19 @@ def variant_key(mechanism: str, denoised: bool) -> str:
     return f"{mechanism}/{int(denoised)}"
 
 
-def case_ranks(table: pd.DataFrame) -> pd.DataFrame:
-    """Per training case (dataset, ε, unit, k, band): each mechanism's rank (1 = least error; the grid
-    at its best ρ) among those measured on it, with the case's unit, log_band and log10(n·ε/s)."""
+def case_regrets(table: pd.DataFrame) -> pd.DataFrame:
+    """Per training case (dataset, ε, unit, k, band): each mechanism's log-regret, ln(error / least
+    error of any mechanism measured on the case; 0 = the best; ρ mechanisms at their best ρ), with the
+    case's unit, log_band and log10(n·ε/s)."""
     keys = ["dataset", "epsilon", "privacy_unit", "k", "log_band"]
     plain = table[table[DENOISED_COLUMN] == 0]  # one row set per mechanism and case
     best = plain.groupby(keys + ["mechanism"], dropna=False).agg(
         error=("error", "min"), snr=("log_n", "first"), log_eps_s=("log_eps_s", "first")).reset_index()
     best["snr"] = best["snr"] + best.pop("log_eps_s")
-    best["rank"] = best.groupby(keys, dropna=False)["error"].rank()
-    return best[["privacy_unit", "log_band", "snr", "mechanism", "rank"]]
+    # The floor keeps a zero-error case (an empty band) from making every regret infinite.
+    floor = best.groupby(keys, dropna=False)["error"].transform("min").clip(lower=1e-12)
+    best["log_regret"] = np.log(best["error"].clip(lower=1e-12) / floor)
+    return best[["privacy_unit", "log_band", "snr", "mechanism", "log_regret"]]
 
 
 def _table_path_for(model_path: Path) -> Path:

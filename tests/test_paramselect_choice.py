@@ -4,6 +4,8 @@ choice must be is known too."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -124,21 +126,42 @@ def test_tables_without_the_variant_column_count_snh_as_plain(table):
     assert (m.table[DENOISED_COLUMN] == 0).all() and "snh/0" in m.reach and "snh/1" not in m.reach
 
 
-def test_ties_go_to_the_mechanism_that_ranked_best_on_public_cases(model_path):
+def test_ties_go_to_the_mechanism_closest_to_the_best_on_public_cases(model_path):
     """Trees share leaves where rows are few, so equal predictions happen; the candidates are scored in
-    the order of their mean rank on the training cases (the grid at its best ρ), snh always last."""
+    the order of their mean log-regret on the training cases (the grid at its best ρ), snh always last."""
     from dpcore.paramselect import Scored, load_model, pick_candidate
 
     model = load_model(model_path)
     feats = feature_row(SMALL_N, 0.1, 1.0, 8.0, BAND)
     # 0.2 < 0.25 (the grid at 200 m) < 0.5 (the plain snh) on every case
-    assert model._mean_rank("record", feats) == {"ug": 1.0, "identity": 2.0, "snh": 3.0}
+    regret = model._mean_regret("record", feats)
+    assert regret.keys() == {"ug", "identity", "snh"}
+    assert regret["ug"] == pytest.approx(0.0, abs=1e-12)
+    assert regret["identity"] == pytest.approx(math.log(0.25 / 0.2))
+    assert regret["snh"] == pytest.approx(math.log(0.5 / 0.2))
     order = [c.mechanism for c in model.score_candidates(feats, ("snh", "identity", "ug"))]
     assert order == ["ug", "identity", "snh"]
     tie = [Scored("ag", 0.0, 0.1, True), Scored("ug", 0.0, 0.1, True), Scored("snh", 0.0, 0.05, False)]
     best, beyond = pick_candidate(tie)
     assert best.mechanism == "ag" and beyond == ["snh"]
     assert pick_candidate([Scored("snh", 0.0, 0.05, False)])[0].mechanism == "snh"
+
+
+def test_regret_not_rank_weighs_how_far_behind_the_best_a_mechanism_is():
+    """AG wins two cases of three and is 2× behind on the third; UG is 1% behind twice and wins once.
+    By mean rank AG would lead (1.33 vs 1.67); by the ratio to the best, which goal 2 judges, UG does."""
+    from dpcore.paramselect import case_regrets
+
+    rows = []
+    for case, (ag, ug) in enumerate([(0.100, 0.101), (0.200, 0.202), (0.600, 0.300)]):
+        for mech, err in (("ag", ag), ("ug", ug)):
+            rows.append({"dataset": f"d{case}", "epsilon": 0.1, "privacy_unit": "record", "k": None,
+                         "log_band": 2.0, "log_n": 5.0, "log_eps_s": -1.0, "mechanism": mech, "error": err,
+                         DENOISED_COLUMN: 0})
+    mean = case_regrets(pd.DataFrame(rows)).groupby("mechanism")["log_regret"].mean()
+    assert mean["ug"] == pytest.approx(2 * math.log(1.01) / 3)
+    assert mean["ag"] == pytest.approx(math.log(2.0) / 3)
+    assert mean["ug"] < mean["ag"]
 
 
 def test_a_self_tuned_candidate_needs_a_lead_of_the_margin():
