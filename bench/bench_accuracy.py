@@ -71,6 +71,18 @@ def load_dataset(name: str) -> Points:
     return load_points(path).points
 
 
+def export_points(name: str, out: str) -> None:
+    """A dataset as geodp's standard point table (user_id, timestamp, lat, lon)."""
+    import pandas as pd
+
+    if name not in DATASETS:
+        raise SystemExit(f"unknown dataset {name!r}; known: {', '.join(DATASETS)}")
+    pts = load_dataset(name)
+    pd.DataFrame({"user_id": pts.user_ids[pts.user], "timestamp": pd.to_datetime(pts.ts, unit="s", utc=True),
+                  "lat": pts.lat, "lon": pts.lon}).to_parquet(out, index=False)
+    print(f"wrote {pts.lat.size:,} points of {name} to {out}")
+
+
 def table_for(report: dict, sides: list[tuple[float, float]], epsilons: list[float], mechanisms: list[str]) -> str:
     by = {(r["mechanism"], r["epsilon"], tuple(r["query_sides_m"])): r["mean_relative_error"]
           for r in report["results"]}
@@ -125,7 +137,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None, help="write all reports to this JSON file")
     ap.add_argument("--readme", action="store_true", help="rewrite the accuracy section of bench/README.md")
     ap.add_argument("--markdown", default=None, help="write the accuracy section (markdown) to this file")
+    ap.add_argument("--export", nargs=2, metavar=("DATASET", "OUT.parquet"), default=None,
+                    help="write one dataset's points (e.g. sf-cabs-starts) as a point table for `geodp evaluate`, "
+                         "and stop")
     args = ap.parse_args(argv)
+    if args.export:
+        export_points(*args.export)
+        return 0
 
     epsilons = [float(e) for e in args.epsilons.split(",")]
     sides = [(25.0, 100.0), (100.0, 1000.0), (1000.0, 5000.0)]
