@@ -7,7 +7,8 @@
     nice -n 10 .venv/bin/python bench/bench_snh.py bins             # error split by the squares' true counts
 
 Data: Gowalla NYC from ../shared/data (falls back to the synthetic generator when it is absent, and
-says so). Prints numbers; nothing here asserts.
+says so), or any point table with --data PATH (the region is still --city's). Prints numbers; nothing
+here asserts.
 """
 
 from __future__ import annotations
@@ -31,9 +32,12 @@ from dpcore.noise import NoiseSource
 SHARED = Path(os.environ.get("GEODP_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 
 
-def load_city(city: str) -> tuple[Points, str]:
-    """Gowalla NYC for new-york, the Gowalla sample's points for its other cities (held out from every
-    choice tuned on NYC), else the synthetic generator."""
+def load_city(city: str, data: str | None = None) -> tuple[Points, str]:
+    """``data`` (any point table geodp reads) when given; else Gowalla NYC for new-york, the Gowalla
+    sample's points for its other cities (held out from every choice tuned on NYC), else the synthetic
+    generator."""
+    if data:
+        return load_points(data).points, data
     path = SHARED / "gowalla_nyc_checkins.tsv.gz"
     if city == "new-york" and path.exists():
         return load_points(path).points, str(path)
@@ -52,7 +56,7 @@ def load_city(city: str) -> tuple[Points, str]:
 def cmd_speed(args: argparse.Namespace) -> None:
     import torch
 
-    pts, source = load_city(args.city)
+    pts, source = load_city(args.city, args.data)
     region = city_region(args.city)
     idx, x, y = clip_to_region(pts, region)
     print(f"data {source}: {x.size:,} points in {region.name} {region.side_km:g} km; torch threads "
@@ -89,7 +93,7 @@ def cmd_accuracy(args: argparse.Namespace) -> None:
     from dpcore.paramselect import select_params
     from dpcore.queries import parse_query_sides
 
-    pts, source = load_city(args.city)
+    pts, source = load_city(args.city, args.data)
     region = city_region(args.city)
     sides = parse_query_sides(args.query_sides_m)
     epsilons = [float(e) for e in args.epsilons.split(",")]
@@ -172,7 +176,7 @@ def cmd_floors(args: argparse.Namespace) -> None:
     from dpcore.metrics import psi_for, relative_error
     from dpcore.queries import parse_query_sides
 
-    pts, source = load_city(args.city)
+    pts, source = load_city(args.city, args.data)
     region = city_region(args.city)
     data = region_data(pts, region)
     psi = psi_for(data.n_points)
@@ -210,7 +214,7 @@ def cmd_bins(args: argparse.Namespace) -> None:
     from dpcore.metrics import psi_for, relative_error
     from dpcore.queries import parse_query_sides
 
-    pts, source = load_city(args.city)
+    pts, source = load_city(args.city, args.data)
     region = city_region(args.city)
     data = region_data(pts, region)
     psi = psi_for(data.n_points)
@@ -245,7 +249,7 @@ def cmd_rho(args: argparse.Namespace) -> None:
     from dpcore.paramselect import RHO_GRID_M, select_params
     from dpcore.queries import parse_query_sides
 
-    pts, source = load_city(args.city)
+    pts, source = load_city(args.city, args.data)
     region = city_region(args.city)
     idx, _, _ = clip_to_region(pts, region)
     sides = parse_query_sides(args.query_sides_m)
@@ -318,6 +322,10 @@ def main() -> None:
         p.add_argument("--snh-params", type=json.loads, default={},
                        help='extra snh parameters as JSON, e.g. \'{"data_collection": "pyramid"}\'')
         p.set_defaults(func=fn)
+    for p in sub.choices.values():
+        p.add_argument("--data", default=None,
+                       help="point table to use instead of the city's default data (e.g. one written by "
+                            "bench_accuracy.py --export)")
     args = ap.parse_args()
     args.func(args)
 
