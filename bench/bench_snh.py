@@ -254,7 +254,15 @@ def cmd_rho(args: argparse.Namespace) -> None:
     idx, _, _ = clip_to_region(pts, region)
     sides = parse_query_sides(args.query_sides_m)
     k = args.max_points_per_user
-    print(f"data {source}; {args.privacy_unit}-level; identity grid over ρ ∈ {list(RHO_GRID_M)}")
+    user_level = args.privacy_unit == "user"
+    # What a release's identity@ParamSelect is given: at user level the size of the bounded sample (it
+    # pays for a DP estimate of it; here the exact count, sum over users of min(points, k)), not the
+    # full count scaled by the public profile's kept fraction, which is a check-in city's and can be far
+    # off on other data (2.4% of the SF cab trip starts survive k = 20).
+    n_noised = float(np.minimum(np.unique(pts.user[idx], return_counts=True)[1], k).sum()) if user_level \
+        else float(idx.size)
+    print(f"data {source}; {args.privacy_unit}-level; n noised {n_noised:,.0f}; identity grid over ρ ∈ "
+          f"{list(RHO_GRID_M)}")
     ratios = []
     for eps in [float(e) for e in args.epsilons.split(",")]:
         for a, b in sides:
@@ -264,8 +272,8 @@ def cmd_rho(args: argparse.Namespace) -> None:
                                  max_points_per_user=k, query_sides_m=[(a, b)], n_queries=args.queries,
                                  trials=args.trials, mechanism_params={"identity": {"cell_width_m": rho}})
                 errs[rho] = evaluate(pts, region, cfg)["results"][0]["mean_relative_error"]
-            choice = select_params(region=region, n=idx.size, epsilon=eps,
-                                   sensitivity=float(k) if args.privacy_unit == "user" else 1.0,
+            choice = select_params(region=region, n=n_noised, epsilon=eps, n_is_bounded=user_level,
+                                   sensitivity=float(k) if user_level else 1.0,
                                    privacy_unit=args.privacy_unit, max_points_per_user=k, band=(a, b))
             cfg = EvalConfig(mechanisms=["identity"], epsilons=[eps], privacy_unit=args.privacy_unit,
                              max_points_per_user=k, query_sides_m=[(a, b)], n_queries=args.queries,
