@@ -286,6 +286,8 @@ class ParamSelectModel:
         self.mechanisms = sorted(train["mechanism"].unique())
         self.reach = training_reach(train)
         self.case_regrets = case_regrets(train)
+        labels = best_rho_labels(train)
+        self.rho_reach = float((labels["log_n"] + labels["log_eps_s"]).max())
 
     # Training-time helpers are static so the flow and the CV can use them on any table.
     def without(self, groups: tuple[str, ...]) -> ParamSelectModel:
@@ -296,6 +298,14 @@ class ParamSelectModel:
     def predict_rho(self, features: dict[str, float]) -> float:
         x = np.array([[features[c] for c in BASE_FEATURES]])
         return float(10 ** self.rho_model.predict(x)[0])
+
+    def rho_extrapolation(self, features: dict[str, float]) -> float | None:
+        """How far (×) the release's n·ε/s lies beyond the largest one among the ρ labels, or None within
+        them. Past its data a tree predicts a constant, so ρ̂ there stops shrinking as n·ε grows while the
+        best ρ does not: on the SF cab trip starts (n·ε 1.9–3.8× beyond) ρ̂ stayed at 141 m where 35–50 m
+        was best on 25–100 m squares (bench/README.md, session 15)."""
+        excess = features["log_n"] + features["log_eps_s"] - self.rho_reach
+        return float(10 ** excess) if excess > 0 else None
 
     def choose_rho(self, features: dict[str, float]) -> float:
         """The paper's regressed ρ̂, snapped to the nearest searched ρ (the widths the labels were measured at).
@@ -512,6 +522,7 @@ def select_params(*, region: Region, n: float, epsilon: float, sensitivity: floa
     inputs = {"region": region.name, "n": float(n), "epsilon": float(epsilon), "privacy_unit": privacy_unit,
               "band_m": list(band), "profile_source": prof.source, "features": feats,
               "snh_denoised": bool(snh_denoised), "beyond_training_reach": sorted(set(beyond)),
+              "rho_extrapolated_by": model.rho_extrapolation(feats),
               "self_tuned_margin": SELF_TUNED_MARGIN, "candidates": candidates}
     return Choice(mech, float(rho), k, float(err), inputs, list(model.exclude_groups))
 
@@ -628,7 +639,17 @@ def cell_width_for_fit(data: FitInput, acct: Accountant, noise: NoiseSource, *, 
                            sensitivity=float(data.sensitivity), privacy_unit=data.privacy_unit,
                            max_points_per_user=data.max_points_per_user, band=band, mechanisms=(mechanism,),
                            n_is_bounded=bounded, model_path=model_path)
-    return choice.cell_width_m, f"cell width {choice.cell_width_m:.1f} m chosen by ParamSelect; n from {how}"
+    return choice.cell_width_m, f"cell width {choice.cell_width_m:.1f} m chosen by ParamSelect; n from {how}" + \
+        rho_extrapolation_note(choice)
+
+
+def rho_extrapolation_note(choice: Choice) -> str:
+    """A release note's warning when ParamSelect's ρ was extrapolated ("" when it was not)."""
+    factor = choice.inputs.get("rho_extrapolated_by")
+    if not factor:
+        return ""
+    return (f"; n·ε/s is {factor:.1f}× beyond ParamSelect's largest training case, so ρ is extrapolated "
+            "(likely too coarse for small squares)")
 
 
 # -- evaluation of the model (cross-validation by group) ---------------------------------------------

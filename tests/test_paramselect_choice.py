@@ -177,3 +177,16 @@ def test_a_self_tuned_candidate_needs_a_lead_of_the_margin():
     assert pick_candidate([cheap, just_below], self_tuned_margin=0.0)[0].mechanism == "snh"
     with pytest.raises(ParamSelectError, match="self_tuned_margin"):
         pick_candidate([cheap], self_tuned_margin=-0.1)
+
+
+def test_a_release_beyond_the_rho_labels_is_told_that_rho_is_extrapolated(model_path):
+    """Past the largest n·ε/s of its labels a tree predicts a constant ρ; the choice says by how much the
+    release lies beyond (the largest label here: 100,000 points at ε = 1.6), and a release's note says so."""
+    from dpcore.paramselect import rho_extrapolation_note
+
+    region = city_region("new-york")  # not a training group: nothing is excluded
+    far = select_params(region=region, n=1_000_000, epsilon=1.6, band=BAND, model_path=model_path)
+    assert far.inputs["rho_extrapolated_by"] == pytest.approx(10.0)
+    assert "10.0× beyond" in rho_extrapolation_note(far)
+    near = select_params(region=region, n=SMALL_N, epsilon=0.1, band=BAND, model_path=model_path)
+    assert near.inputs["rho_extrapolated_by"] is None and rho_extrapolation_note(near) == ""

@@ -68,7 +68,7 @@ class AutoMechanism(Mechanism):
 
     def _fit(self, data: FitInput, acct: Accountant, noise: NoiseSource) -> Synopsis:
         from dpcore.mechanisms import get_mechanism
-        from dpcore.paramselect import public_n_for_fit, select_params
+        from dpcore.paramselect import public_n_for_fit, rho_extrapolation_note, select_params
 
         cands = self._candidates()
         lo, hi = (float(v) for v in self.query_sides_m)
@@ -94,7 +94,8 @@ class AutoMechanism(Mechanism):
                   "candidates": [{"mechanism": c["mechanism"], "predicted_error": c["predicted_error"],
                                   "within_reach": c["within_reach"]} for c in choice.inputs["candidates"]],
                   "self_tuned_margin": choice.inputs["self_tuned_margin"]}
-        notes = [f"ParamSelect chose {choice.mechanism} {inner_params} from public inputs; n from {how}"]
+        notes = [f"ParamSelect chose {choice.mechanism} {inner_params} from public inputs; n from {how}"
+                 + rho_extrapolation_note(choice)]
         if choice.inputs.get("beyond_training_reach"):
             notes.append(f"not weighed: {', '.join(choice.inputs['beyond_training_reach'])} (this release's n·ε/s "
                          "is far beyond the training rows the cost model has for them)")
