@@ -25,7 +25,7 @@ def check_band(query_sides_m) -> None:
     try:
         lo, hi = (float(v) for v in query_sides_m)
     except (TypeError, ValueError) as exc:
-        raise MechanismError(f"query_sides_m must be two numbers (lo, hi), got {query_sides_m!r}") from exc
+        raise MechanismError(f"query_sides_m must be two numbers (lo, hi), e.g. [25, 100]; got {query_sides_m!r}") from exc
     if not 0 < lo <= hi:
         raise MechanismError(f"query_sides_m must satisfy 0 < lo ≤ hi, got {list(query_sides_m)}")
 
