@@ -649,7 +649,7 @@ def rho_extrapolation_note(choice: Choice) -> str:
     if not factor:
         return ""
     return (f"; n·ε/s is {factor:.1f}× beyond ParamSelect's largest training case, so ρ is extrapolated "
-            "(likely too coarse for small squares)")
+            "(it may be too coarse for small squares)")
 
 
 # -- evaluation of the model (cross-validation by group) ---------------------------------------------

@@ -126,7 +126,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     print(f"  cell width ρ       {choice.cell_width_m:.0f} m")
     if choice.inputs.get("rho_extrapolated_by"):
         print(f"  ρ extrapolated     n·ε/s is {choice.inputs['rho_extrapolated_by']:.1f}× the largest training case's; "
-              "past it ρ stops shrinking, so it is likely too coarse for small squares")
+              "past it ρ stops shrinking, so it may be too coarse for small squares")
     if choice.max_points_per_user is not None:
         print(f"  max points / user  {choice.max_points_per_user}")
     print(f"  mechanism          {choice.mechanism}")
