@@ -246,7 +246,7 @@ def cmd_bins(args: argparse.Namespace) -> None:
 
 def cmd_rho(args: argparse.Namespace) -> None:
     from dpcore.evaluate import EvalConfig, evaluate
-    from dpcore.paramselect import RHO_GRID_M, select_params
+    from dpcore.paramselect import RHO_GRID_M, kept_fractions, select_params
     from dpcore.queries import parse_query_sides
 
     pts, source = load_city(args.city, args.data)
@@ -256,11 +256,10 @@ def cmd_rho(args: argparse.Namespace) -> None:
     k = args.max_points_per_user
     user_level = args.privacy_unit == "user"
     # What a release's identity@ParamSelect is given: at user level the size of the bounded sample (it
-    # pays for a DP estimate of it; here the exact count, sum over users of min(points, k)), not the
-    # full count scaled by the public profile's kept fraction, which is a check-in city's and can be far
-    # off on other data (2.4% of the SF cab trip starts survive k = 20).
-    n_noised = float(np.minimum(np.unique(pts.user[idx], return_counts=True)[1], k).sum()) if user_level \
-        else float(idx.size)
+    # pays for a DP estimate of it; here the exact count), not the full count scaled by the public
+    # profile's kept fraction, which is a check-in city's and can be far off on other data (2.4% of the
+    # SF cab trip starts survive k = 20).
+    n_noised = kept_fractions(pts.user[idx], (k,))[k] * idx.size if user_level else float(idx.size)
     print(f"data {source}; {args.privacy_unit}-level; n noised {n_noised:,.0f}; identity grid over ρ ∈ "
           f"{list(RHO_GRID_M)}")
     ratios = []

@@ -286,8 +286,6 @@ class ParamSelectModel:
         self.mechanisms = sorted(train["mechanism"].unique())
         self.reach = training_reach(train)
         self.case_regrets = case_regrets(train)
-        labels = best_rho_labels(train)
-        self.rho_reach = float((labels["log_n"] + labels["log_eps_s"]).max())
 
     # Training-time helpers are static so the flow and the CV can use them on any table.
     def without(self, groups: tuple[str, ...]) -> ParamSelectModel:
@@ -304,7 +302,11 @@ class ParamSelectModel:
         them. Past its data a tree predicts a constant, so ρ̂ there stops shrinking as n·ε grows while the
         best ρ does not: on the SF cab trip starts (n·ε 1.9–3.8× beyond) ρ̂ stayed at 141 m where 35–50 m
         was best on 25–100 m squares (bench/README.md, session 15)."""
-        excess = features["log_n"] + features["log_eps_s"] - self.rho_reach
+        # The labels are the identity grid's cases, so their reach is the plain grid's.
+        reach = self.reach.get(variant_key("identity", False))
+        if reach is None:
+            return None
+        excess = features["log_n"] + features["log_eps_s"] - reach
         return float(10 ** excess) if excess > 0 else None
 
     def choose_rho(self, features: dict[str, float]) -> float:
@@ -639,16 +641,16 @@ def cell_width_for_fit(data: FitInput, acct: Accountant, noise: NoiseSource, *, 
                            sensitivity=float(data.sensitivity), privacy_unit=data.privacy_unit,
                            max_points_per_user=data.max_points_per_user, band=band, mechanisms=(mechanism,),
                            n_is_bounded=bounded, model_path=model_path)
-    return choice.cell_width_m, f"cell width {choice.cell_width_m:.1f} m chosen by ParamSelect; n from {how}" + \
-        rho_extrapolation_note(choice)
+    return choice.cell_width_m, "; ".join(filter(None, (
+        f"cell width {choice.cell_width_m:.1f} m chosen by ParamSelect; n from {how}", rho_extrapolation_note(choice))))
 
 
 def rho_extrapolation_note(choice: Choice) -> str:
-    """A release note's warning when ParamSelect's ρ was extrapolated ("" when it was not)."""
+    """The warning that ParamSelect's ρ was extrapolated, for release notes and `predict` ("" when it was not)."""
     factor = choice.inputs.get("rho_extrapolated_by")
     if not factor:
         return ""
-    return (f"; n·ε/s is {factor:.1f}× beyond ParamSelect's largest training case, so ρ is extrapolated "
+    return (f"n·ε/s is {factor:.1f}× beyond ParamSelect's largest training case, so ρ is extrapolated "
             "(it may be too coarse for small squares)")
 
 

@@ -90,7 +90,7 @@ CANDIDATES_SHOWN = 8
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    from dpcore.paramselect import PublicProfile, select_params, trained_mechanisms
+    from dpcore.paramselect import PublicProfile, rho_extrapolation_note, select_params, trained_mechanisms
     from dpcore.queries import parse_query_sides
 
     region = region_from_args(args)
@@ -124,9 +124,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
     print(f"region {region.name}: n={args.n:g}, ε={args.epsilon:g}, {args.privacy_unit}-level, "
           f"queries {bands[0][0]:g}-{bands[0][1]:g} m")
     print(f"  cell width ρ       {choice.cell_width_m:.0f} m")
-    if choice.inputs.get("rho_extrapolated_by"):
-        print(f"  ρ extrapolated     n·ε/s is {choice.inputs['rho_extrapolated_by']:.1f}× the largest training case's; "
-              "past it ρ stops shrinking, so it may be too coarse for small squares")
+    if extrapolated := rho_extrapolation_note(choice):
+        print(f"  ρ extrapolated     {extrapolated}")
     if choice.max_points_per_user is not None:
         print(f"  max points / user  {choice.max_points_per_user}")
     print(f"  mechanism          {choice.mechanism}")

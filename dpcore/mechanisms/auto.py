@@ -94,8 +94,9 @@ class AutoMechanism(Mechanism):
                   "candidates": [{"mechanism": c["mechanism"], "predicted_error": c["predicted_error"],
                                   "within_reach": c["within_reach"]} for c in choice.inputs["candidates"]],
                   "self_tuned_margin": choice.inputs["self_tuned_margin"]}
-        notes = [f"ParamSelect chose {choice.mechanism} {inner_params} from public inputs; n from {how}"
-                 + rho_extrapolation_note(choice)]
+        notes = ["; ".join(filter(None, (
+            f"ParamSelect chose {choice.mechanism} {inner_params} from public inputs; n from {how}",
+            rho_extrapolation_note(choice))))]
         if choice.inputs.get("beyond_training_reach"):
             notes.append(f"not weighed: {', '.join(choice.inputs['beyond_training_reach'])} (this release's n·ε/s "
                          "is far beyond the training rows the cost model has for them)")
