@@ -103,29 +103,3 @@ def split_epsilon(epsilon: float, weights: dict[str, float]) -> dict[str, float]
         raise BudgetError("budget split weights must be positive")
     total = math.fsum(weights.values())
     return {k: eps * w / total for k, w in weights.items()}
-
-
-@dataclass(frozen=True)
-class LedgerEntry:
-    """One city-release charged against a (dataset, period) cap. Stored append-only by the platform."""
-
-    dataset: str
-    city: str
-    period: str
-    epsilon: float
-    config_hash: str
-    release_key: str
-    created_at: str
-    version: int | None = None
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-def remaining_budget(entries: list[LedgerEntry], dataset: str, period: str, cap: float) -> float:
-    """What is left of ``cap`` for (dataset, period). Entries for the same release key count once."""
-    seen: dict[str, float] = {}
-    for e in entries:
-        if e.dataset == dataset and e.period == period:
-            seen.setdefault(e.release_key, e.epsilon)
-    return cap - math.fsum(seen.values())

@@ -13,6 +13,7 @@ import sys
 COMMAND_MODULES = [
     "flows.cli_core",
     "flows.cli_platform",
+    "flows.cli_ledger",
     "flows.cli_st",
     "flows.cli_heatmap",
     "flows.cli_snh",

@@ -36,11 +36,13 @@ def add_region_args(p: argparse.ArgumentParser, required: bool = True) -> None:
     p.add_argument("--side-km", type=float, default=None, help="side of the square region in km (default 20)")
 
 
-def add_privacy_args(p: argparse.ArgumentParser) -> None:
+def add_privacy_args(p: argparse.ArgumentParser, default_k: int | None = 20) -> None:
     p.add_argument("--privacy-unit", choices=["user", "record"], default="user",
                    help="user: neighbours differ by one user's records (default); record: by one record")
-    p.add_argument("--max-points-per-user", type=int, default=20, metavar="K",
-                   help="contribution bound k under user-level privacy, over the whole release (default 20)")
+    p.add_argument("--max-points-per-user", type=int, default=default_k, metavar="K",
+                   help="contribution bound k under user-level privacy, over the whole release " +
+                   ("(default: the dataset's policy, 20 for a new dataset)" if default_k is None
+                    else f"(default {default_k})"))
 
 
 def region_from_args(args: argparse.Namespace) -> Region:

@@ -33,7 +33,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--epsilon", required=True, type=float, help="ε per city-release")
     p.add_argument("--mechanism", default="identity")
     p.add_argument("--param", action="append", metavar="KEY=VALUE", help="mechanism parameter (repeatable)")
-    add_privacy_args(p)
+    add_privacy_args(p, default_k=None)
+    p.add_argument("--data-version", default=None,
+                   help="public version of the input, declared by the operator (default: its modification time)")
     p.add_argument("--public-total", type=float, default=None,
                    help="PUBLIC total point count of the region (single region); scales a user-level release")
     p.add_argument("--seed", type=int, default=None,
@@ -67,7 +69,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--epsilon", required=True, type=float, help="ε per city-release")
     p.add_argument("--mechanism", default="identity")
     p.add_argument("--param", action="append", metavar="KEY=VALUE")
-    add_privacy_args(p)
+    add_privacy_args(p, default_k=None)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--store", required=True, help="release store URL")
     _add_platform_args(p)
@@ -91,12 +93,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--json", action="store_true")
     q.set_defaults(func=cmd_releases_show)
 
-    p = sub.add_parser("ledger", help="privacy ledger entries and what is left of each cap")
-    p.add_argument("store", metavar="STORE_URL")
-    p.add_argument("--config", default=None, help="platform config TOML with [budget] caps")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_ledger)
-
     p = sub.add_parser("serve", help="serve the release/backfill/evaluate deployments with the nightly schedule")
     p.add_argument("--config", default=None, help="platform config TOML (default deploy/geodp.toml)")
     p.set_defaults(func=cmd_serve)
@@ -105,7 +101,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _add_platform_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset", default=None, help="dataset name in the store (default: the file's stem)")
     p.add_argument("--budget-cap", type=float, default=None,
-                   help="ε cap per dataset and period (default: [budget] in the config file, else 10)")
+                   help="ε one person may lose from a NEW dataset over its life (sets the dataset's policy; "
+                   "default: [budget] in the config file, else 10); a different value for an existing "
+                   "dataset is an error (change a policy with `geodp dataset policy`)")
     p.add_argument("--config", default=None, help="platform config TOML (default deploy/geodp.toml)")
     p.add_argument("--dask-address", default=None, help="Dask scheduler address (default: a LocalCluster)")
     p.add_argument("--workers", type=int, default=2, help="LocalCluster worker processes (default 2)")
@@ -120,7 +118,7 @@ def _release_params(args: argparse.Namespace, period: str | None) -> object:
     cities = args.cities if getattr(args, "cities", None) else (args.city or "")
     if args.epsilon is None or not args.epsilon > 0:
         raise CLIError(f"epsilon must be > 0, got {args.epsilon}")
-    if args.max_points_per_user < 1:
+    if args.max_points_per_user is not None and args.max_points_per_user < 1:
         raise CLIError("--max-points-per-user must be ≥ 1")
     try:
         return ReleaseParams(
@@ -129,7 +127,8 @@ def _release_params(args: argparse.Namespace, period: str | None) -> object:
             privacy_unit=args.privacy_unit, store=str(getattr(args, "store", None) or args.out),
             dataset=args.dataset, budget_cap=args.budget_cap, center=getattr(args, "center", None),
             side_km=args.side_km, slot=args.slot, public_total=getattr(args, "public_total", None), seed=args.seed,
-            columns=args.columns, format=args.format, dask_address=args.dask_address, n_workers=args.workers)
+            columns=args.columns, format=args.format, dask_address=args.dask_address, n_workers=args.workers,
+            data_version=getattr(args, "data_version", None))
     except ValidationError as exc:
         raise CLIError(f"bad release parameters: {exc.errors()[0]['loc']}: {exc.errors()[0]['msg']}") from exc
 
@@ -153,54 +152,10 @@ def _prevalidate(params) -> None:
 
 
 def run_release_inprocess(params, config_path: str | None = None, strict: bool = False) -> dict:
-    """The release steps without Prefect or Dask (same tasks' functions, same store semantics)."""
-    from dpcore.data import load_points, parse_column_map
-    from flows.release import chosen_mechanism
-    from flows.store import ReleaseStore
-    from tasks.config import budget_cap_for, load_platform_config, parse_period
-    from tasks.release_tasks import (
-        bound_and_split,
-        charge_ledger,
-        check_committed,
-        code_version,
-        dataset_name,
-        make_plans,
-        persist_release,
-        privatize,
-        render_preview,
-    )
+    """The release pipeline without Prefect or Dask (the same steps as the flow, run here)."""
+    from flows.release import release_cities
 
-    period = parse_period(params.period)
-    dataset = dataset_name(params.data, params.dataset)
-    cap = budget_cap_for(dataset, load_platform_config(config_path), params.budget_cap)
-    store = ReleaseStore(params.store)
-    loaded = load_points(params.data, columns=parse_column_map(params.columns), fmt=params.format, strict=strict)
-    eprint(f"loaded {params.data}: {loaded.report.summary()}")
-    plans = make_plans(dataset=dataset, cities=params.cities, center=params.center, side_km=params.side_km,
-                       period=period, mechanism=params.mechanism, params=params.mechanism_params,
-                       epsilon=params.epsilon, privacy_unit=params.privacy_unit,
-                       max_points_per_user=params.max_points_per_user, seed=params.seed,
-                       data_version=loaded.data_version, slot=params.slot, public_total=params.public_total,
-                       source=loaded.source)
-    committed = check_committed.fn(params.store, plans)
-    todo = [p for p in plans if committed[p.city] is None]
-    rows = {p.city: {**committed[p.city], "status": "already committed"} for p in plans if committed[p.city]}
-    if todo:
-        entries = charge_ledger.fn(params.store, todo, cap)
-        inputs = bound_and_split.fn(loaded.points, todo, params.seed)
-        code = code_version()
-        for p in todo:
-            if inputs[p.city].n_points_raw == 0:
-                eprint(f"warning: no valid points inside {p.city} for period {period.label}")
-            syn = privatize.fn(p, inputs[p.city])
-            m = persist_release.fn(params.store, p, syn, render_preview.fn(p, syn), entries[p.city], code)
-            rows[p.city] = {**m, "status": "committed"}
-    return {"dataset": dataset, "period": period.label, "store": store.url, "cap": cap,
-            "spent": store.spent(dataset, period.label),
-            "releases": [{"city": r["city"], "version": r["version"], "epsilon": r["epsilon"],
-                          "mechanism": r["mechanism"], "chosen_mechanism": chosen_mechanism(r),
-                          "status": r["status"], "url": r["url"],
-                          "region": r["region"]} for r in (rows[p.city] for p in plans)]}
+    return release_cities(params, config_path, in_process=True, strict=strict)
 
 
 def cmd_release(args: argparse.Namespace) -> int:
@@ -232,8 +187,10 @@ def cmd_release(args: argparse.Namespace) -> int:
         word = "release written to" if r["status"] == "committed" else "already committed (no-op):"
         chose = f" ({r['mechanism']} chose {r['chosen_mechanism']})" if r.get("chosen_mechanism") else ""
         print(f"{r['city']} {summary['period']} v{r['version']}: {word} {r['url']}{chose}")
-    print(f"ledger {summary['dataset']}/{summary['period']}: ε spent {summary['spent']:g} of cap "
-          f"{summary['cap']:g}")
+    from flows.release import _loss_line
+
+    print(f"dataset {summary['dataset']}: {summary['guarantee']}")
+    print(f"  {_loss_line(summary['policy'], summary['loss'])}")
     r = summary["releases"][0]
     clat, clon = r["region"]["center_lat"], r["region"]["center_lon"]
     print("query it with:\n  geodp query " + r["url"] +
@@ -351,29 +308,6 @@ def cmd_releases_show(args: argparse.Namespace) -> int:
     print(f"  ledger entry #{manifest['ledger_entry']['seq']} ({manifest['ledger_entry']['created_at']})")
     for f in manifest["files"]:
         print(f"  {f['name']}\t{f['size']} bytes\tsha256 {f['sha256'][:16]}… ok")
-    return 0
-
-
-def cmd_ledger(args: argparse.Namespace) -> int:
-    from flows.store import ReleaseStore
-    from tasks.config import budget_cap_for, load_platform_config
-
-    store = ReleaseStore(args.store)
-    config = load_platform_config(args.config) if args.config else None
-    caps = (lambda ds, per: budget_cap_for(ds, config)) if config else None
-    entries = store.ledger_entries()
-    summary = store.budget_summary(caps)
-    if args.json:
-        print(json.dumps({"entries": entries, "caps": summary}, indent=2))
-        return 0
-    for e in entries:
-        print(f"{e['dataset']}\t{e['period']}\t#{e['seq']}\t{e['city']}\tε={e['epsilon']:g}\t{e['created_at']}")
-    for s in summary:
-        left = "?" if s["left"] is None else f"{s['left']:g}"
-        print(f"{s['dataset']}/{s['period']}: {s['entries']} entries, ε spent {s['spent']:g} of cap "
-              f"{s['cap']:g}, left {left}")
-    if not entries:
-        eprint(f"the ledger of {store.url} is empty")
     return 0
 
 

@@ -9,6 +9,7 @@ then the manifest) → artifacts.
 from __future__ import annotations
 
 import base64
+import sys
 import time
 
 from prefect import flow, get_run_logger
@@ -21,11 +22,18 @@ from prefect.artifacts import (
 from prefect.exceptions import UnfinishedRun
 from prefect.futures import PrefectFuture
 
+from flows.ledger import DatasetLedger
 from flows.store import ReleaseStore
-from tasks.config import ReleaseParams, budget_cap_for, load_platform_config, parse_period
+from tasks.config import (
+    ReleaseParams,
+    budget_cap_for,
+    explicit_budget_cap,
+    load_platform_config,
+    parse_period,
+)
+from tasks.ledger_tasks import PolicyRequest, charge_ledger, committed_from, resolve_policy, void_charge
 from tasks.release_tasks import (
     bound_and_split,
-    charge_ledger,
     check_committed,
     code_version,
     dataset_name,
@@ -33,6 +41,7 @@ from tasks.release_tasks import (
     make_plans,
     persist_release,
     privatize,
+    public_locator,
     render_preview,
 )
 from tasks.runtime import dask_task_runner
@@ -44,19 +53,25 @@ def _artifact_key(text: str) -> str:
 
 
 def release_cities(params: ReleaseParams, config_path: str | None = None, loaded=None,
-                   artifacts: bool = True) -> dict:
-    """Body of the release flow (call inside a flow run). Returns a JSON-able summary.
+                   artifacts: bool = True, in_process: bool = False, strict: bool = False) -> dict:
+    """The release pipeline, the one both forms run. Returns a JSON-able summary.
 
+    Inside a flow run (the default) every step is a Prefect task and the per-city fits run on the flow's
+    Dask task runner; with ``in_process`` the same steps run here, one after the other, with no Prefect.
     ``loaded`` (a LoadResult of params.data) lets a backfill read its input once for all periods."""
-    logger = get_run_logger()
+    log = _log(in_process)
+    step = (lambda t: t.fn) if in_process else (lambda t: t)
     t0 = time.perf_counter()
     period = parse_period(params.period)
-    cap = budget_cap_for(dataset_name(params.data, params.dataset), load_platform_config(config_path),
-                         params.budget_cap)
-    store = ReleaseStore(params.store)  # fails fast on a bad URL
-    if loaded is None:
-        loaded = load_and_validate(params.data, params.columns, params.format)
+    config = load_platform_config(config_path)
     dataset = dataset_name(params.data, params.dataset)
+    store = ReleaseStore(params.store)  # fails fast on a bad URL
+    request = PolicyRequest(params.privacy_unit, params.max_points_per_user,
+                            budget=explicit_budget_cap(dataset, config, params.budget_cap),
+                            default_budget=budget_cap_for(dataset, config))
+    resolved = resolve_policy(store.url, dataset, request)
+    if loaded is None:
+        loaded = step(load_and_validate)(params.data, params.columns, params.format, strict)
     cities = params.cities
     if not cities and not params.center:
         from dpcore.geo import city_names
@@ -65,56 +80,103 @@ def release_cities(params: ReleaseParams, config_path: str | None = None, loaded
         # the mere existence of a release reveal that someone was there, unpaid. A city without data
         # gets a noise-only release, which is still correct and costs the same.
         cities = city_names()
+    source = public_locator(loaded.source)
+    per_day = resolved.policy.bound_window == "day"
     plans = make_plans(dataset=dataset, cities=cities, center=params.center, side_km=params.side_km,
                        period=period, mechanism=params.mechanism, params=params.mechanism_params,
                        epsilon=params.epsilon, privacy_unit=params.privacy_unit,
-                       max_points_per_user=params.max_points_per_user, seed=params.seed,
-                       data_version=loaded.data_version, slot=params.slot, public_total=params.public_total,
-                       source=loaded.source)
-    committed = check_committed(params.store, plans)
+                       max_points_per_user=resolved.max_points_per_user, seed=params.seed,
+                       data_version=params.data_version or loaded.data_version, slot=params.slot,
+                       public_total=params.public_total, source=source, bound_per_day=per_day)
+    committed = step(check_committed)(params.store, plans)
     todo = [p for p in plans if committed[p.city] is None]
-    logger.info("%s %s: %d cities, %d already committed, %d to release (cap ε=%g)", dataset, period.label,
-                len(plans), len(plans) - len(todo), len(todo), cap)
+    log(f"{dataset} {period.label}: {len(plans)} cities, {len(plans) - len(todo)} already committed, "
+        f"{len(todo)} to release; policy: {resolved.policy.describe()}")
     results: dict[str, dict] = {p.city: {**committed[p.city], "status": "already committed"}
                                 for p in plans if committed[p.city] is not None}
-    stats: dict = {}
     if todo:
-        entries = charge_ledger(params.store, todo, cap)
-        inputs = bound_and_split(loaded.points, todo, params.seed)
-        progress = create_progress_artifact(0.0, key=_artifact_key(f"release-progress-{dataset}"),
-                                            description=f"cities of {dataset} {period.label} committed")
+        held = step(charge_ledger)(params.store, todo, resolved, source)
+        inputs = step(bound_and_split)(loaded.points, todo, params.seed, per_day)
         code = code_version()
-        futures = {}
+        if in_process:
+            manifests = {}
+            for p in todo:
+                try:
+                    syn = privatize.fn(p, inputs[p.city])
+                    png = render_preview.fn(p, syn)
+                except BaseException as exc:
+                    void_charge.fn(params.store, dataset, held[p.city], f"fit failed: {type(exc).__name__}")
+                    raise
+                manifests[p.city] = persist_release.fn(params.store, p, syn, png, held[p.city], code)
+        else:
+            manifests = _run_on_workers(params.store, dataset, todo, inputs, held, code)
         for p in todo:
-            syn = privatize.submit(p, inputs[p.city])
-            png = render_preview.submit(p, syn)
-            futures[p.city] = (persist_release.submit(params.store, p, syn, png, entries[p.city], code), (syn, png))
-        stats = {c: {"points": i.n_points_raw, "users": i.n_users_raw, "kept": int(i.x.size)}
-                 for c, i in inputs.items()}
-        done = 0
-        for city, (fut, upstream) in futures.items():
-            manifest = _persisted(fut, upstream)
-            results[city] = {**manifest, "status": "committed"}
-            done += 1
-            update_progress_artifact(progress, 100.0 * done / len(futures))
-    summary = {"dataset": dataset, "period": period.label, "store": store.url, "cap": cap,
-               "spent": store.spent(dataset, period.label), "seconds": round(time.perf_counter() - t0, 2),
-               "releases": [_row(results[p.city], stats.get(p.city)) for p in plans]}
-    if artifacts:
+            m = manifests[p.city]
+            if held[p.city]["seq"] is not None and not committed_from(m, held[p.city]):
+                # another run's attempt was committed for this key: our noise is never published
+                step(void_charge)(params.store, dataset, held[p.city], "another attempt was committed")
+            results[p.city] = {**m, "status": "committed"}
+    loss = DatasetLedger(store, dataset).loss()
+    summary = {"dataset": dataset, "period": period.label, "store": store.url,
+               "policy": resolved.policy.to_dict(), "guarantee": resolved.policy.describe(), "loss": loss,
+               "seconds": round(time.perf_counter() - t0, 2),
+               "releases": [_row(results[p.city]) for p in plans]}
+    if artifacts and not in_process:
         _artifacts(summary, results, store)
     return summary
 
 
+def _log(in_process: bool):
+    if in_process:
+        return lambda msg: print(msg, file=sys.stderr, flush=True)
+    logger = get_run_logger()
+    return logger.info
+
+
+def _run_on_workers(store_url: str, dataset: str, todo: list, inputs: dict, held: dict, code: str) -> dict:
+    """One privatize → preview → persist chain per city on the Dask task runner. A city whose fit
+    failed (nothing staged) gives its charge back before the error is raised."""
+    futures = {}
+    for p in todo:
+        syn = privatize.submit(p, inputs[p.city])
+        png = render_preview.submit(p, syn)
+        futures[p.city] = (persist_release.submit(store_url, p, syn, png, held[p.city], code), (syn, png))
+    progress = create_progress_artifact(0.0, key=_artifact_key(f"release-progress-{dataset}"),
+                                        description=f"cities of {dataset} committed")
+    manifests, first_error = {}, None
+    for i, (city, (fut, upstream)) in enumerate(futures.items()):
+        try:
+            manifests[city] = _persisted(fut, upstream)
+        except _FitFailed as exc:
+            void_charge(store_url, dataset, held[city], f"fit failed: {type(exc.cause).__name__}")
+            first_error = first_error or exc.cause
+        except Exception as exc:  # storage failed after staging may have begun: the charge stays
+            first_error = first_error or exc
+        update_progress_artifact(progress, 100.0 * (i + 1) / len(futures))
+    if first_error is not None:
+        raise first_error
+    return manifests
+
+
+class _FitFailed(Exception):
+    def __init__(self, cause: BaseException):
+        super().__init__(str(cause))
+        self.cause = cause
+
+
 def _persisted(persist: PrefectFuture, upstream: tuple[PrefectFuture, ...]) -> dict:
     """The persist task's manifest. When a task before it failed (a fit the mechanism refused), persist
-    never ran and its result is only "not ready"; the first failed task's own error is raised instead,
-    so the caller sees why (a GeoDPError reaches the CLI as a clean error)."""
+    never ran and its result is only "not ready"; that task's own error is raised instead (wrapped in
+    _FitFailed, since nothing was staged), so the caller sees why and can give the charge back."""
     try:
         return persist.result()
     except UnfinishedRun as exc:
         not_ready = exc
     for task_future in upstream:  # outside the except block, so the cause is not chained to "not ready"
-        task_future.result()  # raises that task's exception if it failed
+        try:
+            task_future.result()
+        except Exception as exc:
+            raise _FitFailed(exc) from None
     raise not_ready
 
 
@@ -124,26 +186,23 @@ def chosen_mechanism(manifest: dict) -> str | None:
     return chosen.get("mechanism") if isinstance(chosen, dict) else None
 
 
-def _row(manifest: dict, stats: dict | None) -> dict:
+def _row(manifest: dict) -> dict:
     return {"city": manifest["city"], "version": manifest["version"], "epsilon": manifest["epsilon"],
             "mechanism": manifest["mechanism"], "chosen_mechanism": chosen_mechanism(manifest),
-            "status": manifest["status"], "url": manifest.get("url"),
-            "points_raw_internal": None if stats is None else stats["points"],
-            "users_raw_internal": None if stats is None else stats["users"]}
+            "status": manifest["status"], "url": manifest.get("url"), "region": manifest.get("region")}
 
 
 def _artifacts(summary: dict, results: dict, store: ReleaseStore) -> None:
     """Table of cities, markdown summary with heatmaps of the released maps (never the true one)."""
     key = _artifact_key(f"release-{summary['dataset']}-{summary['period']}")
     create_table_artifact(
-        [{"city": r["city"], "points (raw, internal)": r["points_raw_internal"],
-          "users (raw, internal)": r["users_raw_internal"], "ε spent": r["epsilon"], "version": r["version"],
-          "status": r["status"], "url": r["url"]} for r in summary["releases"]],
-        key=key + "-cities", description="City-releases of this run. Raw point/user counts are private: shown "
-        "to operators only, never published.")
+        [{"city": r["city"], "ε": r["epsilon"], "mechanism": r["chosen_mechanism"] or r["mechanism"],
+          "version": r["version"], "status": r["status"], "url": r["url"]} for r in summary["releases"]],
+        key=key + "-cities", description="City-releases of this run (public configuration and noisy output only)")
     lines = [f"# Release {summary['dataset']} / {summary['period']}", "",
              f"- store: `{summary['store']}`",
-             f"- ledger for this period: ε spent {summary['spent']:g} of cap {summary['cap']:g}",
+             f"- guarantee: {summary['guarantee']}",
+             f"- {_loss_line(summary['policy'], summary['loss'])}",
              f"- {len(summary['releases'])} cities, {summary['seconds']} s", ""]
     for r in summary["releases"]:
         lines.append(f"## {r['city']} v{r['version']} ({r['status']})")
@@ -159,6 +218,13 @@ def _artifacts(summary: dict, results: dict, store: ReleaseStore) -> None:
                 pass
         lines.append("")
     create_markdown_artifact("\n".join(lines), key=key + "-summary", description="release summary")
+
+
+def _loss_line(policy: dict, loss: dict) -> str:
+    unit = "ρ" if policy["accounting"] == "zcdp" else "ε"
+    window = "lifetime" if policy["window_days"] is None else f"any {policy['window_days']} days"
+    return (f"worst case so far for one person: {unit}={loss['window']:.4g} over {window} "
+            f"(of {policy['budget']:g}), {unit}={loss['lifetime']:.4g} over the dataset's life")
 
 
 @flow(name="release", log_prints=True)

@@ -7,18 +7,15 @@ default, ``s3://bucket/prefix`` against any S3-compatible endpoint). Layout::
     releases/<dataset>/<city>/<period>/v<N>/<attempt>/...      data files of one attempt
     releases/<dataset>/<city>/<period>/v<N>/<attempt>/_STAGED.json   attempt complete (file list + hashes)
     releases/<dataset>/<city>/<period>/v<N>/_MANIFEST.json     the commit point, written last
-    ledger/<dataset>/<period>/<seq>.json                       append-only charges
+    datasets/<dataset>/...                                     policy and ledger (flows/ledger.py)
 
 Every object is written **create-only** (temp file + ``link()`` locally, ``If-None-Match: *`` on S3): nothing
-is ever overwritten. The ledger and the version claims are *create-only logs*: a writer lists the
-log, checks it (no entry for its release key yet; the cap is not exceeded) and creates entry number
-``len(log)``. Two writers racing for the same number cannot both succeed, and the loser re-reads the
-log and checks again, so a successful writer has always seen every earlier entry. That makes the
-log linearizable without any lock service: parallel releases cannot overspend, and a release key is
-charged and claimed at most once.
+is ever overwritten. The version claims (and the ledger, flows/ledger.py) are *create-only logs*: a
+writer lists the log, checks it and creates entry number ``len(log)``. Two writers racing for the same
+number cannot both succeed, and the loser re-reads the log and checks again, so a successful writer has
+always seen every earlier entry: the log is linearizable without any lock service.
 
-Exactly once: a release key (dataset, city, period, config hash) gets one ledger charge and one
-version. A re-run finds the committed manifest and returns it. A run that crashed after staging its
+Exactly once: a release key (dataset, city, period, config hash) gets one version. A re-run finds the committed manifest and returns it. A run that crashed after staging its
 data but before the manifest is finished by the next run *with the already-noised data* (no second
 noisy copy is drawn); an attempt that crashed mid-upload is deleted before new noise is staged.
 Readers only see versions whose ``_MANIFEST.json`` exists, and verify sha256 and size on read.
@@ -28,12 +25,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import re
 import tempfile
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -42,7 +37,6 @@ from typing import Any
 import fsspec
 
 from dpcore import GeoDPError
-from dpcore.budget import BudgetExceeded
 from dpcore.synopsis import json_default
 
 MANIFEST = "_MANIFEST.json"
@@ -62,10 +56,6 @@ class StoreError(GeoDPError, OSError):
 
 class IntegrityError(StoreError):
     """A released file does not match the sha256 or size its manifest records."""
-
-
-class LedgerRefused(BudgetExceeded):
-    """A release would take a (dataset, period) past its budget cap; refused before any noise."""
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -109,7 +99,7 @@ class ReleaseStore:
     """One store URL. Safe to share between processes and machines (no local state but a read cache
     of immutable objects)."""
 
-    def __init__(self, url: str, storage_options: dict[str, Any] | None = None):
+    def __init__(self, url: str, storage_options: dict[str, Any] | None = None, create: bool = True):
         if not url:
             raise StoreError("a store URL is required (a local folder, file:///path or s3://bucket/prefix)")
         self.url = str(url).rstrip("/")
@@ -124,6 +114,8 @@ class ReleaseStore:
         self.root = root.rstrip("/")
         if self.local:
             self.root = str(Path(self.root).resolve())
+            if not create and not Path(self.root).is_dir():
+                raise StoreError(f"no release store at {self.root}")
             Path(self.root).mkdir(parents=True, exist_ok=True)
         self._cache: dict[str, bytes] = {}  # immutable objects only (create-only writes)
 
@@ -218,76 +210,6 @@ class ReleaseStore:
             if m:
                 out.append((int(m.group(1)), name))
         return sorted(out)
-
-    # -- ledger ---------------------------------------------------------------------------------
-    _LEDGER_NAME = re.compile(r"^(\d{8})\.json$")
-
-    def ledger_entries(self, dataset: str | None = None, period: str | None = None) -> list[dict]:
-        """Every ledger entry, optionally for one dataset and/or period, in append order."""
-        out = []
-        datasets = [dataset] if dataset else self.listdir("ledger")
-        for ds in datasets:
-            periods = [period] if period else self.listdir(f"ledger/{ds}")
-            for per in periods:
-                prefix = f"ledger/{ds}/{per}"
-                for _, name in self._log_entries(prefix, self._LEDGER_NAME):
-                    out.append(self.read_json(f"{prefix}/{name}"))
-        return out
-
-    def spent(self, dataset: str, period: str) -> float:
-        return math.fsum(float(e["epsilon"]) for e in self.ledger_entries(dataset, period))
-
-    def charge(self, *, dataset: str, period: str, city: str, epsilon: float, cap: float,
-               release_key: str, config_hash: str, extra: dict | None = None) -> tuple[dict, bool]:
-        """Charge ε for one city-release against the (dataset, period) cap, exactly once per key.
-
-        Returns (entry, created). An existing entry for the release key is returned unchanged
-        (``created`` False): that is how a retry reuses the charge of a crashed run. Raises
-        :class:`LedgerRefused`, saying what is left, when the charge would exceed the cap. Sequential
-        composition: entries of a (dataset, period) add up.
-        """
-        check_slug(dataset, "dataset")
-        check_slug(period, "period")
-        prefix = f"ledger/{dataset}/{period}"
-        for _ in range(_MAX_APPEND_TRIES):
-            names = self._log_entries(prefix, self._LEDGER_NAME)
-            entries = [self.read_json(f"{prefix}/{name}") for _, name in names]
-            for e in entries:
-                if e["release_key"] == release_key:
-                    return e, False
-            spent = math.fsum(float(e["epsilon"]) for e in entries)
-            if spent + epsilon > cap * (1 + 1e-9):
-                raise LedgerRefused(
-                    f"budget cap reached for dataset {dataset!r}, period {period!r}: cap ε={cap:g}, "
-                    f"spent ε={spent:g} in {len(entries)} release(s), left ε={max(0.0, cap - spent):g}; "
-                    f"this release ({city}) needs ε={epsilon:g}. Nothing was noised or published."
-                )
-            seq = len(entries)
-            entry = {"seq": seq, "dataset": dataset, "period": period, "city": city,
-                     "epsilon": float(epsilon), "cap": float(cap), "spent_before": spent,
-                     "release_key": release_key, "config_hash": config_hash, "created_at": utc_now(),
-                     **(extra or {})}
-            try:
-                self.create(f"{prefix}/{seq:08d}.json", json.dumps(entry, indent=2).encode())
-            except FileExistsError:
-                continue  # someone else appended entry `seq` first: re-read and check again
-            return entry, True
-        raise StoreError(f"ledger {prefix} is too contended: gave up after {_MAX_APPEND_TRIES} tries")
-
-    def budget_summary(self, caps: Callable[[str, str], float | None] | None = None) -> list[dict]:
-        """Per (dataset, period): spent, number of entries, and what is left of the cap."""
-        groups: dict[tuple[str, str], list[dict]] = {}
-        for e in self.ledger_entries():
-            groups.setdefault((e["dataset"], e["period"]), []).append(e)
-        out = []
-        for (ds, per), es in sorted(groups.items()):
-            spent = math.fsum(float(e["epsilon"]) for e in es)
-            cap = caps(ds, per) if caps else None
-            if cap is None:  # the cap in force at the latest charge
-                cap = float(es[-1].get("cap", math.nan))
-            out.append({"dataset": ds, "period": per, "entries": len(es), "spent": spent, "cap": cap,
-                        "left": max(0.0, cap - spent) if math.isfinite(cap) else None})
-        return out
 
     # -- versions -------------------------------------------------------------------------------
     _VERSION_NAME = re.compile(r"^v(\d+)$")

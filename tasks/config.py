@@ -114,15 +114,20 @@ class ReleaseParams(BaseModel):
     cities: NameList = Field(default_factory=list,
                              description="catalog city slugs; empty = every catalog city (not chosen by data, see release flow)")
     period: str | None = Field(default=None, description="YYYY-MM-DD, YYYY-MM, A..B, or empty for the whole input")
-    epsilon: float = Field(gt=0, description="ε per city-release")
+    epsilon: float = Field(gt=0, le=1000, description="ε per city-release")
     mechanism: str = "identity"
     mechanism_params: dict[str, Any] = Field(default_factory=dict)
-    max_points_per_user: int = Field(default=20, ge=1, description="k: contribution bound per user per release")
+    max_points_per_user: int | None = Field(default=None, ge=1, le=1_000_000,
+                                            description="k: contribution bound per person (default: the "
+                                            "dataset's policy, 20 for a new dataset)")
     privacy_unit: Literal["user", "record"] = "user"
     store: str = Field(default="./geodp-store", description="release store URL: folder, file://, s3://")
     dataset: str | None = Field(default=None, description="dataset name in the store (default: file stem)")
     budget_cap: float | None = Field(default=None, gt=0,
-                                     description="ε cap per dataset and period (default: config file)")
+                                     description="ε one person may lose from a NEW dataset over its life "
+                                     "(sets its policy; must match an existing one)")
+    data_version: str | None = Field(default=None, description="operator-declared public version of the "
+                                     "input (default: its files' modification time)")
     center: str | None = Field(default=None, description="custom region LAT,LON instead of cities")
     side_km: float | None = Field(default=None, gt=0)
     slot: str = Field(default="1h", description="time slot for spatio-temporal mechanisms")
@@ -257,6 +262,16 @@ def load_platform_config(path: str | Path | None = None) -> dict:
         return tomllib.loads(p.read_text())
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{p} is not valid TOML: {exc}") from exc
+
+
+def explicit_budget_cap(dataset: str, config: dict | None = None, override: float | None = None) -> float | None:
+    """A cap that was asked for explicitly (an override, or [budget.caps] naming the dataset): it must
+    match the dataset's stored policy. None when only the default applies."""
+    if override is not None:
+        return budget_cap_for(dataset, config, override)
+    if dataset in (config or {}).get("budget", {}).get("caps", {}):
+        return budget_cap_for(dataset, config)
+    return None
 
 
 def budget_cap_for(dataset: str, config: dict | None = None, override: float | None = None) -> float:

@@ -27,6 +27,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from dpcore import GeoDPError, __version__
+from dpcore.accounting import DAY_S
 from dpcore.data import LoadResult, Points, load_points, parse_column_map
 from dpcore.geo import Region, parse_slot, resolve_region, time_slots
 from dpcore.mechanisms import FitInput, get_mechanism, get_mechanism_class
@@ -37,6 +38,7 @@ from flows.store import ReleaseRef, ReleaseStore, check_slug
 from tasks.config import Period, canonical_hash
 
 PREVIEW = "preview.png"
+CHARGE = "charge.json"
 
 
 class ReleaseError(GeoDPError, ValueError):
@@ -63,6 +65,12 @@ def code_version() -> str:
     except (OSError, subprocess.SubprocessError):
         rev = ""
     return f"geodp {__version__}" + (f" ({rev})" if rev else "")
+
+
+def public_locator(path: str) -> str:
+    """The input's public identity: its URL, or its absolute local path."""
+    text = str(path)
+    return text if "://" in text else str(Path(text).resolve())
 
 
 def dataset_name(path: str, given: str | None = None) -> str:
@@ -93,6 +101,7 @@ class CityPlan:
     public_total: float | None = None
     source: str = ""
     config: dict = field(default_factory=dict)
+    bound_per_day: bool = False
 
     @property
     def config_hash(self) -> str:
@@ -106,10 +115,18 @@ class CityPlan:
 def make_plans(*, dataset: str, cities: list[str], center: str | None, side_km: float | None,
                period: Period, mechanism: str, params: dict, epsilon: float, privacy_unit: str,
                max_points_per_user: int, seed: int | None, data_version: str, slot: str = "1h",
-               public_total: float | None = None, source: str = "") -> list[CityPlan]:
-    """One plan per region. Validates names and parameters before any data is touched."""
+               public_total: float | None = None, source: str = "", bound_per_day: bool = False) -> list[CityPlan]:
+    """One plan per region. Validates names and parameters before any data is touched.
+
+    The release key and config hash are functions of public configuration only: the dataset, the
+    source's locator and its public data version (an operator-declared version or the files'
+    modification time), the region, period, mechanism, parameters, ε and bounding."""
     mech_cls = get_mechanism_class(mechanism)
-    get_mechanism(mechanism, **params).check_params()  # bad parameters fail here, before the ledger
+    try:
+        get_mechanism(mechanism, **params).check_params()  # bad parameters fail here, before the ledger
+    except TypeError as exc:  # an unknown parameter name or a value of the wrong type
+        raise ReleaseError(f"{mechanism}: bad parameters {params}: {exc}") from exc
+    check_numbers(epsilon, max_points_per_user)
     slot_seconds = None
     if mech_cls.spatio_temporal:
         if period.start_s is None:
@@ -126,6 +143,8 @@ def make_plans(*, dataset: str, cities: list[str], center: str | None, side_km: 
         raise ReleaseError("a city is listed twice")
     if public_total is not None and len(regions) != 1:
         raise ReleaseError("--public-total applies to a single-region release")
+    for region in regions:
+        check_grid_fits(mechanism, params, region, period, slot_seconds)
     plans = []
     for region in regions:
         city = re.sub(r"[^A-Za-z0-9._+-]", "-", region.name)
@@ -133,19 +152,54 @@ def make_plans(*, dataset: str, cities: list[str], center: str | None, side_km: 
                   "mechanism": mechanism, "params": params, "epsilon": float(epsilon),
                   "privacy_unit": privacy_unit,
                   "max_points_per_user": int(max_points_per_user) if privacy_unit == "user" else None,
-                  "noise": "secure" if seed is None else f"seeded:{seed}", "data_version": data_version,
-                  "slot_seconds": slot_seconds, "public_total": public_total}
+                  "noise": "secure" if seed is None else f"seeded:{seed}", "source": source,
+                  "data_version": data_version, "slot_seconds": slot_seconds, "public_total": public_total,
+                  "bound_per_day": bool(bound_per_day and privacy_unit == "user")}
         plans.append(CityPlan(dataset, city, region, period, mechanism, dict(params), float(epsilon), privacy_unit,
                               int(max_points_per_user), config["noise"], data_version, slot_seconds, public_total,
-                              source, config))
+                              source, config, config["bound_per_day"]))
     return plans
+
+
+#: The most cells a grid may have (a 4096² grid or 64 M space-time cells): a larger one does not fit
+#: the workers' memory, and it is refused before the ledger is charged.
+MAX_GRID_CELLS = 1 << 26
+
+
+def check_numbers(epsilon: float, max_points_per_user: int) -> None:
+    """ε and k in ranges where the noise arithmetic cannot overflow or lose its meaning."""
+    if not (isinstance(epsilon, int | float) and 0 < float(epsilon) <= 1000):
+        raise ReleaseError(f"epsilon must be a number in (0, 1000], got {epsilon!r}")
+    if not (isinstance(max_points_per_user, int) and 1 <= max_points_per_user <= 1_000_000):
+        raise ReleaseError(f"max points per user must be a whole number in [1, 1000000], got {max_points_per_user!r}")
+
+
+def check_grid_fits(mechanism: str, params: dict, region: Region, period: Period, slot_seconds: int | None) -> None:
+    """Refuse a grid that cannot fit in memory (``cell_width_m`` or ``grid_size`` too fine) up front."""
+    width = params.get("cell_width_m")
+    side = params.get("grid_size")
+    cells_per_side = None
+    if isinstance(width, int | float) and not isinstance(width, bool):
+        if not width > 0:
+            raise ReleaseError(f"{mechanism}: cell_width_m must be > 0, got {width}")
+        cells_per_side = region.side_m / float(width)
+    elif isinstance(side, int | float) and not isinstance(side, bool):
+        cells_per_side = float(side)
+    if cells_per_side is None:
+        return
+    cells = cells_per_side ** 2
+    if slot_seconds and period.seconds:
+        cells *= -(-period.seconds // slot_seconds)
+    if cells > MAX_GRID_CELLS:
+        raise ReleaseError(f"{mechanism}: a grid of {cells:,.0f} cells over {region.name} does not fit (at most "
+                           f"{MAX_GRID_CELLS:,}); use a coarser cell_width_m or grid_size")
 
 
 # -- tasks --------------------------------------------------------------------------------------
 @task(name="load-and-validate", retries=2, retry_delay_seconds=1, cache_policy=NO_CACHE,
       retry_condition_fn=_retry_unless_refused)
-def load_and_validate(path: str, columns: str | None = None, fmt: str = "auto") -> LoadResult:
-    return load_points(path, columns=parse_column_map(columns), fmt=fmt)
+def load_and_validate(path: str, columns: str | None = None, fmt: str = "auto", strict: bool = False) -> LoadResult:
+    return load_points(path, columns=parse_column_map(columns), fmt=fmt, strict=strict)
 
 
 @task(name="check-committed", retries=3, retry_delay_seconds=1, cache_policy=NO_CACHE,
@@ -154,37 +208,6 @@ def check_committed(store_url: str, plans: list[CityPlan]) -> dict[str, dict | N
     """The committed manifest of each plan's release key, or None (re-running a commit is a no-op)."""
     store = ReleaseStore(store_url)
     return {p.city: store.find_committed(p.dataset, p.city, p.period.label, p.release_key) for p in plans}
-
-
-@task(name="charge-ledger", retries=3, retry_delay_seconds=1, cache_policy=NO_CACHE,
-      retry_condition_fn=_retry_unless_refused)
-def charge_ledger(store_url: str, plans: list[CityPlan], cap: float) -> dict[str, dict]:
-    """Charge every city before any noise is drawn. Refuses the whole run up front when the new
-    charges would exceed what is left of the cap (charges already held by these keys are reused)."""
-    store = ReleaseStore(store_url)
-    if not plans:
-        return {}
-    ds, per = plans[0].dataset, plans[0].period.label
-    existing = {e["release_key"] for e in store.ledger_entries(ds, per)}
-    need = sum(p.epsilon for p in plans if p.release_key not in existing)
-    spent = store.spent(ds, per)
-    if spent + need > cap * (1 + 1e-9):
-        from flows.store import LedgerRefused
-
-        raise LedgerRefused(
-            f"budget cap reached for dataset {ds!r}, period {per!r}: cap ε={cap:g}, spent ε={spent:g}, "
-            f"left ε={max(0.0, cap - spent):g}; this release needs ε={need:g} "
-            f"({len(plans)} city-release(s)). Nothing was noised or published."
-        )
-    out = {}
-    for p in plans:
-        entry, _ = store.charge(dataset=p.dataset, period=per, city=p.city, epsilon=p.epsilon, cap=cap,
-                                release_key=p.release_key, config_hash=p.config_hash,
-                                extra={"mechanism": p.mechanism, "privacy_unit": p.privacy_unit,
-                                       "max_points_per_user": p.max_points_per_user
-                                       if p.privacy_unit == "user" else None})
-        out[p.city] = entry
-    return out
 
 
 @dataclass
@@ -200,12 +223,14 @@ class CityInput:
 
 
 @task(name="bound-and-split", cache_policy=NO_CACHE)
-def bound_and_split(points: Points, plans: list[CityPlan], seed: int | None) -> dict[str, CityInput]:
+def bound_and_split(points: Points, plans: list[CityPlan], seed: int | None,
+                    per_day: bool = False) -> dict[str, CityInput]:
     """Keep the period's points inside any release region, bound each user to k points over all of
-    them together (one sample for the whole release), then split by city and project to metres.
+    them together (one sample for the whole release, or one per UTC day with ``per_day``), then split
+    by city and project to metres.
 
-    Regions are half-open squares; a point inside two overlapping custom regions counts in both,
-    and its user's bound still holds per region (each city-release is charged separately)."""
+    Regions are half-open squares; a point inside two overlapping custom regions counts in both, and
+    the ledger charges such regions as if they were separate releases (dpcore.accounting)."""
     if not plans:
         return {}
     period = plans[0].period
@@ -220,7 +245,13 @@ def bound_and_split(points: Points, plans: list[CityPlan], seed: int | None) -> 
     sel = np.flatnonzero(inside_any)
     if plans[0].privacy_unit == "user":
         rng = NoiseSource.secure().rng if seed is None else np.random.default_rng([seed, 0x5A17])
-        keep = sel[bound_contributions(pts.user[sel], plans[0].max_points_per_user, rng).keep]
+        unit = pts.user[sel]
+        if per_day:  # k per person per UTC day: bound (user, day) pairs
+            day = pts.ts[sel] // DAY_S
+            if day.size:
+                day = day - day.min()
+                unit = pts.user[sel].astype(np.int64) * (int(day.max()) + 1) + day
+        keep = sel[bound_contributions(unit, plans[0].max_points_per_user, rng).keep]
     else:
         keep = sel
     kept = np.zeros(len(pts), dtype=bool)
@@ -310,12 +341,14 @@ def _release_cache_key(context, parameters: dict[str, Any]) -> str:
 @task(name="persist-release", retries=3, retry_delay_seconds=1, retry_condition_fn=_retry_unless_refused,
       cache_key_fn=_release_cache_key, persist_result=True)
 def persist_release(store_url: str, plan: CityPlan, synopsis: Synopsis | None, preview: bytes | None,
-                    ledger_entry: dict, code: str) -> dict:
+                    held: dict, code: str) -> dict:
     """Commit one city-release exactly once: claim a version, stage files, write the manifest.
 
     A committed manifest for the key is returned as is. A complete staged attempt left by a crashed
     run is committed instead of the new synopsis, so the noise drawn first is the noise published.
-    ``synopsis`` may be None only when such a staged attempt exists."""
+    ``synopsis`` may be None only when such a staged attempt exists. ``held`` is the ledger charge this
+    run holds for the key ({"seq", "draw", "key"}); it is staged with the files (``charge.json``), so
+    the manifest always names the charge that paid for the noise it publishes."""
     store = ReleaseStore(store_url)
     committed = store.find_committed(plan.dataset, plan.city, plan.period.label, plan.release_key)
     if committed is not None:
@@ -329,6 +362,7 @@ def persist_release(store_url: str, plan: CityPlan, synopsis: Synopsis | None, p
     if staged is not None:
         attempt, files = staged
         privacy = json.loads(store.read(f"{ref.rel}/{attempt}/synopsis.json"))["privacy"]
+        paid_by = json.loads(store.read(f"{ref.rel}/{attempt}/{CHARGE}"))
         resumed = True
     else:
         if synopsis is None:
@@ -338,6 +372,9 @@ def persist_release(store_url: str, plan: CityPlan, synopsis: Synopsis | None, p
             if preview:
                 (Path(tmp) / PREVIEW).write_bytes(preview)
                 names.append(PREVIEW)
+            paid_by = {"dataset": plan.dataset, **held}
+            (Path(tmp) / CHARGE).write_text(json.dumps(paid_by))
+            names.append(CHARGE)
             attempt, files = store.stage(ref, tmp, names)
         privacy = synopsis.privacy.to_dict()
         resumed = False
@@ -350,8 +387,9 @@ def persist_release(store_url: str, plan: CityPlan, synopsis: Synopsis | None, p
         "region": plan.region.to_dict(), "slot_seconds": plan.slot_seconds,
         "input": {"source": plan.source, "data_version": plan.data_version},
         "code_version": code, "config": plan.config, "privacy": privacy,
-        "ledger_entry": ledger_entry, "attempt": attempt, "resumed_staged_attempt": resumed,
-        "bounding": "each user bounded to k points once over all regions of the run, before the split by city"
+        "ledger": paid_by, "attempt": attempt, "resumed_staged_attempt": resumed,
+        "bounding": ("each user bounded to k points per UTC day over all regions of the run" if plan.bound_per_day
+                     else "each user bounded to k points once over all regions of the run, before the split by city")
         if plan.privacy_unit == "user" else "record-level: no bounding, sensitivity 1",
         "files": files,
     }

@@ -8,8 +8,6 @@ from dpcore.budget import (
     Accountant,
     BudgetError,
     BudgetExceeded,
-    LedgerEntry,
-    remaining_budget,
     split_epsilon,
 )
 from dpcore.sampling import SamplingError, bound_contributions, count_sensitivity
@@ -38,14 +36,6 @@ def test_split_adds_up():
     parts = split_epsilon(0.7, {"tree": 1, "leaves": 3, "n": 0.2})
     assert sum(parts.values()) == pytest.approx(0.7, rel=1e-12)
     assert parts["leaves"] == pytest.approx(3 * parts["tree"])
-
-
-def test_ledger_remaining_counts_a_release_once():
-    e = [LedgerEntry("d", "nyc", "2024-01-01", 0.4, "h", "key1", "t"),
-         LedgerEntry("d", "nyc", "2024-01-01", 0.4, "h", "key1", "t"),
-         LedgerEntry("d", "sf", "2024-01-01", 0.3, "h", "key2", "t"),
-         LedgerEntry("d", "sf", "2024-01-02", 0.3, "h", "key3", "t")]
-    assert remaining_budget(e, "d", "2024-01-01", 1.0) == pytest.approx(0.3)
 
 
 def test_sensitivity_by_privacy_unit():

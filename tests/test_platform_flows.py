@@ -3,9 +3,11 @@ on real public check-ins (the Gowalla sample: Austin, San Francisco, New York)."
 
 import pytest
 
+from dpcore.accounting import BudgetRefused
 from flows.backfill import run_backfill
+from flows.ledger import DatasetLedger
 from flows.release import run_release
-from flows.store import LedgerRefused, ReleaseStore
+from flows.store import ReleaseStore
 from tasks.config import BackfillParams, ReleaseParams
 
 pytestmark = pytest.mark.shared_data
@@ -15,7 +17,7 @@ CITIES = ["austin", "san-francisco", "new-york"]
 def test_backfill_7_days_3_cities_commits_21_then_nothing(prefect_harness, gowalla_sample_path, tmp_path):
     store_url = str(tmp_path / "store")
     rp = ReleaseParams(data=str(gowalla_sample_path), cities=CITIES, epsilon=0.5, store=store_url,
-                       max_points_per_user=10, n_workers=2, budget_cap=2.0)
+                       max_points_per_user=10, n_workers=2, budget_cap=5.0)
     bp = BackfillParams(release=rp, start="2010-05-01", end="2010-05-07")
     first = run_backfill(bp)
     store = ReleaseStore(store_url)
@@ -23,29 +25,30 @@ def test_backfill_7_days_3_cities_commits_21_then_nothing(prefect_harness, gowal
     assert first["committed"] == 21 and first["skipped"] == 0
     assert len(releases) == 21
     assert {(r["city"], r["period"]) for r in releases} == {(c, f"2010-05-0{d}") for c in CITIES for d in range(1, 8)}
-    entries = store.ledger_entries()
-    assert len(entries) == 21 and len({e["release_key"] for e in entries}) == 21
-    for day in range(1, 8):
-        assert store.spent(gowalla_sample_path.name.split(".")[0], f"2010-05-0{day}") == pytest.approx(1.5)
+    ledger = DatasetLedger(store, gowalla_sample_path.name.split(".")[0])
+    held = ledger.held()
+    assert len(ledger.entries()) == 7 and len({h.charge.key for h in held}) == 21
+    # one run per day bounds each user over the three (disjoint) cities together: ε per day, not 3ε
+    assert ledger.loss()["lifetime"] == pytest.approx(3.5)
     # every user kept ≤ k points over all three cities of a day: the manifest says how bounding ran
     assert all("once over all regions" in r["bounding"] for r in releases)
     again = run_backfill(bp)
     assert again["committed"] == 0 and again["skipped"] == 21
-    assert len(store.list_releases()) == 21 and len(store.ledger_entries()) == 21
+    assert len(store.list_releases()) == 21 and len(ledger.entries()) == 7
 
 
 def test_release_flow_two_cities_then_over_budget(prefect_harness, gowalla_sample_path, tmp_path):
     store_url = str(tmp_path / "store")
     rp = ReleaseParams(data=str(gowalla_sample_path), cities=["austin", "new-york"], period="2010-05",
-                       epsilon=0.4, store=store_url, max_points_per_user=20, n_workers=2, budget_cap=1.0)
+                       epsilon=0.4, store=store_url, max_points_per_user=20, n_workers=2, budget_cap=0.6)
     summary = run_release(rp)
     assert [r["status"] for r in summary["releases"]] == ["committed", "committed"]
-    assert summary["spent"] == pytest.approx(0.8)
-    # a different config for the same period would need 2 × 0.4 > 0.2 left: refused, nothing noised
-    with pytest.raises(LedgerRefused, match=r"left ε=0\.2"):
+    assert summary["loss"]["lifetime"] == pytest.approx(0.4)  # disjoint cities, one bounding draw
+    # a different config for the same period would take a person to 0.8 > 0.6: refused, nothing noised
+    with pytest.raises(BudgetRefused, match=r"0\.2 left"):
         run_release(rp.model_copy(update={"mechanism_params": {"cell_width_m": 500}}))
     store = ReleaseStore(store_url)
-    assert len(store.ledger_entries()) == 2 and len(store.list_releases()) == 2
+    assert len(DatasetLedger(store, summary["dataset"]).held()) == 2 and len(store.list_releases()) == 2
 
 
 def test_a_store_made_again_at_the_same_url_gets_a_real_release(prefect_harness, gowalla_sample_path, tmp_path):
@@ -64,4 +67,4 @@ def test_a_store_made_again_at_the_same_url_gets_a_real_release(prefect_harness,
     store = ReleaseStore(store_url)
     assert store.instance_id() != first_id
     assert [r["status"] for r in summary["releases"]] == ["committed"]
-    assert len(store.list_releases()) == 1 and len(store.ledger_entries()) == 1
+    assert len(store.list_releases()) == 1 and len(DatasetLedger(store, summary["dataset"]).held()) == 1
