@@ -50,6 +50,11 @@ class BudgetRefused(GeoDPError, ValueError):
     """A release would take some person past the dataset's budget; refused before any noise."""
 
 
+def budget_label(epsilon: float | None, rho: float | None = None) -> str:
+    """'ε=0.5' for a pure-ε release, 'ρ=0.01' for a zCDP one."""
+    return f"ρ={rho:g}" if epsilon is None and rho is not None else f"ε={epsilon:g}"
+
+
 def day_number(text: str) -> int:
     """'2012-05-01' → days since 1970-01-01 (UTC)."""
     try:

@@ -29,29 +29,37 @@ class SynopsisError(GeoDPError, ValueError):
 
 @dataclass
 class PrivacyInfo:
-    """The privacy statement of a synopsis, copied verbatim into release manifests."""
+    """The privacy statement of a synopsis, copied verbatim into release manifests. ``epsilon`` is the
+    pure-ε budget, or None for a ρ-zCDP release (``rho``)."""
 
     mechanism: str
     params: dict[str, Any]
-    epsilon: float
+    epsilon: float | None
     charges: list[dict]
     privacy_unit: str
     sensitivity: float
     max_points_per_user: int | None
     noise_source: str
     notes: list[str] = field(default_factory=list)
+    rho: float | None = None
 
     def to_dict(self) -> dict:
-        return {"mechanism": self.mechanism, "params": self.params, "epsilon": self.epsilon,
-                "charges": self.charges, "epsilon_spent": float(sum(c["epsilon"] for c in self.charges)),
-                "privacy_unit": self.privacy_unit, "sensitivity": self.sensitivity,
-                "max_points_per_user": self.max_points_per_user, "noise_source": self.noise_source,
-                "notes": list(self.notes)}
+        out = {"mechanism": self.mechanism, "params": self.params, "epsilon": self.epsilon,
+               "charges": self.charges,
+               "epsilon_spent": float(sum(c.get("epsilon") or 0.0 for c in self.charges)),
+               "privacy_unit": self.privacy_unit, "sensitivity": self.sensitivity,
+               "max_points_per_user": self.max_points_per_user, "noise_source": self.noise_source,
+               "notes": list(self.notes)}
+        if self.rho is not None:
+            out["rho"] = self.rho
+            out["rho_spent"] = float(sum(c.get("rho") or 0.0 for c in self.charges))
+        return out
 
     @classmethod
     def from_dict(cls, d: dict) -> PrivacyInfo:
-        return cls(d["mechanism"], dict(d["params"]), float(d["epsilon"]), list(d["charges"]), d["privacy_unit"],
-                   float(d["sensitivity"]), d.get("max_points_per_user"), d["noise_source"], list(d.get("notes", [])))
+        return cls(d["mechanism"], dict(d["params"]), None if d["epsilon"] is None else float(d["epsilon"]),
+                   list(d["charges"]), d["privacy_unit"], float(d["sensitivity"]), d.get("max_points_per_user"),
+                   d["noise_source"], list(d.get("notes", [])), d.get("rho"))
 
 
 class Synopsis(ABC):

@@ -12,6 +12,7 @@ from __future__ import annotations
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 
+from dpcore.accounting import budget_label
 from flows.release import _artifact_key, release_cities
 from tasks.config import BackfillParams, canonical_hash, days_between
 from tasks.release_tasks import dataset_name, load_and_validate
@@ -42,7 +43,7 @@ def backfill_flow(params: BackfillParams, config_path: str | None = None) -> dic
     lines = [f"# Backfill {dataset} {params.start} .. {params.end}", "",
              f"{committed} new version(s) committed, {len(rows) - committed} already committed.", "",
              "| period | city | version | ε | status |", "|---|---|---|---|---|"]
-    lines += [f"| {s['period']} | {r['city']} | v{r['version']} | {r['epsilon']:g} | {r['status']} |"
+    lines += [f"| {s['period']} | {r['city']} | v{r['version']} | {budget_label(r['epsilon'], r.get('rho'))} | {r['status']} |"
               for s in periods for r in s["releases"]]
     create_markdown_artifact("\n".join(lines), key=_artifact_key(f"backfill-{dataset}"),
                              description="backfill summary")

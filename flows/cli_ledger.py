@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from dpcore.accounting import budget_label
 from flows.cli_common import CLIError, eprint
 
 
@@ -230,7 +231,7 @@ def _print_datasets(store, names: list[str], as_json: bool, entries: bool, polic
         for e in row.get("entries", []):
             if e["kind"] == "charge":
                 for c in e["charges"]:
-                    what = f"{unit}-cost {c['epsilon']:g}" if c.get("epsilon") is not None else f"ρ={c['rho']:g}"
+                    what = budget_label(c.get("epsilon"), c.get("rho"))
                     print(f"  #{e['seq']} {c['city']} {c['period']} {what} ×{c['multiplier']} {e['created_at']}")
             else:
                 keys = ", ".join(f"#{v['seq']}" for v in e["voids"])

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from dpcore import GeoDPError
+from dpcore.accounting import budget_label
 from flows.cli_common import CLIError, add_data_args, add_privacy_args, eprint, parse_params
 
 
@@ -30,7 +31,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--side-km", type=float, default=None, help="side of each square region in km (default 20)")
     p.add_argument("--period", default=None,
                    help="YYYY-MM-DD (a UTC day), YYYY-MM, A..B (days, inclusive); default: the whole file")
-    p.add_argument("--epsilon", required=True, type=float, help="ε per city-release")
+    budget = p.add_mutually_exclusive_group(required=True)
+    budget.add_argument("--epsilon", type=float, help="ε per city-release (pure ε-DP)")
+    budget.add_argument("--rho", type=float, help="ρ per city-release (ρ-zCDP, discrete Gaussian noise; "
+                        "mechanisms that support it, into a dataset accounted in ρ)")
     p.add_argument("--mechanism", default="identity")
     p.add_argument("--param", action="append", metavar="KEY=VALUE", help="mechanism parameter (repeatable)")
     add_privacy_args(p, default_k=None)
@@ -116,7 +120,11 @@ def _release_params(args: argparse.Namespace, period: str | None) -> object:
     from tasks.config import ReleaseParams
 
     cities = args.cities if getattr(args, "cities", None) else (args.city or "")
-    if args.epsilon is None or not args.epsilon > 0:
+    rho = getattr(args, "rho", None)
+    if rho is not None:
+        if not rho > 0:
+            raise CLIError(f"rho must be > 0, got {rho}")
+    elif args.epsilon is None or not args.epsilon > 0:
         raise CLIError(f"epsilon must be > 0, got {args.epsilon}")
     if args.max_points_per_user is not None and args.max_points_per_user < 1:
         raise CLIError("--max-points-per-user must be ≥ 1")
@@ -128,7 +136,7 @@ def _release_params(args: argparse.Namespace, period: str | None) -> object:
             dataset=args.dataset, budget_cap=args.budget_cap, center=getattr(args, "center", None),
             side_km=args.side_km, slot=args.slot, public_total=getattr(args, "public_total", None), seed=args.seed,
             columns=args.columns, format=args.format, dask_address=args.dask_address, n_workers=args.workers,
-            data_version=getattr(args, "data_version", None))
+            data_version=getattr(args, "data_version", None), rho=rho)
     except ValidationError as exc:
         raise CLIError(f"bad release parameters: {exc.errors()[0]['loc']}: {exc.errors()[0]['msg']}") from exc
 
@@ -275,15 +283,16 @@ def cmd_backfill(args: argparse.Namespace) -> int:
 def cmd_releases_list(args: argparse.Namespace) -> int:
     from flows.store import ReleaseStore
 
-    store = ReleaseStore(args.store)
+    store = ReleaseStore(args.store, create=False)
     rows = [{"dataset": m["dataset"], "city": m["city"], "period": m["period"], "version": m["version"],
-             "epsilon": m["epsilon"], "mechanism": m["mechanism"], "url": m["url"]}
+             "epsilon": m["epsilon"], "rho": m.get("rho"), "mechanism": m["mechanism"], "url": m["url"]}
             for m in store.list_releases(args.dataset, args.city, args.period)]
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
         for r in rows:
-            print(f"{r['dataset']}\t{r['city']}\t{r['period']}\tv{r['version']}\tε={r['epsilon']:g}\t"
+            print(f"{r['dataset']}\t{r['city']}\t{r['period']}\tv{r['version']}\t"
+                  f"{budget_label(r['epsilon'], r.get('rho'))}\t"
                   f"{r['mechanism']}\t{r['url']}")
         if not rows:
             eprint(f"no committed releases in {store.url}")
@@ -301,10 +310,11 @@ def cmd_releases_show(args: argparse.Namespace) -> int:
     print(f"{manifest['dataset']}/{manifest['city']}/{manifest['period']} v{manifest['version']} "
           f"(committed {manifest.get('committed_at')})")
     print(f"  mechanism {manifest['mechanism']} {json.dumps(manifest['params'])}")
-    print(f"  ε={manifest['epsilon']:g}, privacy unit {manifest['privacy_unit']}, k={manifest['max_points_per_user']}")
+    print(f"  {budget_label(manifest['epsilon'], manifest.get('rho'))}, privacy unit {manifest['privacy_unit']}, k={manifest['max_points_per_user']}")
     print(f"  noise: {manifest['noise_source']}; code: {manifest['code_version']}")
     for c in manifest["privacy"]["charges"]:
-        print(f"  charge {c['name']}: ε={c['epsilon']:g}, sensitivity {c['sensitivity']:g}")
+        print(f"  charge {c['name']}: {budget_label(c.get('epsilon'), c.get('rho'))}, "
+              f"sensitivity {c['sensitivity']:g}")
     print(f"  ledger entry #{manifest['ledger_entry']['seq']} ({manifest['ledger_entry']['created_at']})")
     for f in manifest["files"]:
         print(f"  {f['name']}\t{f['size']} bytes\tsha256 {f['sha256'][:16]}… ok")

@@ -22,6 +22,7 @@ from prefect.artifacts import (
 from prefect.exceptions import UnfinishedRun
 from prefect.futures import PrefectFuture
 
+from dpcore.accounting import budget_label
 from flows.ledger import DatasetLedger
 from flows.store import ReleaseStore
 from tasks.config import (
@@ -66,12 +67,14 @@ def release_cities(params: ReleaseParams, config_path: str | None = None, loaded
     config = load_platform_config(config_path)
     dataset = dataset_name(params.data, params.dataset)
     store = ReleaseStore(params.store)  # fails fast on a bad URL
-    request = PolicyRequest(params.privacy_unit, params.max_points_per_user,
+    request = PolicyRequest(params.privacy_unit, params.max_points_per_user, zcdp=params.rho is not None,
                             budget=explicit_budget_cap(dataset, config, params.budget_cap),
                             default_budget=budget_cap_for(dataset, config))
     resolved = resolve_policy(store.url, dataset, request)
     if loaded is None:
         loaded = step(load_and_validate)(params.data, params.columns, params.format, strict)
+        if in_process:  # the operator's own terminal; the flow never logs counts of private rows
+            log(f"loaded {params.data}: {loaded.report.summary()}")
     cities = params.cities
     if not cities and not params.center:
         from dpcore.geo import city_names
@@ -84,7 +87,7 @@ def release_cities(params: ReleaseParams, config_path: str | None = None, loaded
     per_day = resolved.policy.bound_window == "day"
     plans = make_plans(dataset=dataset, cities=cities, center=params.center, side_km=params.side_km,
                        period=period, mechanism=params.mechanism, params=params.mechanism_params,
-                       epsilon=params.epsilon, privacy_unit=params.privacy_unit,
+                       epsilon=params.epsilon, rho=params.rho, privacy_unit=params.privacy_unit,
                        max_points_per_user=resolved.max_points_per_user, seed=params.seed,
                        data_version=params.data_version or loaded.data_version, slot=params.slot,
                        public_total=params.public_total, source=source, bound_per_day=per_day)
@@ -188,6 +191,7 @@ def chosen_mechanism(manifest: dict) -> str | None:
 
 def _row(manifest: dict) -> dict:
     return {"city": manifest["city"], "version": manifest["version"], "epsilon": manifest["epsilon"],
+            "rho": manifest.get("rho"),
             "mechanism": manifest["mechanism"], "chosen_mechanism": chosen_mechanism(manifest),
             "status": manifest["status"], "url": manifest.get("url"), "region": manifest.get("region")}
 
@@ -196,7 +200,7 @@ def _artifacts(summary: dict, results: dict, store: ReleaseStore) -> None:
     """Table of cities, markdown summary with heatmaps of the released maps (never the true one)."""
     key = _artifact_key(f"release-{summary['dataset']}-{summary['period']}")
     create_table_artifact(
-        [{"city": r["city"], "ε": r["epsilon"], "mechanism": r["chosen_mechanism"] or r["mechanism"],
+        [{"city": r["city"], "budget": budget_label(r["epsilon"], r["rho"]), "mechanism": r["chosen_mechanism"] or r["mechanism"],
           "version": r["version"], "status": r["status"], "url": r["url"]} for r in summary["releases"]],
         key=key + "-cities", description="City-releases of this run (public configuration and noisy output only)")
     lines = [f"# Release {summary['dataset']} / {summary['period']}", "",

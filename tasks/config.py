@@ -114,7 +114,9 @@ class ReleaseParams(BaseModel):
     cities: NameList = Field(default_factory=list,
                              description="catalog city slugs; empty = every catalog city (not chosen by data, see release flow)")
     period: str | None = Field(default=None, description="YYYY-MM-DD, YYYY-MM, A..B, or empty for the whole input")
-    epsilon: float = Field(gt=0, le=1000, description="ε per city-release")
+    epsilon: float | None = Field(default=None, gt=0, le=1000, description="ε per city-release (pure ε-DP)")
+    rho: float | None = Field(default=None, gt=0, le=1000,
+                              description="ρ per city-release (ρ-zCDP with discrete Gaussian noise), instead of ε")
     mechanism: str = "identity"
     mechanism_params: dict[str, Any] = Field(default_factory=dict)
     max_points_per_user: int | None = Field(default=None, ge=1, le=1_000_000,
@@ -137,6 +139,13 @@ class ReleaseParams(BaseModel):
     format: str = "auto"
     dask_address: str | None = Field(default=None, description="Dask scheduler address; empty = LocalCluster")
     n_workers: int = Field(default=2, ge=1, le=64, description="LocalCluster workers when no address is given")
+
+
+    @model_validator(mode="after")
+    def _one_budget(self) -> ReleaseParams:
+        if (self.epsilon is None) == (self.rho is None):
+            raise ValueError("give exactly one of epsilon (pure ε-DP) and rho (ρ-zCDP)")
+        return self
 
 
 class BackfillParams(BaseModel):

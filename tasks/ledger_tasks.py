@@ -31,6 +31,7 @@ class PolicyRequest:
     max_points_per_user: int | None = None
     budget: float | None = None
     default_budget: float = 10.0
+    zcdp: bool = False
 
     def new_policy(self) -> PrivacyPolicy:
         return PrivacyPolicy(privacy_unit=self.privacy_unit,
@@ -61,6 +62,9 @@ def resolve_policy(store_url: str, dataset: str, request: PolicyRequest) -> Reso
             f"never changes a policy: drop --budget-cap, or change it with `geodp dataset policy`")
     if stored is not None and stored.accounting == "zcdp" and request.budget is not None:
         raise PolicyError(f"dataset {dataset!r} is accounted in ρ (zCDP); --budget-cap does not apply")
+    if request.zcdp and policy.accounting != "zcdp":
+        raise PolicyError(f"a ρ release needs a dataset accounted in ρ; create {dataset!r} with "
+                          "`geodp dataset create ... --accounting zcdp` first")
     multiplier = 1
     k = request.max_points_per_user
     if request.privacy_unit == "user":
@@ -93,7 +97,8 @@ def charge_for(plan, resolved: ResolvedPolicy, draw: str) -> LedgerCharge:
     if per_day and span == EVERY_DAY:
         raise PolicyError(f"dataset {plan.dataset!r} bounds each person per UTC day: a release needs a "
                           "--period (or a horizon in the policy)")
-    return LedgerCharge(key=plan.release_key, draw=draw, epsilon=float(plan.epsilon), rho=None,
+    return LedgerCharge(key=plan.release_key, draw=draw,
+                        epsilon=None if plan.epsilon is None else float(plan.epsilon), rho=plan.rho,
                         first_day=span[0], last_day=span[1], per_day=per_day,
                         bbox=plan.region.bbox_latlon(), multiplier=resolved.multiplier, city=plan.city,
                         period=plan.period.label,

@@ -27,7 +27,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from dpcore import GeoDPError, __version__
-from dpcore.accounting import DAY_S
+from dpcore.accounting import DAY_S, budget_label
 from dpcore.data import LoadResult, Points, load_points, parse_column_map
 from dpcore.geo import Region, parse_slot, resolve_region, time_slots
 from dpcore.mechanisms import FitInput, get_mechanism, get_mechanism_class
@@ -92,7 +92,7 @@ class CityPlan:
     period: Period
     mechanism: str
     params: dict
-    epsilon: float
+    epsilon: float | None
     privacy_unit: str
     max_points_per_user: int
     noise: str  # "secure" or "seeded:<seed>"
@@ -102,6 +102,7 @@ class CityPlan:
     source: str = ""
     config: dict = field(default_factory=dict)
     bound_per_day: bool = False
+    rho: float | None = None
 
     @property
     def config_hash(self) -> str:
@@ -113,9 +114,10 @@ class CityPlan:
 
 
 def make_plans(*, dataset: str, cities: list[str], center: str | None, side_km: float | None,
-               period: Period, mechanism: str, params: dict, epsilon: float, privacy_unit: str,
+               period: Period, mechanism: str, params: dict, epsilon: float | None, privacy_unit: str,
                max_points_per_user: int, seed: int | None, data_version: str, slot: str = "1h",
-               public_total: float | None = None, source: str = "", bound_per_day: bool = False) -> list[CityPlan]:
+               public_total: float | None = None, source: str = "", bound_per_day: bool = False,
+               rho: float | None = None) -> list[CityPlan]:
     """One plan per region. Validates names and parameters before any data is touched.
 
     The release key and config hash are functions of public configuration only: the dataset, the
@@ -126,7 +128,14 @@ def make_plans(*, dataset: str, cities: list[str], center: str | None, side_km: 
         get_mechanism(mechanism, **params).check_params()  # bad parameters fail here, before the ledger
     except TypeError as exc:  # an unknown parameter name or a value of the wrong type
         raise ReleaseError(f"{mechanism}: bad parameters {params}: {exc}") from exc
-    check_numbers(epsilon, max_points_per_user)
+    if (epsilon is None) == (rho is None):
+        raise ReleaseError("give exactly one of epsilon (pure ε-DP) and rho (ρ-zCDP)")
+    check_numbers(epsilon if rho is None else rho, max_points_per_user)
+    if rho is not None and not mech_cls.supports_zcdp:
+        raise ReleaseError(f"{mechanism} spends pure ε only; a ρ-zCDP release needs a mechanism that supports "
+                           "it (identity)")
+    if rho is not None and public_total is not None:
+        raise ReleaseError("--public-total scaling spends part of the budget in pure ε; not with --rho")
     slot_seconds = None
     if mech_cls.spatio_temporal:
         if period.start_s is None:
@@ -149,15 +158,16 @@ def make_plans(*, dataset: str, cities: list[str], center: str | None, side_km: 
     for region in regions:
         city = re.sub(r"[^A-Za-z0-9._+-]", "-", region.name)
         config = {"dataset": dataset, "region": region.to_dict(), "period": period.to_dict(),
-                  "mechanism": mechanism, "params": params, "epsilon": float(epsilon),
+                  "mechanism": mechanism, "params": params,
+                  "epsilon": None if epsilon is None else float(epsilon), "rho": rho,
                   "privacy_unit": privacy_unit,
                   "max_points_per_user": int(max_points_per_user) if privacy_unit == "user" else None,
                   "noise": "secure" if seed is None else f"seeded:{seed}", "source": source,
                   "data_version": data_version, "slot_seconds": slot_seconds, "public_total": public_total,
                   "bound_per_day": bool(bound_per_day and privacy_unit == "user")}
-        plans.append(CityPlan(dataset, city, region, period, mechanism, dict(params), float(epsilon), privacy_unit,
+        plans.append(CityPlan(dataset, city, region, period, mechanism, dict(params), config["epsilon"], privacy_unit,
                               int(max_points_per_user), config["noise"], data_version, slot_seconds, public_total,
-                              source, config, config["bound_per_day"]))
+                              source, config, config["bound_per_day"], rho))
     return plans
 
 
@@ -273,7 +283,8 @@ def _noise_for(plan: CityPlan) -> NoiseSource:
     if plan.noise == "secure":
         return NoiseSource.secure()
     seed = int(plan.noise.split(":", 1)[1])
-    return NoiseSource.seeded(seed).spawn(int(plan.release_key[:8], 16))
+    # one stream per city and period, the same wherever the input lives (the key also names its path)
+    return NoiseSource.seeded(seed).spawn(int(canonical_hash([plan.city, plan.period.label])[:8], 16))
 
 
 @task(name="privatize", cache_policy=NO_CACHE)
@@ -290,6 +301,8 @@ def privatize(plan: CityPlan, data: CityInput) -> Synopsis:
                          slot=data.slot, n_slots=n_slots, slot_seconds=plan.slot_seconds,
                          window_start_s=plan.period.start_s)
     noise = _noise_for(plan)
+    if plan.rho is not None:
+        return get_mechanism(plan.mechanism, **plan.params).fit_zcdp(fit_input, plan.rho, noise)
     if plan.public_total is not None and get_mechanism_class(plan.mechanism).spatio_temporal:
         # Spatio-temporal mechanisms scale to a public full total themselves (N / n̂ or γ).
         fit_input = replace(fit_input, public_total=plan.public_total)
@@ -326,7 +339,7 @@ def render_heatmap_png(synopsis: Synopsis, title: str, pixels: int = 128) -> byt
 
 @task(name="render-preview", cache_policy=NO_CACHE)
 def render_preview(plan: CityPlan, synopsis: Synopsis) -> bytes:
-    return render_heatmap_png(synopsis, f"{plan.city} {plan.period.label} (released, ε={plan.epsilon:g})")
+    return render_heatmap_png(synopsis, f"{plan.city} {plan.period.label} (released, {budget_label(plan.epsilon, plan.rho)})")
 
 
 def _release_cache_key(context, parameters: dict[str, Any]) -> str:
@@ -382,6 +395,7 @@ def persist_release(store_url: str, plan: CityPlan, synopsis: Synopsis | None, p
         "dataset": plan.dataset, "city": plan.city, "period": plan.period.label, "window": plan.period.to_dict(),
         "version": version, "release_key": plan.release_key, "config_hash": plan.config_hash,
         "mechanism": plan.mechanism, "params": privacy.get("params", plan.params), "epsilon": plan.epsilon,
+        "rho": plan.rho,
         "max_points_per_user": plan.max_points_per_user if plan.privacy_unit == "user" else None,
         "privacy_unit": plan.privacy_unit, "noise_source": privacy.get("noise_source"),
         "region": plan.region.to_dict(), "slot_seconds": plan.slot_seconds,

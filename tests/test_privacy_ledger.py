@@ -344,3 +344,41 @@ def test_nothing_published_tells_neighbours_apart(tmp_path, capsys):
 def test_ledger_command_on_a_missing_store_is_a_clean_error(tmp_path):
     r = run_geodp("ledger", tmp_path / "typo", ok=False)
     assert r.returncode == 2 and r.stderr.startswith("error: no release store") and not (tmp_path / "typo").exists()
+
+
+def test_zcdp_dataset_takes_rho_releases_with_gaussian_noise(checkins, tmp_path, capsys):
+    store = tmp_path / "s"
+    assert main(["dataset", "create", str(store), "checkins", "--source", str(checkins), "--accounting", "zcdp",
+                 "--budget", "0.5", "--delta", "1e-6"]) == 0
+    argv = ["release", str(checkins), "--city", "new-york", "--mechanism", "identity", "--param",
+            "cell_width_m=1000", "--out", str(store)]
+    assert main([*argv, "--period", "2024-01-01", "--rho", "0.2"]) == 0
+    assert main([*argv, "--period", "2024-01-02", "--epsilon", "0.5"]) == 0  # charged ε²/2 = 0.125 in ρ
+    capsys.readouterr()
+    assert main([*argv, "--period", "2024-01-03", "--rho", "0.2"]) == 2  # 0.525 > 0.5
+    assert "budget exceeded" in capsys.readouterr().err
+    loss = DatasetLedger(ReleaseStore(str(store)), "checkins").loss()
+    assert loss["lifetime"] == pytest.approx(0.325)
+    assert loss["lifetime_epsilon"] == pytest.approx(zcdp_epsilon(0.325, 1e-6))
+    rho_release = next(m for m in ReleaseStore(str(store)).list_releases() if m["period"] == "2024-01-01")
+    assert rho_release["rho"] == 0.2 and rho_release["epsilon"] is None
+    assert rho_release["privacy"]["charges"][0]["noise"] == "discrete_gaussian"
+    # a ρ release into a dataset accounted in pure ε, or by a mechanism without ρ, is refused
+    assert main([*argv[:-1], str(tmp_path / "pure"), "--period", "2024-01-01", "--rho", "0.1"]) == 2
+    assert "accounted in ρ" in capsys.readouterr().err
+    assert main(["release", str(checkins), "--city", "new-york", "--mechanism", "privtree", "--rho", "0.1",
+                 "--period", "2024-01-04", "--out", str(store)]) == 2
+    assert "pure ε only" in capsys.readouterr().err
+
+
+def test_gaussian_identity_noise_has_the_zcdp_variance():
+    from dpcore.mechanisms import FitInput, get_mechanism
+    from dpcore.noise import NoiseSource
+
+    region = city_region("new-york")
+    empty = FitInput(np.empty(0), np.empty(0), region, "user", 10)
+    syn = get_mechanism("identity", grid_size=200).fit_zcdp(empty, 0.05, NoiseSource.seeded(3))
+    sigma2 = 10**2 / (2 * 0.05)
+    assert np.var(syn.values) == pytest.approx(sigma2, rel=0.03)
+    assert syn.privacy.to_dict()["rho_spent"] == pytest.approx(0.05)
+    assert np.all(syn.values == np.rint(syn.values))  # integer noise only

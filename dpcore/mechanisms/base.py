@@ -86,6 +86,8 @@ class Mechanism(ABC):
     name: ClassVar[str]
     #: True when the mechanism consumes ``slot``/``n_slots`` and returns a spatio-temporal synopsis.
     spatio_temporal: ClassVar[bool] = False
+    #: True when the mechanism can spend a ρ-zCDP budget with discrete Gaussian noise (:meth:`fit_zcdp`).
+    supports_zcdp: ClassVar[bool] = False
 
     def get_params(self) -> dict[str, Any]:
         sig = inspect.signature(type(self).__init__)
@@ -117,6 +119,11 @@ class Mechanism(ABC):
             raise MechanismError(f"{self.name} spent {spent} > ε={eps}")
         synopsis.privacy.charges = acct.to_list()
         return synopsis
+
+    def fit_zcdp(self, data: FitInput, rho: float, noise: NoiseSource) -> Synopsis:
+        """Spend a ρ-zCDP budget on ``data`` (discrete Gaussian noise); only where ``supports_zcdp``."""
+        raise MechanismError(f"{self.name} spends a pure ε budget only; under zCDP use a mechanism that "
+                             "supports ρ (identity), or release with --epsilon (charged ε²/2 in ρ)")
 
     @abstractmethod
     def _fit(self, data: FitInput, acct: Accountant, noise: NoiseSource) -> Synopsis:

@@ -16,9 +16,9 @@ import numpy as np
 
 from dpcore.budget import Accountant
 from dpcore.histogram import grid_counts
-from dpcore.mechanisms.base import FitInput, Mechanism, MechanismError
+from dpcore.mechanisms.base import FitInput, Mechanism, MechanismError, _jsonable
 from dpcore.noise import NoiseSource
-from dpcore.synopsis import GridSynopsis
+from dpcore.synopsis import GridSynopsis, PrivacyInfo
 
 
 def check_band(query_sides_m) -> None:
@@ -38,6 +38,7 @@ def cells_for_width(side_m: float, cell_width_m: float) -> int:
 
 class IdentityGrid(Mechanism):
     name = "identity"
+    supports_zcdp = True
 
     def __init__(self, *, cell_width_m: float | str = 100.0, grid_size: int | None = None,
                  clamp_negative: bool = False, query_sides_m: tuple[float, float] = (100.0, 1000.0),
@@ -67,6 +68,30 @@ class IdentityGrid(Mechanism):
         # the width is only used when no grid size is given
         elif isinstance(self.cell_width_m, str) or not self.cell_width_m > 0:
             raise MechanismError(f"cell_width_m must be > 0 or 'auto' (ParamSelect), got {self.cell_width_m!r}")
+
+    def fit_zcdp(self, data: FitInput, rho: float, noise: NoiseSource) -> GridSynopsis:
+        """ρ-zCDP: discrete Gaussian noise of variance Δ₂²/(2ρ) on every cell. A person's ≤ k points move
+        the histogram by at most k in L2 (all in one cell), 1 at record level."""
+        if not (isinstance(rho, int | float) and 0 < rho <= 1e3):
+            raise MechanismError(f"rho must be a number in (0, 1000], got {rho!r}")
+        self.check_params()
+        if self._width_from_paramselect():
+            raise MechanismError("cell_width_m='auto' spends part of the budget on n in pure ε; give a width "
+                                 "under zCDP")
+        m = int(self.grid_size) if self.grid_size is not None else cells_for_width(data.region.side_m,
+                                                                                  float(self.cell_width_m))
+        counts = grid_counts(data.x, data.y, data.region.bounds_m, m, m)
+        l2 = float(data.sensitivity)
+        noisy = noise.add_discrete_gaussian(counts, l2, rho).astype(np.float64)
+        if self.clamp_negative:
+            noisy = np.maximum(noisy, 0.0)
+        charge = {"name": "cell_counts", "epsilon": None, "rho": float(rho), "sensitivity": l2,
+                  "sensitivity_norm": "L2", "noise": "discrete_gaussian",
+                  "note": f"{m}x{m} grid; σ² = Δ₂²/(2ρ) = {l2 * l2 / (2 * rho):.6g}"}
+        privacy = PrivacyInfo(self.name, _jsonable(self.get_params()), None, [charge], data.privacy_unit, l2,
+                              data.max_points_per_user if data.privacy_unit == "user" else None,
+                              noise.description, ["ρ-zCDP release (discrete Gaussian)"], rho=float(rho))
+        return GridSynopsis(noisy, data.region, privacy, {"grid_size": m, "cell_width_m": data.region.side_m / m})
 
     def _fit(self, data: FitInput, acct: Accountant, noise: NoiseSource) -> GridSynopsis:
         notes = []
