@@ -71,14 +71,29 @@ def test_bounding_is_uniform_within_a_user():
 
 
 def test_bounding_spans_the_whole_release_not_each_city():
-    # A user present in three cities keeps at most k points in total, not k per city.
+    """A user with 100 points in each of three cities keeps at most k points over the three city-releases
+    of one run together, not k per city (the release step that splits by city bounds first)."""
+    from dpcore.data import Points
+    from dpcore.geo import city_region
+    from tasks.config import parse_period
+    from tasks.release_tasks import bound_and_split, make_plans
+
+    cities = ["new-york", "chicago", "austin"]
     rng = np.random.default_rng(2)
-    user = np.zeros(300, dtype=np.int64)
-    city = np.repeat([0, 1, 2], 100)
-    keep = bound_contributions(user, 5, rng).keep
-    assert keep.size == 5
-    per_city = np.bincount(city[keep], minlength=3)
-    assert per_city.sum() == 5
+    lat = np.concatenate([city_region(c).center_lat + rng.normal(0, 0.01, 100) for c in cities])
+    lon = np.concatenate([city_region(c).center_lon + rng.normal(0, 0.01, 100) for c in cities])
+    user = np.r_[np.zeros(300, dtype=np.int64), np.arange(1, 31, dtype=np.int64)]
+    lat = np.r_[lat, np.full(30, city_region("austin").center_lat)]
+    lon = np.r_[lon, np.full(30, city_region("austin").center_lon)]
+    pts = Points(user, np.full(user.size, 1_700_000_000, dtype=np.int64), lat, lon)
+    plans = make_plans(dataset="d", cities=cities, center=None, side_km=None, period=parse_period(None),
+                       mechanism="identity", params={}, epsilon=1.0, privacy_unit="user", max_points_per_user=5,
+                       seed=0, data_version="v")
+    for seed in range(5):
+        inputs = bound_and_split.fn(pts, plans, seed)
+        heavy = sum(int((inputs[c].user == 0).sum()) for c in cities)
+        assert heavy == 5
+        assert int((inputs["austin"].user > 0).sum()) == 30  # users with one point keep it
 
 
 def test_bounding_accepts_string_ids_and_rejects_bad_k():
