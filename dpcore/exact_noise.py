@@ -39,7 +39,7 @@ _DEN_LIMIT = 1 << 20  # denominators of the rounded scales
 MAX_SCALE = float(1 << 52)  # beyond it int64 noise could overflow
 _DIRECT_MAX = 1 << 16  # largest inversion table for |Y| (≈ 43·scale entries); larger scales split
 _GAUSS_TABLE_MAX = 1 << 22  # acceptance table of the discrete Gaussian (≈ 10.4·σ entries)
-_CHUNK = 1 << 18  # lanes per vectorised pass: the temporaries stay in cache
+CHUNK = 1 << 18  # lanes per vectorised pass: the temporaries stay in cache
 
 
 # -- exact rationals and rigorous bounds --------------------------------------------------------------
@@ -144,7 +144,6 @@ class _Inversion:
                  theta: Callable[[int, int], tuple[int, int]], guess: Callable[[np.ndarray], np.ndarray]):
         self.m = len(floors) - 1
         self.fe = np.array(floors + [-1], dtype=np.int64)  # −1: never equals a prefix, never above one
-        self.asc = self.fe[1:self.m + 1][::-1].copy()
         self.truncated, self.theta, self.guess = truncated, theta, guess
         self._floor_cache: dict[tuple[int, int], int] = {}
 
@@ -166,7 +165,7 @@ class _Inversion:
         bad = (fe[k] <= a) | (above > a)
         if bad.any():  # the float hint was off by one near a threshold: exact count instead
             idx = np.flatnonzero(bad)
-            k[idx] = self.m - np.searchsorted(self.asc, a[idx], side="right")
+            k[idx] = self.m - np.searchsorted(self.fe[self.m:0:-1], a[idx], side="right")
             above[idx] = fe[k[idx] + 1]
         tie = above == a
         if tie.any():
@@ -212,7 +211,7 @@ def _precision(entries: int) -> int:
     return BITS + 40 + entries.bit_length()
 
 
-@lru_cache(maxsize=256)
+@lru_cache(maxsize=64)
 def _abs_laplace_table(lam: Fraction) -> _Inversion:
     """|Y| for P(Y = y) ∝ e^-λ|y|: θ(m) = 2q^m/(1 + q) for m ≥ 1."""
     w = _precision(_DIRECT_MAX)
@@ -237,7 +236,7 @@ def _abs_laplace_table(lam: Fraction) -> _Inversion:
     return _Inversion(floors, False, theta, guess)
 
 
-@lru_cache(maxsize=256)
+@lru_cache(maxsize=64)
 def _geometric_table(lam: Fraction) -> _Inversion:
     """One-sided geometric, θ(g) = q^g."""
     w = _precision(_DIRECT_MAX)
@@ -259,7 +258,7 @@ def _geometric_table(lam: Fraction) -> _Inversion:
     return _Inversion(floors, False, theta, guess)
 
 
-@lru_cache(maxsize=256)
+@lru_cache(maxsize=64)
 def _truncated_table(lam: Fraction, length: int) -> _Inversion:
     """R on [0, L) with P(R = r) ∝ q^r: θ(r) = (q^r − q^L)/(1 − q^L) for r < L, 0 from L on."""
     w = _precision(length)
@@ -300,7 +299,7 @@ def _truncated_table(lam: Fraction, length: int) -> _Inversion:
 
 
 # -- samplers ---------------------------------------------------------------------------------------------
-def _prefix(words: np.ndarray) -> np.ndarray:
+def prefixes(words: np.ndarray) -> np.ndarray:
     return (words >> np.uint64(64 - BITS)).view(np.int64)
 
 
@@ -317,16 +316,23 @@ class Geometric:
             self.table = _truncated_table(lam, self.length)
             self.high = geometric(lam * self.length)
 
+    def draw(self, n: int, words: WordSource) -> np.ndarray:
+        out = np.empty(n, dtype=np.int64)
+        for start in range(0, n, CHUNK):
+            m = min(CHUNK, n - start)
+            out[start:start + m] = self.sample(prefixes(words(m)), words)
+        return out
+
     def sample(self, a: np.ndarray, words: WordSource) -> np.ndarray:
         """G for lanes whose first uniform has prefixes ``a``; further words as needed."""
         g = self.table.invert(a, words)
         if self.high is not None:
-            b = self.high.sample(_prefix(words(a.size)), words)
+            b = self.high.sample(prefixes(words(a.size)), words)
             g += b * self.length
         return g
 
 
-@lru_cache(maxsize=256)
+@lru_cache(maxsize=64)
 def geometric(lam: Fraction) -> Geometric:
     return Geometric(lam)
 
@@ -342,22 +348,22 @@ class TwoSidedLaplace:
 
     def sample(self, n: int, words: WordSource) -> np.ndarray:
         out = np.empty(n, dtype=np.int64)
-        for start in range(0, n, _CHUNK):
-            m = min(_CHUNK, n - start)
+        for start in range(0, n, CHUNK):
+            m = min(CHUNK, n - start)
             out[start:start + m] = self._chunk(m, words)
         return out
 
     def _chunk(self, n: int, words: WordSource) -> np.ndarray:
         if self.direct:
             w = words(n)
-            y = self.table.invert(_prefix(w), words)
+            y = self.table.invert(prefixes(w), words)
             np.negative(y, out=y, where=(w & np.uint64(1)).astype(bool))
             return y
         y = np.empty(n, dtype=np.int64)
         todo = np.arange(n)
         while todo.size:  # sign × one-sided geometric, "−0" rejected: probability (1 − q)/2 per round
             w = words(todo.size)
-            g = self.geo.sample(_prefix(w), words)
+            g = self.geo.sample(prefixes(w), words)
             neg = (w & np.uint64(1)).astype(bool)
             np.negative(g, out=g, where=neg)
             redo = neg & (g == 0)
@@ -366,7 +372,7 @@ class TwoSidedLaplace:
         return y
 
 
-@lru_cache(maxsize=256)
+@lru_cache(maxsize=64)
 def two_sided_laplace(lam: Fraction) -> TwoSidedLaplace:
     return TwoSidedLaplace(lam)
 
@@ -426,8 +432,8 @@ class DiscreteGaussian:
 
     def sample(self, n: int, words: WordSource) -> np.ndarray:
         out = np.empty(n, dtype=np.int64)
-        for start in range(0, n, _CHUNK):
-            m = min(_CHUNK, n - start)
+        for start in range(0, n, CHUNK):
+            m = min(CHUNK, n - start)
             out[start:start + m] = self._chunk(m, words)
         return out
 
@@ -436,7 +442,7 @@ class DiscreteGaussian:
         todo = np.arange(n)
         while todo.size:
             y = self.proposal.sample(todo.size, words)
-            accept = self.accept(np.abs(y), _prefix(words(todo.size)), words)
+            accept = self.accept(np.abs(y), prefixes(words(todo.size)), words)
             out[todo[accept]] = y[accept]
             todo = todo[~accept]
         return out
@@ -454,6 +460,6 @@ class DiscreteGaussian:
         return accept
 
 
-@lru_cache(maxsize=64)
+@lru_cache(maxsize=8)  # a table holds ≈ 10.4·σ entries
 def discrete_gaussian(sigma2: Fraction) -> DiscreteGaussian:
     return DiscreteGaussian(sigma2)

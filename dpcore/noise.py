@@ -22,6 +22,7 @@ import math
 import os
 from dataclasses import dataclass, field
 from fractions import Fraction
+from functools import lru_cache
 
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
@@ -114,9 +115,18 @@ class NoiseSource:
         ``scale`` is first rounded UP to a rational with denominator ≤ 2^20 (see
         :func:`dpcore.exact_noise.rational_at_least`): the noise is never smaller than asked for.
         """
-        lam = 1 / _scale_up(scale, "discrete Laplace scale")
+        sampler = _laplace_sampler(_as_number(scale))
         shape, n = _shape(size)
-        return exact_noise.two_sided_laplace(lam).sample(n, self.random_words).reshape(shape)
+        return sampler.sample(n, self.random_words).reshape(shape)
+
+    def geometric(self, scale: float | Fraction, size: int | tuple[int, ...]) -> np.ndarray:
+        """int64 samples G ≥ 0 with P(G ≥ g) = exp(−g/scale), drawn exactly (scale rounded up).
+
+        The one-sided tail of the discrete Laplace: given |X| ≥ m, |X| − m has this law (memoryless).
+        """
+        lam = 1 / _rounded_up(_as_number(scale), "geometric scale")
+        shape, n = _shape(size)
+        return exact_noise.geometric(lam).draw(n, self.random_words).reshape(shape)
 
     def add_discrete_laplace(self, counts: np.ndarray, sensitivity: float, epsilon: float) -> np.ndarray:
         """counts + DLap(sensitivity/ε): the ε-DP Laplace mechanism on integer counts of L1 sensitivity.
@@ -129,7 +139,7 @@ class NoiseSource:
         if not sensitivity > 0:
             raise ValueError(f"sensitivity must be > 0, got {sensitivity}")
         c = np.asarray(counts)
-        scale = _fraction(sensitivity, "sensitivity") / _fraction(epsilon, "epsilon")
+        scale = _exact_ratio(float(sensitivity), float(epsilon))
         return np.rint(c).astype(np.int64) + self.discrete_laplace(scale, c.shape)
 
     def discrete_gaussian(self, sigma2: float | Fraction, size: int | tuple[int, ...]) -> np.ndarray:
@@ -137,9 +147,9 @@ class NoiseSource:
 
         ``sigma2`` (σ²) is rounded UP to a rational with denominator ≤ 2^20, as for the Laplace scale.
         """
-        s2 = exact_noise.rational_at_least(_as_number(sigma2), "discrete Gaussian σ²", exact_noise.MAX_SCALE)
+        sampler = _gaussian_sampler(_as_number(sigma2))
         shape, n = _shape(size)
-        return exact_noise.discrete_gaussian(s2).sample(n, self.random_words).reshape(shape)
+        return sampler.sample(n, self.random_words).reshape(shape)
 
     def add_discrete_gaussian(self, counts: np.ndarray, l2_sensitivity: float, rho: float) -> np.ndarray:
         """counts + N_Z(0, σ²) with σ² = Δ₂²/(2ρ): ρ-zCDP for integer counts of L2 sensitivity Δ₂.
@@ -165,12 +175,18 @@ class NoiseSource:
         if not granularity > 0:
             raise ValueError("granularity must be > 0")
         v = np.asarray(values, dtype=np.float64)
-        unit_scale = _fraction(scale, "scale") / _fraction(granularity, "granularity")
+        unit_scale = _exact_ratio(float(scale), float(granularity))
         return granularity * (np.rint(v / granularity) + self.discrete_laplace(unit_scale, v.shape))
 
 
 def _as_number(x: float | Fraction) -> float | Fraction:
     return x if isinstance(x, Fraction) else float(x)
+
+
+@lru_cache(maxsize=4096)
+def _exact_ratio(a: float, b: float) -> Fraction:
+    """a/b exactly (the float quotient could round below it)."""
+    return _fraction(a, "numerator") / _fraction(b, "denominator")
 
 
 def _fraction(x: float, what: str) -> Fraction:
@@ -180,8 +196,17 @@ def _fraction(x: float, what: str) -> Fraction:
     return Fraction(x)
 
 
-def _scale_up(scale: float | Fraction, what: str) -> Fraction:
-    return exact_noise.rational_at_least(_as_number(scale), what, exact_noise.MAX_SCALE)
+def _laplace_sampler(scale: float | Fraction) -> exact_noise.TwoSidedLaplace:
+    return exact_noise.two_sided_laplace(1 / _rounded_up(scale, "discrete Laplace scale"))
+
+
+def _gaussian_sampler(sigma2: float | Fraction) -> exact_noise.DiscreteGaussian:
+    return exact_noise.discrete_gaussian(_rounded_up(sigma2, "discrete Gaussian σ²"))
+
+
+@lru_cache(maxsize=4096)
+def _rounded_up(x: float | Fraction, what: str) -> Fraction:
+    return exact_noise.rational_at_least(x, what, exact_noise.MAX_SCALE)
 
 
 def _shape(size: int | tuple[int, ...]) -> tuple[tuple[int, ...], int]:

@@ -62,7 +62,8 @@ def test_large_scale_split_sampler_matches_exact_cdf():
     # Above ~1500 the sampler is G = L·B + R with a sign and "−0" rejected: check the whole law by deciles.
     scale = 3000.0
     sample = NoiseSource.seeded(8).discrete_laplace(scale, 400_000)
-    edges = np.round(np.quantile(np.random.default_rng(0).laplace(0, scale, 200_000), np.linspace(0.02, 0.98, 25)))
+    reference = np.random.default_rng(0).laplace(0, scale, 200_000)
+    edges = np.round(np.quantile(reference, np.linspace(0.02, 0.98, 25)))
     assert chi_square_binned(sample, edges, dlap_cdf(scale)) > 1e-3
     assert chi_square_binned(sample, edges, dlap_cdf(scale * 1.02)) < 1e-6  # the test can tell 2 %
 
@@ -155,6 +156,16 @@ def test_lazy_path_resolves_ties_exactly():
         assert stats.binomtest(int((x == k).sum()), x.size, phi).pvalue > 1e-4
 
 
+def test_a_wrong_float_hint_cannot_change_the_result():
+    # Floats only propose a table position; the integer comparisons decide. A table given a random hint
+    # must return exactly what the one with the good hint returns.
+    table = exact_noise._abs_laplace_table(Fraction(1, 7))
+    wild = exact_noise._Inversion(table.fe[:-1].tolist(), False, table.theta,
+                                  lambda a: np.random.default_rng(0).uniform(-5, table.m + 5, a.size))
+    a = exact_noise.prefixes(np.random.default_rng(1).bit_generator.random_raw(100_000).astype(np.uint64))
+    assert np.array_equal(wild.invert(a, seeded_words(2)), table.invert(a, seeded_words(2)))
+
+
 def test_exp_bounds_are_rigorous():
     mp = pytest.importorskip("mpmath")
     mp.mp.prec = 600
@@ -181,7 +192,7 @@ def test_scales_are_rounded_up_to_bounded_rationals():
         NoiseSource.seeded(0).discrete_laplace(2.0**60, 3)
 
 
-# -- against OpenDP -----------------------------------------------------------------------------------------
+# -- against OpenDP --------------------------------------------------------------------------------------
 def _two_sample_p(ours: np.ndarray, theirs: np.ndarray, cut: int) -> float:
     a = np.bincount(np.clip(ours, -cut, cut) + cut, minlength=2 * cut + 1)
     b = np.bincount(np.clip(theirs, -cut, cut) + cut, minlength=2 * cut + 1)
@@ -211,7 +222,7 @@ def test_matches_opendp_discrete_gaussian():
     assert _two_sample_p(NoiseSource.seeded(6).discrete_gaussian(3.3**2, 60_000), theirs, 12) < 1e-4
 
 
-# -- discrete Gaussian ----------------------------------------------------------------------------------------
+# -- discrete Gaussian -----------------------------------------------------------------------------------
 def chi_square_gauss(sample: np.ndarray, sigma2: float) -> float:
     cut = int(np.ceil(4.5 * math.sqrt(sigma2)))
     support = np.arange(-cut, cut + 1)
@@ -268,7 +279,7 @@ def test_gaussian_pmf_and_variance(sigma2):
         assert discrete_gaussian_variance(sigma2) < 0.01 * sigma2  # far below σ² for small σ
 
 
-# -- the sources ----------------------------------------------------------------------------------------------
+# -- the sources -----------------------------------------------------------------------------------------
 def test_seeded_is_reproducible_and_spawn_is_independent():
     a = NoiseSource.seeded(3).discrete_laplace(1.0, 1000)
     b = NoiseSource.seeded(3).discrete_laplace(1.0, 1000)
@@ -350,3 +361,16 @@ def test_uniform_open_range():
     u = NoiseSource.secure().uniform_open(100_000)
     assert u.min() > 0 and u.max() <= 1 and abs(u.mean() - 0.5) < 0.01
     assert np.array_equal(_words_to_open_uniform(np.array([0, 2**64 - 1], dtype=np.uint64)), [1.0, 2.0**-52])
+
+
+@pytest.mark.parametrize("scale", [0.7, 40.0, 5000.0])
+def test_geometric_matches_its_law(scale):
+    # P(G ≥ g) = e^(−g/scale): the memoryless tail sparse samplers need (direct and split tables).
+    g = NoiseSource.seeded(17).geometric(scale, 200_000)
+    assert g.dtype == np.int64 and g.min() >= 0
+    edges = np.unique(np.round(np.quantile(np.random.default_rng(0).exponential(scale, 100_000),
+                                           np.linspace(0.02, 0.98, 25))))
+    def cdf(x):
+        return 1 - np.exp(-(np.floor(x) + 1) / scale)
+    assert chi_square_binned(g, edges, cdf) > 1e-3
+    assert abs(g.mean() / (1 / math.expm1(1 / scale)) - 1) < 0.02
