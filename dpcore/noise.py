@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 from dataclasses import dataclass, field
 from fractions import Fraction
 from functools import lru_cache
@@ -52,8 +53,10 @@ class NoiseSource:
     rng: np.random.Generator = field(repr=False, default=None)  # type: ignore[assignment]
     _aes: object = field(init=False, repr=False, compare=False, default=None)
     _aes_pid: int = field(init=False, repr=False, compare=False, default=-1)
+    _lock: threading.Lock = field(init=False, repr=False, compare=False, default=None)  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
+        self._lock = threading.Lock()  # the cipher context is not safe to share between threads
         if self.rng is None:
             if self.secure_mode:
                 self.rng = np.random.Generator(np.random.PCG64(int.from_bytes(os.urandom(32), "little")))
@@ -92,16 +95,17 @@ class NoiseSource:
         size = int(size)
         if not self.secure_mode:
             return self.rng.bit_generator.random_raw(size).astype(np.uint64, copy=False)
-        if self._aes is None or self._aes_pid != os.getpid():
-            # Counter mode from block 0 is safe because the key is new: a (key, counter) pair never repeats.
-            self._aes = Cipher(algorithms.AES(os.urandom(32)), modes.CTR(bytes(16))).encryptor()
-            self._aes_pid = os.getpid()
         nbytes = 8 * size
         buf = bytearray(nbytes + 15)  # update_into wants room for one block beyond the data
         view = memoryview(buf)
-        for start in range(0, nbytes, _CHUNK_BYTES):
-            m = min(_CHUNK_BYTES, nbytes - start)
-            self._aes.update_into(_ZEROS[:m], view[start:start + m + 15])
+        with self._lock:
+            if self._aes is None or self._aes_pid != os.getpid():
+                # Counter mode from block 0 is safe because the key is new: (key, counter) never repeats.
+                self._aes = Cipher(algorithms.AES(os.urandom(32)), modes.CTR(bytes(16))).encryptor()
+                self._aes_pid = os.getpid()
+            for start in range(0, nbytes, _CHUNK_BYTES):
+                m = min(_CHUNK_BYTES, nbytes - start)
+                self._aes.update_into(_ZEROS[:m], view[start:start + m + 15])
         return np.frombuffer(buf, dtype=np.uint64, count=size)
 
     def uniform_open(self, size: int) -> np.ndarray:

@@ -3,6 +3,7 @@ included), against OpenDP, the lazy tie path, the rigorous exp bounds, and the s
 
 import copy
 import math
+import os
 import pickle
 from fractions import Fraction
 
@@ -300,6 +301,23 @@ def test_secure_source_never_repeats():
         assert clone.secure_mode
         assert not np.intersect1d(clone.random_words(64), s.random_words(64)).size
     assert not np.array_equal(s.discrete_laplace(1e6, 100), s.discrete_laplace(1e6, 100))
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_secure_source_rekeys_after_fork():
+    # A forked child shares the parent's cipher state; without a new key both would add the same noise.
+    s = NoiseSource.secure()
+    s.random_words(4)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        os.write(w, s.random_words(8).tobytes())
+        os._exit(0)
+    os.waitpid(pid, 0)
+    child = np.frombuffer(os.read(r, 64), dtype=np.uint64)
+    os.close(r)
+    os.close(w)
+    assert child.size == 8 and not np.intersect1d(child, s.random_words(8)).size
 
 
 def test_add_discrete_laplace_is_integer_and_validates():
