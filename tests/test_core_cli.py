@@ -30,7 +30,7 @@ def test_release_then_query(synth_file, tmp_path):
     (version,) = out.glob("releases/*/new-york/all/v1")
     manifest = json.loads((version / "_MANIFEST.json").read_text())
     assert manifest["epsilon"] == 1.0 and manifest["max_points_per_user"] == 10
-    assert manifest["privacy_unit"] == "user" and manifest["noise_source"] == "secure:os.urandom"
+    assert manifest["privacy_unit"] == "user" and manifest["noise_source"].startswith("secure:aes-256-ctr")
     assert sum(c["epsilon"] for c in manifest["privacy"]["charges"]) == pytest.approx(1.0)
     assert all(c["sensitivity"] == 10 for c in manifest["privacy"]["charges"])
     assert {f["name"] for f in manifest["files"]} >= {"grid.npz", "synopsis.json"}
