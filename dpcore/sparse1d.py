@@ -192,7 +192,7 @@ def noise_then_threshold_sparse(keys: np.ndarray, counts: np.ndarray, n_bins: in
             gaps = occupied - np.arange(occupied.size)
             empty_bins = chosen + np.searchsorted(gaps, chosen, side="right")
             # Values: m + Geometric(1 − t) failures (the discrete Laplace tail above m is memoryless).
-            extra = np.floor(-scale * np.log(noise.uniform_open(n_pass))).astype(np.int64)
+            extra = noise.geometric(scale, n_pass)  # exact: no float inversion in the published tail
             out_keys.append(empty_bins)
             out_vals.append(m + extra)
     keys_all = np.concatenate(out_keys)
