@@ -15,7 +15,6 @@ from __future__ import annotations
 import numpy as np
 
 from dpcore.budget import Accountant
-from dpcore.histogram import grid_counts
 from dpcore.mechanisms.base import FitInput, Mechanism, MechanismError
 from dpcore.noise import NoiseSource
 from dpcore.synopsis import GridSynopsis
@@ -38,6 +37,7 @@ def cells_for_width(side_m: float, cell_width_m: float) -> int:
 
 class IdentityGrid(Mechanism):
     name = "identity"
+    supports_weights = True
 
     def __init__(self, *, cell_width_m: float | str = 100.0, grid_size: int | None = None,
                  clamp_negative: bool = False, query_sides_m: tuple[float, float] = (100.0, 1000.0),
@@ -82,10 +82,10 @@ class IdentityGrid(Mechanism):
             notes.append(note)
         else:
             m = cells_for_width(data.region.side_m, float(self.cell_width_m))
-        counts = grid_counts(data.x, data.y, data.region.bounds_m, m, m)
+        counts = data.grid_counts(m, m)
         eps = acct.spend_rest("cell_counts", data.sensitivity,
                               note=f"{m}x{m} grid; disjoint cells, L1 sensitivity = per-unit contribution bound")
-        noisy = noise.add_discrete_laplace(counts, data.sensitivity, eps).astype(np.float64)
+        noisy = data.add_count_noise(counts, eps, noise).astype(np.float64)
         notes.append("negatives clamped to 0" if self.clamp_negative else "negatives kept (unbiased range sums)")
         if self.clamp_negative:
             noisy = np.maximum(noisy, 0.0)
