@@ -246,6 +246,12 @@ def evaluate(points: Points, region: Region, config: EvalConfig, progress: Progr
 
         raise DataError(f"no points fall inside region {region.name} ({region.side_km} km around "
                         f"{region.center_lat}, {region.center_lon})")
+    if config.bounding == "weight" and config.privacy_unit == "user":
+        from dpcore.mechanisms import MechanismError, get_mechanism_class
+
+        unsupported = [m for m in config.mechanisms if not get_mechanism_class(m).supports_weights]
+        if unsupported:  # before any fit, not halfway through the table
+            raise MechanismError(f"weighted bounding is not supported by {', '.join(unsupported)}")
     psi = psi_for(data.n_points)
     spec = parse_workload(config.workload)
     workloads = protocol_workloads(data, config.query_sides_m, config.n_queries, config.seed, workload=spec)
