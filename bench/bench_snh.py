@@ -273,7 +273,7 @@ def cmd_rho(args: argparse.Namespace) -> None:
                 cfg = EvalConfig(mechanisms=["identity"], epsilons=[eps], privacy_unit=args.privacy_unit,
                                  max_points_per_user=k, query_sides_m=[(a, b)], n_queries=args.queries,
                                  trials=args.trials, mechanism_params={"identity": {"cell_width_m": rho}},
-                                 workload=args.workload)
+                                 workload=args.workload, hindsight=False)
                 errs[rho] = evaluate(pts, region, cfg)["results"][0]["mean_relative_error"]
             choice = select_params(region=region, n=n_noised, epsilon=eps, n_is_bounded=user_level,
                                    sensitivity=float(k) if user_level else 1.0,
@@ -281,7 +281,7 @@ def cmd_rho(args: argparse.Namespace) -> None:
             cfg = EvalConfig(mechanisms=["identity"], epsilons=[eps], privacy_unit=args.privacy_unit,
                              max_points_per_user=k, query_sides_m=[(a, b)], n_queries=args.queries,
                              trials=args.trials, mechanism_params={"identity": {"cell_width_m": choice.cell_width_m}},
-                             workload=args.workload)
+                             workload=args.workload, hindsight=False)
             err_ps = evaluate(pts, region, cfg)["results"][0]["mean_relative_error"]
             best_rho = min(errs, key=errs.get)
             ratio = err_ps / errs[best_rho]
