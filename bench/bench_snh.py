@@ -105,6 +105,7 @@ def cmd_accuracy(args: argparse.Namespace) -> None:
           f"load average {os.getloadavg()[0]:.1f} (shared machine)")
     all_rows = []
     zero: dict[tuple[float, float], float] = {}  # answer-0 reference per band, from the reports
+    grid: dict[tuple[float, tuple[float, float]], dict] = {}  # hindsight grid per (ε, band), not DP
     for eps in epsilons:
         mechs = [m for m in args.mechanisms.split(",") if m]
         params: dict[str, dict] = {}
@@ -136,6 +137,8 @@ def cmd_accuracy(args: argparse.Namespace) -> None:
             rep = evaluate(pts, region, cfg)
             zero.update({(float(r["query_sides_m"][0]), float(r["query_sides_m"][1])): r["mean_relative_error"]
                          for r in rep["reference_answer_zero"]})
+            grid.update({(r["epsilon"], (float(r["query_sides_m"][0]), float(r["query_sides_m"][1]))): r
+                         for r in rep["reference_hindsight_grid"]})
             for r in _rows(rep):
                 a, b = r["query_sides_m"]
                 if band is not None and (a, b) != band:
@@ -164,6 +167,10 @@ def cmd_accuracy(args: argparse.Namespace) -> None:
             others = {m: v for m, v in rows.items() if m != "auto"}
             best_o = min(others, key=others.get)
             line += f"; auto / best of all others ({best_o}) ×{rows['auto'] / others[best_o]:.2f}"
+        g = grid.get((key[0], tuple(map(float, key[1]))))
+        if g is not None:
+            line += (f"; hindsight grid {g['mean_relative_error']:.4f} (m={g['grid_size']}, not DP)"
+                     + "".join(f", {m} ×{rows[m] / g['mean_relative_error']:.2f}" for m in ("snh", "auto") if m in rows))
         print(line + f"; answer-0 reference {zero[tuple(map(float, key[1]))]:.4f}")
 
 
