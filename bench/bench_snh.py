@@ -6,7 +6,8 @@
     nice -n 10 .venv/bin/python bench/bench_snh.py floors           # no-privacy reference errors
     nice -n 10 .venv/bin/python bench/bench_snh.py bins             # error split by the squares' true counts
 
-Data: Gowalla NYC from ../shared/data (falls back to the synthetic generator when it is absent, and
+Query centres are drawn from the evaluated data by default (--workload data; uniform and public:PATH
+as in `geodp evaluate`). Data: Gowalla NYC from ../shared/data (falls back to the synthetic generator when it is absent, and
 says so), or any point table with --data PATH (the region is still --city's). Prints numbers; nothing
 here asserts.
 """
@@ -104,6 +105,7 @@ def cmd_accuracy(args: argparse.Namespace) -> None:
           f"load average {os.getloadavg()[0]:.1f} (shared machine)")
     all_rows = []
     zero: dict[tuple[float, float], float] = {}  # answer-0 reference per band, from the reports
+    grid: dict[tuple[float, tuple[float, float]], dict] = {}  # hindsight grid per (ε, band), not DP
     for eps in epsilons:
         mechs = [m for m in args.mechanisms.split(",") if m]
         params: dict[str, dict] = {}
@@ -130,10 +132,13 @@ def cmd_accuracy(args: argparse.Namespace) -> None:
         for run_mechs, cfg_params, band in runs:
             cfg = EvalConfig(mechanisms=run_mechs, epsilons=[eps], privacy_unit=args.privacy_unit,
                              max_points_per_user=k, query_sides_m=list(sides), n_queries=args.queries,
-                             trials=args.trials, seed=0, mechanism_params=cfg_params)
+                             trials=args.trials, seed=0, mechanism_params=cfg_params,
+                             workload=args.workload)
             rep = evaluate(pts, region, cfg)
             zero.update({(float(r["query_sides_m"][0]), float(r["query_sides_m"][1])): r["mean_relative_error"]
                          for r in rep["reference_answer_zero"]})
+            grid.update({(r["epsilon"], (float(r["query_sides_m"][0]), float(r["query_sides_m"][1]))): r
+                         for r in rep["reference_hindsight_grid"]})
             for r in _rows(rep):
                 a, b = r["query_sides_m"]
                 if band is not None and (a, b) != band:
@@ -162,6 +167,10 @@ def cmd_accuracy(args: argparse.Namespace) -> None:
             others = {m: v for m, v in rows.items() if m != "auto"}
             best_o = min(others, key=others.get)
             line += f"; auto / best of all others ({best_o}) ×{rows['auto'] / others[best_o]:.2f}"
+        g = grid.get((key[0], tuple(map(float, key[1]))))
+        if g is not None:
+            line += (f"; hindsight grid {g['mean_relative_error']:.4f} (m={g['grid_size']}, not DP)"
+                     + "".join(f", {m} ×{rows[m] / g['mean_relative_error']:.2f}" for m in ("snh", "auto") if m in rows))
         print(line + f"; answer-0 reference {zero[tuple(map(float, key[1]))]:.4f}")
 
 
@@ -181,7 +190,8 @@ def cmd_floors(args: argparse.Namespace) -> None:
     data = region_data(pts, region)
     psi = psi_for(data.n_points)
     sides = parse_query_sides(args.query_sides_m)
-    work = [(boxes, truth) for _, boxes, truth in protocol_workloads(data, sides, args.queries, seed=0)]
+    work = [(boxes, truth) for _, boxes, truth in protocol_workloads(data, sides, args.queries, seed=0,
+                                                                        workload=args.workload)]
     print(f"data {source}; {data.n_points:,} points; ψ = {psi:g}; columns: " +
           ", ".join(f"{a:g}-{b:g} m" for a, b in sides))
 
@@ -219,7 +229,7 @@ def cmd_bins(args: argparse.Namespace) -> None:
     data = region_data(pts, region)
     psi = psi_for(data.n_points)
     (a, b), = parse_query_sides(args.query_sides_m)
-    (_, boxes, truth), = protocol_workloads(data, [(a, b)], args.queries, seed=0)
+    (_, boxes, truth), = protocol_workloads(data, [(a, b)], args.queries, seed=0, workload=args.workload)
     runs = [(m, {}) for m in args.mechanisms.split(",") if m] + [("snh", v) for v in args.snh_variants]
     edges = [0.0] + [e * psi for e in COUNT_BIN_EDGES_PSI] + [np.inf]
     bins = [(truth == 0, "0")] + [((truth > lo) & (truth <= hi), f"{lo:.0f}-{hi:.0f}")
@@ -269,14 +279,16 @@ def cmd_rho(args: argparse.Namespace) -> None:
             for rho in RHO_GRID_M:
                 cfg = EvalConfig(mechanisms=["identity"], epsilons=[eps], privacy_unit=args.privacy_unit,
                                  max_points_per_user=k, query_sides_m=[(a, b)], n_queries=args.queries,
-                                 trials=args.trials, mechanism_params={"identity": {"cell_width_m": rho}})
+                                 trials=args.trials, mechanism_params={"identity": {"cell_width_m": rho}},
+                                 workload=args.workload, hindsight=False)
                 errs[rho] = evaluate(pts, region, cfg)["results"][0]["mean_relative_error"]
             choice = select_params(region=region, n=n_noised, epsilon=eps, n_is_bounded=user_level,
                                    sensitivity=float(k) if user_level else 1.0,
                                    privacy_unit=args.privacy_unit, max_points_per_user=k, band=(a, b))
             cfg = EvalConfig(mechanisms=["identity"], epsilons=[eps], privacy_unit=args.privacy_unit,
                              max_points_per_user=k, query_sides_m=[(a, b)], n_queries=args.queries,
-                             trials=args.trials, mechanism_params={"identity": {"cell_width_m": choice.cell_width_m}})
+                             trials=args.trials, mechanism_params={"identity": {"cell_width_m": choice.cell_width_m}},
+                             workload=args.workload, hindsight=False)
             err_ps = evaluate(pts, region, cfg)["results"][0]["mean_relative_error"]
             best_rho = min(errs, key=errs.get)
             ratio = err_ps / errs[best_rho]
@@ -330,6 +342,8 @@ def main() -> None:
                        help='extra snh parameters as JSON, e.g. \'{"data_collection": "pyramid"}\'')
         p.set_defaults(func=fn)
     for p in sub.choices.values():
+        p.add_argument("--workload", default="data",
+                       help="query centres: data (default: points of the evaluated data), uniform, public:PATH")
         p.add_argument("--data", default=None,
                        help="point table to use instead of the city's default data (e.g. one written by "
                             "bench_accuracy.py --export)")

@@ -110,6 +110,9 @@ def main() -> int:
     ap.add_argument("--queries", type=int, default=1000)
     ap.add_argument("--trials", type=int, default=1)
     ap.add_argument("--vdr-param", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--workload", default="data",
+                    help="query locations: data (default: drawn points of the window, hotspots in their own "
+                         "slot), uniform, or public:PATH")
     ap.add_argument("--json", default=None, help="write the report here (default bench/results/vdr_<dataset>.json)")
     args = ap.parse_args()
 
@@ -135,7 +138,7 @@ def main() -> int:
         window_start_s=start, window_end_s=end, slot_seconds=parse_slot(preset.get("slot", "1d")),
         privacy_unit=args.privacy_unit, max_points_per_user=args.k or preset["k"], n_queries=args.queries, hotspot_grid=args.grid,
         trials=args.trials, mechanism_params={"identity3d": {"grid_size": args.grid}, "vdr": vdr_params,
-                                              "uniform3d": {"grid_size": args.grid}})
+                                              "uniform3d": {"grid_size": args.grid}}, workload=args.workload)
 
     def progress(done: int, total: int, what: str) -> None:
         print(f"[bench] {done}/{total} {what} ({time.perf_counter() - t0:.0f}s)", file=sys.stderr, flush=True)
@@ -153,7 +156,8 @@ def main() -> int:
     w = report["window"]
     print(f"\n### {args.dataset}: {report['n_points']:,} points, {report['n_users']:,} users, "
           f"{w['n_slots']} slots of {preset.get('slot', '1d')}, {args.grid}² cells, "
-          f"{'k = ' + str(config.max_points_per_user) if args.privacy_unit == 'user' else 'record-level'}, ψ = {report['psi']:g}\n")
+          f"{'k = ' + str(config.max_points_per_user) if args.privacy_unit == 'user' else 'record-level'}, ψ = {report['psi']:g}, "
+          f"query locations: {report['workload']['centres']}\n")
     print("| mechanism | ε | range rel. err (mean) | 100–1000 m | 1–5 km | hotspot dist (m) | regret | "
           "forecast sMAPE | fit s |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -162,6 +166,10 @@ def main() -> int:
         print(f"| {r['mechanism']} | {r['epsilon']:g} | {r['mean_relative_error']:.3f} | {' | '.join(per)} | "
               f"{r['hotspot_distance_error']:.0f} | {r['hotspot_regret']:.2f} | {r['forecast_smape']:.3f} | "
               f"{r['fit_seconds']:.1f} |")
+    zero, nothing = report["reference_answer_zero"], report["reference_report_nothing"]
+    print(f"| *no data: answer 0, report no hotspot* | - | {np.mean([z['mean_relative_error'] for z in zero]):.3f} | "
+          + " | ".join(f"{z['mean_relative_error']:.3f}" for z in zero)
+          + f" | {nothing['hotspot_distance_error']:.0f} | {nothing['hotspot_regret']:.2f} | - | - |")
     by = {(r["mechanism"], r["epsilon"]): r for r in report["results"]}
     if "identity3d" in config.mechanisms and "vdr" in config.mechanisms:
         print("\n| ε | rel. err improvement | regret vdr/identity | sMAPE vdr/identity |")

@@ -6,14 +6,18 @@ Protocol (stated in every report):
   mechanism runs. Truth is exact over *all* points, so releases are scaled to full counts with
   N = the region-window point count, declared a public input of the protocol
   (``total_points_source``); mechanisms pay for their own n̂ (see identity3d / vdr).
-- Range counts: box × slot-range workloads (squares with side uniform in [a, b] m, centres uniform
-  in the region; slot ranges of uniform length in [1, max_query_slots]); relative error
-  |est − truth| / max(truth, ψ), ψ = 0.1% of N.
-- Nearest hotspot: locations uniform in the region, one random slot each, search radius
-  ``hotspot_extent_m``, thresholds v (counts of all points in a cell of the ``hotspot_grid``
-  grid over that slot); distance error and regret as defined in dpcore.st_queries.
-- Forecasting: per-slot series of the whole region and random 1–5 km squares; ThetaModel fitted on
-  the released series of the first T − h slots, sMAPE against the true last h slots.
+- Query locations (``workload``, dpcore.queries.parse_workload): by default (``data``) drawn from the
+  evaluated points, where people are; ``uniform`` over the region; or ``public:PATH`` points.
+- Range counts: box × slot-range workloads (squares with side uniform in [a, b] m centred on the
+  workload's locations; slot ranges of uniform length in [1, max_query_slots]); relative error
+  |est − truth| / max(truth, ψ), ψ = 0.1% of N. Reference: answering 0.
+- Nearest hotspot: at the workload's locations (``data``: a drawn point's location and its own slot;
+  otherwise one uniform slot each), search radius ``hotspot_extent_m``, thresholds v (counts of all
+  points in a cell of the ``hotspot_grid`` grid over that slot); distance error and regret as defined
+  in dpcore.st_queries, beside the baseline that reports no hotspot.
+- Forecasting: per-slot series of the whole region and 1–5 km squares centred as the range queries;
+  ThetaModel fitted on the released series of the first T − h slots, sMAPE against the true last h
+  slots.
 - The same workloads serve every mechanism, ε and trial; noise is seeded (experiments only).
 """
 
@@ -33,12 +37,14 @@ from dpcore.histogram import grid_counts_3d
 from dpcore.mechanisms import FitInput, get_mechanism, get_mechanism_class
 from dpcore.metrics import psi_for, relative_error
 from dpcore.noise import NoiseSource
+from dpcore.queries import DEFAULT_WORKLOAD, centre_draw, parse_workload, workload_centres
 from dpcore.sampling import bound_contributions, check_privacy_unit
 from dpcore.st_queries import (
     forecast_theta,
     forecast_workload,
     hotspot_errors,
     nearest_hotspot,
+    report_nothing,
     season_period,
     smape,
     st_range_workload,
@@ -100,12 +106,14 @@ class STEvalConfig:
     trials: int = 1
     seed: int = 0
     mechanism_params: dict[str, dict] = field(default_factory=dict)
+    workload: str = DEFAULT_WORKLOAD
 
     def __post_init__(self) -> None:
         check_privacy_unit(self.privacy_unit)
         self.epsilons = [check_epsilon(e) for e in self.epsilons]
         if not self.mechanisms:
             raise STEvalError("at least one mechanism is needed")
+        self.workload = str(parse_workload(self.workload))
         for m in self.mechanisms:
             if not get_mechanism_class(m).spatio_temporal:
                 raise STEvalError(f"mechanism {m!r} is not spatio-temporal; use e.g. identity3d or vdr")
@@ -150,19 +158,35 @@ def evaluate_st(points: Points, region: Region, config: STEvalConfig, progress: 
     psi = psi_for(n_points)
     rng = np.random.default_rng([config.seed, 0x57])
     # --- workloads and truth (shared by all mechanisms) ------------------------------------------
+    spec = parse_workload(config.workload)
+    centres = workload_centres(spec, region, x, y)
     workloads = []
     for a, b in config.query_sides_m:
-        boxes, ranges = st_range_workload(region, t, config.n_queries, a, b, rng, max_slots=config.max_query_slots)
+        boxes, ranges = st_range_workload(region, t, config.n_queries, a, b, rng, max_slots=config.max_query_slots,
+                                          centres=centres)
         workloads.append(((a, b), boxes, ranges, true_st_counts(x, y, slot, region, t, boxes, ranges)))
     g = config.hotspot_grid
     true_grid = grid_counts_3d(x, y, slot, region.bounds_m, g, g, t).astype(np.float64)
-    h_pts = rng.uniform(-region.half_m, region.half_m, (config.hotspot_queries, 2))
-    h_t = rng.integers(0, t, config.hotspot_queries)
+    if spec.kind == "data":
+        # where and when people are: a drawn point's location and its own slot
+        pick = rng.integers(0, n_points, config.hotspot_queries)
+        h_pts, h_t = np.column_stack([x[pick], y[pick]]), slot[pick].astype(np.int64)
+    else:
+        if centres is None:
+            h_pts = rng.uniform(-region.half_m, region.half_m, (config.hotspot_queries, 2))
+        else:
+            h_pts = np.column_stack(centre_draw(region, config.hotspot_queries, rng, centres))
+        h_t = rng.integers(0, t, config.hotspot_queries)
     h_ranges = np.stack([h_t, h_t + 1], axis=1)
     true_hot = {v: nearest_hotspot(true_grid, region, h_pts, v, config.hotspot_extent_m, h_ranges)
                 for v in config.hotspot_thresholds}
+    nothing = []
+    for v in config.hotspot_thresholds:
+        d, r = hotspot_errors(report_nothing(h_pts.shape[0]), true_hot[v], true_grid, region, v,
+                              config.hotspot_extent_m, h_ranges)
+        nothing.append({"threshold": v, "distance_error_m": float(d.mean()), "regret": float(r.mean())})
     horizon = config.horizon()
-    f_boxes = forecast_workload(region, config.forecast_queries, 1000.0, 5000.0, rng)
+    f_boxes = forecast_workload(region, config.forecast_queries, 1000.0, 5000.0, rng, centres)
     f_truth = _truth_series(x, y, slot, region, t, f_boxes)
     period = season_period(config.slot_seconds)
 
@@ -243,6 +267,15 @@ def evaluate_st(points: Points, region: Region, config: STEvalConfig, progress: 
                    "slot_seconds": config.slot_seconds, "n_slots": t},
         "total_points_source": "public input of the evaluation protocol (N of the region and window)",
         "noise_source": "seeded (experiments only)",
+        "workload": {"centres": str(spec), "description": spec.describe()},
+        # Baselines that use no data: answering 0 to every range query, and reporting no hotspot.
+        "reference_answer_zero": [
+            {"query_sides_m": list(s), "mean_relative_error": float(
+                relative_error(np.zeros_like(truth, dtype=np.float64), truth, psi).mean())}
+            for s, _, _, truth in workloads],
+        "reference_report_nothing": {
+            "hotspot_distance_error": float(np.mean([h["distance_error_m"] for h in nothing])),
+            "hotspot_regret": float(np.mean([h["regret"] for h in nothing])), "hotspot": nothing},
         "workloads": {
             "range": {"query_sides_m": [list(s) for s, *_ in workloads], "queries_per_workload": config.n_queries,
                       "slot_range_length": [1, min(t, config.max_query_slots or t)],
@@ -261,12 +294,20 @@ def evaluate_st(points: Points, region: Region, config: STEvalConfig, progress: 
 
 def format_st_table(report: dict) -> str:
     w = report["window"]
+    work = report.get("workload", {}).get("centres", "uniform")
     rows = [f"{report['n_points']:,} points, {report['n_users']:,} users, {w['n_slots']} slots of "
-            f"{w['slot_seconds']}s, privacy unit {report['privacy_unit']}, ψ = {report['psi']:g}",
+            f"{w['slot_seconds']}s, privacy unit {report['privacy_unit']}, ψ = {report['psi']:g}, "
+            f"query locations: {work}",
             f"{'mechanism':<11} {'ε':>5} {'mean rel.err':>12} {'median':>8} {'hot dist m':>10} {'regret':>7} "
             f"{'sMAPE':>6} {'fit s':>7}"]
     for r in report["results"]:
         rows.append(f"{r['mechanism']:<11} {r['epsilon']:>5g} {r['mean_relative_error']:>12.4f} "
                     f"{r['median_relative_error']:>8.4f} {r['hotspot_distance_error']:>10.1f} "
                     f"{r['hotspot_regret']:>7.2f} {r['forecast_smape']:>6.3f} {r['fit_seconds']:>7.1f}")
+    zero = report.get("reference_answer_zero")
+    nothing = report.get("reference_report_nothing")
+    if zero and nothing:
+        z = float(np.mean([r["mean_relative_error"] for r in zero]))
+        rows.append(f"{'(no data)':<11} {'-':>5} {z:>12.4f} {'':>8} {nothing['hotspot_distance_error']:>10.1f} "
+                    f"{nothing['hotspot_regret']:>7.2f} {'-':>6} {'-':>7}   reference: answer 0, report no hotspot")
     return "\n".join(rows)

@@ -71,10 +71,16 @@ def flat_cell_index(x: np.ndarray, y: np.ndarray, bounds: tuple[float, float, fl
 
 
 def grid_counts(x: np.ndarray, y: np.ndarray, bounds: tuple[float, float, float, float], nx: int,
-                ny: int | None = None) -> np.ndarray:
-    """int64 (nx, ny) counts of points over bounds (xmin, ymin, xmax, ymax); points outside are ignored."""
+                ny: int | None = None, weights: np.ndarray | None = None) -> np.ndarray:
+    """int64 (nx, ny) counts of points over bounds (xmin, ymin, xmax, ymax); points outside are ignored.
+
+    With ``weights`` (one per point): float64 sums of the weights per cell instead. Weights on the
+    dpcore.sampling lattice give exact sums (see WEIGHT_QUANTUM)."""
     ny = nx if ny is None else ny
-    flat, _ = flat_cell_index(x, y, bounds, nx, ny)
+    flat, inside = flat_cell_index(x, y, bounds, nx, ny)
+    if weights is not None:
+        w = np.asarray(weights, dtype=np.float64)[inside]
+        return np.bincount(flat, weights=w, minlength=nx * ny).reshape(nx, ny)
     return np.bincount(flat, minlength=nx * ny).reshape(nx, ny).astype(np.int64)
 
 

@@ -47,7 +47,6 @@ import pandas as pd
 from dpcore import GeoDPError
 from dpcore.geo import Region
 from dpcore.histogram import grid_counts
-from dpcore.noise import discrete_laplace_variance
 
 if TYPE_CHECKING:  # pragma: no cover
     from dpcore.budget import Accountant
@@ -613,9 +612,9 @@ def public_n_for_fit(data: FitInput, acct: Accountant, noise: NoiseSource, total
     s = float(data.sensitivity)
     eps1 = acct.spend_fraction("total_count", first, s,
                                note="noisy point count for ParamSelect (n is private); first look")
-    n1 = float(noise.add_discrete_laplace(np.array([data.n]), s, eps1)[0])
+    n1 = float(data.add_count_noise(np.array([data.mass]), eps1, noise)[0])
     # The noise is discrete Laplace: variance 2t/(1 − t)² with t = exp(−ε/s), not the continuous 2(s/ε)².
-    var1 = discrete_laplace_variance(s / eps1)
+    var1 = data.count_noise_variance(eps1)
     how = f"a DP estimate paid with ε={eps1:g} (step total_count)"
     n_hat, n_var = n1, var1
     if total_fraction > first and math.sqrt(var1) > target_rel_std * max(n1, math.sqrt(var1)):
@@ -623,8 +622,8 @@ def public_n_for_fit(data: FitInput, acct: Accountant, noise: NoiseSource, total
         eps2 = acct.spend_fraction("total_count_refine", total_fraction - first, s,
                                    note="second noisy count: the first was not within "
                                         f"{target_rel_std:.0%} relative std; combined by inverse variance")
-        n2 = float(noise.add_discrete_laplace(np.array([data.n]), s, eps2)[0])
-        var2 = discrete_laplace_variance(s / eps2)
+        n2 = float(data.add_count_noise(np.array([data.mass]), eps2, noise)[0])
+        var2 = data.count_noise_variance(eps2)
         n_hat = (n1 / var1 + n2 / var2) / (1.0 / var1 + 1.0 / var2)
         n_var = 1.0 / (1.0 / var1 + 1.0 / var2)
         how = f"a DP estimate paid with ε={eps1 + eps2:g} (steps total_count, total_count_refine)"
@@ -739,8 +738,10 @@ def training_rows(dataset: str, group: str, x: np.ndarray, y: np.ndarray, user: 
                   rhos: tuple[float, ...] = RHO_GRID_M, bands: tuple[tuple[float, float], ...] | None = None,
                   n_queries: int = 400, trials: int = 1, seed: int = 0,
                   mechanism_params: dict[str, dict] | None = None,
-                  progress: Callable[[int, int, str], None] | None = None) -> list[dict]:
-    """Error of every configuration on one PUBLIC dataset, with the evaluation harness's protocol.
+                  progress: Callable[[int, int, str], None] | None = None,
+                  workload: str = "data") -> list[dict]:
+    """Error of every configuration on one PUBLIC dataset, with the evaluation harness's protocol
+    (query centres from ``workload``: by default the dataset's own points, as the evaluation's).
 
     ``profile`` is the public profile used for the features (the dataset's own: it is public data).
     Rows carry the features, the configuration and ``error`` (mean relative error over the band).
@@ -762,7 +763,8 @@ def training_rows(dataset: str, group: str, x: np.ndarray, y: np.ndarray, user: 
     if data.n_points == 0:
         raise ParamSelectError(f"public dataset {dataset} has no points in {region.name}")
     psi = psi_for(data.n_points)
-    workloads = protocol_workloads(data, bands, n_queries, seed, stream=PARAMSELECT_WORKLOAD_STREAM)
+    workloads = protocol_workloads(data, bands, n_queries, seed, stream=PARAMSELECT_WORKLOAD_STREAM,
+                                   workload=workload)
     extra = mechanism_params or {}
     rows = []
     configs = [(m, r) for m in mechanisms if searches_rho(m) for r in rhos]

@@ -1,10 +1,15 @@
 """Query workloads and exact answers.
 
+Query centres are drawn from the evaluated data by default (``WorkloadSpec``): an evaluation reads the
+private data for the truth anyway and is never published.
+
 A workload is an array of boxes (q, 4) = [xmin, ymin, xmax, ymax] in region metres. Truth is the
 exact count over *all* points of the region (not the bounded sample that the mechanism saw).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -33,19 +38,86 @@ def parse_query_sides(text: str) -> list[tuple[float, float]]:
     return out
 
 
-def square_workload(region: Region, n_queries: int, side_min_m: float, side_max_m: float,
-                    rng: np.random.Generator) -> np.ndarray:
-    """Squares with side ~ U[side_min, side_max], centred uniformly at random in the region.
+#: Where the evaluation's query centres come from (``--workload``): ``data`` (the default): a uniformly
+#: drawn point of the evaluated data, so queries are asked where people are (the SNH paper's test
+#: protocol); ``uniform``: uniform over the region; ``public:PATH``: a uniformly drawn point of a public
+#: point file (read with dpcore.data.load_points, only its points inside the region).
+WORKLOAD_KINDS = ("data", "uniform", "public")
+DEFAULT_WORKLOAD = "data"
 
-    Centres are drawn from the public region, not from the data, so the workload is public.
-    """
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    kind: str
+    path: str | None = None
+
+    def __str__(self) -> str:
+        return f"public:{self.path}" if self.kind == "public" else self.kind
+
+    def describe(self) -> str:
+        return {"data": "centres: uniformly drawn points of the evaluated data (where people are)",
+                "uniform": "centres: uniform over the region",
+                "public": f"centres: uniformly drawn points of the public file {self.path} inside the region",
+                }[self.kind]
+
+
+def parse_workload(text: str | WorkloadSpec) -> WorkloadSpec:
+    """'data' | 'uniform' | 'public:PATH' → WorkloadSpec (the file is read later, by workload_centres)."""
+    if isinstance(text, WorkloadSpec):
+        return text
+    t = str(text).strip()
+    if t in ("data", "uniform"):
+        return WorkloadSpec(t)
+    if t.startswith("public:") and t[len("public:"):].strip():
+        return WorkloadSpec("public", t[len("public:"):].strip())
+    raise QueryError(f"workload must be data, uniform or public:PATH, got {text!r}")
+
+
+Centres = tuple[np.ndarray, np.ndarray]
+
+
+def workload_centres(spec: str | WorkloadSpec, region: Region, data_x: np.ndarray | None = None,
+                     data_y: np.ndarray | None = None) -> Centres | None:
+    """The points query centres are drawn from (region metres), or None for uniform centres.
+
+    ``data`` uses the evaluated data's in-region points (the caller's ``data_x``, ``data_y``);
+    ``public:PATH`` reads only that file, keeping its points inside the region."""
+    spec = parse_workload(spec)
+    if spec.kind == "uniform":
+        return None
+    if spec.kind == "data":
+        if data_x is None or data_y is None:
+            raise QueryError("the data workload needs the evaluated points")
+        cx, cy = np.asarray(data_x, dtype=np.float64), np.asarray(data_y, dtype=np.float64)
+    else:
+        from dpcore.data import clip_to_region, load_points
+
+        _, cx, cy = clip_to_region(load_points(spec.path).points, region)
+    if cx.size == 0:
+        raise QueryError(f"the {spec} workload has no points inside region {region.name} to centre queries on")
+    return cx, cy
+
+
+def square_workload(region: Region, n_queries: int, side_min_m: float, side_max_m: float,
+                    rng: np.random.Generator, centres: Centres | None = None) -> np.ndarray:
+    """Squares with side ~ U[side_min, side_max], centred uniformly at random in the region, or, with
+    ``centres`` (see :func:`workload_centres`), each on a point of ``centres`` drawn uniformly (with
+    replacement), so the queries follow that point set's distribution."""
     if n_queries < 1:
         raise QueryError("n_queries must be ≥ 1")
-    h = region.half_m
     side = rng.uniform(side_min_m, side_max_m, n_queries)
-    cx = rng.uniform(-h, h, n_queries)
-    cy = rng.uniform(-h, h, n_queries)
+    cx, cy = centre_draw(region, n_queries, rng, centres)
     return np.stack([cx - side / 2, cy - side / 2, cx + side / 2, cy + side / 2], axis=1)
+
+
+def centre_draw(region: Region, n: int, rng: np.random.Generator, centres: Centres | None = None,
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """n centres: uniform over the region (x then y), or uniformly drawn points of ``centres``."""
+    if centres is None:
+        xmin, ymin, xmax, ymax = region.bounds_m
+        return rng.uniform(xmin, xmax, n), rng.uniform(ymin, ymax, n)
+    idx = rng.integers(0, centres[0].size, n)
+    return centres[0][idx], centres[1][idx]
 
 
 def true_counts(x: np.ndarray, y: np.ndarray, boxes: np.ndarray) -> np.ndarray:

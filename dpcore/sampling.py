@@ -88,3 +88,55 @@ def bound_contributions(user: np.ndarray, max_points_per_user: int, rng: np.rand
         keep = np.arange(n)
     n_users = int(np.count_nonzero(counts))
     return BoundingResult(keep.astype(np.int64), n, n_users, int(heavy_user.sum()), k)
+
+
+# -- weighted bounding ------------------------------------------------------------------------------
+#: Weights live on the lattice of multiples of 2⁻²⁰, so any sum of them (below 2³³ points) is exact in
+#: float64 and a weighted count can take integer-valued discrete Laplace noise in units of the lattice
+#: step (NoiseSource.add_lattice_laplace): no float Laplace, and no rounding that could add to the
+#: sensitivity. A person with up to k·2²⁰ points keeps a positive weight on every one of them.
+WEIGHT_QUANTUM = 2.0 ** -20
+
+
+def _codes(user: np.ndarray) -> np.ndarray:
+    u = np.asarray(user)
+    if u.dtype.kind in "iu" and u.size and u.min() >= 0 and u.max() < 2 * u.size + 1_000_000:
+        return u.astype(np.int64, copy=False)
+    return np.unique(u, return_inverse=True)[1].astype(np.int64)
+
+
+def contribution_weights(user: np.ndarray, max_points_per_user: int) -> np.ndarray:
+    """Per-point weights min(1, k/n_u), rounded DOWN to the WEIGHT_QUANTUM lattice.
+
+    n_u is the number of points person u has in ``user`` (the whole release: every city and slot, as
+    for :func:`bound_contributions`). Every point is kept; a person's weights add up to at most k
+    (n_u · ⌊k/n_u⌋_lattice ≤ k, the rounding only goes down), so a weighted count histogram has L1
+    sensitivity k like the k-sample, and its expectation over the k-sample's draws is the same
+    (each point is in a uniform k-subset with probability min(1, k/n_u)) without the sampling noise.
+    """
+    k = int(max_points_per_user)
+    if k < 1:
+        raise SamplingError(f"max_points_per_user must be ≥ 1, got {max_points_per_user}")
+    if np.asarray(user).size == 0:
+        return np.empty(0, dtype=np.float64)
+    codes = _codes(user)
+    n_u = np.bincount(codes).astype(np.float64)
+    steps = np.floor(np.minimum(1.0, k / np.maximum(n_u, 1.0)) / WEIGHT_QUANTUM)
+    return (steps * WEIGHT_QUANTUM)[codes]
+
+
+def check_weights(user: np.ndarray | None, weights: np.ndarray, max_points_per_user: int) -> None:
+    """Refuse weights that would break the sensitivity k of a weighted count: off the lattice, outside
+    (0, 1], or summing above k for some person. Exact: sums of lattice values are exact in float64."""
+    w = np.asarray(weights, dtype=np.float64)
+    if user is None or np.asarray(user).shape != w.shape:
+        raise SamplingError("weighted bounding needs one user id per weighted point")
+    if w.size == 0:
+        return
+    if not (np.all(w > 0) and np.all(w <= 1.0)):
+        raise SamplingError("contribution weights must lie in (0, 1]")
+    if not np.array_equal(np.floor(w / WEIGHT_QUANTUM) * WEIGHT_QUANTUM, w):
+        raise SamplingError("contribution weights must be multiples of WEIGHT_QUANTUM (2^-20)")
+    per_user = np.bincount(_codes(user), weights=w)
+    if per_user.max() > int(max_points_per_user):
+        raise SamplingError(f"a person's weights add up to {per_user.max():g} > k = {max_points_per_user}")

@@ -12,6 +12,12 @@ Scaling by N / n̂ restores full counts, where
   and handed to the mechanism as ``FitInput.sample_size`` (with its noise variance), so mechanisms that
   size a grid from n (UG, AG, HB, SNH, auto) do not pay for the same count twice, and SNH's pyramid
   can weigh it against its own total.
+
+Under weighted bounding (``FitInput.weights``: every point weighs min(1, k/n_u)) the release counts
+weight, not points, so n̂ estimates the weight sum Σw (sensitivity k: a person's weights add up to
+≤ k), with discrete Laplace noise on the weights' lattice, and the factor is N / n̂ as before. In
+expectation the k-sample keeps exactly those weights (a point is in a uniform k-subset with probability
+min(1, k/n_u)), so both boundings scale the same way; the weighted one has no sampling noise.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ import numpy as np
 from dpcore.budget import Accountant, check_epsilon
 from dpcore.geo import Region
 from dpcore.mechanisms import FitInput, get_mechanism
-from dpcore.noise import NoiseSource, discrete_laplace_variance
+from dpcore.noise import NoiseSource
 from dpcore.synopsis import PrivacyInfo, Synopsis, load_synopsis
 
 #: Share of ε spent on n̂ when a user-level release is scaled to full counts. n̂'s relative error is
@@ -88,21 +94,22 @@ def fit_scaled(mechanism_name: str, params: dict, data: FitInput, epsilon: float
     if not (0 < scale_fraction < 1):
         raise ValueError("scale_fraction must be in (0, 1)")
     acct = Accountant(eps)
+    what = "Σ weights" if data.weighted else "|bounded sample|"
     eps_n = acct.spend_fraction("sample_total_for_scaling", scale_fraction, data.sensitivity,
-                                note="n̂ = |bounded sample| + DLap(k/ε_n); scales the release to the public total")
-    raw_n_hat = float(noise.add_discrete_laplace(np.array([data.n]), data.sensitivity, eps_n)[0])
+                                note=f"n̂ = {what} + DLap(k/ε_n); scales the release to the public total")
+    raw_n_hat = float(data.add_count_noise(np.array([data.mass]), eps_n, noise)[0])
     # Post-processing with public quantities only: the sample is never larger than the full data
     # (factor ≥ 1), and an estimate below one noise scale (k/ε_n) says nothing about n, so it is
     # floored there; otherwise a draw near 0 at tiny ε would multiply every answer by up to N.
     n_hat = min(max(raw_n_hat, data.sensitivity / eps_n, 1.0), float(total_points))
     # n̂ is already a paid DP estimate of the sample size, so the mechanism may reuse it instead of
     # spending a second share of ε on the same count.
-    data = dataclasses.replace(data, sample_size=n_hat,
-                               sample_size_variance=discrete_laplace_variance(data.sensitivity / eps_n))
+    data = dataclasses.replace(data, sample_size=n_hat, sample_size_variance=data.count_noise_variance(eps_n))
     inner = get_mechanism(mechanism_name, **params).fit(data, acct.remaining, noise)
     charges = acct.to_list() + inner.privacy.charges
     p = inner.privacy
     privacy = PrivacyInfo(p.mechanism, p.params, eps, charges, p.privacy_unit, p.sensitivity,
                           p.max_points_per_user, p.noise_source,
-                          [*p.notes, f"scaled to full counts: factor N/n̂ with N={total_points:g} ({total_source})"])
+                          [*p.notes, f"scaled to full counts: factor N/n̂ with N={total_points:g} ({total_source}), "
+                                     f"n̂ a DP estimate of the {'weight sum' if data.weighted else 'sample size'}"])
     return ScaledSynopsis(inner, float(total_points) / n_hat, total_points, total_source, privacy)

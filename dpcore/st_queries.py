@@ -19,6 +19,7 @@ import numpy as np
 from dpcore import GeoDPError
 from dpcore.geo import Region
 from dpcore.histogram import cumulative_at, grid_counts, prefix_sums
+from dpcore.queries import Centres, centre_draw
 
 
 class STQueryError(GeoDPError, ValueError):
@@ -28,12 +29,13 @@ class STQueryError(GeoDPError, ValueError):
 # -- range counts ---------------------------------------------------------------------------------
 def st_range_workload(region: Region, n_slots: int, n_queries: int, side_min_m: float, side_max_m: float,
                       rng: np.random.Generator, *, max_slots: int | None = None,
-                      snap_cells: int = 2048) -> tuple[np.ndarray, np.ndarray]:
+                      snap_cells: int = 2048, centres: Centres | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Random box × slot-range queries.
 
     Boxes are squares with side uniform in [side_min, side_max] metres centred uniformly in the
-    region (clipped to it); slot ranges have length uniform in [1, max_slots] (default: all slots)
-    and a uniform start. Box edges are snapped to a lattice of ``snap_cells`` per side so that the
+    region, or on uniformly drawn points of ``centres`` (dpcore.queries.workload_centres), clipped to
+    the region; slot ranges have length uniform in [1, max_slots] (default: all slots) and a uniform
+    start. Box edges are snapped to a lattice of ``snap_cells`` per side so that the
     truth from a histogram at that resolution (:func:`true_st_counts`) is exact.
     """
     if n_queries < 1 or n_slots < 1:
@@ -41,8 +43,7 @@ def st_range_workload(region: Region, n_slots: int, n_queries: int, side_min_m: 
     if not (0 < side_min_m <= side_max_m):
         raise STQueryError(f"query sides need 0 < min ≤ max, got {side_min_m}, {side_max_m}")
     xmin, ymin, xmax, ymax = region.bounds_m
-    cx = rng.uniform(xmin, xmax, n_queries)
-    cy = rng.uniform(ymin, ymax, n_queries)
+    cx, cy = centre_draw(region, n_queries, rng, centres)
     half = rng.uniform(side_min_m, side_max_m, n_queries) / 2
     boxes = np.stack([cx - half, cy - half, cx + half, cy + half], axis=1)
     boxes[:, [0, 2]] = np.clip(boxes[:, [0, 2]], xmin, xmax)
@@ -183,6 +184,12 @@ def nearest_hotspot_brute(counts: np.ndarray, region: Region, points: np.ndarray
     return HotspotAnswer(np.array(ix), np.array(iy), np.array(dist))
 
 
+def report_nothing(n_queries: int) -> HotspotAnswer:
+    """The baseline that reports no hotspot for any query (what a blank release says)."""
+    none = np.full(n_queries, -1, dtype=np.int64)
+    return HotspotAnswer(none, none.copy(), np.full(n_queries, np.inf))
+
+
 def hotspot_errors(released: HotspotAnswer, true: HotspotAnswer, true_counts: np.ndarray, region: Region,
                    threshold: float | np.ndarray, extent_m: float,
                    slot_ranges: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -268,8 +275,9 @@ def _theta_one(model_cls, row: np.ndarray, h: int, period: int | None) -> np.nda
 
 
 def forecast_workload(region: Region, n_queries: int, side_min_m: float, side_max_m: float,
-                      rng: np.random.Generator) -> np.ndarray:
-    """Boxes whose series are forecast: the whole region first, then random squares."""
-    boxes, _ = st_range_workload(region, 1, max(1, n_queries - 1), side_min_m, side_max_m, rng)
+                      rng: np.random.Generator, centres: Centres | None = None) -> np.ndarray:
+    """Boxes whose series are forecast: the whole region first, then random squares (centred as in
+    :func:`st_range_workload`)."""
+    boxes, _ = st_range_workload(region, 1, max(1, n_queries - 1), side_min_m, side_max_m, rng, centres=centres)
     whole = np.array([region.bounds_m], dtype=np.float64)
     return np.vstack([whole, boxes])[:n_queries]

@@ -45,6 +45,24 @@ def add_privacy_args(p: argparse.ArgumentParser, default_k: int | None = 20) -> 
                     else f"(default {default_k})"))
 
 
+def add_workload_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workload", default="data", metavar="data|uniform|public:PATH",
+                   help="where query centres come from: data (default: uniformly drawn points of the evaluated "
+                        "data, i.e. where people are), uniform (over the region), or public:PATH (points of a "
+                        "public point file inside the region; only that file is read for the centres)")
+
+
+def check_public_workload(workload: str) -> None:
+    """A public centre file that is missing fails before the private data is read."""
+    from pathlib import Path
+
+    from dpcore.queries import QueryError, parse_workload
+
+    spec = parse_workload(workload)
+    if spec.kind == "public" and not Path(spec.path).is_file():
+        raise QueryError(f"public workload file not found: {spec.path}")
+
+
 def region_from_args(args: argparse.Namespace) -> Region:
     return resolve_region(city=args.city, center=args.center, side_km=args.side_km)
 

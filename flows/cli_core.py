@@ -12,6 +12,8 @@ from flows.cli_common import (
     add_data_args,
     add_privacy_args,
     add_region_args,
+    add_workload_arg,
+    check_public_workload,
     eprint,
     evaluation_params,
     load_from_args,
@@ -46,6 +48,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--queries", type=int, default=2000)
     p.add_argument("--trials", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
+    add_workload_arg(p)
+    p.add_argument("--bounding", choices=["sample", "weight"], default="sample",
+                   help="user level: keep a uniform k-sample of each person's points (default), or keep every "
+                        "point weighted min(1, k/n_u) (identity, ug, ag, hb, privtree, auto)")
     p.add_argument("--param", action="append", metavar="MECH.KEY=VALUE",
                    help="mechanism parameter, e.g. identity.cell_width_m=200 (repeatable)")
     p.add_argument("--json", metavar="OUT.json", help="write the full result as JSON")
@@ -89,11 +95,15 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
                         epsilons=parse_epsilons(args.epsilon), privacy_unit=args.privacy_unit,
                         max_points_per_user=args.max_points_per_user,
                         query_sides_m=parse_query_sides(args.query_sides_m), n_queries=args.queries,
-                        trials=args.trials, seed=args.seed, mechanism_params=mech_params)
-    from dpcore.mechanisms import get_mechanism_class
+                        trials=args.trials, seed=args.seed, mechanism_params=mech_params,
+                        workload=args.workload, bounding=args.bounding)
+    from dpcore.mechanisms import MechanismError, get_mechanism_class
 
     for m in config.mechanisms:
-        get_mechanism_class(m)  # unknown names fail before the data is read
+        cls = get_mechanism_class(m)  # unknown names fail before the data is read
+        if config.bounding == "weight" and not cls.supports_weights:
+            raise MechanismError(f"{m} does not support --bounding weight")
+    check_public_workload(config.workload)
     if args.flow:
         return _evaluate_flow(args, config)
     loaded = load_from_args(args)
@@ -123,7 +133,8 @@ def _evaluate_flow(args: argparse.Namespace, config) -> int:
         privacy_unit=config.privacy_unit, max_points_per_user=config.max_points_per_user,
         query_sides_m=config.query_sides_m, queries=config.n_queries, trials=config.trials, seed=config.seed,
         mechanism_params=config.mechanism_params, output_dir=args.artifacts_dir, columns=args.columns,
-        format=args.format, dask_address=args.dask_address, n_workers=args.workers))
+        format=args.format, dask_address=args.dask_address, n_workers=args.workers, workload=config.workload,
+        bounding=config.bounding))
     out = run_evaluate_flow(params)
     for city in cities:
         info = out["cities"][city]

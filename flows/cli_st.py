@@ -17,6 +17,8 @@ from flows.cli_common import (
     ProgressPrinter,
     add_data_args,
     add_region_args,
+    add_workload_arg,
+    check_public_workload,
     eprint,
     evaluation_params,
     load_from_args,
@@ -49,6 +51,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--horizon", type=int, default=None, help="forecast steps (default: one period)")
     p.add_argument("--trials", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
+    add_workload_arg(p)
     p.add_argument("--param", action="append", metavar="MECH.KEY=VALUE",
                    help="mechanism parameter, e.g. vdr.steps=200 or identity3d.grid_size=128 (repeatable)")
     p.add_argument("--json", required=True, metavar="OUT", help="write the report here")
@@ -135,7 +138,8 @@ def _evaluate_st_flow(args: argparse.Namespace, config, mech_params: dict[str, d
     params = evaluation_params(lambda: EvaluateParams(
         data=str(args.data), cities=cities, mechanisms=[], privacy_unit=args.privacy_unit, seed=args.seed,
         mechanism_params=mech_params, spatio_temporal=st, columns=args.columns, format=args.format,
-        output_dir=args.artifacts_dir, dask_address=args.dask_address, n_workers=args.workers))
+        output_dir=args.artifacts_dir, dask_address=args.dask_address, n_workers=args.workers,
+        workload=config.workload))
     out = run_evaluate_flow(params)
     st_out = out["spatio_temporal"]
     report = {"results": [{"city": c, **r} for c, rep in st_out["cities"].items() for r in rep["results"]],
@@ -179,7 +183,9 @@ def cmd_evaluate_st(args: argparse.Namespace) -> int:
         max_points_per_user=args.max_points_per_user, query_sides_m=parse_query_sides(args.query_sides_m),
         n_queries=args.queries, max_query_slots=args.max_query_slots, hotspot_queries=args.hotspot_queries,
         hotspot_extent_m=args.hotspot_extent_km * 1000.0, forecast_queries=args.forecast_queries,
-        forecast_horizon=args.horizon, trials=args.trials, seed=args.seed, mechanism_params=mech_params)
+        forecast_horizon=args.horizon, trials=args.trials, seed=args.seed, mechanism_params=mech_params,
+        workload=args.workload)
+    check_public_workload(config.workload)
     if args.flow:
         return _evaluate_st_flow(args, config, mech_params)
     loaded = load_from_args(args)

@@ -80,7 +80,8 @@ def evaluate_flow(params: EvaluateParams) -> dict:
         city_points = {city: within(loaded.points, city) for city in params.cities}
         futures = [evaluate_one.submit(city_points[city], city, mech, eps, params.privacy_unit,
                                        params.max_points_per_user, params.query_sides_m, params.queries, params.trials,
-                                       params.seed, params.mechanism_params.get(mech, {}))
+                                       params.seed, params.mechanism_params.get(mech, {}), params.workload,
+                                       params.bounding)
                    for city in params.cities for mech in params.mechanisms for eps in params.epsilons]
     st_futures = []
     if st is not None:
@@ -89,7 +90,7 @@ def evaluate_flow(params: EvaluateParams) -> dict:
         drawn_eps = st.drawn_epsilon()
         st_futures = [evaluate_st_one.submit(st_points[city], city, mech, eps, st, params.privacy_unit, params.seed,
                                              params.mechanism_params.get(mech, {}),
-                                             draw=math.isclose(eps, drawn_eps, rel_tol=1e-9))
+                                             draw=math.isclose(eps, drawn_eps, rel_tol=1e-9), workload=params.workload)
                       for city in params.cities for mech in st.mechanisms for eps in st.epsilons]
     outs = [f.result() for f in futures]
     st_outs = [f.result() for f in st_futures]
@@ -100,12 +101,23 @@ def evaluate_flow(params: EvaluateParams) -> dict:
         rows = [{"city": o["city"], **r} for o in outs for r in o["results"]]
         training = [{"city": o["city"], **c} for o in outs for c in o["training"]]
         references = [{"city": o["city"], **ref} for o in outs for ref in o["reference_answer_zero"]]
-        # Every task of a city draws the same workloads, so its references are one per band.
+        # Every task of a city draws the same workloads, so its references are one per band (answer 0)
+        # and one per (ε, band) (the hindsight grid, which draws noise from seeds of its own).
         references = list({(r["city"], tuple(r["query_sides_m"])): r for r in references}.values())
-        _publish_2d(params, loaded.data_version, rows, training, files, references)
-        summary.update({"results": rows, "training": training,
+        hindsight = {}
+        for o in outs:
+            for r in o["reference_hindsight_grid"]:
+                hindsight[(o["city"], r["epsilon"], tuple(r["query_sides_m"]))] = r
+        _publish_2d(params, loaded.data_version, rows, training, files, references,
+                    [{"city": c, **r} for (c, _, _), r in hindsight.items()])
+        summary.update({"results": rows, "training": training, "workload": outs[0]["workload"],
+                        "bounding": outs[0]["bounding"],
                         "cities": {o["city"]: {"n_points": o["n_points"], "n_users": o["n_users"], "psi": o["psi"],
-                                               "reference_answer_zero": o["reference_answer_zero"]}
+                                               "workload": o["workload"], "bounding": o["bounding"],
+                                               "reference_answer_zero": o["reference_answer_zero"],
+                                               "reference_hindsight_grid": sorted(
+                                                   (r for (c, _, _), r in hindsight.items() if c == o["city"]),
+                                                   key=lambda r: (r["epsilon"], r["query_sides_m"]))}
                                    for o in outs}})
     if st_outs:
         summary["spatio_temporal"] = _publish_st(params, loaded.data_version, st_outs, files)
@@ -118,24 +130,34 @@ def evaluate_flow(params: EvaluateParams) -> dict:
 
 
 def _publish_2d(params: EvaluateParams, data_version: str, rows: list[dict], training: list[dict],
-                files: dict[str, bytes], references: list[dict]) -> None:
+                files: dict[str, bytes], references: list[dict], hindsight: list[dict]) -> None:
     def sides(r: dict) -> str:
         return f"{r['query_sides_m'][0]:g}-{r['query_sides_m'][1]:g}"
 
     create_table_artifact(
         [{"city": r["city"], "mechanism": r["mechanism"], "ε": r["epsilon"], "query sides (m)": sides(r),
           "mean rel. error": round(r["mean_relative_error"], 4),
-          "median rel. error": round(r["median_relative_error"], 4)} for r in rows]
+          "median rel. error": round(r["median_relative_error"], 4),
+          "× answer 0": _round(r.get("ratio_to_answer_zero")),
+          "× hindsight grid": _round(r.get("ratio_to_hindsight_grid"))} for r in rows]
         + [{"city": r["city"], "mechanism": "answer 0 (reference)", "ε": "-", "query sides (m)": sides(r),
-            "mean rel. error": round(r["mean_relative_error"], 4), "median rel. error": "-"} for r in references],
+            "mean rel. error": round(r["mean_relative_error"], 4), "median rel. error": "-",
+            "× answer 0": "-", "× hindsight grid": "-"} for r in references]
+        + [{"city": r["city"], "mechanism": f"hindsight grid {r['grid_size']}² (reference, NOT DP)", "ε": r["epsilon"],
+            "query sides (m)": sides(r), "mean rel. error": round(r["mean_relative_error"], 4),
+            "median rel. error": round(r["median_relative_error"], 4), "× answer 0": "-", "× hindsight grid": "-"}
+           for r in hindsight],
         key=_artifact_key(f"evaluate-{data_version}"), description="range-count relative error")
     png = error_plot_png(rows, references)
     files["error-vs-epsilon.png"] = png
     create_markdown_artifact(
         f"# Evaluation of {', '.join(params.mechanisms)} on {', '.join(params.cities)}\n\n"
-        f"{len(rows)} result rows, privacy unit {params.privacy_unit}, k={params.max_points_per_user}.\n\n"
+        f"{len(rows)} result rows, privacy unit {params.privacy_unit}, k={params.max_points_per_user}, "
+        f"bounding {params.bounding}, query centres: {params.workload}.\n\n"
         "Dashed lines: answering 0 to every query (no data, no noise). A mechanism above its line "
-        "tells less than a blank map under this metric.\n\n"
+        "tells less than a blank map under this metric. The table also gives each row's ratio to the "
+        "hindsight grid: the identity grid whose size was picked with the true answers (a yardstick, "
+        "not a DP mechanism).\n\n"
         f"![error vs epsilon]({_data_uri(png)})\n",
         key=_artifact_key(f"evaluate-summary-{data_version}"), description="evaluation summary")
     if not training:
@@ -155,6 +177,21 @@ def _publish_2d(params: EvaluateParams, data_version: str, rows: list[dict], tra
                              description="training curves of the evaluated mechanisms")
 
 
+def _round(v: float | None) -> float | str:
+    return "-" if v is None else round(v, 3)
+
+
+def _st_reference_rows(report: dict) -> list[dict]:
+    """The no-data baselines of an evaluate-st report: answer 0 (range) and no hotspot reported."""
+    zero, nothing = report.get("reference_answer_zero"), report.get("reference_report_nothing")
+    if not zero or not nothing:
+        return []
+    z = sum(r["mean_relative_error"] for r in zero) / len(zero)
+    return [{"mechanism": "no data (reference: answer 0, report no hotspot)", "ε": "-",
+             "mean rel. error": round(z, 4), "hotspot distance error (m)": round(nothing["hotspot_distance_error"], 1),
+             "hotspot regret": round(nothing["hotspot_regret"], 3), "forecast sMAPE": "-", "fit s": "-"}]
+
+
 def _publish_st(params: EvaluateParams, data_version: str, st_outs: list[dict], files: dict[str, bytes]) -> dict:
     """Per city: the evaluate-st report (rows in dpcore.evaluate_st's key names), a table artifact and a
     markdown artifact with the slot images and forecast plots of each mechanism at the drawn ε."""
@@ -172,7 +209,8 @@ def _publish_st(params: EvaluateParams, data_version: str, st_outs: list[dict], 
             [{"mechanism": r["mechanism"], "ε": r["epsilon"], "mean rel. error": round(r["mean_relative_error"], 4),
               "hotspot distance error (m)": round(r["hotspot_distance_error"], 1),
               "hotspot regret": round(r["hotspot_regret"], 3), "forecast sMAPE": round(r["forecast_smape"], 4),
-              "fit s": round(r["fit_seconds"], 1)} for r in report["results"]],
+              "fit s": round(r["fit_seconds"], 1)} for r in report["results"]]
+            + _st_reference_rows(report),
             key=key, description=f"spatio-temporal evaluation of {city}")
         w = report["window"]
         lines = [f"# Spatio-temporal evaluation: {city} (OPERATOR ONLY)", "", f"> {OPERATOR_ONLY}", "",

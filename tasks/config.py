@@ -250,6 +250,19 @@ class EvaluateParams(BaseModel):
     format: str = "auto"
     dask_address: str | None = None
     n_workers: int = Field(default=2, ge=1, le=64)
+    workload: str = Field(default="data", description="query centres: data (points of the evaluated data, "
+                          "where people are), uniform (over the region) or public:PATH (a public point file "
+                          "readable on the workers)")
+    bounding: Literal["sample", "weight"] = Field(
+        default="sample", description="user-level bounding of the 2-D part: a k-sample per user, or every "
+                                      "point weighted min(1, k/n_u) (grid mechanisms)")
+
+    @field_validator("workload")
+    @classmethod
+    def _workload(cls, v: str) -> str:
+        from dpcore.queries import parse_workload
+
+        return str(parse_workload(v))
 
     @model_validator(mode="after")
     def _something_to_do(self) -> EvaluateParams:
@@ -257,6 +270,8 @@ class EvaluateParams(BaseModel):
             raise ValueError("at least one city is needed")
         if not self.mechanisms and self.spatio_temporal is None:
             raise ValueError("nothing to evaluate: give 2-D mechanisms, spatio_temporal options, or both")
+        if self.bounding == "weight" and self.privacy_unit != "user":
+            raise ValueError("weighted bounding needs privacy_unit user")
         return self
 
 

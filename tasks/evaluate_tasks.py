@@ -35,13 +35,16 @@ OPERATOR_ONLY = ("Operator diagnostics: these images show TRUE counts of the pri
 @task(name="evaluate-one", cache_policy=NO_CACHE)
 def evaluate_one(points: Points, city: str, mechanism: str, epsilon: float, privacy_unit: str,
                  max_points_per_user: int, query_sides_m: list[tuple[float, float]], queries: int, trials: int,
-                 seed: int, mechanism_params: dict | None = None) -> dict:
+                 seed: int, mechanism_params: dict | None = None, workload: str = "data",
+                 bounding: str = "sample") -> dict:
     """One (city, mechanism, ε) of the 2-D harness. ``training`` lists the loss curve of every trial
-    whose synopsis has one (SNH, or auto choosing SNH)."""
+    whose synopsis has one (SNH, or auto choosing SNH). The references (answer 0, the hindsight grid at
+    this ε) are the same in every task of a city and ε: they draw from seeds of their own."""
     config = EvalConfig(mechanisms=[mechanism], epsilons=[epsilon], privacy_unit=privacy_unit,
                         max_points_per_user=max_points_per_user, query_sides_m=[tuple(q) for q in query_sides_m],
                         n_queries=queries, trials=trials, seed=seed,
-                        mechanism_params={mechanism: dict(mechanism_params or {})})
+                        mechanism_params={mechanism: dict(mechanism_params or {})}, workload=workload,
+                        bounding=bounding)
     training: list[dict] = []
 
     def keep_losses(mech: str, eps: float, trial: int, synopsis) -> None:
@@ -57,7 +60,9 @@ def evaluate_one(points: Points, city: str, mechanism: str, epsilon: float, priv
         report = evaluate(points, city_region(city), config, on_fit=keep_losses)
     return {"city": city, "n_points": report["n_points"], "n_users": report["n_users"], "psi": report["psi"],
             "results": report["results"], "training": training,
-            "reference_answer_zero": report["reference_answer_zero"]}
+            "reference_answer_zero": report["reference_answer_zero"],
+            "reference_hindsight_grid": report["reference_hindsight_grid"], "workload": report["workload"],
+            "bounding": report["bounding"]}
 
 
 def block_sum_xy(grid: np.ndarray, max_cells: int) -> np.ndarray:
@@ -94,7 +99,7 @@ _LOSS = re.compile(r"loss\s+([-+0-9.eE]+|nan)")
 @task(name="evaluate-st-one", cache_policy=NO_CACHE)
 def evaluate_st_one(points: Points, city: str, mechanism: str, epsilon: float, options: STEvaluateOptions,
                     privacy_unit: str, seed: int, mechanism_params: dict | None = None,
-                    draw: bool = False) -> dict:
+                    draw: bool = False, workload: str = "data") -> dict:
     """One (city, mechanism, ε) of the spatio-temporal harness on the points of the public window.
 
     With ``draw``, the first trial's released and true counts of a few slots and a few forecast
@@ -110,7 +115,7 @@ def evaluate_st_one(points: Points, city: str, mechanism: str, epsilon: float, o
         max_query_slots=options.max_query_slots, hotspot_queries=options.hotspot_queries,
         hotspot_extent_m=options.hotspot_extent_km * 1000.0, hotspot_grid=options.hotspot_grid,
         forecast_queries=options.forecast_queries, forecast_horizon=options.horizon, trials=options.trials,
-        seed=seed, mechanism_params={mechanism: dict(mechanism_params or {})})
+        seed=seed, mechanism_params={mechanism: dict(mechanism_params or {})}, workload=workload)
     logger = run_logger()
     curve: list[tuple[int, float]] = []
 

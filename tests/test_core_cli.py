@@ -129,6 +129,29 @@ def test_evaluate_json_schema(synth_file, tmp_path):
     assert by_eps[(2.0, (1000.0, 5000.0))] < by_eps[(0.5, (1000.0, 5000.0))]
 
 
+def test_evaluate_workload_bounding_and_references(synth_file, tmp_path):
+    """--workload / --bounding reach the report; every row has its ratios to both references; bad values are
+    one error line."""
+    out = tmp_path / "ev.json"
+    r = geodp("evaluate", synth_file, "--city", "new-york", "--mechanisms", "identity,ag", "--epsilon", "1",
+              "--queries", "200", "--trials", "1", "--query-sides-m", "100:1000", "--bounding", "weight",
+              "--max-points-per-user", "5", "--json", out)
+    report = json.loads(out.read_text())
+    assert report["workload"]["centres"] == "data" and report["bounding"] == "weight"
+    (grid,) = report["reference_hindsight_grid"]
+    (zero,) = report["reference_answer_zero"]
+    for row in report["results"]:
+        assert row["ratio_to_hindsight_grid"] == pytest.approx(row["mean_relative_error"] / grid["mean_relative_error"])
+        assert row["ratio_to_answer_zero"] == pytest.approx(row["mean_relative_error"] / zero["mean_relative_error"])
+    assert f"{grid['grid_size']}x{grid['grid_size']} grid picked with the true answers" in r.stdout
+    for bad, msg in ((["--bounding", "weight", "--mechanisms", "snh"], "does not support"),
+                     (["--bounding", "weight", "--privacy-unit", "record"], "needs --privacy-unit user"),
+                     (["--workload", "public:" + str(tmp_path / "none.csv")], "not found"),
+                     (["--workload", "everywhere"], "workload must be")):
+        r = geodp("evaluate", synth_file, "--city", "new-york", *bad, ok=False)
+        assert r.returncode == 2 and msg in r.stderr and "Traceback" not in r.stderr
+
+
 def test_evaluate_flow_refuses_a_bad_parameter_value_before_starting_prefect(synth_file, tmp_path):
     """`evaluate --flow` and `evaluate-st --flow` check every mechanism's values up front, so a bad one is
     one clear error line instead of a failure in each worker task."""

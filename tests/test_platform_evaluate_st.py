@@ -113,7 +113,13 @@ def test_snh_evaluation_has_a_training_curve_artifact(prefect_harness, two_city_
     (expected,) = out["cities"]["new-york"]["reference_answer_zero"]
     assert len(refs) == 1 and refs[0]["query sides (m)"] == "1000-5000"
     assert refs[0]["mean rel. error"] == pytest.approx(expected["mean_relative_error"], abs=1e-4)
-    assert len(table) == len(out["results"]) + 1
+    # the hindsight grid: one row per (ε, band), the same in every task, with the summary's values
+    grids = [r for r in table if r["mechanism"].startswith("hindsight grid")]
+    expected_grids = out["cities"]["new-york"]["reference_hindsight_grid"]
+    assert [(r["ε"], r["mean rel. error"]) for r in grids] == [
+        (g["epsilon"], round(g["mean_relative_error"], 4)) for g in expected_grids]
+    assert [g["epsilon"] for g in expected_grids] == [0.5, 2.0] and all("NOT DP" in r["mechanism"] for r in grids)
+    assert len(table) == len(out["results"]) + 1 + 2
     summary_md = arts[f"evaluate-summary-{out['data_version']}".lower()[:100]].data
     assert "answering 0 to every query" in summary_md and len(_pngs(summary_md)) == 1
 

@@ -55,7 +55,10 @@ def test_evaluate_flow_one_task_per_city_mechanism_epsilon(prefect_harness, gowa
     # more budget, less error (on average over the two mechanisms and cities)
     err = {e: sum(r["mean_relative_error"] for r in out["results"] if r["epsilon"] == e) for e in (0.5, 2.0)}
     assert err[2.0] < err[0.5]
-    # each city's answer-0 reference travels with the flow's summary (the cities hold different data)
+    # each city's references travel with the flow's summary; answer 0 is wrong by ≤ 100% per query, and
+    # the hindsight grid (one per ε, picked on that city's truth) differs between the cities' data
     refs = {c: out["cities"][c]["reference_answer_zero"] for c in ("austin", "san-francisco")}
     assert all(r[0]["query_sides_m"] == [1000, 5000] and 0 < r[0]["mean_relative_error"] <= 1 for r in refs.values())
-    assert refs["austin"] != refs["san-francisco"]
+    grids = {c: out["cities"][c]["reference_hindsight_grid"] for c in ("austin", "san-francisco")}
+    assert all([g["epsilon"] for g in v] == [0.5, 2.0] for v in grids.values())
+    assert grids["austin"] != grids["san-francisco"]

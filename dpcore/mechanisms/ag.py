@@ -33,7 +33,7 @@ import math
 import numpy as np
 
 from dpcore.budget import Accountant
-from dpcore.histogram import cell_index, grid_counts
+from dpcore.histogram import cell_index
 from dpcore.mechanisms.base import FitInput, Mechanism, MechanismError
 from dpcore.mechanisms.ug import (
     DEFAULT_C,
@@ -75,6 +75,7 @@ class AdaptiveGrid(Mechanism):
     """Two-level adaptive grid; see the module docstring for sizes, budget split and inference."""
 
     name = "ag"
+    supports_weights = True
 
     def __init__(self, *, alpha: float = 0.5, c: float = DEFAULT_C, total_fraction: float = 0.05,
                  min_m1: int = 10, max_m2: int = 256, raster_size: int | None = None,
@@ -116,7 +117,7 @@ class AdaptiveGrid(Mechanism):
         xmin, ymin, xmax, ymax = data.region.bounds_m
         eps1 = acct.spend("level1_counts", alpha * eps_rest, k,
                           note=f"{m1}x{m1} level-1 grid; disjoint cells, L1 sensitivity = contribution bound")
-        v = noise.add_discrete_laplace(grid_counts(data.x, data.y, data.region.bounds_m, m1, m1), k, eps1)
+        v = data.add_count_noise(data.grid_counts(m1, m1), eps1, noise)
         v = v.astype(np.float64).ravel()  # cell id = ix * m1 + iy
 
         # Level-2 sizes from the noisy level-1 counts (post-processing), then one leaf id per point.
@@ -127,6 +128,7 @@ class AdaptiveGrid(Mechanism):
         offset = np.cumsum(n_leaves) - n_leaves
         inside = ((data.x >= xmin) & (data.x < xmax) & (data.y >= ymin) & (data.y < ymax))
         px, py = data.x[inside], data.y[inside]
+        pw = None if data.weights is None else data.weights[inside]
         ix = cell_index(px, xmin, xmax, m1)
         iy = cell_index(py, ymin, ymax, m1)
         cell = ix * m1 + iy
@@ -136,12 +138,12 @@ class AdaptiveGrid(Mechanism):
         # Position inside the level-1 cell, on that cell's own m2 × m2 sub-grid.
         lx = np.clip(np.floor((px - xmin - ix * w1) / w1 * pm2).astype(np.int64), 0, pm2 - 1)
         ly = np.clip(np.floor((py - ymin - iy * h1) / h1 * pm2).astype(np.int64), 0, pm2 - 1)
-        leaf_counts = np.bincount(offset[cell] + lx * pm2 + ly, minlength=int(n_leaves.sum()))
+        leaf_counts = np.bincount(offset[cell] + lx * pm2 + ly, weights=pw, minlength=int(n_leaves.sum()))
 
         eps2 = acct.spend_rest("level2_counts", k,
                                note=f"{int(n_leaves.sum())} level-2 cells (m2 in [{m2.min()}, {m2.max()}]); "
                                     "disjoint, L1 sensitivity = contribution bound")
-        u = noise.add_discrete_laplace(leaf_counts, k, eps2).astype(np.float64)
+        u = data.add_count_noise(leaf_counts, eps2, noise).astype(np.float64)
 
         leaf_cell = np.repeat(np.arange(m1 * m1), n_leaves)
         u = constrained_inference(v, u, n_leaves, eps1, eps2)

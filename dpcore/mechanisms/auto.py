@@ -35,6 +35,8 @@ from dpcore.synopsis import Synopsis
 
 class AutoMechanism(Mechanism):
     name = "auto"
+    #: under weighted bounding auto chooses only among candidates that support it (not SNH)
+    supports_weights = True
 
     def __init__(self, *, mechanisms: tuple[str, ...] | str | None = None,
                  query_sides_m: tuple[float, float] = (100.0, 1000.0), total_fraction: float = 0.05,
@@ -67,10 +69,14 @@ class AutoMechanism(Mechanism):
         check_fraction(self.total_fraction, "total_fraction")
 
     def _fit(self, data: FitInput, acct: Accountant, noise: NoiseSource) -> Synopsis:
-        from dpcore.mechanisms import get_mechanism
+        from dpcore.mechanisms import get_mechanism, get_mechanism_class
         from dpcore.paramselect import public_n_for_fit, rho_extrapolation_note, select_params
 
         cands = self._candidates()
+        if data.weighted:
+            cands = tuple(c for c in cands if get_mechanism_class(c).supports_weights)
+            if not cands:
+                raise MechanismError("none of auto's candidates supports weighted bounding")
         lo, hi = (float(v) for v in self.query_sides_m)
         n, how, bounded, n_var = public_n_for_fit(data, acct, noise, self.total_fraction)
         choice = select_params(region=data.region, n=n, epsilon=acct.remaining, sensitivity=float(data.sensitivity),

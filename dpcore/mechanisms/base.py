@@ -19,8 +19,9 @@ import numpy as np
 from dpcore import GeoDPError
 from dpcore.budget import Accountant, check_epsilon
 from dpcore.geo import Region
-from dpcore.noise import NoiseSource
-from dpcore.sampling import check_privacy_unit, count_sensitivity
+from dpcore.histogram import grid_counts
+from dpcore.noise import NoiseSource, discrete_laplace_variance
+from dpcore.sampling import WEIGHT_QUANTUM, check_privacy_unit, check_weights, count_sensitivity
 from dpcore.synopsis import PrivacyInfo, Synopsis
 
 
@@ -45,6 +46,13 @@ class FitInput:
     n (grid-size rules, ψ, ParamSelect) take it from here when set, else pay for their own estimate.
     Never the raw n. ``sample_size_variance`` is its noise variance (public: it follows from the ε and
     sensitivity it was paid with), for mechanisms that combine it with their own measurements.
+
+    ``weights`` (weighted user-level bounding, dpcore.sampling.contribution_weights): every point of
+    the release is given, each weighing min(1, k/n_u) on the WEIGHT_QUANTUM lattice, so a person's
+    weights add up to ≤ k and a weighted count histogram keeps sensitivity k. Checked on construction.
+    Mechanisms that support it (``Mechanism.supports_weights``) count through :meth:`grid_counts`,
+    :attr:`mass` and :meth:`add_count_noise`, which are the plain counts and the integer discrete
+    Laplace without weights.
     """
 
     x: np.ndarray
@@ -60,11 +68,44 @@ class FitInput:
     public_total: float | None = None
     sample_size: float | None = None
     sample_size_variance: float | None = None
+    weights: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         check_privacy_unit(self.privacy_unit)
         if self.x.shape != self.y.shape:
             raise MechanismError("x and y must have the same shape")
+        if self.weights is not None:
+            if self.privacy_unit != "user":
+                raise MechanismError("contribution weights bound a person's points: user-level privacy only")
+            if np.shape(self.weights) != self.x.shape:
+                raise MechanismError("one weight per point is needed")
+            check_weights(self.user, self.weights, count_sensitivity("user", self.max_points_per_user))
+
+    @property
+    def weighted(self) -> bool:
+        return self.weights is not None
+
+    @property
+    def mass(self) -> float:
+        """What a count over all the points measures: their number, or the sum of their weights."""
+        return float(self.n) if self.weights is None else float(np.sum(self.weights))
+
+    def grid_counts(self, nx: int, ny: int | None = None) -> np.ndarray:
+        """(nx, ny) counts over the region: int64 point counts, or weight sums on the lattice."""
+        return grid_counts(self.x, self.y, self.region.bounds_m, nx, ny, weights=self.weights)
+
+    def add_count_noise(self, counts: np.ndarray, epsilon: float, noise: NoiseSource) -> np.ndarray:
+        """counts + ε-DP noise of the count sensitivity: integer discrete Laplace on point counts, the
+        same on the WEIGHT_QUANTUM lattice on weight sums (NoiseSource.add_lattice_laplace)."""
+        if self.weights is None:
+            return noise.add_discrete_laplace(counts, self.sensitivity, epsilon)
+        return noise.add_lattice_laplace(counts, self.sensitivity, epsilon, WEIGHT_QUANTUM)
+
+    def count_noise_variance(self, epsilon: float) -> float:
+        """Variance of :meth:`add_count_noise`'s noise per count (public: ε and the sensitivity)."""
+        if self.weights is None:
+            return discrete_laplace_variance(self.sensitivity / epsilon)
+        return WEIGHT_QUANTUM ** 2 * discrete_laplace_variance(self.sensitivity / epsilon / WEIGHT_QUANTUM)
 
     @property
     def sensitivity(self) -> int:
@@ -88,6 +129,9 @@ class Mechanism(ABC):
     spatio_temporal: ClassVar[bool] = False
     #: True when the mechanism can spend a ρ-zCDP budget with discrete Gaussian noise (:meth:`fit_zcdp`).
     supports_zcdp: ClassVar[bool] = False
+    #: True when every count the mechanism reads goes through FitInput.grid_counts / mass /
+    #: add_count_noise, so weighted bounding (FitInput.weights) keeps its sensitivity; others refuse it.
+    supports_weights: ClassVar[bool] = False
 
     def get_params(self) -> dict[str, Any]:
         sig = inspect.signature(type(self).__init__)
@@ -110,6 +154,8 @@ class Mechanism(ABC):
         """Spend ``epsilon`` on ``data`` and return a synopsis. Validates ε and records the charges."""
         eps = check_epsilon(epsilon)
         self.check_params()
+        if data.weighted and not self.supports_weights:
+            raise MechanismError(f"{self.name} does not support weighted bounding; use k-sampling")
         acct = Accountant(eps)
         synopsis = self._fit(data, acct, noise)
         if not acct.charges:
@@ -132,10 +178,14 @@ class Mechanism(ABC):
 
     def privacy_info(self, data: FitInput, acct: Accountant, noise: NoiseSource,
                      notes: list[str] | None = None, params: dict | None = None) -> PrivacyInfo:
+        notes = list(notes or [])
+        if data.weighted:
+            notes.append("weighted bounding: every point weighs min(1, k/n_u) (a person's weights add up to ≤ k); "
+                         "counts are weight sums with discrete Laplace noise on the 2^-20 lattice")
         return PrivacyInfo(self.name, _jsonable(params if params is not None else self.get_params()),
                            acct.epsilon, acct.to_list(), data.privacy_unit, float(data.sensitivity),
                            data.max_points_per_user if data.privacy_unit == "user" else None,
-                           noise.description, list(notes or []))
+                           noise.description, notes)
 
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.get_params().items())

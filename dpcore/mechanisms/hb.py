@@ -35,10 +35,10 @@ import math
 import numpy as np
 
 from dpcore.budget import Accountant
-from dpcore.histogram import block_sum, expand, grid_counts
+from dpcore.histogram import block_sum, expand
 from dpcore.mechanisms.base import FitInput, Mechanism, MechanismError
 from dpcore.mechanisms.ug import DEFAULT_C, MAX_RASTER, check_fraction, grid_size_rule, private_total
-from dpcore.noise import NoiseSource, discrete_laplace_variance
+from dpcore.noise import NoiseSource
 from dpcore.synopsis import GridSynopsis
 
 LEVEL_SPLITS = ("uniform", "geometric")
@@ -94,6 +94,7 @@ class HierarchicalGrid(Mechanism):
     """Grid hierarchy with uniform per-level budget and least-squares consistency (module docstring)."""
 
     name = "hb"
+    supports_weights = True
 
     def __init__(self, *, branching: int = 4, levels: int | None = None, c: float = DEFAULT_C,
                  total_fraction: float = 0.05, max_leaf_grid: int = MAX_RASTER, level_split: str = "uniform",
@@ -145,7 +146,7 @@ class HierarchicalGrid(Mechanism):
                          f"budget, sqrt(N·(ε/h)/(c·k)) = {grid_size_rule(total, eps_rest / h, k, self.c):.1f} "
                          f"(c = {self.c:g}); leaf grid capped at {self.max_leaf_grid}")
         leaf = b ** h
-        counts_leaf = grid_counts(data.x, data.y, data.region.bounds_m, leaf, leaf)
+        counts_leaf = data.grid_counts(leaf, leaf)
         true_levels = [counts_leaf]
         for _ in range(h - 1):
             true_levels.insert(0, block_sum(true_levels[0], b))
@@ -159,8 +160,8 @@ class HierarchicalGrid(Mechanism):
             else:
                 eps_l = acct.spend(f"level{lvl + 1}_counts", eps_levels[lvl], k,
                                    note=f"{side}x{side} grid; disjoint cells")
-            noisy.append(noise.add_discrete_laplace(counts, k, eps_l).astype(np.float64))
-            variances.append(discrete_laplace_variance(k / eps_l))
+            noisy.append(data.add_count_noise(counts, eps_l, noise).astype(np.float64))
+            variances.append(data.count_noise_variance(eps_l))
         consistent = hierarchy_consistency(noisy, variances, b)
         values = consistent[-1]
         notes.append(f"branching {b} per axis ({b * b} children per node), {h} levels, ε split "

@@ -39,6 +39,7 @@ def cells_for_width(side_m: float, cell_width_m: float) -> int:
 class IdentityGrid(Mechanism):
     name = "identity"
     supports_zcdp = True
+    supports_weights = True
 
     def __init__(self, *, cell_width_m: float | str = 100.0, grid_size: int | None = None,
                  clamp_negative: bool = False, query_sides_m: tuple[float, float] = (100.0, 1000.0),
@@ -75,6 +76,8 @@ class IdentityGrid(Mechanism):
         if not (isinstance(rho, int | float) and 0 < rho <= 1e3):
             raise MechanismError(f"rho must be a number in (0, 1000], got {rho!r}")
         self.check_params()
+        if data.weights is not None:
+            raise MechanismError("weighted bounding is not available under zCDP; use k-sampling")
         if self._width_from_paramselect():
             raise MechanismError("cell_width_m='auto' spends part of the budget on n in pure ε; give a width "
                                  "under zCDP")
@@ -107,10 +110,10 @@ class IdentityGrid(Mechanism):
             notes.append(note)
         else:
             m = cells_for_width(data.region.side_m, float(self.cell_width_m))
-        counts = grid_counts(data.x, data.y, data.region.bounds_m, m, m)
+        counts = data.grid_counts(m, m)
         eps = acct.spend_rest("cell_counts", data.sensitivity,
                               note=f"{m}x{m} grid; disjoint cells, L1 sensitivity = per-unit contribution bound")
-        noisy = noise.add_discrete_laplace(counts, data.sensitivity, eps).astype(np.float64)
+        noisy = data.add_count_noise(counts, eps, noise).astype(np.float64)
         notes.append("negatives clamped to 0" if self.clamp_negative else "negatives kept (unbiased range sums)")
         if self.clamp_negative:
             noisy = np.maximum(noisy, 0.0)

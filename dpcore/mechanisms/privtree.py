@@ -10,7 +10,11 @@ and s is the count sensitivity: 1 at record level (the paper) and k at user leve
 by k is the paper's mechanism run on counts measured in units of k points: each of a user's ≤ k
 points then weighs 1/k and moves the scaled counts only along its own root-to-leaf path; the
 paper's per-path bound (the privacy loss along a path is ≤ ε_tree, thanks to the bias δ per level)
-applies to each point with weight 1/k, so the user's total loss is ≤ k·ε_tree/k = ε_tree. Depth is
+applies to each point with weight 1/k, so the user's total loss is ≤ k·ε_tree/k = ε_tree. With
+weighted bounding (FitInput.weights) a point of weight w ≤ 1 weighs w/k in those units: it shifts the
+node counts on its path by w/k of a unit, the Laplace ratios along the path grow by at most that
+fraction of the unit shift's (e^{a/λ} − 1 ≤ a·(e^{1/λ} − 1) for a ≤ 1), and the person's weights add
+up to ≤ k, so the total is again ≤ ε_tree. Depth is
 capped so that leaves are no smaller than ``min_leaf_m`` (default 10 m; at most 11 levels, a
 2048² raster) — a public rule, which only removes outputs and so costs nothing.
 
@@ -34,7 +38,7 @@ import math
 import numpy as np
 
 from dpcore.budget import Accountant
-from dpcore.histogram import block_sum, expand, grid_counts
+from dpcore.histogram import block_sum, expand
 from dpcore.mechanisms.base import FitInput, Mechanism, MechanismError
 from dpcore.mechanisms.ug import check_fraction
 from dpcore.noise import NoiseSource
@@ -59,6 +63,7 @@ class PrivTree(Mechanism):
     """PrivTree with fanout 4; see the module docstring for the privacy argument and budget split."""
 
     name = "privtree"
+    supports_weights = True
 
     def __init__(self, *, tree_fraction: float = 0.5, theta: float = 0.0, min_leaf_m: float = 10.0,
                  clamp_negative: bool = False):
@@ -87,7 +92,7 @@ class PrivTree(Mechanism):
         lam, delta = privtree_parameters(eps_tree, k)
 
         # Count pyramid: pyramid[d] is the 2^d × 2^d grid of node counts at depth d.
-        fine = grid_counts(data.x, data.y, data.region.bounds_m, 2 ** depth_max, 2 ** depth_max)
+        fine = data.grid_counts(2 ** depth_max, 2 ** depth_max)
         pyramid = [fine]
         for _ in range(depth_max):
             pyramid.insert(0, block_sum(pyramid[0], 2))
@@ -111,7 +116,7 @@ class PrivTree(Mechanism):
         true_leaf = np.concatenate([pyramid[d].ravel()[np.flatnonzero(m)] for d, m in enumerate(leaf_masks)])
         eps_leaf = acct.spend_rest("leaf_counts", k,
                                    note=f"{leaf_index.size} disjoint leaves, L1 sensitivity = contribution bound")
-        noisy = noise.add_discrete_laplace(true_leaf, k, eps_leaf).astype(np.float64)
+        noisy = data.add_count_noise(true_leaf, eps_leaf, noise).astype(np.float64)
         notes = [f"PrivTree fanout {FANOUT}: λ = {lam:.4g}, δ = λ·ln 4 = {delta:.4g}, θ = {theta:g}, "
                  f"ε_tree = {eps_tree:.4g}; {leaf_index.size} leaves, depth ≤ {depth_max}"]
         if self.clamp_negative:

@@ -23,7 +23,6 @@ from scipy import sparse
 
 from dpcore.budget import Accountant
 from dpcore.geo import Region
-from dpcore.histogram import grid_counts
 from dpcore.mechanisms.base import FitInput, Mechanism, MechanismError
 from dpcore.noise import NoiseSource
 from dpcore.synopsis import GridSynopsis
@@ -59,7 +58,7 @@ def private_total(data: FitInput, acct: Accountant, noise: NoiseSource, fraction
         return max(total, 1.0)
     eps_n = acct.spend_fraction("total_count", fraction, data.sensitivity,
                                 note="noisy number of points, used only to size the grid")
-    noisy = float(noise.add_discrete_laplace(np.array([data.n]), data.sensitivity, eps_n)[0])
+    noisy = float(data.add_count_noise(np.array([data.mass]), eps_n, noise)[0])
     notes.append(f"N estimated with {fraction:.0%} of ε as n + DLap(sensitivity/ε_N) = {noisy:g}")
     return max(noisy, 1.0)
 
@@ -109,6 +108,7 @@ class UniformGrid(Mechanism):
     """
 
     name = "ug"
+    supports_weights = True
 
     def __init__(self, *, c: float = DEFAULT_C, total_fraction: float = 0.05, grid_size: int | None = None,
                  max_grid: int = MAX_RASTER, clamp_negative: bool = False):
@@ -142,10 +142,10 @@ class UniformGrid(Mechanism):
             m = int(math.ceil(grid_size_rule(total, eps_cells, data.sensitivity, self.c)))
             m = min(max(m, 1), int(self.max_grid))
             notes.append(f"m = ceil(sqrt(N·ε_cells/(c·k))) = {m} with c = {self.c:g}, capped at {self.max_grid}")
-        counts = grid_counts(data.x, data.y, data.region.bounds_m, m, m)
+        counts = data.grid_counts(m, m)
         eps = acct.spend_rest("cell_counts", data.sensitivity,
                               note=f"{m}x{m} uniform grid; disjoint cells, L1 sensitivity = contribution bound")
-        noisy = noise.add_discrete_laplace(counts, data.sensitivity, eps).astype(np.float64)
+        noisy = data.add_count_noise(counts, eps, noise).astype(np.float64)
         if self.clamp_negative:
             noisy = np.maximum(noisy, 0.0)
             notes.append("negative cells clamped to 0")
