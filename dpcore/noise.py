@@ -182,6 +182,27 @@ class NoiseSource:
         unit_scale = _exact_ratio(float(scale), float(granularity))
         return granularity * (np.rint(v / granularity) + self.discrete_laplace(unit_scale, v.shape))
 
+    def add_lattice_laplace(self, values: np.ndarray, sensitivity: float, epsilon: float,
+                            quantum: float) -> np.ndarray:
+        """values + DLap on the lattice quantum·ℤ: the ε-DP Laplace mechanism for weighted counts.
+
+        The values (e.g. sums of contribution weights, dpcore.sampling) must already lie on the
+        lattice; they are then integers in units of ``quantum`` with L1 sensitivity sensitivity/quantum,
+        and get integer discrete Laplace noise of scale (sensitivity/ε)/quantum in those units
+        (:meth:`snapped_laplace` with granularity ``quantum``). Nothing is rounded, so, unlike a
+        general snapping, no granularity is added to the sensitivity: it stays ``sensitivity``. Values
+        off the lattice are refused, since rounding them could move each cell by up to one step.
+        """
+        if epsilon <= 0:
+            raise ValueError(f"epsilon must be > 0, got {epsilon}")
+        if sensitivity <= 0:
+            raise ValueError(f"sensitivity must be > 0, got {sensitivity}")
+        v = np.asarray(values, dtype=np.float64)
+        if not np.array_equal(np.rint(v / quantum) * quantum, v):
+            raise ValueError("weighted counts must lie on the lattice of the weights' quantum")
+        unit_scale = _exact_ratio(float(sensitivity), float(epsilon)) / _fraction(quantum, "quantum")
+        return quantum * (np.rint(v / quantum) + self.discrete_laplace(unit_scale, v.shape))
+
 
 def _as_number(x: float | Fraction) -> float | Fraction:
     return x if isinstance(x, Fraction) else float(x)
@@ -216,27 +237,6 @@ def _rounded_up(x: float | Fraction, what: str) -> Fraction:
 def _shape(size: int | tuple[int, ...]) -> tuple[tuple[int, ...], int]:
     shape = (int(size),) if isinstance(size, int | np.integer) else tuple(int(s) for s in size)
     return shape, int(np.prod(shape, dtype=np.int64))
-
-    def add_lattice_laplace(self, values: np.ndarray, sensitivity: float, epsilon: float,
-                            quantum: float) -> np.ndarray:
-        """values + DLap on the lattice quantum·ℤ: the ε-DP Laplace mechanism for weighted counts.
-
-        The values (e.g. sums of contribution weights, dpcore.sampling) must already lie on the
-        lattice; they are then integers in units of ``quantum`` with L1 sensitivity sensitivity/quantum,
-        and get integer discrete Laplace noise of scale (sensitivity/ε)/quantum in those units
-        (:meth:`snapped_laplace` with granularity ``quantum``). Nothing is rounded, so, unlike a
-        general snapping, no granularity is added to the sensitivity: it stays ``sensitivity``. Values
-        off the lattice are refused, since rounding them could move each cell by up to one step.
-        """
-        if epsilon <= 0:
-            raise ValueError(f"epsilon must be > 0, got {epsilon}")
-        if sensitivity <= 0:
-            raise ValueError(f"sensitivity must be > 0, got {sensitivity}")
-        v = np.asarray(values, dtype=np.float64)
-        if not np.array_equal(np.rint(v / quantum) * quantum, v):
-            raise ValueError("weighted counts must lie on the lattice of the weights' quantum")
-        return self.snapped_laplace(v, sensitivity / epsilon, quantum)
-
 
 def _words_to_open_uniform(words: np.ndarray) -> np.ndarray:
     # Put the top 52 bits in the mantissa of a double in [1, 2): exact, no int→float rounding.
