@@ -206,20 +206,6 @@ def cmd_release(args: argparse.Namespace) -> int:
     return 0
 
 
-def parse_time_window(text: str) -> tuple[int, int]:
-    import pandas as pd
-
-    try:
-        a, b = text.split("/")
-        t0 = pd.Timestamp(a, tz="UTC") if pd.Timestamp(a).tzinfo is None else pd.Timestamp(a)
-        t1 = pd.Timestamp(b, tz="UTC") if pd.Timestamp(b).tzinfo is None else pd.Timestamp(b)
-    except (ValueError, TypeError) as exc:
-        raise CLIError(f"--time must be START/END, e.g. 2008-05-18/2008-05-19, got {text!r}") from exc
-    if t1 <= t0:
-        raise CLIError("--time END must be after START")
-    return int(t0.timestamp()), int(t1.timestamp())
-
-
 def cmd_query(args: argparse.Namespace) -> int:
     from dpcore.queries import parse_box, read_boxes_csv
     from dpcore.synopsis import load_synopsis
@@ -233,6 +219,8 @@ def cmd_query(args: argparse.Namespace) -> int:
         if args.time:
             if not hasattr(synopsis, "answer_st_time"):
                 raise CLIError("--time needs a spatio-temporal release (e.g. mechanism identity3d or vdr)")
+            from tasks.config import parse_time_window
+
             t0, t1 = parse_time_window(args.time)
             est = synopsis.answer_st_time(boxes_m, np.full(len(boxes_m), t0), np.full(len(boxes_m), t1))
         else:

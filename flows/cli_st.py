@@ -158,7 +158,7 @@ def _evaluate_st_flow(args: argparse.Namespace, config, mech_params: dict[str, d
 
 
 def _parse_window(text: str) -> tuple[int, int]:
-    from flows.cli_platform import parse_time_window
+    from tasks.config import parse_time_window
 
     return parse_time_window(text)
 
