@@ -8,10 +8,10 @@ validated; invalid rows are dropped and counted in a :class:`ValidationReport`, 
 from __future__ import annotations
 
 import gzip
-import hashlib
 import os
 import warnings
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -104,25 +104,22 @@ class LoadResult:
     points: Points
     report: ValidationReport
     source: str
-    data_version: str  # content fingerprint of the input file, for cache keys and manifests
+    data_version: str  # public version of the input (source_version): modification time, never content
 
 
-def file_fingerprint(path: str | os.PathLike) -> str:
-    """sha256 over size, mtime-independent content sample: first/last MiB and the size.
+def source_version(path: str | os.PathLike) -> str:
+    """The input's public version: the latest modification time (UTC) of its files and their count.
 
-    Reading whole multi-GB inputs just to key a cache is wasteful; size plus head and tail catches
-    every realistic change to an append-only or regenerated file.
+    It changes when a file is rewritten, and it is a function of file-system metadata only, never of
+    the content: a release key built from it cannot tell two neighbouring datasets apart.
     """
     p = Path(path)
-    h = hashlib.sha256()
-    size = p.stat().st_size
-    h.update(str(size).encode())
-    with open(p, "rb") as f:
-        h.update(f.read(1 << 20))
-        if size > (2 << 20):
-            f.seek(-(1 << 20), os.SEEK_END)
-            h.update(f.read(1 << 20))
-    return h.hexdigest()[:16]
+    files = [f for f in p.rglob("*") if f.is_file()] if p.is_dir() else [p]
+    if not files:
+        raise DataError(f"{p} holds no files")
+    latest = max(f.stat().st_mtime_ns for f in files)
+    stamp = datetime.fromtimestamp(latest / 1e9, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return f"mtime:{stamp}" + (f"+{len(files)}files" if len(files) > 1 else "")
 
 
 def _detect_format(path: Path) -> str:
@@ -304,7 +301,7 @@ def load_points(path: str | os.PathLike, columns: dict[str, str] | None = None, 
     if len(df) == 0:
         raise DataError(f"{p} holds no rows")
     pts, report = validate_frame(df, strict=strict, source=str(p))
-    return LoadResult(pts, report, str(p), file_fingerprint(p))
+    return LoadResult(pts, report, str(p), source_version(p))
 
 
 def clip_to_region(points: Points, region) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

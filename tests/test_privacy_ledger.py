@@ -382,3 +382,17 @@ def test_gaussian_identity_noise_has_the_zcdp_variance():
     assert np.var(syn.values) == pytest.approx(sigma2, rel=0.03)
     assert syn.privacy.to_dict()["rho_spent"] == pytest.approx(0.05)
     assert np.all(syn.values == np.rint(syn.values))  # integer noise only
+
+
+def test_source_version_is_metadata_not_content(tmp_path):
+    from dpcore.data import source_version
+
+    f = tmp_path / "x.csv"
+    f.write_text("user_id,timestamp,lat,lon\na,2024-01-01,40.7,-74.0\n")
+    os.utime(f, (1_700_000_000, 1_700_000_000))
+    before = source_version(f)
+    f.write_text("user_id,timestamp,lat,lon\nb,2024-01-02,40.8,-74.1\n")  # other content, same time
+    os.utime(f, (1_700_000_000, 1_700_000_000))
+    assert source_version(f) == before
+    os.utime(f, (1_700_000_100, 1_700_000_100))  # touched: a new version
+    assert source_version(f) != before
