@@ -198,7 +198,8 @@ def cmd_release(args: argparse.Namespace) -> int:
     from flows.release import _loss_line
 
     print(f"dataset {summary['dataset']}: {summary['guarantee']}")
-    print(f"  {_loss_line(summary['policy'], summary['loss'])}")
+    if summary["loss"] is not None:
+        print(f"  {_loss_line(summary['policy'], summary['loss'])}")
     r = summary["releases"][0]
     clat, clon = r["region"]["center_lat"], r["region"]["center_lon"]
     print("query it with:\n  geodp query " + r["url"] +

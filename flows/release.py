@@ -32,7 +32,17 @@ from tasks.config import (
     load_platform_config,
     parse_period,
 )
-from tasks.ledger_tasks import PolicyRequest, charge_ledger, committed_from, resolve_policy, void_charge
+from tasks.ledger_tasks import (
+    DEFAULT_K,
+    PolicyRequest,
+    ResolvedPolicy,
+    charge_ledger,
+    committed_from,
+    mark_experimental,
+    refuse_if_experimental,
+    resolve_policy,
+    void_charge,
+)
 from tasks.release_tasks import (
     bound_and_split,
     check_committed,
@@ -70,7 +80,12 @@ def release_cities(params: ReleaseParams, config_path: str | None = None, loaded
     request = PolicyRequest(params.privacy_unit, params.max_points_per_user, zcdp=params.rho is not None,
                             budget=explicit_budget_cap(dataset, config, params.budget_cap),
                             default_budget=budget_cap_for(dataset, config))
-    resolved = resolve_policy(store.url, dataset, request)
+    if params.seed is not None:
+        mark_experimental(store)  # seeded noise can be regenerated: never in a ledgered store
+        resolved = ResolvedPolicy(request.new_policy(), False, params.max_points_per_user or DEFAULT_K, 1)
+    else:
+        refuse_if_experimental(store)
+        resolved = resolve_policy(store.url, dataset, request)
     if loaded is None:
         loaded = step(load_and_validate)(params.data, params.columns, params.format, strict)
         if in_process:  # the operator's own terminal; the flow never logs counts of private rows
@@ -98,7 +113,10 @@ def release_cities(params: ReleaseParams, config_path: str | None = None, loaded
     results: dict[str, dict] = {p.city: {**committed[p.city], "status": "already committed"}
                                 for p in plans if committed[p.city] is not None}
     if todo:
-        held = step(charge_ledger)(params.store, todo, resolved, source)
+        if params.seed is None:
+            held = step(charge_ledger)(params.store, todo, resolved, source)
+        else:
+            held = {p.city: {"seq": None, "draw": None, "key": p.release_key} for p in todo}
         inputs = step(bound_and_split)(loaded.points, todo, params.seed, per_day)
         code = code_version()
         if in_process:
@@ -119,9 +137,12 @@ def release_cities(params: ReleaseParams, config_path: str | None = None, loaded
                 # another run's attempt was committed for this key: our noise is never published
                 step(void_charge)(params.store, dataset, held[p.city], "another attempt was committed")
             results[p.city] = {**m, "status": "committed"}
-    loss = DatasetLedger(store, dataset).loss()
+    experiment = params.seed is not None
+    loss = None if experiment else DatasetLedger(store, dataset).loss()
+    guarantee = ("seeded noise (an experiment): NOT FOR PUBLICATION and not charged; anyone with the seed "
+                 "can remove the noise") if experiment else resolved.policy.describe()
     summary = {"dataset": dataset, "period": period.label, "store": store.url,
-               "policy": resolved.policy.to_dict(), "guarantee": resolved.policy.describe(), "loss": loss,
+               "policy": resolved.policy.to_dict(), "guarantee": guarantee, "loss": loss,
                "seconds": round(time.perf_counter() - t0, 2),
                "releases": [_row(results[p.city]) for p in plans]}
     if artifacts and not in_process:
@@ -206,7 +227,7 @@ def _artifacts(summary: dict, results: dict, store: ReleaseStore) -> None:
     lines = [f"# Release {summary['dataset']} / {summary['period']}", "",
              f"- store: `{summary['store']}`",
              f"- guarantee: {summary['guarantee']}",
-             f"- {_loss_line(summary['policy'], summary['loss'])}",
+             f"- {_loss_line(summary['policy'], summary['loss'])}" if summary["loss"] else "",
              f"- {len(summary['releases'])} cities, {summary['seconds']} s", ""]
     for r in summary["releases"]:
         lines.append(f"## {r['city']} v{r['version']} ({r['status']})")

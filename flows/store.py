@@ -28,6 +28,7 @@ import json
 import os
 import re
 import tempfile
+import time
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -56,6 +57,15 @@ class StoreError(GeoDPError, OSError):
 
 class IntegrityError(StoreError):
     """A released file does not match the sha256 or size its manifest records."""
+
+
+MANIFEST_HASH = "manifest_sha256"
+
+
+def manifest_hash(body: dict) -> str:
+    """sha256 of a manifest's canonical JSON without its own hash field."""
+    rest = json.loads(json.dumps({k: v for k, v in body.items() if k != MANIFEST_HASH}, default=json_default))
+    return sha256_bytes(json.dumps(rest, sort_keys=True, separators=(",", ":")).encode())
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -130,6 +140,7 @@ class ReleaseStore:
 
     def create(self, rel: str, data: bytes) -> None:
         """Write an object that must not exist yet; FileExistsError if it does (create-only)."""
+        _fault_before_write()
         p = self.path(rel)
         if self.local:
             # Write a private temporary file, then hard-link it to the final name: link() fails if the
@@ -169,7 +180,14 @@ class ReleaseStore:
         try:
             data = self.fs.cat_file(self.path(rel))
         except FileNotFoundError:
-            raise
+            # s3fs may answer from a listing it cached before the object existed: ask the store itself
+            self.fs.invalidate_cache(self.path(rel))
+            try:
+                data = self.fs.cat_file(self.path(rel))
+            except FileNotFoundError:
+                raise
+            except OSError as exc:
+                raise StoreError(f"cannot read {self.url_of(rel)}: {exc}") from exc
         except OSError as exc:
             raise StoreError(f"cannot read {self.url_of(rel)}: {exc}") from exc
         if cache:
@@ -228,14 +246,18 @@ class ReleaseStore:
         prefix = self._period_prefix(dataset, city, period)
         for _ in range(_MAX_APPEND_TRIES):
             nums = self.versions(dataset, city, period)
+            unclaimed = []
             for n in nums:
                 try:
                     claim = self.read_json(f"{prefix}/v{n}/{CLAIM}")
                 except FileNotFoundError:
+                    # a folder whose claim is being written right now (or never was): claim that number,
+                    # so two runs of one key race for the same file instead of taking v<N> and v<N+1>
+                    unclaimed.append(n)
                     continue
                 if claim["release_key"] == release_key:
                     return n, False
-            n = (max(nums) + 1) if nums else 1
+            n = unclaimed[0] if unclaimed else (max(nums) + 1 if nums else 1)
             claim = {"release_key": release_key, "version": n, "created_at": utc_now()}
             try:
                 self.create(f"{prefix}/v{n}/{CLAIM}", json.dumps(claim).encode())
@@ -246,19 +268,27 @@ class ReleaseStore:
 
     def manifest(self, ref: ReleaseRef) -> dict | None:
         try:
-            return self.read_json(f"{ref.rel}/{MANIFEST}")
+            return self.read_manifest(ref.rel)
         except FileNotFoundError:
             return None
+
+    def read_manifest(self, version_rel: str) -> dict:
+        """A committed manifest, checked against its own hash: an altered one is an IntegrityError."""
+        m = self.read_json(f"{version_rel}/{MANIFEST}")
+        if not isinstance(m, dict) or not isinstance(m.get("files"), list):
+            raise IntegrityError(f"{self.url_of(version_rel)}/{MANIFEST} is not a release manifest")
+        if MANIFEST_HASH in m and manifest_hash(m) != m[MANIFEST_HASH]:
+            raise IntegrityError(f"{self.url_of(version_rel)}/{MANIFEST} was altered after it was committed "
+                                 "(its content does not match its recorded sha256)")
+        return m
 
     def stage(self, ref: ReleaseRef, local_dir: str | Path, names: list[str]) -> tuple[str, list[dict]]:
         """Upload data files of a new attempt under v<N>/<attempt>/, then its _STAGED.json.
 
-        Incomplete attempts of this version (a crash mid-upload) are removed first: they were never
-        committed and are superseded by this one.
+        Other attempts are never touched: an attempt without _STAGED.json may be another run's upload
+        still in progress, and only a manifest decides which attempt is the release. An attempt left by
+        a crash mid-upload stays unreferenced and invisible to readers.
         """
-        for attempt in self._attempts(ref):
-            if not self.exists(f"{ref.rel}/{attempt}/{STAGED}"):
-                self.remove_tree(f"{ref.rel}/{attempt}")
         attempt = "a-" + uuid.uuid4().hex[:12]
         files = []
         for name in names:
@@ -290,14 +320,28 @@ class ReleaseStore:
     def commit(self, ref: ReleaseRef, manifest: dict) -> tuple[dict, bool]:
         """Write the manifest create-only: the commit point. If another run of the same release key
         committed first, its manifest is returned (``created`` False) and ours is dropped."""
+        for f in manifest["files"]:  # the attempt must be whole right before it becomes the release
+            try:
+                self._verified(ref.rel, f, cache=False)
+            except FileNotFoundError:
+                raise IntegrityError(f"staged file {self.url_of(ref.rel + '/' + f['path'])} is missing; "
+                                     "not committed") from None
         body = {"format": MANIFEST_FORMAT, **manifest, "committed_at": utc_now()}
-        try:
-            self.create(f"{ref.rel}/{MANIFEST}", json.dumps(body, indent=2, default=json_default).encode())
-        except FileExistsError:
-            existing = self.manifest(ref)
-            if existing is None:  # pragma: no cover - create-only says it exists
-                raise StoreError(f"{ref.rel}/{MANIFEST} exists but cannot be read") from None
-            return {**existing, "url": self.url_of(ref.rel)}, False
+        body[MANIFEST_HASH] = manifest_hash(body)
+        data = json.dumps(body, indent=2, default=json_default).encode()
+        for wait in (0.0, 0.1, 0.3, 1.0, 3.0):
+            time.sleep(wait)
+            try:
+                self.create(f"{ref.rel}/{MANIFEST}", data)
+                break
+            except FileExistsError:
+                # Another run committed first, or (S3) two conditional writes collided and the store
+                # refused both: read the winner, else try to commit again.
+                existing = self.manifest(ref)
+                if existing is not None:
+                    return {**existing, "url": self.url_of(ref.rel)}, False
+        else:
+            raise StoreError(f"{ref.rel}/{MANIFEST} could not be committed or read") from None
         return {**body, "url": self.url_of(ref.rel)}, True
 
     def find_committed(self, dataset: str, city: str, period: str, release_key: str) -> dict | None:
@@ -323,8 +367,11 @@ class ReleaseStore:
                             out.append({**m, "url": self.url_of(ref.rel)})
         return out
 
-    def _verified(self, version_rel: str, f: dict) -> bytes:
-        data = self.read(f"{version_rel}/{f['path']}")
+    def _verified(self, version_rel: str, f: dict, cache: bool = True) -> bytes:
+        try:
+            data = self.read(f"{version_rel}/{f['path']}", cache=cache)
+        except KeyError:
+            raise IntegrityError(f"manifest of {self.url_of(version_rel)} lists a malformed file entry") from None
         if len(data) != int(f["size"]) or sha256_bytes(data) != f["sha256"]:
             raise IntegrityError(
                 f"integrity check failed for {self.url_of(version_rel + '/' + f['path'])}: expected sha256 "
@@ -335,7 +382,7 @@ class ReleaseStore:
     def fetch(self, version_rel: str, dest: str | Path) -> tuple[dict, Path]:
         """Download a committed version's files into dest, verifying every sha256; returns (manifest, dest)."""
         try:
-            manifest = self.read_json(f"{version_rel}/{MANIFEST}")
+            manifest = self.read_manifest(version_rel)
         except FileNotFoundError:
             raise StoreError(f"no committed release at {self.url_of(version_rel)} (no {MANIFEST})") from None
         d = Path(dest)
@@ -344,10 +391,30 @@ class ReleaseStore:
             name = Path(f["name"])
             if name.is_absolute() or ".." in name.parts:
                 raise IntegrityError(f"manifest of {self.url_of(version_rel)} names an unsafe path {f['name']!r}")
-            data = self._verified(version_rel, f)
+            try:
+                data = self._verified(version_rel, f)
+            except FileNotFoundError:
+                raise IntegrityError(f"{self.url_of(version_rel + '/' + f['path'])}, listed in the manifest, "
+                                     "is missing") from None
             (d / name).parent.mkdir(parents=True, exist_ok=True)
             (d / name).write_bytes(data)
         return manifest, d
+
+
+_WRITES = [0]
+
+
+def _fault_before_write() -> None:
+    """Fault injection for the crash tests: GEODP_FAULT_KILL_AT_WRITE=N kills this process with
+    SIGKILL right before its N-th store write, as a power cut or `kill -9` would."""
+    at = os.environ.get("GEODP_FAULT_KILL_AT_WRITE")
+    if not at:
+        return
+    _WRITES[0] += 1
+    if _WRITES[0] == int(at):
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def open_store(url: str, storage_options: dict[str, Any] | None = None) -> ReleaseStore:

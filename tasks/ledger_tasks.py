@@ -19,6 +19,7 @@ from flows.ledger import DatasetLedger
 from flows.store import ReleaseRef, ReleaseStore
 
 DEFAULT_K = 20
+EXPERIMENTAL = "_EXPERIMENTAL"
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,24 @@ def resolve_policy(store_url: str, dataset: str, request: PolicyRequest) -> Reso
     else:
         k = DEFAULT_K
     return ResolvedPolicy(policy, stored is not None, int(k), multiplier)
+
+
+def mark_experimental(store: ReleaseStore) -> None:
+    """Make ``store`` a store of seeded experiments, whose noise anyone with the seed can regenerate:
+    refused for a store that holds a ledger, so such releases never sit beside publishable ones."""
+    if store.listdir("datasets"):
+        raise PolicyError(f"{store.url} holds a privacy ledger: seeded noise (--seed) cannot be committed "
+                          "there; use a separate folder for experiments")
+    try:
+        store.create(EXPERIMENTAL, b"seeded experiments: NOT FOR PUBLICATION\n")
+    except FileExistsError:
+        pass
+
+
+def refuse_if_experimental(store: ReleaseStore) -> None:
+    if store.exists(EXPERIMENTAL):
+        raise PolicyError(f"{store.url} holds seeded experiments (NOT FOR PUBLICATION); releases with secure "
+                          "noise go to another store")
 
 
 def charge_for(plan, resolved: ResolvedPolicy, draw: str) -> LedgerCharge:

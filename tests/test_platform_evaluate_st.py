@@ -13,6 +13,7 @@ import pytest
 
 from dpcore.geo import city_region
 from dpcore.synthetic import generate_checkins
+from flows.release import _artifact_key
 from tasks.config import ConfigError, EvaluateParams, STEvaluateOptions
 
 CITIES = ["new-york", "boston"]
@@ -76,12 +77,12 @@ def test_spatio_temporal_evaluation_two_cities_rows_and_artifacts(prefect_harnes
 
     arts = {a.key: a for a in _artifacts(out["flow_run_id"])}
     for city in CITIES:
-        md = arts[f"evaluate-st-{city}-{out['data_version']}-images".lower()[:100]]
+        md = arts[_artifact_key(f"evaluate-st-{city}-{out['data_version']}-images")]
         assert md.type == "markdown" and "OPERATOR ONLY" in md.data and "TRUE counts" in md.data
         # per mechanism at the drawn ε: one slot image set and one forecast plot; plus the vdr curve
         assert md.data.count("true vs released slots") == 2 and md.data.count("forecasts](") == 2
         assert len(_pngs(md.data)) == 5
-        table = arts[f"evaluate-st-{city}-{out['data_version']}".lower()[:100]]
+        table = arts[_artifact_key(f"evaluate-st-{city}-{out['data_version']}")]
         assert table.type == "table" and "hotspot regret" in table.data
     written = {p.relative_to(out_dir).as_posix() for p in out_dir.rglob("*.png")}
     assert written == {f"{c}/{m}-eps0.5-{kind}.png" for c in CITIES for m in ("identity3d", "vdr")
@@ -104,11 +105,11 @@ def test_snh_evaluation_has_a_training_curve_artifact(prefect_harness, two_city_
     assert {(c["mechanism"], c["epsilon"]) for c in curves} == {("snh", 0.5), ("snh", 2.0)}
     assert all(1 <= len(c["losses"]) <= 4 and all(np.isfinite(c["losses"])) for c in curves)
     arts = {a.key: a for a in _artifacts(out["flow_run_id"])}
-    md = arts[f"evaluate-training-{out['data_version']}".lower()[:100]]
+    md = arts[_artifact_key(f"evaluate-training-{out['data_version']}")]
     assert "## new-york · snh" in md.data and "· identity" not in md.data  # identity trains nothing
     assert len(_pngs(md.data)) == 1
     # The answer-0 reference is in the table artifact once per band, with the value the summary carries.
-    table = json.loads(arts[f"evaluate-{out['data_version']}".lower()[:100]].data)
+    table = json.loads(arts[_artifact_key(f"evaluate-{out['data_version']}")].data)
     refs = [r for r in table if r["mechanism"] == "answer 0 (reference)"]
     (expected,) = out["cities"]["new-york"]["reference_answer_zero"]
     assert len(refs) == 1 and refs[0]["query sides (m)"] == "1000-5000"
@@ -120,7 +121,7 @@ def test_snh_evaluation_has_a_training_curve_artifact(prefect_harness, two_city_
         (g["epsilon"], round(g["mean_relative_error"], 4)) for g in expected_grids]
     assert [g["epsilon"] for g in expected_grids] == [0.5, 2.0] and all("NOT DP" in r["mechanism"] for r in grids)
     assert len(table) == len(out["results"]) + 1 + 2
-    summary_md = arts[f"evaluate-summary-{out['data_version']}".lower()[:100]].data
+    summary_md = arts[_artifact_key(f"evaluate-summary-{out['data_version']}")].data
     assert "answering 0 to every query" in summary_md and len(_pngs(summary_md)) == 1
 
 
