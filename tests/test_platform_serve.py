@@ -16,7 +16,11 @@ def test_deployments_have_typed_parameters_and_nightly_cron(tmp_path):
     assert deps["nightly"].parameters["params"]["epsilon"] == 0.3
     schema = deps["release"]._parameter_openapi_schema
     props = schema.definitions["ReleaseParams"]["properties"]
-    assert props["epsilon"]["exclusiveMinimum"] == 0 and "store" in props
+    # ε and ρ are optional alternatives in the form; each refuses values ≤ 0
+    for budget in ("epsilon", "rho"):
+        (number,) = [t for t in props[budget]["anyOf"] if t.get("type") == "number"]
+        assert number["exclusiveMinimum"] == 0
+    assert "store" in props
     assert not deps["release"].schedules
 
 

@@ -107,16 +107,14 @@ def _structured_points(region: Region, n: int, seed: int) -> tuple[np.ndarray, n
 
 
 def test_trained_model_beats_noisy_grid_on_structured_data():
+    """Over four noise draws, the nets' answers beat the noisy grid they were trained on by ≥ 10%
+    (one draw alone can go either way by a few percent)."""
     region = small_region(2.0)
     x, y = _structured_points(region, 40_000, seed=1)
     data = FitInput(x, y, region, "record", None)
     eps = 0.05  # noise scale 20 per 50 m cell: the grid is noise-dominated, the nets can smooth it out
     params = dict(cell_width_m=50.0, query_sides_m=(150.0, 450.0), n_sizes=3, hidden=32, depth=2, omega0=8.0,
                   max_epochs=25, samples_per_epoch=4096, batch_size=512, device="cpu", data_collection="grid")
-    snh = get_mechanism("snh", **params).fit(data, eps, NoiseSource.seeded(7))
-    grid = get_mechanism("identity", cell_width_m=50.0).fit(data, eps, NoiseSource.seeded(7))
-    assert np.array_equal(grid.values, snh.noisy)  # same seed → same noisy grid: a fair comparison
-
     rng = np.random.default_rng(11)
     side = rng.uniform(150, 450, 1500)
     c = rng.uniform(-region.half_m + 250, region.half_m - 250, size=(1500, 2))
@@ -124,8 +122,13 @@ def test_trained_model_beats_noisy_grid_on_structured_data():
     inside = (x[None, :] >= boxes[:, :1]) & (x[None, :] < boxes[:, 2:3]) & (y[None, :] >= boxes[:, 1:2]) \
         & (y[None, :] < boxes[:, 3:4])
     truth = inside.sum(axis=1)
-    err_snh = np.abs(snh.answer(boxes) - truth).mean()
-    err_grid = np.abs(grid.answer(boxes) - truth).mean()
+    err_snh = err_grid = 0.0
+    for seed in range(1, 5):
+        snh = get_mechanism("snh", **params).fit(data, eps, NoiseSource.seeded(seed))
+        grid = get_mechanism("identity", cell_width_m=50.0).fit(data, eps, NoiseSource.seeded(seed))
+        assert np.array_equal(grid.values, snh.noisy)  # same seed → same noisy grid: a fair comparison
+        err_snh += np.abs(snh.answer(boxes) - truth).mean()
+        err_grid += np.abs(grid.answer(boxes) - truth).mean()
     assert err_snh < 0.9 * err_grid, (err_snh, err_grid)
 
 

@@ -90,9 +90,10 @@ def test_box_answers_match_the_numpy_prefix_sums():
 
 
 def test_trained_denoiser_beats_the_pyramid_on_an_unseen_city(trained):
-    """Trained on two synthetic cities, it lowers range-query error on a third it never saw."""
+    """Trained on two synthetic cities, it lowers range-query error on a third it never saw. (The training
+    loss is not compared over time: each batch draws its own ε, so its level moves with the draw.)"""
     model, _, report, losses = trained
-    assert np.mean(losses[-20:]) < np.mean(losses[:20])
+    assert len(losses) == 60 and np.all(np.isfinite(losses))
     held_out = synthetic_public("phoenix", 5)
     rng = np.random.default_rng(7)
     region = held_out.region
@@ -107,7 +108,7 @@ def test_trained_denoiser_beats_the_pyramid_on_an_unseen_city(trained):
         err_pyr.append(relative_error(answer_boxes(prefix_sums(est), region.bounds_m, boxes), truth, psi).mean())
         den = denoise(model, est, noisy, var)
         err_den.append(relative_error(answer_boxes(prefix_sums(den), region.bounds_m, boxes), truth, psi).mean())
-    assert np.mean(err_den) < np.mean(err_pyr)
+    assert np.mean(err_den) < 0.7 * np.mean(err_pyr)
 
 
 def test_save_load_round_trip_and_training_regions(trained):
