@@ -226,17 +226,42 @@ def cmd_query(args: argparse.Namespace) -> int:
             est = synopsis.answer_st_time(boxes_m, np.full(len(boxes_m), t0), np.full(len(boxes_m), t1))
         else:
             est = synopsis.answer(boxes_m)
+        lower = upper = np.full(len(est), np.nan)
+        method = "none: spatio-temporal window queries have no interval yet"
+        if not args.time:
+            from dpcore.uncertainty import query_intervals
+
+            lower, upper, method = query_intervals(synopsis, boxes_m)
         for caveat in synopsis.caveats():
             eprint(f"note: {caveat}")
+        box_bounds = synopsis.region.bbox_latlon()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    _note_odd_boxes(boxes_ll, box_bounds)
     if args.json:
-        print(json.dumps([{"box": list(map(float, b)), "estimate": float(e)}
-                          for b, e in zip(boxes_ll, est, strict=True)]))
+        num = lambda v: float(v) if np.isfinite(v) else None  # noqa: E731 - JSON has no NaN
+        print(json.dumps([{"box": list(map(float, b)), "estimate": num(e), "lower": num(lo), "upper": num(hi),
+                           "interval": "95%", "interval_method": method}
+                          for b, e, lo, hi in zip(boxes_ll, est, lower, upper, strict=True)]))
     else:
-        for b, e in zip(boxes_ll, est, strict=True):
-            print(f"{b[0]:.5f},{b[1]:.5f},{b[2]:.5f},{b[3]:.5f}\t{e:.1f}")
+        for b, e, lo, hi in zip(boxes_ll, est, lower, upper, strict=True):
+            ci = f"\t95% [{lo:.1f}, {hi:.1f}]" if np.isfinite(lo) else ""
+            print(f"{b[0]:.5f},{b[1]:.5f},{b[2]:.5f},{b[3]:.5f}\t{e:.1f}{ci}")
+        eprint(f"intervals: {method}")
     return 0
+
+
+def _note_odd_boxes(boxes_ll: np.ndarray, region_bbox: tuple[float, float, float, float]) -> None:
+    """A note on stderr for boxes that were typed inverted or reach outside the released region."""
+    b = np.atleast_2d(boxes_ll)
+    inverted = int(np.sum((b[:, 0] > b[:, 2]) | (b[:, 1] > b[:, 3])))
+    lat0, lon0, lat1, lon1 = region_bbox
+    outside = int(np.sum((b[:, 0] < lat0) | (b[:, 1] < lon0) | (b[:, 2] > lat1) | (b[:, 3] > lon1)))
+    if inverted:
+        eprint(f"note: {inverted} box(es) had min above max; read as the box between the two corners")
+    if outside:
+        eprint(f"note: {outside} box(es) reach outside the released region {lat0:.4f},{lon0:.4f},"
+               f"{lat1:.4f},{lon1:.4f}; the release counts nothing there")
 
 
 def cmd_backfill(args: argparse.Namespace) -> int:

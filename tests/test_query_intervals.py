@@ -1,0 +1,62 @@
+"""95% intervals of range answers: they cover the noise-free answer at their rate, through the CLI."""
+
+import json
+
+import numpy as np
+import pytest
+
+from dpcore.geo import Region, city_region
+from dpcore.mechanisms import FitInput, get_mechanism
+from dpcore.noise import NoiseSource
+from dpcore.synthetic import generate_checkins
+from dpcore.uncertainty import query_intervals
+from tests.cli_runner import run_geodp
+
+
+def test_intervals_of_a_linear_release_cover_the_noise_free_answer_95_percent_of_the_time():
+    region = Region("r", 40.0, -74.0, 2.0)
+    rng = np.random.default_rng(0)
+    x, y = rng.uniform(-1000, 1000, (2, 3000))
+    data = FitInput(x, y, region, "user", 5)
+    boxes = np.array([[-430, -270, 130, 310], [-990, -990, 990, 990], [205, -615, 515, -5],
+                      [-120, 60, 40, 230], [-800, 300, -100, 900]], dtype=np.float64)
+    exact = get_mechanism("identity", grid_size=20).fit(data, 1e9, NoiseSource.seeded(1))  # ~noise-free
+    truth = exact.answer(boxes)
+    hits, n = 0, 0
+    for s in range(300):
+        syn = get_mechanism("identity", grid_size=20).fit(data, 0.5, NoiseSource.seeded(100 + s))
+        lo, hi, method = query_intervals(syn, boxes, draws=2000, seed=s)
+        hits += int(np.sum((lo <= truth) & (truth <= hi)))
+        n += len(boxes)
+    assert "exact noise law" in method
+    assert 0.93 <= hits / n <= 0.97, hits / n
+    # the interval's width follows the noise: ten times the ε, about a tenth of the width
+    wide = query_intervals(get_mechanism("identity", grid_size=20).fit(data, 0.5, NoiseSource.seeded(7)), boxes)
+    narrow = query_intervals(get_mechanism("identity", grid_size=20).fit(data, 5.0, NoiseSource.seeded(7)), boxes)
+    ratio = np.median((wide[1] - wide[0]) / (narrow[1] - narrow[0]))
+    assert 8 < ratio < 12
+
+
+@pytest.fixture(scope="module")
+def data_file(tmp_path_factory):
+    p = tmp_path_factory.mktemp("d") / "checkins.parquet"
+    generate_checkins(city_region("new-york"), n_users=300, days=4, seed=2).to_parquet(p)
+    return p
+
+
+def test_query_json_carries_intervals_and_never_bare_nan(data_file, tmp_path):
+    out = tmp_path / "rel"
+    run_geodp("release", data_file, "--city", "new-york", "--epsilon", "1", "--param", "cell_width_m=500",
+              "--out", out)
+    r = run_geodp("query", out, "--box", "40.70,-74.02,40.72,-74.00", "--json")
+    (row,) = json.loads(r.stdout)
+    assert row["lower"] <= row["estimate"] <= row["upper"] and row["interval"] == "95%"
+    tree = tmp_path / "tree"
+    run_geodp("release", data_file, "--city", "new-york", "--epsilon", "1", "--mechanism", "privtree",
+              "--out", tree)
+    r = run_geodp("query", tree, "--box", "40.72,-74.00,40.70,-74.02", "--json")  # typed inverted
+    assert "NaN" not in r.stdout and "min above max" in r.stderr
+    (row,) = json.loads(r.stdout)
+    assert row["lower"] is None and row["interval_method"].startswith("none")
+    r = run_geodp("query", tree, "--box", "41.5,-74.02,41.6,-74.00")
+    assert "outside the released region" in r.stderr
