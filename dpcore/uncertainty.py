@@ -78,3 +78,54 @@ def query_intervals(synopsis: Synopsis, boxes_m: np.ndarray, level: float = 0.95
     method = ("exact noise law (discrete Laplace), Monte Carlo quantiles" if kind == "laplace"
               else "discrete Gaussian noise, normal quantiles with the exact variance")
     return lower, upper, method
+
+
+DEFAULT_BANDS = ((25.0, 100.0), (100.0, 1000.0), (1000.0, 5000.0))
+
+
+def release_quality(synopsis: Synopsis, bands: tuple[tuple[float, float], ...] = DEFAULT_BANDS,
+                    queries: int = 500, seed: int = 0) -> dict:
+    """How good a release is, from public quantities and the release itself (post-processing).
+
+    Per band of square sides: the noise standard deviation of an answer (cells covered × the cells'
+    noise variance, for linear releases), the typical released count of such a square centred where
+    the release puts mass, and whether the noise is expected to exceed that count — then the band is
+    expected to tell less than a blank map (answering 0 everywhere).
+    """
+    law = linear_noise(synopsis)
+    if law is None:
+        return {"noise_sd_per_cell": None, "bands": [],
+                "statement": "no noise-law summary: this release is post-processed (consistency, trees, nets)"}
+    kind, param = law
+    if kind == "laplace":
+        t = np.exp(-1.0 / param)
+        var = float(2 * t / (1 - t) ** 2)
+    else:
+        var = float(param)
+    sd = float(np.sqrt(var))
+    nx, _ = synopsis.shape
+    width = synopsis.region.side_m / nx
+    mass = np.clip(synopsis.density(nx), 0, None).ravel()
+    rng = np.random.default_rng(seed)
+    half = synopsis.region.half_m
+    rows = []
+    for lo, hi in bands:
+        side = rng.uniform(lo, hi, queries)
+        if mass.sum() > 0:
+            cell = rng.choice(mass.size, queries, p=mass / mass.sum())
+            cx = -half + (cell // nx + rng.uniform(0, 1, queries)) * width
+            cy = -half + (cell % nx + rng.uniform(0, 1, queries)) * width
+        else:
+            cx, cy = rng.uniform(-half, half, (2, queries))
+        boxes = np.stack([cx - side / 2, cy - side / 2, cx + side / 2, cy + side / 2], axis=1)
+        typical = float(np.median(np.abs(synopsis.answer(boxes))))
+        # an answer covers about (side/width)² cells, at least one (a part of one cell still carries its noise)
+        noise_sd = float(sd * np.median(np.maximum(side / width, 1.0)))
+        worse = noise_sd * np.sqrt(2 / np.pi) >= typical
+        rows.append({"query_sides_m": [lo, hi], "noise_sd": noise_sd, "typical_released_count": typical,
+                     "expected_abs_error": noise_sd * float(np.sqrt(2 / np.pi)), "worse_than_blank_map": bool(worse)})
+    worse = [f"{r['query_sides_m'][0]:g}–{r['query_sides_m'][1]:g} m" for r in rows if r["worse_than_blank_map"]]
+    statement = (f"noise sd per cell {sd:.3g} ({kind}); " +
+                 (f"expected to be worse than a blank map for squares of {', '.join(worse)}" if worse
+                  else "every band's expected noise is below the typical released count"))
+    return {"noise_sd_per_cell": sd, "cell_width_m": width, "bands": rows, "statement": statement}

@@ -233,6 +233,14 @@ def _artifacts(summary: dict, results: dict, store: ReleaseStore) -> None:
         lines.append(f"## {r['city']} v{r['version']} ({r['status']})")
         lines.append(f"`{r['url']}`")
         m = results[r["city"]]
+        quality = m.get("quality") or {}
+        if quality.get("statement"):
+            lines.append(f"- {quality['statement']}")
+        for band in quality.get("bands", []):
+            lo, hi = band["query_sides_m"]
+            verdict = "worse than a blank map" if band["worse_than_blank_map"] else "informative"
+            lines.append(f"- squares of {lo:g}–{hi:g} m: expected |error| {band['expected_abs_error']:.3g} vs a "
+                         f"typical released count {band['typical_released_count']:.3g} ({verdict})")
         png = next((f for f in m.get("files", []) if f["name"] == "preview.png"), None)
         if png is not None and r["url"]:
             try:

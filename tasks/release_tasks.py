@@ -34,6 +34,7 @@ from dpcore.mechanisms import FitInput, get_mechanism, get_mechanism_class
 from dpcore.noise import NoiseSource
 from dpcore.sampling import bound_contributions
 from dpcore.synopsis import Synopsis
+from dpcore.uncertainty import release_quality
 from flows.store import ReleaseRef, ReleaseStore, check_slug
 from tasks.config import Period, canonical_hash
 
@@ -315,8 +316,10 @@ def privatize(plan: CityPlan, data: CityInput) -> Synopsis:
     return get_mechanism(plan.mechanism, **plan.params).fit(fit_input, plan.epsilon, noise)
 
 
-def render_heatmap_png(synopsis: Synopsis, title: str, pixels: int = 128) -> bytes:
-    """PNG of the RELEASED density (post-processing); the true map is never rendered."""
+def render_heatmap_png(synopsis: Synopsis, title: str, pixels: int = 128, note: str = "") -> bytes:
+    """PNG of the RELEASED density (post-processing); the true map is never rendered. Axes in km from
+    the region's centre (its coordinates in the title), a colour bar of released points per cell, and
+    ``note`` (how much of it is noise) under the map."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -324,13 +327,23 @@ def render_heatmap_png(synopsis: Synopsis, title: str, pixels: int = 128) -> byt
 
     n = min(pixels, 200)
     dens = np.clip(synopsis.density(n, n), 0.0, None)
-    fig, ax = plt.subplots(figsize=(3.2, 3.2), dpi=80)
+    fig, ax = plt.subplots(figsize=(4.2, 4.0), dpi=90)
     # density is [ix, iy] (x east, y north): transpose for imshow's [row, col] with north up.
-    xmin, ymin, xmax, ymax = synopsis.region.bounds_m
-    ax.imshow(np.log1p(dens.T), origin="lower", cmap="magma", extent=(xmin, xmax, ymin, ymax))
-    ax.set_title(title, fontsize=8)
-    ax.set_xticks([])
-    ax.set_yticks([])
+    xmin, ymin, xmax, ymax = (v / 1000.0 for v in synopsis.region.bounds_m)
+    img = ax.imshow(np.log1p(dens.T), origin="lower", cmap="magma", extent=(xmin, xmax, ymin, ymax))
+    bar = fig.colorbar(img, ax=ax, shrink=0.8)
+    ticks = bar.get_ticks()
+    bar.set_ticks(ticks)
+    bar.set_ticklabels([f"{np.expm1(t):.3g}" for t in ticks])
+    cell_m = synopsis.region.side_m / n
+    bar.set_label(f"released points per {cell_m:.0f} m cell", fontsize=7)
+    r = synopsis.region
+    ax.set_title(f"{title}\ncentre {r.center_lat:.4f}, {r.center_lon:.4f}; {r.side_km:g} km square", fontsize=7)
+    ax.set_xlabel("km east of centre", fontsize=7)
+    ax.set_ylabel("km north of centre", fontsize=7)
+    ax.tick_params(labelsize=6)
+    if note:
+        fig.text(0.02, 0.01, note, fontsize=6, wrap=True)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", bbox_inches="tight")
     plt.close(fig)
@@ -339,7 +352,8 @@ def render_heatmap_png(synopsis: Synopsis, title: str, pixels: int = 128) -> byt
 
 @task(name="render-preview", cache_policy=NO_CACHE)
 def render_preview(plan: CityPlan, synopsis: Synopsis) -> bytes:
-    return render_heatmap_png(synopsis, f"{plan.city} {plan.period.label} (released, {budget_label(plan.epsilon, plan.rho)})")
+    return render_heatmap_png(synopsis, f"{plan.city} {plan.period.label} (released, {budget_label(plan.epsilon, plan.rho)})",
+                              note=release_quality(synopsis)["statement"])
 
 
 def _release_cache_key(context, parameters: dict[str, Any]) -> str:
@@ -401,6 +415,7 @@ def persist_release(store_url: str, plan: CityPlan, synopsis: Synopsis | None, p
         "region": plan.region.to_dict(), "slot_seconds": plan.slot_seconds,
         "input": {"source": plan.source, "data_version": plan.data_version},
         "code_version": code, "config": plan.config, "privacy": privacy,
+        "quality": release_quality(synopsis) if synopsis is not None and not resumed else None,
         "ledger": paid_by, "attempt": attempt, "resumed_staged_attempt": resumed,
         "bounding": ("each user bounded to k points per UTC day over all regions of the run" if plan.bound_per_day
                      else "each user bounded to k points once over all regions of the run, before the split by city")

@@ -60,3 +60,24 @@ def test_query_json_carries_intervals_and_never_bare_nan(data_file, tmp_path):
     assert row["lower"] is None and row["interval_method"].startswith("none")
     r = run_geodp("query", tree, "--box", "41.5,-74.02,41.6,-74.00")
     assert "outside the released region" in r.stderr
+
+
+def test_release_quality_follows_the_noise_law_and_says_when_a_map_is_blank():
+    from dpcore.noise import discrete_laplace_variance
+    from dpcore.uncertainty import release_quality
+
+    region = Region("r", 40.0, -74.0, 4.0)
+    rng = np.random.default_rng(1)
+    x, y = rng.normal(0, 300, (2, 20000))
+    data = FitInput(x, y, region, "user", 10)
+    empty = FitInput(np.empty(0), np.empty(0), region, "user", 10)
+    q = release_quality(get_mechanism("identity", grid_size=100).fit(empty, 0.5, NoiseSource.seeded(2)))
+    assert q["noise_sd_per_cell"] == pytest.approx(np.sqrt(discrete_laplace_variance(20.0)))
+    noise_only = get_mechanism("identity", grid_size=100).fit(empty, 0.5, NoiseSource.seeded(2))
+    assert np.std(noise_only.values) == pytest.approx(q["noise_sd_per_cell"], rel=0.03)
+    tiny = release_quality(get_mechanism("identity", grid_size=100).fit(data, 0.01, NoiseSource.seeded(3)))
+    large = release_quality(get_mechanism("identity", grid_size=100).fit(data, 50.0, NoiseSource.seeded(3)))
+    assert all(b["worse_than_blank_map"] for b in tiny["bands"]) and "worse than a blank map" in tiny["statement"]
+    assert not any(b["worse_than_blank_map"] for b in large["bands"])
+    # a post-processed release says it has no noise-law summary rather than a wrong one
+    assert release_quality(get_mechanism("privtree").fit(data, 1.0, NoiseSource.seeded(4)))["bands"] == []
