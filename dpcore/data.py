@@ -7,8 +7,10 @@ validated; invalid rows are dropped and counted in a :class:`ValidationReport`, 
 
 from __future__ import annotations
 
+import glob
 import gzip
 import os
+import re
 import warnings
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -107,16 +109,15 @@ class LoadResult:
     data_version: str  # public version of the input (source_version): modification time, never content
 
 
-def source_version(path: str | os.PathLike) -> str:
+def source_version(path: str | os.PathLike, window: tuple[int | None, int | None] | None = None) -> str:
     """The input's public version: the latest modification time (UTC) of its files and their count.
 
     It changes when a file is rewritten, and it is a function of file-system metadata only, never of
-    the content: a release key built from it cannot tell two neighbouring datasets apart.
+    the content: a release key built from it cannot tell two neighbouring datasets apart. With a
+    ``window``, only the hive partitions that may hold it count, so a new day's partition does not
+    change the version (and so the release keys) of days already released.
     """
-    p = Path(path)
-    files = [f for f in p.rglob("*") if f.is_file()] if p.is_dir() else [p]
-    if not files:
-        raise DataError(f"{p} holds no files")
+    files = dataset_files(path, window)
     latest = max(f.stat().st_mtime_ns for f in files)
     stamp = datetime.fromtimestamp(latest / 1e9, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     return f"mtime:{stamp}" + (f"+{len(files)}files" if len(files) > 1 else "")
@@ -272,36 +273,79 @@ def parse_column_map(text: str | None) -> dict[str, str] | None:
     return mapping
 
 
+_DATA_SUFFIXES = (".parquet", ".pq", ".csv", ".tsv", ".txt", ".csv.gz", ".tsv.gz", ".txt.gz")
+_PARTITION_DAY = re.compile(r"^(?:date|day|dt)=(\d{4}-\d{2}-\d{2})$")
+
+
+def dataset_files(path: str | os.PathLike, window: tuple[int | None, int | None] | None = None) -> list[Path]:
+    """The data files of an input: one file, a folder (searched recursively, hive folders included) or
+    a glob. Hive partitions ``date=YYYY-MM-DD`` (or ``day=``, ``dt=``) wholly outside ``window``
+    ([start_s, end_s) UTC) are skipped without being opened."""
+    text = str(path)
+    if any(c in text for c in "*?["):
+        files = sorted(Path(f) for f in glob.glob(text, recursive=True) if Path(f).is_file())
+        if not files:
+            raise DataError(f"no file matches {text}")
+    else:
+        p = Path(text)
+        if not p.exists():
+            raise DataError(f"input file not found: {p}")
+        if not p.is_dir():
+            return [p]
+        files = sorted(f for f in p.rglob("*") if f.is_file() and f.name.lower().endswith(_DATA_SUFFIXES)
+                       and not any(part.startswith((".", "_")) for part in f.relative_to(p).parts))
+        if not files:
+            raise DataError(f"{p} holds no .parquet, .csv or .tsv files")
+    if window is not None:
+        files = [f for f in files if _partition_may_overlap(f, window)]
+    return files
+
+
+def _partition_may_overlap(f: Path, window: tuple[int | None, int | None]) -> bool:
+    start, end = window
+    for part in f.parts:
+        m = _PARTITION_DAY.match(part)
+        if m:
+            day = int(datetime.fromisoformat(m.group(1)).replace(tzinfo=UTC).timestamp())
+            if (end is not None and day >= end) or (start is not None and day + 86_400 <= start):
+                return False
+    return True
+
+
 def load_points(path: str | os.PathLike, columns: dict[str, str] | None = None, fmt: str = "auto",
-                strict: bool = False) -> LoadResult:
-    """Read and validate a point table.
+                strict: bool = False, window: tuple[int | None, int | None] | None = None) -> LoadResult:
+    """Read and validate a point table: one file, a folder of files (hive partitions included) or a glob.
 
     ``columns`` maps source column names to standard ones (see :func:`parse_column_map`).
-    ``fmt`` is ``auto`` (by extension), ``parquet``, ``csv``, ``tsv`` or ``snap``.
+    ``fmt`` is ``auto`` (by extension), ``parquet``, ``csv``, ``tsv`` or ``snap``; every file of a folder
+    must have the same format. ``window`` skips hive day partitions outside it. The validation report
+    counts every row of every file read.
     """
-    p = Path(path)
-    if not p.exists():
-        raise DataError(f"input file not found: {p}")
-    if p.is_dir():
-        raise DataError(f"{p} is a directory; give a .parquet, .csv or SNAP .txt/.tsv(.gz) file")
-    if p.stat().st_size == 0:
-        raise DataError(f"input file is empty: {p}")
-    kind = _detect_format(p) if fmt == "auto" else fmt
-    df = _read_frame(p, kind)
+    files = dataset_files(path, window)
+    kinds = {(_detect_format(f) if fmt == "auto" else fmt) for f in files}
+    if len(kinds) > 1:
+        raise DataError(f"{path} mixes formats ({', '.join(sorted(kinds))}); keep one format per input")
+    (kind,) = kinds if files else ("parquet",)
+    frames = []
+    for f in files:
+        if f.stat().st_size == 0:
+            raise DataError(f"input file is empty: {f}")
+        frames.append(_read_frame(f, kind))
+    df = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     if columns:
         df = df.rename(columns=columns)
     elif kind == "snap":
         if df.shape[1] != len(SNAP_COLUMNS):
             raise DataError(
-                f"{p} is a headerless table with {df.shape[1]} columns, not the 5-column SNAP layout "
+                f"{path} is a headerless table with {df.shape[1]} columns, not the 5-column SNAP layout "
                 "(user, time, lat, lon, location_id); map columns by position, e.g. "
                 "--columns user_id=0,timestamp=7,lat=4,lon=5"
             )
         df.columns = list(SNAP_COLUMNS)
     if len(df) == 0:
-        raise DataError(f"{p} holds no rows")
-    pts, report = validate_frame(df, strict=strict, source=str(p))
-    return LoadResult(pts, report, str(p), source_version(p))
+        raise DataError(f"{path} holds no rows")
+    pts, report = validate_frame(df, strict=strict, source=str(path))
+    return LoadResult(pts, report, str(path), source_version(path, window))
 
 
 def clip_to_region(points: Points, region) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

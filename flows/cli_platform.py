@@ -12,7 +12,6 @@ import argparse
 import json
 import shutil
 import sys
-from pathlib import Path
 
 import numpy as np
 
@@ -154,8 +153,10 @@ def _prevalidate(params) -> None:
         resolve_region(center=params.center, side_km=params.side_km)
     for c in params.cities:
         resolve_region(city=c, side_km=params.side_km)
-    if not Path(params.data).exists() and "://" not in params.data:
-        raise CLIError(f"input file not found: {params.data}")
+    if "://" not in params.data:
+        from dpcore.data import dataset_files
+
+        dataset_files(params.data)  # a missing file, an empty folder or a glob matching nothing fails here
     ReleaseStore(params.store)
 
 

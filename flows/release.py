@@ -23,6 +23,7 @@ from prefect.exceptions import UnfinishedRun
 from prefect.futures import PrefectFuture
 
 from dpcore.accounting import budget_label
+from dpcore.data import source_version
 from flows.ledger import DatasetLedger
 from flows.store import ReleaseStore
 from tasks.config import (
@@ -87,7 +88,8 @@ def release_cities(params: ReleaseParams, config_path: str | None = None, loaded
         refuse_if_experimental(store)
         resolved = resolve_policy(store.url, dataset, request)
     if loaded is None:
-        loaded = step(load_and_validate)(params.data, params.columns, params.format, strict)
+        loaded = step(load_and_validate)(params.data, params.columns, params.format, strict,
+                                         (period.start_s, period.end_s))
         if in_process:  # the operator's own terminal; the flow never logs counts of private rows
             log(f"loaded {params.data}: {loaded.report.summary()}")
     cities = params.cities
@@ -104,7 +106,9 @@ def release_cities(params: ReleaseParams, config_path: str | None = None, loaded
                        period=period, mechanism=params.mechanism, params=params.mechanism_params,
                        epsilon=params.epsilon, rho=params.rho, privacy_unit=params.privacy_unit,
                        max_points_per_user=resolved.max_points_per_user, seed=params.seed,
-                       data_version=params.data_version or loaded.data_version, slot=params.slot,
+                       data_version=params.data_version or source_version(params.data, (period.start_s,
+                                                                                         period.end_s)),
+                       slot=params.slot,
                        public_total=params.public_total, source=source, bound_per_day=per_day)
     committed = step(check_committed)(params.store, plans)
     todo = [p for p in plans if committed[p.city] is None]

@@ -209,8 +209,9 @@ def check_grid_fits(mechanism: str, params: dict, region: Region, period: Period
 # -- tasks --------------------------------------------------------------------------------------
 @task(name="load-and-validate", retries=2, retry_delay_seconds=1, cache_policy=NO_CACHE,
       retry_condition_fn=_retry_unless_refused)
-def load_and_validate(path: str, columns: str | None = None, fmt: str = "auto", strict: bool = False) -> LoadResult:
-    return load_points(path, columns=parse_column_map(columns), fmt=fmt, strict=strict)
+def load_and_validate(path: str, columns: str | None = None, fmt: str = "auto", strict: bool = False,
+                      window: tuple[int | None, int | None] | None = None) -> LoadResult:
+    return load_points(path, columns=parse_column_map(columns), fmt=fmt, strict=strict, window=window)
 
 
 @task(name="check-committed", retries=3, retry_delay_seconds=1, cache_policy=NO_CACHE,
