@@ -127,7 +127,9 @@ def make_plans(*, dataset: str, cities: list[str], center: str | None, side_km: 
     mech_cls = get_mechanism_class(mechanism)
     try:
         get_mechanism(mechanism, **params).check_params()  # bad parameters fail here, before the ledger
-    except TypeError as exc:  # an unknown parameter name or a value of the wrong type
+    except GeoDPError:
+        raise
+    except (TypeError, ValueError) as exc:  # an unknown parameter name or a value of the wrong type
         raise ReleaseError(f"{mechanism}: bad parameters {params}: {exc}") from exc
     if (epsilon is None) == (rho is None):
         raise ReleaseError("give exactly one of epsilon (pure ε-DP) and rho (ρ-zCDP)")

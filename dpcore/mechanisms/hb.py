@@ -113,6 +113,10 @@ class HierarchicalGrid(Mechanism):
         return max(1, int(math.floor(math.log(max(int(self.max_leaf_grid), b)) / math.log(b) + 1e-9)))
 
     def check_params(self) -> None:
+        for name in ("branching", "levels", "max_leaf_grid"):
+            v = getattr(self, name, None)
+            if v is not None and (isinstance(v, bool) or not float(v).is_integer()):
+                raise MechanismError(f"{name} must be a whole number, got {v!r}")
         b = int(self.branching)
         if b < 2:
             raise MechanismError(f"branching must be ≥ 2, got {self.branching}")
