@@ -113,3 +113,22 @@ def moto_s3():
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def new_s3_store(endpoint: str) -> str:
+    """A fresh bucket on the moto endpoint, as a store URL."""
+    import uuid
+
+    import boto3
+
+    bucket = "geodp-" + uuid.uuid4().hex[:10]
+    boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=bucket)
+    return f"s3://{bucket}/prefix"
+
+
+@pytest.fixture(params=["local", "s3"])
+def store_url(request, tmp_path):
+    """A new, empty release store: a local folder, then a bucket on moto's S3 server."""
+    if request.param == "local":
+        return str(tmp_path / "store")
+    return new_s3_store(request.getfixturevalue("moto_s3"))

@@ -4,7 +4,6 @@ is published. Through the CLI where a user meets it, on a local store and on S3 
 
 import json
 import os
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -29,6 +28,7 @@ from flows.cli import main
 from flows.ledger import DatasetLedger, SourceTaken
 from flows.store import ReleaseStore
 from tests.cli_runner import run_geodp
+from tests.conftest import new_s3_store
 
 NYC = city_region("new-york").bbox_latlon()
 CHICAGO = city_region("chicago").bbox_latlon()
@@ -110,21 +110,6 @@ def test_record_level_multiplier_and_policy_validation():
 
 
 # -- the store's ledger --------------------------------------------------------------------------
-def _s3_store(moto_s3) -> str:
-    import boto3
-
-    bucket = "geodp-" + uuid.uuid4().hex[:10]
-    boto3.client("s3", endpoint_url=moto_s3).create_bucket(Bucket=bucket)
-    return f"s3://{bucket}/prefix"
-
-
-@pytest.fixture(params=["local", "s3"])
-def store_url(request, tmp_path):
-    if request.param == "local":
-        return str(tmp_path / "store")
-    return _s3_store(request.getfixturevalue("moto_s3"))
-
-
 def test_parallel_writers_cannot_overspend(store_url):
     """16 writers race for a budget that fits 5 one-day charges: exactly 5 succeed."""
     ledger = DatasetLedger(ReleaseStore(store_url), "ds")
@@ -186,7 +171,7 @@ def test_seven_releases_of_one_day_end_with_one(where, checkins, tmp_path, capsy
     again as a month, a range, the whole file, with a bigger --budget-cap, under another dataset name
     and at record level — every one refused, nothing charged, one committed release."""
     local = where == "local"
-    store = str(tmp_path / "s") if local else _s3_store(request.getfixturevalue("moto_s3"))
+    store = str(tmp_path / "s") if local else new_s3_store(request.getfixturevalue("moto_s3"))
     rc, _ = _release(capsys, checkins, store, "--period", "2024-01-01", "--budget-cap", "1", out=local)
     assert rc == 0
     attempts = [("--period", "2024-01"), ("--period", "2024-01-01..2024-01-02"), (),

@@ -4,7 +4,6 @@ see whole releases, and every committed release reads back, on a local store and
 import json
 import multiprocessing as mp
 import os
-import uuid
 
 import pytest
 
@@ -13,6 +12,7 @@ from dpcore.synthetic import generate_checkins
 from flows.ledger import DatasetLedger
 from flows.store import IntegrityError, ReleaseStore, fetch_to_temp
 from tests.cli_runner import run_geodp
+from tests.conftest import new_s3_store
 
 
 @pytest.fixture(scope="module")
@@ -29,14 +29,6 @@ def _release(args):
 
     return main(["release", data, "--city", "new-york", "--epsilon", "0.1", "--mechanism", "identity",
                  "--param", "cell_width_m=2000", "--period", "2024-01-01", "--store", store, "--no-prefect"])
-
-
-def _s3(moto_s3) -> str:
-    import boto3
-
-    bucket = "geodp-" + uuid.uuid4().hex[:10]
-    boto3.client("s3", endpoint_url=moto_s3).create_bucket(Bucket=bucket)
-    return f"s3://{bucket}/p"
 
 
 def _readable_releases(store_url: str) -> list[dict]:
@@ -57,7 +49,7 @@ def test_the_same_release_twice_in_parallel_leaves_one_readable_release(where, r
                                            "AWS_DEFAULT_REGION")}
     with mp.get_context("spawn").Pool(2) as pool:
         for i in range(rounds):
-            store = str(tmp_path / f"s{i}") if where == "local" else _s3(moto)
+            store = str(tmp_path / f"s{i}") if where == "local" else new_s3_store(moto)
             codes = pool.map(_release, [(str(small), store, env)] * 2)
             assert codes == [0, 0]
             found = _readable_releases(store)
