@@ -29,7 +29,22 @@ from dpcore.accounting import (
     check_within_budget,
     worst_case_loss,
 )
-from flows.store import _MAX_APPEND_TRIES, ReleaseStore, StoreError, check_slug, sha256_bytes, utc_now
+from flows.store import (
+    _MAX_APPEND_TRIES,
+    IntegrityError,
+    ReleaseStore,
+    StoreError,
+    check_slug,
+    sha256_bytes,
+    utc_now,
+)
+
+ENTRY_HASH = "entry_sha256"
+
+
+def _entry_hash(entry: dict) -> str:
+    body = {k: v for k, v in entry.items() if k != ENTRY_HASH}
+    return sha256_bytes(json.dumps(body, sort_keys=True, separators=(",", ":")).encode())
 
 
 class SourceTaken(GeoDPError, ValueError):
@@ -58,7 +73,12 @@ class DatasetLedger:
         out = []
         for name in self.store.listdir(prefix):
             if name.endswith(".json") and name[:-5].isdigit():
-                out.append(self.store.read_json(f"{prefix}/{name}"))
+                entry = self.store.read_json(f"{prefix}/{name}")
+                if not isinstance(entry, dict) or entry.get(ENTRY_HASH) != _entry_hash(entry) \
+                        or entry.get("seq") != int(name[:-5]):
+                    raise IntegrityError(f"{self.store.url_of(prefix)}/{name} was altered after it was written; "
+                                         "the ledger cannot be trusted until it is restored")
+                out.append(entry)
         return sorted(out, key=lambda e: e["seq"])
 
     def _append(self, prefix: str, make: callable) -> dict:
@@ -67,6 +87,7 @@ class DatasetLedger:
             log = self._log(prefix)
             entry = make(log)
             entry = {"seq": len(log), "dataset": self.dataset, "created_at": utc_now(), **entry}
+            entry[ENTRY_HASH] = _entry_hash(entry)
             try:
                 self.store.create(f"{prefix}/{len(log):08d}.json", json.dumps(entry, indent=2).encode())
             except FileExistsError:

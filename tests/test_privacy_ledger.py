@@ -381,3 +381,15 @@ def test_source_version_is_metadata_not_content(tmp_path):
     assert source_version(f) == before
     os.utime(f, (1_700_000_100, 1_700_000_100))  # touched: a new version
     assert source_version(f) != before
+
+
+def test_an_altered_ledger_entry_is_a_clean_integrity_error(checkins, tmp_path, capsys):
+    store = tmp_path / "s"
+    assert _release(capsys, checkins, store, "--period", "2024-01-01", "--budget-cap", "1")[0] == 0
+    (entry,) = (store / "datasets" / "checkins" / "ledger").glob("*.json")
+    body = json.loads(entry.read_text())
+    body["charges"][0]["epsilon"] = 0.01  # someone shrinks a charge to free budget
+    entry.write_text(json.dumps(body))
+    rc, err = _release(capsys, checkins, store, "--period", "2024-01-02")
+    assert rc == 2 and "altered" in err and "Traceback" not in err
+    assert main(["ledger", str(store)]) == 2
