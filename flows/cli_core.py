@@ -8,6 +8,7 @@ from pathlib import Path
 
 from dpcore.geo import CITY_CENTRES, DEFAULT_SIDE_KM, city_names, city_region
 from flows.cli_common import (
+    CLIError,
     ProgressPrinter,
     add_data_args,
     add_privacy_args,
@@ -36,6 +37,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--days", type=int, default=28)
     p.add_argument("--start", default="2024-01-01")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--partitions", type=int, default=0, metavar="N",
+                   help="write OUT as a hive folder (date=YYYY-MM-DD/part-I.parquet), N files per day")
     p.set_defaults(func=cmd_synth)
 
     p = sub.add_parser("evaluate", help="accuracy of mechanisms on a dataset (range-count relative error)")
@@ -71,12 +74,28 @@ def cmd_cities(args: argparse.Namespace) -> int:
 
 
 def cmd_synth(args: argparse.Namespace) -> int:
+    import numpy as np
+    import pandas as pd
+
     from dpcore.synthetic import generate_checkins
 
+    if args.partitions < 0:
+        raise CLIError("--partitions must be ≥ 0")
     df = generate_checkins(city_region(args.city), n_users=args.users, start=args.start, days=args.days,
                            seed=args.seed)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    if args.partitions:
+        # hive layout by UTC day, the files split further into N parts per day
+        day = pd.to_datetime(df["timestamp"], utc=True).dt.strftime("%Y-%m-%d")
+        for d, part in df.groupby(day):
+            folder = out / f"date={d}"
+            folder.mkdir(parents=True, exist_ok=True)
+            for i, chunk in enumerate(np.array_split(np.arange(len(part)), args.partitions)):
+                part.iloc[chunk].to_parquet(folder / f"part-{i}.parquet", index=False)
+        print(f"wrote {len(df):,} synthetic check-ins of {df.user_id.nunique():,} users in {args.city} to {out}/ "
+              f"({day.nunique()} day partitions × {args.partitions} files)")
+        return 0
     if out.suffix == ".csv":
         df.to_csv(out, index=False)
     else:

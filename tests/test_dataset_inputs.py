@@ -63,3 +63,13 @@ def test_release_of_a_hive_folder_through_the_cli(hive, tmp_path):
     assert "release written to" in r.stdout
     (m,) = ReleaseStore(str(store)).list_releases()
     assert m["dataset"] == "checkins" and m["period"] == days[1]
+
+
+def test_synth_partitions_writes_a_hive_folder_that_loads_whole(tmp_path):
+    out = tmp_path / "hive"
+    run_geodp("synth", out, "--users", "100", "--days", "3", "--partitions", "2")
+    files = sorted(out.glob("date=*/part-*.parquet"))
+    assert len(files) == 6
+    single = tmp_path / "one.parquet"
+    run_geodp("synth", single, "--users", "100", "--days", "3")
+    assert len(load_points(out).points) == len(load_points(single).points)
