@@ -50,7 +50,7 @@ def query_intervals(synopsis: Synopsis, boxes_m: np.ndarray, level: float = 0.95
     law = linear_noise(synopsis)
     if law is None:
         nan = np.full(len(boxes), np.nan)
-        return nan, nan.copy(), "none: the release is post-processed (no interval from its noise law yet)"
+        return nan, nan.copy(), "none: the release is post-processed or scaled (no interval from its noise law yet)"
     kind, param = law
     rng = np.random.default_rng(seed)
     xmin, ymin, xmax, ymax = synopsis.region.bounds_m
