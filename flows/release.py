@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import sys
 import time
+from datetime import datetime
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import (
@@ -74,7 +75,7 @@ def release_cities(params: ReleaseParams, config_path: str | None = None, loaded
     log = _log(in_process)
     step = (lambda t: t.fn) if in_process else (lambda t: t)
     t0 = time.perf_counter()
-    period = parse_period(params.period)
+    period = parse_period(params.period, now=None if in_process else _scheduled_start())
     config = load_platform_config(config_path)
     dataset = dataset_name(params.data, params.dataset)
     store = ReleaseStore(params.store)  # fails fast on a bad URL
@@ -152,6 +153,14 @@ def release_cities(params: ReleaseParams, config_path: str | None = None, loaded
     if artifacts and not in_process:
         _artifacts(summary, results, store)
     return summary
+
+
+def _scheduled_start():
+    """When this flow run was scheduled to start (relative periods count from it), or None."""
+    from prefect.runtime import flow_run
+
+    start = flow_run.scheduled_start_time
+    return start if isinstance(start, datetime) else None
 
 
 def _log(in_process: bool):

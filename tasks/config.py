@@ -60,14 +60,15 @@ def _epoch(d: date) -> int:
     return int(datetime(d.year, d.month, d.day, tzinfo=UTC).timestamp())
 
 
-def parse_period(text: str | None) -> Period:
+def parse_period(text: str | None, now: datetime | None = None) -> Period:
     """'2010-05-01' (a UTC day), '2010-05' (a month), '2010-05-01..2010-05-07' (days, inclusive), or
-    None / 'all' (the whole input)."""
+    None / 'all' (the whole input). 'yesterday' and 'today' are relative to ``now`` (a scheduled run
+    passes its scheduled start, so a late or retried run still releases the day it was meant for)."""
     if text is None or str(text).strip().lower() in ("", "all"):
         return Period("all", None, None)
     t = str(text).strip()
-    if t.lower() in ("yesterday", "today"):  # resolved when the run starts (the nightly schedule)
-        d = datetime.now(UTC).date() - timedelta(days=1 if t.lower() == "yesterday" else 0)
+    if t.lower() in ("yesterday", "today"):
+        d = (now or datetime.now(UTC)).astimezone(UTC).date() - timedelta(days=1 if t.lower() == "yesterday" else 0)
         return Period(d.isoformat(), _epoch(d), _epoch(d + timedelta(days=1)))
     if ".." in t:
         a, b = (_day(s) for s in t.split("..", 1))

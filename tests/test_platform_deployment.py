@@ -68,9 +68,20 @@ def test_backfill_through_the_served_deployment(prefect_harness, gowalla_sample_
         assert set(states.values()) == {"COMPLETED"}, (tmp_path / "serve.log").read_text()[-3000:]
         store = ReleaseStore(store_url)
         assert sorted(r["period"] for r in store.list_releases()) == ["2010-05-01", "2010-05-02"]
+        # a run scheduled for 2010-05-04 02:30 UTC that releases "yesterday" releases 2010-05-03, however
+        # late it actually runs (the nightly's period comes from its scheduled start, not the wall clock)
+        from datetime import UTC, datetime
+
+        from prefect.deployments import run_deployment
+
+        nightly = rp.model_copy(update={"period": "yesterday"})
+        late = run_deployment("release/release", parameters={"params": nightly.model_dump(mode="json")},
+                              scheduled_time=datetime(2010, 5, 4, 2, 30, tzinfo=UTC), timeout=0)
+        assert _wait_for_runs([str(late.id)]) == {str(late.id): "COMPLETED"}, (tmp_path / "serve.log").read_text()[-3000:]
+        assert sorted(r["period"] for r in store.list_releases()) == ["2010-05-01", "2010-05-02", "2010-05-03"]
         from flows.ledger import DatasetLedger
 
-        assert len(DatasetLedger(store, gowalla_sample_path.name.split(".")[0]).held()) == 2
+        assert len(DatasetLedger(store, gowalla_sample_path.name.split(".")[0]).held()) == 3
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:

@@ -393,3 +393,13 @@ def test_an_altered_ledger_entry_is_a_clean_integrity_error(checkins, tmp_path, 
     rc, err = _release(capsys, checkins, store, "--period", "2024-01-02")
     assert rc == 2 and "altered" in err and "Traceback" not in err
     assert main(["ledger", str(store)]) == 2
+
+
+def test_relative_periods_count_from_the_given_start():
+    from datetime import UTC, datetime
+
+    from tasks.config import parse_period
+
+    start = datetime(2010, 5, 4, 2, 30, tzinfo=UTC)
+    assert parse_period("yesterday", now=start).label == "2010-05-03"
+    assert parse_period("today", now=start).label == "2010-05-04"
