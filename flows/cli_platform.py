@@ -140,7 +140,7 @@ def _release_params(args: argparse.Namespace, period: str | None) -> object:
         raise CLIError(f"bad release parameters: {exc.errors()[0]['loc']}: {exc.errors()[0]['msg']}") from exc
 
 
-def _prevalidate(params) -> None:
+def _prevalidate(params, open_store: bool = True) -> None:
     """Fail on names and parameters before starting Prefect or reading data."""
     from dpcore.geo import resolve_region
     from dpcore.mechanisms import get_mechanism
@@ -157,7 +157,8 @@ def _prevalidate(params) -> None:
         from dpcore.data import dataset_files
 
         dataset_files(params.data)  # a missing file, an empty folder or a glob matching nothing fails here
-    ReleaseStore(params.store)
+    if open_store:  # a run submitted to a served deployment opens the store on the serving side
+        ReleaseStore(params.store)
 
 
 def run_release_inprocess(params, config_path: str | None = None, strict: bool = False) -> dict:
@@ -270,7 +271,12 @@ def cmd_backfill(args: argparse.Namespace) -> int:
 
     days = days_between(args.start, args.end)
     params = _release_params(args, None)
-    _prevalidate(params)
+    _prevalidate(params, open_store=not args.deployment)
+    if args.deployment:  # the serving process has its own working directory: send absolute local paths
+        from tasks.release_tasks import public_locator
+
+        params = params.model_copy(update={"data": public_locator(params.data),
+                                           "store": public_locator(params.store)})
     bp = BackfillParams(release=params, start=args.start, end=args.end)
     if args.deployment:
         from flows.backfill import submit_to_deployment

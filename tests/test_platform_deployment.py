@@ -82,6 +82,20 @@ def test_backfill_through_the_served_deployment(prefect_harness, gowalla_sample_
         from flows.ledger import DatasetLedger
 
         assert len(DatasetLedger(store, gowalla_sample_path.name.split(".")[0]).held()) == 3
+        # `geodp backfill --deployment` from another folder with relative paths: the serving process
+        # (its own working directory) gets absolute ones and finds the file and the store
+        work = tmp_path / "elsewhere"
+        work.mkdir()
+        (work / "checkins.parquet").symlink_to(gowalla_sample_path)
+        sub = subprocess.run([sys.executable, "-m", "flows.cli", "backfill", "checkins.parquet", "--cities", "austin",
+                              "--start", "2010-05-05", "--end", "2010-05-05", "--epsilon", "0.5",
+                              "--max-points-per-user", "10", "--store", "rel-store", "--deployment",
+                              "release/release"], cwd=work, env={**env, "PYTHONPATH": str(ROOT)},
+                             capture_output=True, text=True, timeout=120)
+        assert sub.returncode == 0, sub.stderr[-2000:]
+        run_id = sub.stdout.split("flow run ")[1].split()[0]
+        assert _wait_for_runs([run_id]) == {run_id: "COMPLETED"}, (tmp_path / "serve.log").read_text()[-3000:]
+        assert [r["period"] for r in ReleaseStore(str(work / "rel-store")).list_releases()] == ["2010-05-05"]
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
