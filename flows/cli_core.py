@@ -6,8 +6,11 @@ import argparse
 import json
 from pathlib import Path
 
+import pandas as pd
+
 from dpcore.geo import CITY_CENTRES, DEFAULT_SIDE_KM, city_names, city_region
 from flows.cli_common import (
+    CLIError,
     ProgressPrinter,
     add_data_args,
     add_privacy_args,
@@ -28,12 +31,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_cities)
 
     p = sub.add_parser("synth", help="write synthetic check-ins (skewed, power-law users, weekly rhythm)")
-    p.add_argument("out", metavar="OUT", help="output .parquet or .csv")
+    p.add_argument("out", metavar="OUT", help="output .parquet or .csv (a folder with --partitions)")
     p.add_argument("--city", default="new-york")
     p.add_argument("--users", type=int, default=3000)
     p.add_argument("--days", type=int, default=28)
     p.add_argument("--start", default="2024-01-01")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--partitions", metavar="N|day",
+                   help="write a Parquet dataset into the folder OUT: N files (equal time slices) or, with "
+                        "'day', hive partitions OUT/date=YYYY-MM-DD/part-0.parquet")
     p.set_defaults(func=cmd_synth)
 
     p = sub.add_parser("evaluate", help="accuracy of mechanisms on a dataset (range-count relative error)")
@@ -67,6 +73,10 @@ def cmd_cities(args: argparse.Namespace) -> int:
 def cmd_synth(args: argparse.Namespace) -> int:
     from dpcore.synthetic import generate_checkins
 
+    if args.users < 1 or args.days < 1:
+        raise CLIError("--users and --days must be ≥ 1")
+    if args.partitions is not None:
+        return _synth_partitioned(args)
     df = generate_checkins(city_region(args.city), n_users=args.users, start=args.start, days=args.days,
                            seed=args.seed)
     out = Path(args.out)
@@ -76,6 +86,31 @@ def cmd_synth(args: argparse.Namespace) -> int:
     else:
         df.to_parquet(out, index=False)
     print(f"wrote {len(df):,} synthetic check-ins of {df.user_id.nunique():,} users in {args.city} to {out}")
+    return 0
+
+
+def _synth_partitioned(args: argparse.Namespace) -> int:
+    from dpcore.synthetic import generate_checkin_chunks, write_partitioned
+
+    parts = args.partitions.strip().lower()
+    if parts != "day" and not (parts.isdigit() and int(parts) >= 1):
+        raise CLIError(f"--partitions must be a positive number of files or 'day', got {args.partitions!r}")
+    out = Path(args.out)
+    if out.suffix.lower() in (".csv", ".parquet", ".pq"):
+        raise CLIError(f"--partitions writes a folder of Parquet files; give a folder, not {out.name}")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise CLIError(f"{out} exists and is not an empty folder; a dataset would mix with what is there")
+    try:
+        start = pd.Timestamp(args.start, tz="UTC")
+    except ValueError as exc:
+        raise CLIError(f"--start must be a date, got {args.start!r}") from exc
+    chunks = generate_checkin_chunks(city_region(args.city), n_users=args.users, start=args.start,
+                                     days=args.days, seed=args.seed)
+    stats = write_partitioned(chunks, out, str(start.date()), args.days,
+                              "day" if parts == "day" else int(parts))
+    layout = "hive-partitioned by day" if parts == "day" else "equal time slices"
+    print(f"wrote {stats['rows']:,} synthetic check-ins of {stats['users']:,} users in {args.city} to {out} "
+          f"({stats['files']} Parquet files, {layout})")
     return 0
 
 

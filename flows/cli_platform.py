@@ -12,7 +12,6 @@ import argparse
 import json
 import shutil
 import sys
-from pathlib import Path
 
 import numpy as np
 
@@ -137,6 +136,7 @@ def _release_params(args: argparse.Namespace, period: str | None) -> object:
 def _prevalidate(params) -> None:
     """Fail on names and parameters before starting Prefect or reading data."""
     from dpcore.geo import resolve_region
+    from dpcore.inputs import resolve_input
     from dpcore.mechanisms import get_mechanism
     from flows.store import ReleaseStore
     from tasks.config import parse_period
@@ -147,8 +147,7 @@ def _prevalidate(params) -> None:
         resolve_region(center=params.center, side_km=params.side_km)
     for c in params.cities:
         resolve_region(city=c, side_km=params.side_km)
-    if not Path(params.data).exists() and "://" not in params.data:
-        raise CLIError(f"input file not found: {params.data}")
+    resolve_input(params.data, params.format)  # a missing, empty or mixed-format input fails here
     ReleaseStore(params.store)
 
 
@@ -174,7 +173,8 @@ def run_release_inprocess(params, config_path: str | None = None, strict: bool =
     dataset = dataset_name(params.data, params.dataset)
     cap = budget_cap_for(dataset, load_platform_config(config_path), params.budget_cap)
     store = ReleaseStore(params.store)
-    loaded = load_points(params.data, columns=parse_column_map(params.columns), fmt=params.format, strict=strict)
+    loaded = load_points(params.data, columns=parse_column_map(params.columns), fmt=params.format, strict=strict,
+                         window=(period.start_s, period.end_s))  # partitions outside the period stay unread
     eprint(f"loaded {params.data}: {loaded.report.summary()}")
     plans = make_plans(dataset=dataset, cities=params.cities, center=params.center, side_km=params.side_km,
                        period=period, mechanism=params.mechanism, params=params.mechanism_params,
