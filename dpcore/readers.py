@@ -106,13 +106,18 @@ def part_from_frame(df: pd.DataFrame) -> Part:
 
 
 # -- column conversions (arrow) ----------------------------------------------------------------
+def _np(col: Any, fill: Any) -> np.ndarray:
+    """A chunked column as numpy; nulls become ``fill`` (no copy pass when there are none)."""
+    return (col.fill_null(fill) if col.null_count else col).to_numpy()
+
+
 def _arrow_float(col: Any) -> np.ndarray:
     import pyarrow as pa
     import pyarrow.compute as pc
 
     t = col.type
     if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t):
-        return pc.cast(col, pa.float64()).fill_null(np.nan).to_numpy()
+        return _np(pc.cast(col, pa.float64()), np.nan)
     return pd.to_numeric(col.to_pandas(), errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
 
 
@@ -127,13 +132,13 @@ def _arrow_epoch(col: Any) -> np.ndarray:
         else:
             factor = {"s": 1, "ms": 1_000, "us": 1_000_000, "ns": 1_000_000_000}[t.unit]
             col = pc.cast(col, pa.int64())  # timestamps are stored as UTC ticks, with or without a tz
-        vals = col.fill_null(TS_MISSING).to_numpy()
+        vals = _np(col, TS_MISSING)
         secs = vals // factor if factor != 1 else vals.copy()
         if col.null_count:
             secs[vals == TS_MISSING] = TS_MISSING
         return secs
     if pa.types.is_integer(t) or pa.types.is_floating(t):
-        return numeric_epoch(pc.cast(col, pa.float64()).fill_null(np.nan).to_numpy())
+        return numeric_epoch(_np(pc.cast(col, pa.float64()), np.nan))
     return to_epoch_seconds(col.to_pandas())
 
 
@@ -143,14 +148,17 @@ def _arrow_users(col: Any, part: Part) -> None:
 
     t = col.type
     if pa.types.is_integer(t) and not (pa.types.is_uint64(t)):
-        part.user_int = pc.cast(col, pa.int64()).fill_null(0).to_numpy()
+        part.user_int = _np(pc.cast(col, pa.int64()), 0)
         part.bad_user = col.is_null().to_numpy() if col.null_count else None
         return
     if pa.types.is_dictionary(t) or pa.types.is_string(t) or pa.types.is_large_string(t) \
             or pa.types.is_string_view(t):
-        # One hash pass in arrow over the column; the distinct ids (few) are judged as text.
-        enc = pc.dictionary_encode(col.cast(pa.string()) if pa.types.is_string_view(t) else col)
-        enc = enc.unify_dictionaries() if hasattr(enc, "unify_dictionaries") else enc
+        # Dictionary-read columns only need their row groups' dictionaries merged; others take one
+        # hash pass in arrow. Either way only the distinct ids (few) are judged as text.
+        if pa.types.is_dictionary(t):
+            enc = col.unify_dictionaries()
+        else:
+            enc = pc.dictionary_encode(col.cast(pa.string()) if pa.types.is_string_view(t) else col)
         chunks = enc.chunks
         if not chunks:
             part.codes, part.uniques, part.bad_user = np.empty(0, np.int64), pd.Index([], dtype=str), None
@@ -200,7 +208,14 @@ def _read_parquet(inp: InputSet, f: InputFile, columns: dict[str, str] | None, s
         missing = [std for std, s in want.items() if s not in has and s not in f.partition]
         if missing:
             raise _missing(shown, missing, has)
-        table = pf.read(columns=from_file)
+        # String ids are read as dictionaries: a few thousand distinct ids need not become millions of
+        # strings (parquet stores them dictionary-encoded already).
+        user = want["user_id"]
+        utype = pf.schema_arrow.field(user).type if user in has else None
+        as_dict = [user] if utype is not None and (pa.types.is_string(utype) or pa.types.is_large_string(utype)) \
+            else []
+        table = pf.read(columns=from_file) if not as_dict else pq.ParquetFile(
+            src, read_dictionary=as_dict).read(columns=from_file)
     finally:
         if not inp.local:
             src.close()

@@ -20,7 +20,7 @@ T0 = int(pd.Timestamp("2024-03-01", tz="UTC").timestamp())
 def canonical(res) -> pd.DataFrame:
     """Rows as (original user id, ts, lat, lon), sorted: comparable across inputs and file orders."""
     p = res.points
-    df = pd.DataFrame({"user": p.user_ids[p.user], "ts": p.ts, "lat": p.lat, "lon": p.lon})
+    df = pd.DataFrame({"user": p.user_ids[p.user].astype(str), "ts": p.ts, "lat": p.lat, "lon": p.lon})
     return df.sort_values(["user", "ts", "lat", "lon"]).reset_index(drop=True)
 
 
@@ -129,6 +129,8 @@ def test_ids_merge_across_files_of_different_id_types_and_partition_keys_fill_co
         pd.DataFrame(base).to_parquet(tmp_path / "h" / f"user_id={u}" / "p.parquet")
     res = load_points(tmp_path / "h")
     assert sorted(res.points.user_ids[res.points.user]) == ["alice", "alice", "bob", "bob"]
+    # integer ids stay integers
+    assert load_points(tmp_path / "m" / "a.parquet").points.user_ids.tolist() == [7, 8]
 
 
 def test_mixed_empty_and_unmatched_inputs_are_one_line_errors(tmp_path):
