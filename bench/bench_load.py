@@ -6,7 +6,8 @@
 The data is `geodp synth --partitions` output (same generator, same seed, so every layout holds the
 same rows). Each case runs in a fresh subprocess so that its peak RSS is its own; the figures are
 rows per wall second, rows per CPU second (the per-core rate, the one to compare on a shared
-machine), and the child's RSS before the load (interpreter and libraries) and at its peak.
+machine), both from the best of --repeat loads, and the child's peak RSS before the first load
+(interpreter and libraries) and at the end. "threads 1" pins pyarrow to one thread.
 Goal (issue 28): tens of millions of rows per second per core for Parquet.
 """
 
@@ -24,23 +25,35 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 CHILD = r"""
-import json, resource, sys, time
+import json, sys, time
 import pyarrow as pa
 if {one_thread}:
     pa.set_cpu_count(1); pa.set_io_thread_count(1)
 from dpcore.data import load_points
-rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-w, c = time.perf_counter(), time.process_time()
+
+def hwm_mb():
+    # VmHWM is this process's own peak; getrusage's ru_maxrss would carry the parent's across exec.
+    with open("/proc/self/status") as f:
+        return next(int(x.split()[1]) for x in f if x.startswith("VmHWM")) / 1024
+
+rss0 = hwm_mb()
+best = None
+for _ in range({repeat}):
+    w, c = time.perf_counter(), time.process_time()
+    res = load_points({src!r}, window={window!r})
+    wall, cpu = time.perf_counter() - w, time.process_time() - c
+    best = (wall, cpu) if best is None or cpu < best[1] else best
+    del res
+    res = None
 res = load_points({src!r}, window={window!r})
-wall, cpu = time.perf_counter() - w, time.process_time() - c
 print(json.dumps({{"rows": res.report.rows_read, "kept": res.report.rows_kept, "files": res.n_files,
-                  "pruned": res.n_pruned, "wall": wall, "cpu": cpu, "rss0_mb": rss0 / 1024,
-                  "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}}))
+                  "pruned": res.n_pruned, "wall": best[0], "cpu": best[1], "rss0_mb": rss0,
+                  "peak_mb": hwm_mb()}}))
 """
 
 
-def run_case(src: str, window: tuple[int, int] | None, one_thread: bool) -> dict:
-    code = CHILD.format(src=src, window=window, one_thread=one_thread)
+def run_case(src: str, window: tuple[int, int] | None, one_thread: bool, repeat: int) -> dict:
+    code = CHILD.format(src=src, window=window, one_thread=one_thread, repeat=repeat)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -77,6 +90,7 @@ def main() -> None:
     ap.add_argument("--days", type=int, default=10)
     ap.add_argument("--window-days", type=int, default=2)
     ap.add_argument("--csv-files", type=int, default=1, help="files of the folder also written as CSV")
+    ap.add_argument("--repeat", type=int, default=2, help="loads per case; the one with least CPU is shown")
     ap.add_argument("--dir", help="keep the data here (default: a temporary folder)")
     args = ap.parse_args()
 
@@ -94,7 +108,7 @@ def main() -> None:
               f"{'cpu s':>7} {'M rows/cpu-s':>12} {'RSS0 MB':>8} {'peak MB':>8}")
         for name, src, win in cases:
             for one_thread in (True, False):
-                r = run_case(src, win, one_thread)
+                r = run_case(src, win, one_thread, args.repeat)
                 print(f"{name:<26} {'1' if one_thread else 'all':>7} {r['rows']:>12,} {r['files']:>5} "
                       f"{r['wall']:>7.2f} {r['rows'] / r['wall'] / 1e6:>9.1f} {r['cpu']:>7.2f} "
                       f"{r['rows'] / r['cpu'] / 1e6:>12.1f} {r['rss0_mb']:>8.0f} {r['peak_mb']:>8.0f}", flush=True)

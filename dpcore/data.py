@@ -161,13 +161,23 @@ def _cat(arrays: list[np.ndarray]) -> np.ndarray:
     return arrays[0] if arrays[0].flags.writeable else arrays[0].copy()
 
 
+def _take_column(parts: list[Part], name: str) -> np.ndarray:
+    """One column of all files, concatenated; the files' copies are let go at once, so the peak holds
+    one extra column rather than a second copy of the table."""
+    out = _cat([getattr(p, name) for p in parts])
+    for p in parts:
+        setattr(p, name, None)
+    return out
+
+
 def _merge(parts: list[Part]) -> Points:
-    """Valid rows of every file → one :class:`Points` with dense user codes shared across files."""
-    ts, lat, lon = _cat([p.ts for p in parts]), _cat([p.lat for p in parts]), _cat([p.lon for p in parts])
+    """Valid rows of every file → one :class:`Points` with dense user codes shared across files, in
+    order of first appearance."""
+    ts, lat, lon = (_take_column(parts, c) for c in ("ts", "lat", "lon"))
     if all(p.user_int is not None for p in parts):
-        # Integer ids: one hash pass over the kept rows; all codes are present by construction.
-        # The original ids stay integers (no per-user strings).
-        user, uniques = pd.factorize(_cat([p.user_int for p in parts]))
+        # Integer ids: one hash pass over the kept rows (faster than per file and a merge: a user
+        # shows up in many files); all codes are present by construction, ids stay integers.
+        user, uniques = pd.factorize(_take_column(parts, "user_int"))
         return Points(user.astype(np.int64, copy=False), ts, lat, lon, np.asarray(uniques, dtype=np.int64))
     # Mixed or string ids: merge the files' distinct ids as text (so 7 and "7" are one user), then
     # keep only users that still have a row.
@@ -178,17 +188,27 @@ def _merge(parts: list[Part]) -> Points:
             coded.append((codes.astype(np.int64), pd.Index(uniq).astype(str)))
         else:
             coded.append((p.codes, p.uniques))
+        p.user_int = p.codes = None
     all_uniques = np.concatenate([np.asarray(u, dtype=object) for _, u in coded])
     global_code, global_uniques = pd.factorize(all_uniques)
     pieces, offset = [], 0
-    for codes, uniq in coded:
+    for i, (codes, uniq) in enumerate(coded):
         pieces.append(global_code[offset: offset + len(uniq)][codes])
         offset += len(uniq)
+        coded[i] = (None, uniq)
     user = _cat(pieces).astype(np.int64, copy=False)
     present = np.flatnonzero(np.bincount(user, minlength=len(global_uniques)))
     remap = np.full(len(global_uniques), -1, dtype=np.int64)
     remap[present] = np.arange(present.size)
     return Points(remap[user], ts, lat, lon, np.asarray(global_uniques, dtype=object)[present])
+
+
+def _release_arrow_memory() -> None:
+    """Hand the file's freed arrow buffers back to the OS: the allocator would otherwise keep them
+    cached, and the process's peak would hold a dead copy of the data."""
+    import pyarrow as pa
+
+    pa.default_memory_pool().release_unused()
 
 
 def _validated(parts_iter, strict: bool, source: str, names: list[str]) -> tuple[Points, ValidationReport]:
@@ -201,6 +221,8 @@ def _validated(parts_iter, strict: bool, source: str, names: list[str]) -> tuple
             row = part.raw_row(rep.first_bad_row - 1) if part.raw_row else {}
             raise DataError(f"{name}: row {rep.first_bad_row} is invalid ({rep.first_bad_reason}): {row}")
         report.add(rep, name if len(names) > 1 else None)
+        part.raw_row = None  # it holds the file's table; only its arrays go on
+        _release_arrow_memory()
         if rep.rows_kept:
             kept.append(part if keep is None else part.take(keep))
     if report.rows_read == 0:
