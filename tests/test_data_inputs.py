@@ -223,6 +223,6 @@ def test_release_and_evaluate_of_a_folder_through_the_cli(datasets, tmp_path):
     assert "already committed" in run_geodp(*release).stdout
     whole = run_geodp("release", hive, "--city", "new-york", "--epsilon", "1", "--out", out, ok=False)
     assert whole.returncode == 2 and "cannot read" in whole.stderr and "date=2024-03-04" in whole.stderr
-    ev = run_geodp("evaluate", f"{datasets}/sliced/*.parquet", "--city", "new-york", "--mechanisms", "identity",
+    ev = run_geodp("evaluate", datasets / "sliced", "--city", "new-york", "--mechanisms", "identity",
                    "--epsilon", "1", "--queries", "50", "--trials", "1", "--json", tmp_path / "ev.json")
     assert "mean rel.err" in ev.stdout and "from 4 files" in ev.stderr
