@@ -1,32 +1,24 @@
 """Point tables in: CSV / Parquet in the standard schema, the SNAP Gowalla/Brightkite format, validation.
 
-The standard schema is ``user_id, timestamp, lat, lon`` (extra columns are ignored). Every row is
-validated; invalid rows are dropped and counted in a :class:`ValidationReport`, or, with
-``strict=True``, the first one raises a :class:`DataError` naming it.
+The standard schema is ``user_id, timestamp, lat, lon`` (extra columns are ignored). An input is one
+file, a folder, a glob or a hive-partitioned folder, local or on ``s3://`` (see :mod:`dpcore.inputs`).
+Every row is validated; invalid rows are dropped and counted in a :class:`ValidationReport` summed
+over the input's files, or, with ``strict=True``, the first one raises a :class:`DataError` naming it.
 """
 
 from __future__ import annotations
 
-import glob
-import gzip
 import os
-import re
-import warnings
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from dpcore import GeoDPError
+from dpcore.inputs import DataError, resolve_input, source_version
+from dpcore.readers import SNAP_COLUMNS, STANDARD_COLUMNS, TS_MISSING, Part, part_from_frame, read_part
 
-STANDARD_COLUMNS = ("user_id", "timestamp", "lat", "lon")
-SNAP_COLUMNS = ("user_id", "timestamp", "lat", "lon", "location_id")
-
-
-class DataError(GeoDPError, ValueError):
-    pass
+__all__ = ["SNAP_COLUMNS", "STANDARD_COLUMNS", "DataError", "LoadResult", "Points", "ValidationReport",
+           "clip_to_region", "load_points", "parse_column_map", "source_version", "validate_frame"]
 
 
 @dataclass(frozen=True)
@@ -75,14 +67,14 @@ class Points:
             "lon": self.lon,
         })
 
-
 @dataclass
 class ValidationReport:
     rows_read: int = 0
     rows_kept: int = 0
     dropped: dict[str, int] = field(default_factory=dict)
-    first_bad_row: int | None = None  # 1-based data row (header not counted)
+    first_bad_row: int | None = None  # 1-based data row of its file (header not counted)
     first_bad_reason: str | None = None
+    first_bad_source: str | None = None  # the file holding it, when the input has several
 
     @property
     def rows_dropped(self) -> int:
@@ -91,14 +83,26 @@ class ValidationReport:
     def to_dict(self) -> dict:
         return {"rows_read": self.rows_read, "rows_kept": self.rows_kept, "rows_dropped": self.rows_dropped,
                 "dropped": dict(self.dropped), "first_bad_row": self.first_bad_row,
-                "first_bad_reason": self.first_bad_reason}
+                "first_bad_reason": self.first_bad_reason, "first_bad_source": self.first_bad_source}
 
     def summary(self) -> str:
         s = f"{self.rows_kept:,} of {self.rows_read:,} rows valid"
         if self.rows_dropped:
             reasons = ", ".join(f"{k}: {v:,}" for k, v in sorted(self.dropped.items()))
             s += f"; dropped {self.rows_dropped:,} ({reasons}); first bad row {self.first_bad_row}"
+            if self.first_bad_source:
+                s += f" of {self.first_bad_source}"
         return s
+
+    def add(self, other: ValidationReport, source: str | None) -> None:
+        """Fold in one more file's report (files in input order)."""
+        self.rows_read += other.rows_read
+        self.rows_kept += other.rows_kept
+        for k, v in other.dropped.items():
+            self.dropped[k] = self.dropped.get(k, 0) + v
+        if self.first_bad_row is None and other.first_bad_row is not None:
+            self.first_bad_row, self.first_bad_reason = other.first_bad_row, other.first_bad_reason
+            self.first_bad_source = source
 
 
 @dataclass(frozen=True)
@@ -106,102 +110,126 @@ class LoadResult:
     points: Points
     report: ValidationReport
     source: str
-    data_version: str  # public version of the input (source_version): modification time, never content
+    # Public identity of the input (see dpcore.inputs.source_version): the files' latest mtime and
+    # count, never their content; release keys and manifests use it.
+    data_version: str
+    n_files: int = 1  # files read
+    n_pruned: int = 0  # partitions skipped by the time window, never opened
 
 
-def source_version(path: str | os.PathLike, window: tuple[int | None, int | None] | None = None) -> str:
-    """The input's public version: the latest modification time (UTC) of its files and their count.
-
-    It changes when a file is rewritten, and it is a function of file-system metadata only, never of
-    the content: a release key built from it cannot tell two neighbouring datasets apart. With a
-    ``window``, only the hive partitions that may hold it count, so a new day's partition does not
-    change the version (and so the release keys) of days already released.
-    """
-    files = dataset_files(path, window)
-    latest = max(f.stat().st_mtime_ns for f in files)
-    stamp = datetime.fromtimestamp(latest / 1e9, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-    return f"mtime:{stamp}" + (f"+{len(files)}files" if len(files) > 1 else "")
-
-
-def _detect_format(path: Path) -> str:
-    name = path.name.lower()
-    if name.endswith((".parquet", ".pq")):
-        return "parquet"
-    if name.endswith((".tsv", ".tsv.gz", ".txt", ".txt.gz")):
-        # SNAP files are headerless TSV; a TSV with the standard header is read as CSV with tabs.
-        opener = gzip.open if name.endswith(".gz") else open
-        try:
-            with opener(path, "rt", encoding="utf-8", errors="replace") as f:
-                first = f.readline()
-        except (OSError, EOFError) as exc:
-            raise DataError(f"cannot read {path}: {exc}") from exc
-        return "tsv" if "user_id" in first.split("\t")[0].lower() else "snap"
-    if name.endswith((".csv", ".csv.gz")):
-        return "csv"
-    raise DataError(f"cannot tell the format of {path.name}: use .parquet, .csv, .tsv or SNAP .txt(.gz)")
-
-
-def _read_parquet(path: Path) -> pd.DataFrame:
-    import pyarrow.parquet as pq
-
-    names = pq.ParquetFile(path).schema_arrow.names
-    # Dictionary-decode string ids: a few hundred distinct cab ids need not become 11 M strings.
-    return pq.read_table(path, read_dictionary=[c for c in names if c == "user_id"]).to_pandas()
+def _check(part: Part) -> tuple[np.ndarray | None, ValidationReport]:
+    """Which rows of one file are valid (None: all), and its report. Each dropped row counts once,
+    under the first failing check in this order."""
+    report = ValidationReport(rows_read=part.n)
+    # Fast path for clean files: three comparisons (NaN fails them too) instead of five masks.
+    ok = np.abs(part.lat) <= 90
+    ok &= np.abs(part.lon) <= 180
+    ok &= part.ts != TS_MISSING
+    if part.bad_user is None and ok.all():
+        report.rows_kept = part.n
+        return None, report
+    checks = [
+        ("missing_user", part.bad_user),
+        ("bad_coordinate", ~np.isfinite(part.lat) | ~np.isfinite(part.lon)),
+        ("lat_out_of_range", np.abs(part.lat) > 90),  # NaN compares False
+        ("lon_out_of_range", np.abs(part.lon) > 180),
+        ("bad_timestamp", part.ts == TS_MISSING),
+    ]
+    bad = None
+    first_idx, first_reason = None, None
+    for reason, mask in checks:
+        if mask is None or not mask.any():
+            continue
+        new = mask if bad is None else mask & ~bad
+        n_new = int(np.count_nonzero(new))
+        if n_new:
+            report.dropped[reason] = n_new
+            idx = int(np.argmax(new))
+            if first_idx is None or idx < first_idx:
+                first_idx, first_reason = idx, reason
+        bad = mask.copy() if bad is None else (bad | mask)
+    report.rows_kept = part.n - report.rows_dropped
+    if first_idx is not None:
+        report.first_bad_row, report.first_bad_reason = first_idx + 1, first_reason
+    return (None if bad is None else ~bad), report
 
 
-def _read_frame(path: Path, fmt: str) -> pd.DataFrame:
-    try:
-        if fmt == "parquet":
-            return _read_parquet(path)
-        text_opts = {"dtype": str, "keep_default_na": False, "encoding_errors": "replace"}
-        if fmt == "csv":
-            return pd.read_csv(path, **text_opts)
-        if fmt == "tsv":
-            return pd.read_csv(path, sep="\t", **text_opts)
-        if fmt == "snap":
-            # Headerless TSV: columns are named by position ("0", "1", …) so that --columns can
-            # map any layout; the 5-column SNAP layout is recognised without a mapping.
-            df = pd.read_csv(path, sep="\t", header=None, on_bad_lines="skip", **text_opts)
-            df.columns = [str(i) for i in range(df.shape[1])]
-            return df
-    except FileNotFoundError as exc:
-        raise DataError(f"input file not found: {path}") from exc
-    except Exception as exc:  # pyarrow / parser errors vary by format; all mean "unreadable"
-        raise DataError(f"cannot read {path} as {fmt}: {type(exc).__name__}: {exc}") from exc
-    raise DataError(f"unknown format {fmt!r}")
+def _cat(arrays: list[np.ndarray]) -> np.ndarray:
+    if len(arrays) > 1:
+        return np.concatenate(arrays)
+    # A one-chunk arrow column converts without a copy, read-only; callers may write into Points.
+    return arrays[0] if arrays[0].flags.writeable else arrays[0].copy()
 
 
-def _to_epoch_seconds(col: pd.Series) -> np.ndarray:
-    """int64 seconds UTC; unparseable → INT64_MIN sentinel."""
-    if pd.api.types.is_numeric_dtype(col) and not pd.api.types.is_datetime64_any_dtype(col):
-        return _numeric_epoch(pd.to_numeric(col, errors="coerce"))
-    if pd.api.types.is_datetime64_any_dtype(col):
-        ts = col.dt.tz_convert("UTC") if getattr(col.dt, "tz", None) is not None else col.dt.tz_localize("UTC")
-    else:
-        ts = pd.to_datetime(col, errors="coerce", utc=True, format="ISO8601")
-        retry = ts.isna() & col.astype(str).str.strip().ne("")
-        if retry.any():
-            # Non-ISO layouts (e.g. Foursquare's "Tue Apr 03 18:00:09 +0000 2012"): parse only the
-            # rows ISO-8601 missed, element by element, so ISO files stay fast.
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                ts = ts.copy()
-                ts[retry] = pd.to_datetime(col[retry], errors="coerce", utc=True, format="mixed")
-    # Naive UTC datetime64 → integer seconds without per-element Timestamp objects.
-    naive = ts.dt.tz_convert(None)
-    ok = naive.notna().to_numpy()
-    secs = naive.to_numpy(dtype="datetime64[s]", na_value=np.datetime64("NaT")).astype(np.int64)
-    return np.where(ok, secs, np.iinfo(np.int64).min)
-
-
-def _numeric_epoch(vals: pd.Series) -> np.ndarray:
-    """Numbers are epoch seconds (or milliseconds when they are too large to be seconds)."""
-    v = vals.to_numpy(dtype=np.float64, na_value=np.nan)
-    out = np.full(v.size, np.iinfo(np.int64).min, dtype=np.int64)
-    ok = np.isfinite(v)
-    scaled = np.where(np.abs(v) > 1e11, v / 1000.0, v)
-    out[ok] = np.floor(scaled[ok]).astype(np.int64)
+def _take_column(parts: list[Part], name: str) -> np.ndarray:
+    """One column of all files, concatenated; the files' copies are let go at once, so the peak holds
+    one extra column rather than a second copy of the table."""
+    out = _cat([getattr(p, name) for p in parts])
+    for p in parts:
+        setattr(p, name, None)
     return out
+
+
+def _merge(parts: list[Part]) -> Points:
+    """Valid rows of every file → one :class:`Points` with dense user codes shared across files, in
+    order of first appearance."""
+    ts, lat, lon = (_take_column(parts, c) for c in ("ts", "lat", "lon"))
+    if all(p.user_int is not None for p in parts):
+        # Integer ids: one hash pass over the kept rows (faster than per file and a merge: a user
+        # shows up in many files); all codes are present by construction, ids stay integers.
+        user, uniques = pd.factorize(_take_column(parts, "user_int"))
+        return Points(user.astype(np.int64, copy=False), ts, lat, lon, np.asarray(uniques, dtype=np.int64))
+    # Mixed or string ids: merge the files' distinct ids as text (so 7 and "7" are one user), then
+    # keep only users that still have a row.
+    coded = []
+    for p in parts:
+        if p.user_int is not None:
+            codes, uniq = pd.factorize(p.user_int)
+            coded.append((codes.astype(np.int64), pd.Index(uniq).astype(str)))
+        else:
+            coded.append((p.codes, p.uniques))
+        p.user_int = p.codes = None
+    all_uniques = np.concatenate([np.asarray(u, dtype=object) for _, u in coded])
+    global_code, global_uniques = pd.factorize(all_uniques)
+    pieces, offset = [], 0
+    for i, (codes, uniq) in enumerate(coded):
+        pieces.append(global_code[offset: offset + len(uniq)][codes])
+        offset += len(uniq)
+        coded[i] = (None, uniq)
+    user = _cat(pieces).astype(np.int64, copy=False)
+    present = np.flatnonzero(np.bincount(user, minlength=len(global_uniques)))
+    remap = np.full(len(global_uniques), -1, dtype=np.int64)
+    remap[present] = np.arange(present.size)
+    return Points(remap[user], ts, lat, lon, np.asarray(global_uniques, dtype=object)[present])
+
+
+def _release_arrow_memory() -> None:
+    """Hand the file's freed arrow buffers back to the OS: the allocator would otherwise keep them
+    cached, and the process's peak would hold a dead copy of the data."""
+    import pyarrow as pa
+
+    pa.default_memory_pool().release_unused()
+
+
+def _validated(parts_iter, strict: bool, source: str, names: list[str]) -> tuple[Points, ValidationReport]:
+    """Validate file by file (dropping bad rows at once, so memory holds only valid ones), then merge."""
+    report = ValidationReport()
+    kept: list[Part] = []
+    for name, part in zip(names, parts_iter, strict=True):
+        keep, rep = _check(part)
+        if rep.first_bad_row is not None and strict:
+            row = part.raw_row(rep.first_bad_row - 1) if part.raw_row else {}
+            raise DataError(f"{name}: row {rep.first_bad_row} is invalid ({rep.first_bad_reason}): {row}")
+        report.add(rep, name if len(names) > 1 else None)
+        part.raw_row = None  # it holds the file's table; only its arrays go on
+        _release_arrow_memory()
+        if rep.rows_kept:
+            kept.append(part if keep is None else part.take(keep))
+    if report.rows_read == 0:
+        raise DataError(f"{source or 'input'} holds no rows")
+    if report.rows_kept == 0:
+        raise DataError(f"{source or 'input'} has no valid rows ({report.summary()})")
+    return _merge(kept), report
 
 
 def validate_frame(df: pd.DataFrame, strict: bool = False, source: str = "") -> tuple[Points, ValidationReport]:
@@ -212,50 +240,7 @@ def validate_frame(df: pd.DataFrame, strict: bool = False, source: str = "") -> 
             f"{source or 'input'} is missing column(s) {missing}; it has {list(df.columns)}. "
             "Map other names with --columns user_id=NAME,timestamp=NAME,lat=NAME,lon=NAME"
         )
-    report = ValidationReport(rows_read=len(df))
-    lat = pd.to_numeric(df["lat"], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
-    lon = pd.to_numeric(df["lon"], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
-    ts = _to_epoch_seconds(df["timestamp"])
-    # Factorise first (hash-based, O(n)) and judge only the distinct ids: string work on 11 M rows
-    # would dominate loading otherwise.
-    codes, uniques = pd.factorize(df["user_id"], use_na_sentinel=True)
-    unique_str = pd.Index(uniques).astype(str).str.strip()
-    bad_unique = np.asarray((unique_str == "") | unique_str.str.lower().isin(["nan", "none", "null", "<na>"]))
-    bad_user = (codes < 0) | np.append(bad_unique, True)[codes]
-    checks = [
-        ("missing_user", bad_user),
-        ("bad_coordinate", ~np.isfinite(lat) | ~np.isfinite(lon)),
-        ("lat_out_of_range", np.isfinite(lat) & (np.abs(lat) > 90)),
-        ("lon_out_of_range", np.isfinite(lon) & (np.abs(lon) > 180)),
-        ("bad_timestamp", ts == np.iinfo(np.int64).min),
-    ]
-    bad = np.zeros(len(df), dtype=bool)
-    first_idx, first_reason = None, None
-    for reason, mask in checks:
-        new = mask & ~bad
-        n_new = int(new.sum())
-        if n_new:
-            report.dropped[reason] = n_new
-            idx = int(np.argmax(new))
-            if first_idx is None or idx < first_idx:
-                first_idx, first_reason = idx, reason
-        bad |= mask
-    if first_idx is not None:
-        report.first_bad_row, report.first_bad_reason = first_idx + 1, first_reason
-        if strict:
-            row = df.iloc[first_idx][list(STANDARD_COLUMNS)].to_dict()
-            raise DataError(f"{source or 'input'}: row {first_idx + 1} is invalid ({first_reason}): {row}")
-    keep = ~bad
-    report.rows_kept = int(keep.sum())
-    if report.rows_kept == 0:
-        raise DataError(f"{source or 'input'} has no valid rows ({report.summary()})")
-    kept_codes = codes[keep]
-    present = np.flatnonzero(np.bincount(kept_codes, minlength=len(uniques)))
-    remap = np.full(len(uniques), -1, dtype=np.int64)
-    remap[present] = np.arange(present.size)
-    user_ids = np.asarray(unique_str)[present]
-    pts = Points(remap[kept_codes], ts[keep], lat[keep], lon[keep], user_ids)
-    return pts, report
+    return _validated([part_from_frame(df)], strict, source, [source or "input"])
 
 
 def parse_column_map(text: str | None) -> dict[str, str] | None:
@@ -273,79 +258,24 @@ def parse_column_map(text: str | None) -> dict[str, str] | None:
     return mapping
 
 
-_DATA_SUFFIXES = (".parquet", ".pq", ".csv", ".tsv", ".txt", ".csv.gz", ".tsv.gz", ".txt.gz")
-_PARTITION_DAY = re.compile(r"^(?:date|day|dt)=(\d{4}-\d{2}-\d{2})$")
-
-
-def dataset_files(path: str | os.PathLike, window: tuple[int | None, int | None] | None = None) -> list[Path]:
-    """The data files of an input: one file, a folder (searched recursively, hive folders included) or
-    a glob. Hive partitions ``date=YYYY-MM-DD`` (or ``day=``, ``dt=``) wholly outside ``window``
-    ([start_s, end_s) UTC) are skipped without being opened."""
-    text = str(path)
-    if any(c in text for c in "*?["):
-        files = sorted(Path(f) for f in glob.glob(text, recursive=True) if Path(f).is_file())
-        if not files:
-            raise DataError(f"no file matches {text}")
-    else:
-        p = Path(text)
-        if not p.exists():
-            raise DataError(f"input file not found: {p}")
-        if not p.is_dir():
-            return [p]
-        files = sorted(f for f in p.rglob("*") if f.is_file() and f.name.lower().endswith(_DATA_SUFFIXES)
-                       and not any(part.startswith((".", "_")) for part in f.relative_to(p).parts))
-        if not files:
-            raise DataError(f"{p} holds no .parquet, .csv or .tsv files")
-    if window is not None:
-        files = [f for f in files if _partition_may_overlap(f, window)]
-    return files
-
-
-def _partition_may_overlap(f: Path, window: tuple[int | None, int | None]) -> bool:
-    start, end = window
-    for part in f.parts:
-        m = _PARTITION_DAY.match(part)
-        if m:
-            day = int(datetime.fromisoformat(m.group(1)).replace(tzinfo=UTC).timestamp())
-            if (end is not None and day >= end) or (start is not None and day + 86_400 <= start):
-                return False
-    return True
-
-
 def load_points(path: str | os.PathLike, columns: dict[str, str] | None = None, fmt: str = "auto",
                 strict: bool = False, window: tuple[int | None, int | None] | None = None) -> LoadResult:
-    """Read and validate a point table: one file, a folder of files (hive partitions included) or a glob.
+    """Read and validate a point table: a file, a folder or glob of files, or a hive-partitioned
+    folder, local or ``s3://``.
 
     ``columns`` maps source column names to standard ones (see :func:`parse_column_map`).
-    ``fmt`` is ``auto`` (by extension), ``parquet``, ``csv``, ``tsv`` or ``snap``; every file of a folder
-    must have the same format. ``window`` skips hive day partitions outside it. The validation report
-    counts every row of every file read.
+    ``fmt`` is ``auto`` (by extension), ``parquet``, ``csv``, ``tsv`` or ``snap``.
+    ``window`` = (start_s, end_s) skips, unopened, every partition whose ``date=``/``day=`` key (a UTC
+    date) lies entirely outside start ≤ t < end; rows are not filtered by time here.
     """
-    files = dataset_files(path, window)
-    kinds = {(_detect_format(f) if fmt == "auto" else fmt) for f in files}
-    if len(kinds) > 1:
-        raise DataError(f"{path} mixes formats ({', '.join(sorted(kinds))}); keep one format per input")
-    (kind,) = kinds if files else ("parquet",)
-    frames = []
-    for f in files:
-        if f.stat().st_size == 0:
-            raise DataError(f"input file is empty: {f}")
-        frames.append(_read_frame(f, kind))
-    df = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-    if columns:
-        df = df.rename(columns=columns)
-    elif kind == "snap":
-        if df.shape[1] != len(SNAP_COLUMNS):
-            raise DataError(
-                f"{path} is a headerless table with {df.shape[1]} columns, not the 5-column SNAP layout "
-                "(user, time, lat, lon, location_id); map columns by position, e.g. "
-                "--columns user_id=0,timestamp=7,lat=4,lon=5"
-            )
-        df.columns = list(SNAP_COLUMNS)
-    if len(df) == 0:
-        raise DataError(f"{path} holds no rows")
-    pts, report = validate_frame(df, strict=strict, source=str(path))
-    return LoadResult(pts, report, str(path), source_version(path, window))
+    inp = resolve_input(path, fmt, window)
+    if not inp.files:
+        raise DataError(f"no partition of {inp.source} lies in the time window "
+                        f"({inp.n_pruned} partition file(s) outside it)")
+    names = [inp.display(f) for f in inp.files]
+    parts = (read_part(inp, f, columns) for f in inp.files)  # one file in memory at a time
+    pts, report = _validated(parts, strict, inp.source, names)
+    return LoadResult(pts, report, inp.source, inp.version, len(inp.files), inp.n_pruned)
 
 
 def clip_to_region(points: Points, region) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -21,7 +21,9 @@ class CLIError(GeoDPError, ValueError):
 
 
 def add_data_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("data", metavar="DATA", help="point table: .parquet, .csv, .tsv or SNAP Gowalla .txt/.tsv(.gz)")
+    p.add_argument("data", metavar="DATA",
+                   help="point table: a .parquet, .csv, .tsv or SNAP Gowalla .txt/.tsv(.gz) file, a folder or quoted "
+                        "glob of such files, or a hive-partitioned folder (date=YYYY-MM-DD/...); local or s3://")
     p.add_argument("--columns", metavar="MAP",
                    help="map source columns to the standard ones, e.g. user_id=uid,timestamp=time,lat=y,lon=x")
     p.add_argument("--format", default="auto", choices=["auto", "parquet", "csv", "tsv", "snap"],
@@ -71,7 +73,8 @@ def load_from_args(args: argparse.Namespace, quiet: bool = False) -> LoadResult:
     t0 = time.perf_counter()
     result = load_points(args.data, columns=parse_column_map(args.columns), fmt=args.format, strict=args.strict)
     if not quiet:
-        eprint(f"loaded {args.data}: {result.report.summary()} ({time.perf_counter() - t0:.1f}s)")
+        files = f" from {result.n_files} files" if result.n_files > 1 else ""
+        eprint(f"loaded {args.data}: {result.report.summary()}{files} ({time.perf_counter() - t0:.1f}s)")
     return result
 
 

@@ -6,6 +6,8 @@ import argparse
 import json
 from pathlib import Path
 
+import pandas as pd
+
 from dpcore.geo import CITY_CENTRES, DEFAULT_SIDE_KM, city_names, city_region
 from flows.cli_common import (
     CLIError,
@@ -31,14 +33,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_cities)
 
     p = sub.add_parser("synth", help="write synthetic check-ins (skewed, power-law users, weekly rhythm)")
-    p.add_argument("out", metavar="OUT", help="output .parquet or .csv")
+    p.add_argument("out", metavar="OUT", help="output .parquet or .csv (a folder with --partitions)")
     p.add_argument("--city", default="new-york")
     p.add_argument("--users", type=int, default=3000)
     p.add_argument("--days", type=int, default=28)
     p.add_argument("--start", default="2024-01-01")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--partitions", type=int, default=0, metavar="N",
-                   help="write OUT as a hive folder (date=YYYY-MM-DD/part-I.parquet), N files per day")
+    p.add_argument("--partitions", metavar="N|day",
+                   help="write a Parquet dataset into the folder OUT: N files (equal time slices) or, with "
+                        "'day', hive partitions OUT/date=YYYY-MM-DD/part-0.parquet")
     p.set_defaults(func=cmd_synth)
 
     p = sub.add_parser("evaluate", help="accuracy of mechanisms on a dataset (range-count relative error)")
@@ -74,33 +77,46 @@ def cmd_cities(args: argparse.Namespace) -> int:
 
 
 def cmd_synth(args: argparse.Namespace) -> int:
-    import numpy as np
-    import pandas as pd
-
     from dpcore.synthetic import generate_checkins
 
-    if args.partitions < 0:
-        raise CLIError("--partitions must be ≥ 0")
+    if args.users < 1 or args.days < 1:
+        raise CLIError("--users and --days must be ≥ 1")
+    if args.partitions is not None:
+        return _synth_partitioned(args)
     df = generate_checkins(city_region(args.city), n_users=args.users, start=args.start, days=args.days,
                            seed=args.seed)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    if args.partitions:
-        # hive layout by UTC day, the files split further into N parts per day
-        day = pd.to_datetime(df["timestamp"], utc=True).dt.strftime("%Y-%m-%d")
-        for d, part in df.groupby(day):
-            folder = out / f"date={d}"
-            folder.mkdir(parents=True, exist_ok=True)
-            for i, chunk in enumerate(np.array_split(np.arange(len(part)), args.partitions)):
-                part.iloc[chunk].to_parquet(folder / f"part-{i}.parquet", index=False)
-        print(f"wrote {len(df):,} synthetic check-ins of {df.user_id.nunique():,} users in {args.city} to {out}/ "
-              f"({day.nunique()} day partitions × {args.partitions} files)")
-        return 0
     if out.suffix == ".csv":
         df.to_csv(out, index=False)
     else:
         df.to_parquet(out, index=False)
     print(f"wrote {len(df):,} synthetic check-ins of {df.user_id.nunique():,} users in {args.city} to {out}")
+    return 0
+
+
+def _synth_partitioned(args: argparse.Namespace) -> int:
+    from dpcore.synthetic import generate_checkin_chunks, write_partitioned
+
+    parts = args.partitions.strip().lower()
+    if parts != "day" and not (parts.isdigit() and int(parts) >= 1):
+        raise CLIError(f"--partitions must be a positive number of files or 'day', got {args.partitions!r}")
+    out = Path(args.out)
+    if out.suffix.lower() in (".csv", ".parquet", ".pq"):
+        raise CLIError(f"--partitions writes a folder of Parquet files; give a folder, not {out.name}")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise CLIError(f"{out} exists and is not an empty folder; a dataset would mix with what is there")
+    try:
+        start = pd.Timestamp(args.start, tz="UTC")
+    except ValueError as exc:
+        raise CLIError(f"--start must be a date, got {args.start!r}") from exc
+    chunks = generate_checkin_chunks(city_region(args.city), n_users=args.users, start=args.start,
+                                     days=args.days, seed=args.seed)
+    stats = write_partitioned(chunks, out, str(start.date()), args.days,
+                              "day" if parts == "day" else int(parts))
+    layout = "hive-partitioned by day" if parts == "day" else "equal time slices"
+    print(f"wrote {stats['rows']:,} synthetic check-ins of {stats['users']:,} users in {args.city} to {out} "
+          f"({stats['files']} Parquet files, {layout})")
     return 0
 
 

@@ -143,6 +143,7 @@ def _release_params(args: argparse.Namespace, period: str | None) -> object:
 def _prevalidate(params, open_store: bool = True) -> None:
     """Fail on names and parameters before starting Prefect or reading data."""
     from dpcore.geo import resolve_region
+    from dpcore.inputs import resolve_input
     from dpcore.mechanisms import get_mechanism
     from flows.store import ReleaseStore
     from tasks.config import parse_period
@@ -153,10 +154,10 @@ def _prevalidate(params, open_store: bool = True) -> None:
         resolve_region(center=params.center, side_km=params.side_km)
     for c in params.cities:
         resolve_region(city=c, side_km=params.side_km)
-    if "://" not in params.data:
-        from dpcore.data import dataset_files
+    if "://" not in params.data or params.data.startswith("s3"):
+        from dpcore.inputs import resolve_input
 
-        dataset_files(params.data)  # a missing file, an empty folder or a glob matching nothing fails here
+        resolve_input(params.data, params.format)  # a missing, empty or mixed-format input fails here
     if open_store:  # a run submitted to a served deployment opens the store on the serving side
         ReleaseStore(params.store)
 

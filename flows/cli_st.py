@@ -106,8 +106,9 @@ def flow_cities(args: argparse.Namespace) -> list[str]:
         raise CLIError("--workers must be ≥ 1")
     if args.strict:
         raise CLIError("--strict is not supported with --flow (the flow drops invalid rows and reports them)")
-    if not Path(args.data).exists() and "://" not in str(args.data):
-        raise CLIError(f"input file not found: {args.data}")
+    from dpcore.inputs import resolve_input
+
+    resolve_input(str(args.data), args.format)  # a missing, empty or mixed-format input fails here
     return cities
 
 

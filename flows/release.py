@@ -24,7 +24,7 @@ from prefect.exceptions import UnfinishedRun
 from prefect.futures import PrefectFuture
 
 from dpcore.accounting import budget_label
-from dpcore.data import source_version
+from dpcore.inputs import source_version
 from flows.ledger import DatasetLedger
 from flows.store import ReleaseStore
 from tasks.config import (
@@ -107,8 +107,8 @@ def release_cities(params: ReleaseParams, config_path: str | None = None, loaded
                        period=period, mechanism=params.mechanism, params=params.mechanism_params,
                        epsilon=params.epsilon, rho=params.rho, privacy_unit=params.privacy_unit,
                        max_points_per_user=resolved.max_points_per_user, seed=params.seed,
-                       data_version=params.data_version or source_version(params.data, (period.start_s,
-                                                                                         period.end_s)),
+                       data_version=params.data_version or source_version(params.data, params.format,
+                                                                       (period.start_s, period.end_s)),
                        slot=params.slot,
                        public_total=params.public_total, source=source, bound_per_day=per_day)
     committed = step(check_committed)(params.store, plans)

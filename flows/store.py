@@ -38,6 +38,7 @@ from typing import Any
 import fsspec
 
 from dpcore import GeoDPError
+from dpcore.inputs import storage_options_from_env as _storage_options_from_env
 from dpcore.synopsis import json_default
 
 MANIFEST = "_MANIFEST.json"
@@ -80,15 +81,6 @@ def check_slug(value: str, what: str) -> str:
     if not isinstance(value, str) or not _SLUG.match(value):
         raise StoreError(f"{what} {value!r} must be letters, digits, '.', '_', '+' or '-' (no slashes)")
     return value
-
-
-def _storage_options_from_env(protocol: str) -> dict[str, Any]:
-    """S3 endpoint from the environment, so the same command works against AWS, MinIO or moto."""
-    if protocol not in ("s3", "s3a"):
-        return {}
-    endpoint = os.environ.get("GEODP_S3_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT_URL_S3") \
-        or os.environ.get("AWS_ENDPOINT_URL")
-    return {"client_kwargs": {"endpoint_url": endpoint}} if endpoint else {}
 
 
 @dataclass(frozen=True)

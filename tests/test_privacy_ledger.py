@@ -370,7 +370,7 @@ def test_gaussian_identity_noise_has_the_zcdp_variance():
 
 
 def test_source_version_is_metadata_not_content(tmp_path):
-    from dpcore.data import source_version
+    from dpcore.inputs import source_version
 
     f = tmp_path / "x.csv"
     f.write_text("user_id,timestamp,lat,lon\na,2024-01-01,40.7,-74.0\n")
