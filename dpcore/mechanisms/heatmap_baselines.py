@@ -11,16 +11,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from dpcore.budget import Accountant
 from dpcore.heatmap import (
     DEFAULT_QUANTUM,
     HeatmapError,
     HeatmapSynopsis,
     check_resolution,
-    heatmap_privacy,
 )
-from dpcore.mechanisms.base import FitInput, Mechanism, MechanismError, _jsonable
-from dpcore.mechanisms.dpheatmap import NORMALISATIONS, heatmap_units
+from dpcore.mechanisms.base import Mechanism, MechanismError
+from dpcore.mechanisms.contract import FitRecord, MechanismTags
+from dpcore.mechanisms.dpheatmap import Normalisation, Percent, heatmap_units
+from dpcore.mechanisms.inputs import PointsInput
+from dpcore.mechanisms.params import PositiveInt
 from dpcore.noise import NoiseSource
 
 
@@ -28,28 +29,21 @@ class LaplaceHeatmap(Mechanism):
     """Discrete Laplace on every cell of the user-normalised Δ × Δ grid, negatives zeroed."""
 
     name = "laplace"
+    tags = MechanismTags(sensitivity="unit", heatmap=True)
 
-    def __init__(self, *, resolution: int = 256, normalisation: str = "user", quantum: int = DEFAULT_QUANTUM):
+    def __init__(self, *, resolution: PositiveInt = 256, normalisation: Normalisation = "user",
+                 quantum: PositiveInt = DEFAULT_QUANTUM):
         self.resolution = resolution
         self.normalisation = normalisation
         self.quantum = quantum
 
-    @staticmethod
-    def charge_sensitivity(data: FitInput | None = None) -> float:
-        """L1 sensitivity of the charge: 1 (one user's normalised mass), whatever k is."""
-        return 1.0
-
     def check_params(self) -> None:
-        if self.normalisation not in NORMALISATIONS:
-            raise MechanismError(f"normalisation must be one of {NORMALISATIONS}, got {self.normalisation!r}")
         try:
             check_resolution(self.resolution, power_of_two=False)
-            if int(self.quantum) < 1:
-                raise HeatmapError("quantum must be ≥ 1")
         except (HeatmapError, ValueError, TypeError) as exc:
             raise MechanismError(f"bad {self.name} parameter: {exc}") from exc
 
-    def _noisy_cells(self, data: FitInput, acct: Accountant, noise: NoiseSource) -> tuple[np.ndarray, int]:
+    def _noisy_cells(self, data: PointsInput, acct: FitRecord, noise: NoiseSource) -> tuple[np.ndarray, int]:
         # Parameter values were checked by check_params (fit calls it before any budget is spent).
         d = int(self.resolution)
         q = int(self.quantum)
@@ -63,15 +57,14 @@ class LaplaceHeatmap(Mechanism):
     def _post(self, noisy: np.ndarray) -> tuple[np.ndarray, list[str]]:
         return noisy, ["negatives zeroed"]
 
-    def _fit(self, data: FitInput, acct: Accountant, noise: NoiseSource) -> HeatmapSynopsis:
+    def _fit(self, data: PointsInput, acct: FitRecord, noise: NoiseSource) -> HeatmapSynopsis:
         noisy, d = self._noisy_cells(data, acct, noise)
         grid, notes = self._post(noisy)
         notes = [(f"input: each {data.privacy_unit} has mass 1 over the {d}x{d} grid" if self.normalisation == "user"
                   else f"input: each point has mass 1/k (k = {data.max_points_per_user}), ≤ 1 per user"),
                  "charge has L1 sensitivity 1 (user mass), independent of k", *notes, "values are user mass"]
-        privacy = heatmap_privacy(self.name, _jsonable(self.get_params()), acct, data.privacy_unit,
-                                  data.max_points_per_user, noise, notes)
-        return HeatmapSynopsis(grid, data.region, privacy, {"resolution": d, "units": "user_mass"})
+        acct.describe(notes)
+        return HeatmapSynopsis(grid, data.region, None, {"resolution": d, "units": "user_mass"})
 
 
 class LaplaceTopHeatmap(LaplaceHeatmap):
@@ -79,19 +72,10 @@ class LaplaceTopHeatmap(LaplaceHeatmap):
 
     name = "laplace-top"
 
-    def __init__(self, *, resolution: int = 256, top_percent: float = 1.0, normalisation: str = "user",
-                 quantum: int = DEFAULT_QUANTUM):
+    def __init__(self, *, resolution: PositiveInt = 256, top_percent: Percent = 1.0,
+                 normalisation: Normalisation = "user", quantum: PositiveInt = DEFAULT_QUANTUM):
         super().__init__(resolution=resolution, normalisation=normalisation, quantum=quantum)
         self.top_percent = top_percent
-
-    def check_params(self) -> None:
-        super().check_params()
-        try:
-            ok = 0 < float(self.top_percent) <= 100
-        except (TypeError, ValueError):
-            ok = False
-        if not ok:
-            raise MechanismError(f"top_percent must be in (0, 100], got {self.top_percent!r}")
 
     def _post(self, noisy: np.ndarray) -> tuple[np.ndarray, list[str]]:
         t = float(self.top_percent)

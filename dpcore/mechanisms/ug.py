@@ -23,7 +23,10 @@ from scipy import sparse
 
 from dpcore.budget import Accountant
 from dpcore.geo import Region
-from dpcore.mechanisms.base import FitInput, Mechanism, MechanismError
+from dpcore.mechanisms.base import Mechanism, MechanismError
+from dpcore.mechanisms.contract import FitRecord, MechanismTags
+from dpcore.mechanisms.inputs import PointsInput
+from dpcore.mechanisms.params import Fraction, Positive, PositiveInt
 from dpcore.noise import NoiseSource
 from dpcore.synopsis import GridSynopsis
 
@@ -40,7 +43,7 @@ def check_fraction(value: float, what: str) -> float:
     return v
 
 
-def private_total(data: FitInput, acct: Accountant, noise: NoiseSource, fraction: float,
+def private_total(data: PointsInput, acct: Accountant, noise: NoiseSource, fraction: float,
                   notes: list[str]) -> float:
     """N for a grid-size rule: the declared public total, or a paid, noisy estimate of it.
 
@@ -108,29 +111,18 @@ class UniformGrid(Mechanism):
     """
 
     name = "ug"
-    supports_weights = True
+    tags = MechanismTags(supports_weights=True, auto_role="fixed")
 
-    def __init__(self, *, c: float = DEFAULT_C, total_fraction: float = 0.05, grid_size: int | None = None,
-                 max_grid: int = MAX_RASTER, clamp_negative: bool = False):
+    def __init__(self, *, c: Positive = DEFAULT_C, total_fraction: Fraction = 0.05,
+                 grid_size: PositiveInt | None = None, max_grid: PositiveInt = MAX_RASTER,
+                 clamp_negative: bool = False):
         self.c = c
         self.total_fraction = total_fraction
         self.grid_size = grid_size
         self.max_grid = max_grid
         self.clamp_negative = clamp_negative
 
-    def check_params(self) -> None:
-        if not self.c > 0:
-            raise MechanismError(f"c must be > 0, got {self.c}")
-        if int(self.max_grid) < 1:
-            raise MechanismError(f"max_grid must be ≥ 1, got {self.max_grid}")
-        if self.grid_size is not None:
-            if int(self.grid_size) < 1:
-                raise MechanismError(f"grid_size must be ≥ 1, got {self.grid_size}")
-        else:
-            # total_fraction is only spent when the size rule needs N.
-            check_fraction(self.total_fraction, "total_fraction")
-
-    def _fit(self, data: FitInput, acct: Accountant, noise: NoiseSource) -> GridSynopsis:
+    def _fit(self, data: PointsInput, acct: FitRecord, noise: NoiseSource) -> GridSynopsis:
         # Parameter values were checked by check_params (fit calls it before any budget is spent).
         notes: list[str] = []
         if self.grid_size is not None:
@@ -151,5 +143,6 @@ class UniformGrid(Mechanism):
             notes.append("negative cells clamped to 0")
         else:
             notes.append("negative cells kept (unbiased range sums)")
-        return GridSynopsis(noisy, data.region, self.privacy_info(data, acct, noise, notes),
+        acct.describe(notes)
+        return GridSynopsis(noisy, data.region, None,
                             {"grid_size": m, "cell_width_m": data.region.side_m / m})

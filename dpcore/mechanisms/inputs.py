@@ -1,0 +1,197 @@
+"""Mechanism inputs: one type per data shape, each built from the bounded sample a pipeline holds.
+
+A mechanism declares the shape it reads with ``MechanismTags.input_type``. Release planning and the
+evaluators hold a :class:`PrivateSample` (one region's bounded points with whatever structure the data
+has) and call ``input_type.from_sample(sample)``, so a new shape (a fine count grid, 1-D counts) is one
+more :class:`MechanismInput` subclass next to its mechanism, with no edit to the pipeline.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from dpcore.geo import Region
+from dpcore.histogram import grid_counts
+from dpcore.mechanisms.contract import MechanismError, PrivacyUnit
+from dpcore.noise import NoiseSource, discrete_laplace_variance
+from dpcore.sampling import WEIGHT_QUANTUM, check_weights
+
+
+class InputError(MechanismError):
+    pass
+
+
+@dataclass(frozen=True)
+class PrivateSample:
+    """One region's private data after bounding, as a pipeline holds it (points in region metres).
+
+    Fields a data source lacks stay None; an input type that needs one refuses the sample."""
+
+    x: np.ndarray
+    y: np.ndarray
+    region: Region
+    unit: PrivacyUnit
+    user: np.ndarray | None = None
+    slot: np.ndarray | None = None
+    n_slots: int | None = None
+    slot_seconds: int | None = None
+    window_start_s: int | None = None
+    public_total: float | None = None
+    weights: np.ndarray | None = None
+
+
+class MechanismInput(ABC):
+    """Private input of one region-release. Every shape states its region and privacy unit."""
+
+    region: Region
+    unit: PrivacyUnit
+    #: True when building it needs time slots (a public window and slot length): release planning
+    #: then asks for a period before anything is read.
+    needs_time_slots: ClassVar[bool] = False
+
+    @classmethod
+    @abstractmethod
+    def from_sample(cls, sample: PrivateSample) -> MechanismInput:
+        """This shape of ``sample`` (raise :class:`InputError` when the sample lacks what it needs)."""
+
+    @property
+    def weighted(self) -> bool:
+        return False
+
+    @property
+    def privacy_unit(self) -> str:
+        return self.unit.kind
+
+    @property
+    def max_points_per_user(self) -> int | None:
+        return self.unit.recorded_k
+
+    @property
+    def sensitivity(self) -> int:
+        """L1 sensitivity of a count histogram of this input under its privacy unit."""
+        return self.unit.count_sensitivity
+
+
+@dataclass(frozen=True)
+class PointsInput(MechanismInput):
+    """2-D points, already bounded and projected: ``x``, ``y`` metres inside the region.
+
+    Under user-level privacy the points are the bounded sample (≤ k per user over the whole release).
+    ``user`` (dense codes) is given for mechanisms that need the user structure (heatmaps).
+
+    ``public_total`` is the region's full point count when the caller declares it public; mechanisms
+    may use it for free. ``sample_size`` is a DP estimate of ``n`` the caller has *already paid for*
+    (dpcore.scaling); reusing it is post-processing. Never the raw n. ``sample_size_variance`` is its
+    (public) noise variance.
+
+    ``weights`` (weighted user-level bounding): every point weighs min(1, k/n_u) on the WEIGHT_QUANTUM
+    lattice, so a person's weights add up to ≤ k and a weighted count histogram keeps sensitivity k.
+    Mechanisms tagged ``supports_weights`` count through :meth:`grid_counts`, :attr:`mass` and
+    :meth:`add_count_noise`, which are the plain counts and integer discrete Laplace without weights.
+    """
+
+    x: np.ndarray
+    y: np.ndarray
+    region: Region
+    unit: PrivacyUnit
+    user: np.ndarray | None = None
+    public_total: float | None = None
+    sample_size: float | None = None
+    sample_size_variance: float | None = None
+    weights: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.unit, PrivacyUnit):
+            raise InputError(f"unit must be a PrivacyUnit, got {self.unit!r}")
+        if np.shape(self.x) != np.shape(self.y):
+            raise InputError("x and y must have the same shape")
+        if self.weights is not None:
+            if self.unit.kind != "user":
+                raise InputError("contribution weights bound a person's points: user-level privacy only")
+            if np.shape(self.weights) != np.shape(self.x):
+                raise InputError("one weight per point is needed")
+            check_weights(self.user, self.weights, self.unit.count_sensitivity)
+
+    @classmethod
+    def from_sample(cls, sample: PrivateSample) -> PointsInput:
+        return cls(sample.x, sample.y, sample.region, sample.unit, user=sample.user, weights=sample.weights,
+                   public_total=sample.public_total)
+
+    @property
+    def weighted(self) -> bool:
+        return self.weights is not None
+
+    @property
+    def n(self) -> int:
+        return int(self.x.size)
+
+    @property
+    def mass(self) -> float:
+        """What a count over all the points measures: their number, or the sum of their weights."""
+        return float(self.n) if self.weights is None else float(np.sum(self.weights))
+
+    def grid_counts(self, nx: int, ny: int | None = None) -> np.ndarray:
+        """(nx, ny) counts over the region: int64 point counts, or weight sums on the lattice."""
+        return grid_counts(self.x, self.y, self.region.bounds_m, nx, ny, weights=self.weights)
+
+    def add_count_noise(self, counts: np.ndarray, epsilon: float, noise: NoiseSource) -> np.ndarray:
+        """counts + ε-DP noise of the count sensitivity: integer discrete Laplace on point counts, the
+        same on the WEIGHT_QUANTUM lattice on weight sums (NoiseSource.add_lattice_laplace)."""
+        if self.weights is None:
+            return noise.add_discrete_laplace(counts, self.sensitivity, epsilon)
+        return noise.add_lattice_laplace(counts, self.sensitivity, epsilon, WEIGHT_QUANTUM)
+
+    def count_noise_variance(self, epsilon: float) -> float:
+        """Variance of :meth:`add_count_noise`'s noise per count (public: ε and the sensitivity)."""
+        if self.weights is None:
+            return discrete_laplace_variance(self.sensitivity / epsilon)
+        return WEIGHT_QUANTUM ** 2 * discrete_laplace_variance(self.sensitivity / epsilon / WEIGHT_QUANTUM)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SpatioTemporalInput(PointsInput):
+    """2-D points with a time slot each: ``slot`` indexes ``n_slots`` slots of ``slot_seconds`` from
+    ``window_start_s`` (public configuration, never read from the data)."""
+
+    slot: np.ndarray
+    n_slots: int
+    slot_seconds: int | None = None
+    window_start_s: int | None = None
+
+    needs_time_slots: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.slot is None or self.n_slots is None:
+            raise InputError("a spatio-temporal input needs slot and n_slots")
+        if np.shape(self.slot) != np.shape(self.x):
+            raise InputError("slot must have one slot index per point")
+
+    @classmethod
+    def from_sample(cls, sample: PrivateSample) -> SpatioTemporalInput:
+        if sample.slot is None or sample.n_slots is None:
+            raise InputError("a spatio-temporal mechanism needs time slots: give a period (a public window)")
+        return cls(sample.x, sample.y, sample.region, sample.unit, user=sample.user, weights=sample.weights,
+                   public_total=sample.public_total, slot=sample.slot, n_slots=int(sample.n_slots),
+                   slot_seconds=sample.slot_seconds, window_start_s=sample.window_start_s)
+
+
+def FitInput(x: np.ndarray, y: np.ndarray, region: Region, privacy_unit: str | PrivacyUnit,
+             max_points_per_user: int | None = None, *, user: np.ndarray | None = None,
+             slot: np.ndarray | None = None, n_slots: int | None = None, slot_seconds: int | None = None,
+             window_start_s: int | None = None, public_total: float | None = None,
+             sample_size: float | None = None, sample_size_variance: float | None = None,
+             weights: np.ndarray | None = None) -> PointsInput:
+    """The input of a points mechanism from the classic argument list: a :class:`SpatioTemporalInput`
+    when time slots are given, else a :class:`PointsInput`."""
+    unit = PrivacyUnit.of(privacy_unit, max_points_per_user)
+    common = {"user": user, "public_total": public_total, "sample_size": sample_size,
+              "sample_size_variance": sample_size_variance, "weights": weights}
+    if slot is not None or n_slots is not None:
+        return SpatioTemporalInput(x, y, region, unit, slot=slot, n_slots=n_slots, slot_seconds=slot_seconds,
+                                   window_start_s=window_start_s, **common)
+    return PointsInput(x, y, region, unit, **common)
