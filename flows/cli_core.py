@@ -136,7 +136,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
     for m in config.mechanisms:
         cls = get_mechanism_class(m)  # unknown names fail before the data is read
-        if config.bounding == "weight" and not cls.supports_weights:
+        if config.bounding == "weight" and not cls.tags.supports_weights:
             raise MechanismError(f"{m} does not support --bounding weight")
     check_public_workload(config.workload)
     if args.flow:

@@ -215,7 +215,7 @@ def test_auto_pays_for_a_private_n_and_spends_exactly_epsilon(small_model, tmp_p
 def test_n_estimate_pays_a_second_look_only_when_the_first_is_too_coarse(n_points, sensitivity, looks):
     """1% of ε first; the rest of the 5% cap only when √2·s/ε₁ > 10% of n̂₁. Charges sum with the rest to ε."""
     from dpcore.budget import Accountant
-    from dpcore.paramselect import public_n_for_fit
+    from dpcore.mechanisms.sample_size import public_n_for_fit
 
     region = city_region("houston")
     rng = np.random.default_rng(0)

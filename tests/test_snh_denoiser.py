@@ -194,6 +194,7 @@ def test_snh_skips_the_denoiser_where_the_signal_is_large(trained, monkeypatch):
     """At or above denoiser_max_signal the plain pyramid estimate is the grid: the denoiser is not run,
     the release says so and records it, and the answers still come from the blend. Bad thresholds are refused before any budget is spent."""
     import dpcore.mechanisms.snh as snh
+    import dpcore.models.pyramid_denoiser as pyramid_denoiser
 
     _, path, _, _ = trained
     data = _fit_input("boston")
@@ -202,7 +203,7 @@ def test_snh_skips_the_denoiser_where_the_signal_is_large(trained, monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("the denoiser ran")
 
-    monkeypatch.setattr(snh, "denoise", refuse)
+    monkeypatch.setattr(pyramid_denoiser, "denoise", refuse)
     syn = get_mechanism("snh", denoiser=str(path), denoiser_max_signal=0.5 * signal, **TINY).fit(
         data, 0.3, NoiseSource.seeded(1))
     assert not syn.config["denoised"] and syn.config["grid_size"] == DENOISER_GRID
@@ -254,16 +255,17 @@ def test_snh_hands_releases_in_a_specialists_band_to_it(trained, tmp_path, monke
     denoiser_bands=False or with an explicit denoiser file, the general model runs."""
     import dataclasses
 
-    import dpcore.mechanisms.snh as snh
+    import dpcore.mechanisms.snh.denoisers as denoisers
+    import dpcore.models.pyramid_denoiser as pyramid_denoiser
     from dpcore.models.pyramid_denoiser import trained_band
 
     _, general_path, _, _ = trained
     band_path = tmp_path / "band.npz"
-    monkeypatch.setattr(snh, "DEFAULT_DENOISER_PATH", general_path)
-    monkeypatch.setattr(snh, "BAND_DENOISER_PATH", band_path)
+    monkeypatch.setattr(denoisers, "DEFAULT_DENOISER_PATH", general_path)
+    monkeypatch.setattr(denoisers, "BAND_DENOISER_PATH", band_path)
     ran = []
-    real_denoise = snh.denoise
-    monkeypatch.setattr(snh, "denoise", lambda model, *a: ran.append(model) or real_denoise(model, *a))
+    real_denoise = pyramid_denoiser.denoise
+    monkeypatch.setattr(pyramid_denoiser, "denoise", lambda model, *a: ran.append(model) or real_denoise(model, *a))
     data = _fit_input("boston")
     signal = data.n * 0.3  # record level: s = 1, and the pyramid's total is close to n
 
@@ -271,7 +273,7 @@ def test_snh_hands_releases_in_a_specialists_band_to_it(trained, tmp_path, monke
         ran.clear()
         syn = get_mechanism("snh", **TINY, **(params or {})).fit(fit_data, 0.3, NoiseSource.seeded(4))
         assert len(ran) == 1
-        band = band_path.exists() and ran[0] is snh._load_denoiser(str(band_path), band_path.stat().st_mtime_ns)[0]
+        band = band_path.exists() and ran[0] is denoisers._load_denoiser(str(band_path), band_path.stat().st_mtime_ns)[0]
         return syn, "band" if band else "general"
 
     without, which = fit()  # no specialist installed

@@ -12,7 +12,13 @@ from collections.abc import Callable
 
 from dpcore.mechanisms.base import FitInput, Mechanism, MechanismError
 from dpcore.mechanisms.contract import ZCDP, Budget, MechanismTags, PrivacyUnit, PureDP
-from dpcore.mechanisms.inputs import MechanismInput, PointsInput, PrivateSample, SpatioTemporalInput
+from dpcore.mechanisms.inputs import (
+    MechanismInput,
+    PointsInput,
+    PrivateSample,
+    SpatioTemporalInput,
+    input_for,
+)
 
 _BUILTIN: dict[str, str] = {
     "identity": "dpcore.mechanisms.identity:IdentityGrid",
@@ -80,4 +86,4 @@ def get_mechanism(name: str, **params) -> Mechanism:
 
 __all__ = ["ZCDP", "Budget", "FitInput", "Mechanism", "MechanismError", "MechanismInput", "MechanismTags",
            "PointsInput", "PrivacyUnit", "PrivateSample", "PureDP", "SpatioTemporalInput", "builtin_order",
-           "get_mechanism", "get_mechanism_class", "mechanism_names", "register"]
+           "get_mechanism", "get_mechanism_class", "input_for", "mechanism_names", "register"]

@@ -4,8 +4,8 @@ Privacy (user level, or record level with every record its own user):
 - input: each user's points in the region → a distribution over the Δ × Δ grid with mass 1;
 - one Laplace step per quadtree level j = 1..L (L = log2 Δ), each of **L1 sensitivity 1** (a user
   adds a non-negative vector of mass ≤ 1 to every level) — *not* k: the per-user normalisation, not
-  the contribution bound, limits a user's influence, so this mechanism's charges declare 1
-  (:meth:`DPHeatmap.charge_sensitivity`);
+  the contribution bound, limits a user's influence, so this mechanism's tags declare
+  ``sensitivity="unit"`` (every charge calibrated to 1 per user);
 - with ``depth="auto"`` (default) a first step spends ``root_fraction``·ε on the total user mass
   (sensitivity 1) to pick how many levels D ≤ L the remaining budget can carry;
 - budget split over the D levels: ``level_split="uniform"`` gives ε/D per level (the paper's), a

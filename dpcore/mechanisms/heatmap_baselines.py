@@ -1,7 +1,7 @@
 """Heatmap baselines of Ghazi et al. (AAAI 2023): Laplace on every cell, optionally keeping the top t%.
 
 Input is the same user-normalised grid as ``dpheatmap`` (each user has mass 1 over the Δ × Δ
-grid), so the cell vector has **L1 sensitivity 1** whatever k is (:meth:`charge_sensitivity`).
+grid), so the cell vector has **L1 sensitivity 1** whatever k is (``tags.sensitivity == "unit"``).
 The whole ε goes to one step: discrete Laplace of scale Q/ε on integer masses in units of 1/Q
 (see dpcore.heatmap). Post-processing: negatives are zeroed (``laplace``), and ``laplace-top``
 further keeps only the ``top_percent`` % of cells with the largest noisy mass, zeroing the rest.

@@ -125,6 +125,11 @@ class PointsInput(MechanismInput):
     def weighted(self) -> bool:
         return self.weights is not None
 
+    def to_sample(self) -> PrivateSample:
+        """The points as a pipeline's sample, for mechanisms that read another shape of them."""
+        return PrivateSample(self.x, self.y, self.region, self.unit, user=self.user, public_total=self.public_total,
+                             weights=self.weights)
+
     @property
     def n(self) -> int:
         return int(self.x.size)
@@ -171,6 +176,11 @@ class SpatioTemporalInput(PointsInput):
         if np.shape(self.slot) != np.shape(self.x):
             raise InputError("slot must have one slot index per point")
 
+    def to_sample(self) -> PrivateSample:
+        return PrivateSample(self.x, self.y, self.region, self.unit, user=self.user, slot=self.slot,
+                             n_slots=self.n_slots, slot_seconds=self.slot_seconds, window_start_s=self.window_start_s,
+                             public_total=self.public_total, weights=self.weights)
+
     @classmethod
     def from_sample(cls, sample: PrivateSample) -> SpatioTemporalInput:
         if sample.slot is None or sample.n_slots is None:
@@ -178,6 +188,18 @@ class SpatioTemporalInput(PointsInput):
         return cls(sample.x, sample.y, sample.region, sample.unit, user=sample.user, weights=sample.weights,
                    public_total=sample.public_total, slot=sample.slot, n_slots=int(sample.n_slots),
                    slot_seconds=sample.slot_seconds, window_start_s=sample.window_start_s)
+
+
+def input_for(input_type: type[MechanismInput], data: MechanismInput | PrivateSample) -> MechanismInput:
+    """``data`` in the shape ``input_type`` reads: itself when it already has it, else built from its
+    sample (a :class:`PrivateSample`, or the points of a :class:`PointsInput`)."""
+    if isinstance(data, input_type):
+        return data
+    if isinstance(data, PointsInput):
+        data = data.to_sample()
+    if not isinstance(data, PrivateSample):
+        raise InputError(f"cannot build {input_type.__name__} from {type(data).__name__}")
+    return input_type.from_sample(data)
 
 
 def FitInput(x: np.ndarray, y: np.ndarray, region: Region, privacy_unit: str | PrivacyUnit,
