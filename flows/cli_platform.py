@@ -221,8 +221,12 @@ def cmd_query(args: argparse.Namespace) -> int:
         synopsis = load_synopsis(tmp)
         boxes_m = synopsis.region.box_latlon_to_m(boxes_ll)
         if args.time:
-            if not hasattr(synopsis, "answer_st_time"):
-                raise CLIError("--time needs a spatio-temporal release (e.g. mechanism identity3d or vdr)")
+            from dpcore.mechanisms import mechanism_names
+            from dpcore.st_synopsis import SpatioTemporalSynopsis
+
+            if not isinstance(synopsis, SpatioTemporalSynopsis):
+                st = ", ".join(mechanism_names(lambda tags: tags.input_type.needs_time_slots))
+                raise CLIError(f"--time needs a spatio-temporal release (mechanism {st})")
             from tasks.config import parse_time_window
 
             t0, t1 = parse_time_window(args.time)

@@ -211,12 +211,17 @@ def _open_spatio_temporal(target: str):
         syn = load_synopsis(tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    from dpcore.mechanisms import mechanism_names
+    from dpcore.scaling import ScaledSynopsis
+    from dpcore.st_synopsis import SpatioTemporalSynopsis
+
     inner, factor = syn, 1.0
-    while not hasattr(inner, "density_st") and hasattr(inner, "inner"):  # e.g. a scaled wrapper
-        factor *= float(getattr(inner, "factor", 1.0))
+    while isinstance(inner, ScaledSynopsis):  # scaled to a public total: unwrap, keep the factor
+        factor *= float(inner.factor)
         inner = inner.inner
-    if not hasattr(inner, "density_st"):
-        raise CLIError("this command needs a spatio-temporal release (mechanism identity3d or vdr)")
+    if not isinstance(inner, SpatioTemporalSynopsis):
+        st = ", ".join(mechanism_names(lambda tags: tags.input_type.needs_time_slots))
+        raise CLIError(f"this command needs a spatio-temporal release (mechanism {st})")
     return inner, factor
 
 

@@ -120,7 +120,8 @@ class Mechanism(ABC):
         self.check_params()
         tags = self.tags
         if not isinstance(data, tags.input_type):
-            raise MechanismError(f"{self.name} reads {tags.input_type.__name__}, got {type(data).__name__}")
+            raise MechanismError(f"{self.name} reads {tags.input_type.shape_name()}, got "
+                                 f"{type(data).shape_name() if isinstance(data, MechanismInput) else type(data).__name__}")
         if data.weighted and not tags.supports_weights:
             raise MechanismError(f"{self.name} does not support weighted bounding; use k-sampling")
         try:

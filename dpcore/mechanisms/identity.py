@@ -74,7 +74,7 @@ class IdentityGrid(Mechanism):
         if self.grid_size is not None:
             m = int(self.grid_size)
         elif self._width_from_paramselect():
-            from dpcore.paramselect import cell_width_for_fit
+            from dpcore.mechanisms.sample_size import cell_width_for_fit
 
             rho, note = cell_width_for_fit(data, acct, noise, mechanism="identity",
                                            band=tuple(float(v) for v in self.query_sides_m),

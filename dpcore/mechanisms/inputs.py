@@ -52,6 +52,12 @@ class MechanismInput(ABC):
     #: True when building it needs time slots (a public window and slot length): release planning
     #: then asks for a period before anything is read.
     needs_time_slots: ClassVar[bool] = False
+    #: The shape in words, for refusals ("identity3d reads points with time slots, got 2-D points").
+    shape: ClassVar[str] = ""
+
+    @classmethod
+    def shape_name(cls) -> str:
+        return cls.shape or cls.__name__
 
     @classmethod
     @abstractmethod
@@ -103,6 +109,8 @@ class PointsInput(MechanismInput):
     sample_size: float | None = None
     sample_size_variance: float | None = None
     weights: np.ndarray | None = None
+
+    shape: ClassVar[str] = "2-D points"
 
     def __post_init__(self) -> None:
         if not isinstance(self.unit, PrivacyUnit):
@@ -168,6 +176,7 @@ class SpatioTemporalInput(PointsInput):
     window_start_s: int | None = None
 
     needs_time_slots: ClassVar[bool] = True
+    shape: ClassVar[str] = "points with time slots (slot, n_slots)"
 
     def __post_init__(self) -> None:
         super().__post_init__()
