@@ -22,11 +22,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dpcore.data import load_points
-from dpcore.evaluate_heatmap import HeatmapEvalConfig, evaluate_heatmap, format_table
+from dpcore.data.points import load_points
+from dpcore.evaluation.heatmap import HeatmapEvalConfig, evaluate_heatmap, format_table
 from dpcore.geo import city_region
-from dpcore.heatmap import level_epsilons, measure_quadtree, reconstruct, user_normalised_grid
-from dpcore.noise import NoiseSource
+from dpcore.heatmap.quadtree import level_epsilons, measure_quadtree, reconstruct, user_normalised_grid
+from dpcore.privacy.noise import NoiseSource
 
 SHARED = Path(os.environ.get("GEODP_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 TOPS = (0.02, 0.05, 0.2, 1.0)

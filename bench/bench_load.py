@@ -29,7 +29,7 @@ import json, sys, time
 import pyarrow as pa
 if {one_thread}:
     pa.set_cpu_count(1); pa.set_io_thread_count(1)
-from dpcore.data import load_points
+from dpcore.data.points import load_points
 
 def hwm_mb():
     # VmHWM is this process's own peak; getrusage's ru_maxrss would carry the parent's across exec.
@@ -61,8 +61,8 @@ def run_case(src: str, window: tuple[int, int] | None, one_thread: bool, repeat:
 def write_layouts(root: Path, points: int, files: int, days: int, csv_files: int) -> dict[str, str]:
     import pandas as pd
 
+    from dpcore.data.synthetic import generate_checkin_chunks, write_partitioned
     from dpcore.geo import city_region
-    from dpcore.synthetic import generate_checkin_chunks, write_partitioned
 
     region = city_region("new-york")
     users = max(1, int(points / 11.7))  # the generator keeps ≈ 11.7 points per user

@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 
-from dpcore.noise import NoiseSource, _words_to_open_uniform
+from dpcore.privacy.noise import NoiseSource, _words_to_open_uniform
 
 TARGET = 10.0  # M samples/s
 

@@ -23,10 +23,8 @@ from prefect.artifacts import (
 from prefect.exceptions import UnfinishedRun
 from prefect.futures import PrefectFuture
 
-from dpcore.accounting import budget_label
-from dpcore.inputs import source_version
-from flows.ledger import DatasetLedger
-from flows.store import ReleaseStore
+from dpcore.data.inputs import source_version
+from dpcore.privacy.accounting import budget_label
 from tasks.config import (
     ReleaseParams,
     budget_cap_for,
@@ -58,6 +56,8 @@ from tasks.release_tasks import (
     render_preview,
 )
 from tasks.runtime import dask_task_runner
+from tasks.storage.ledger import DatasetLedger
+from tasks.storage.store import ReleaseStore
 
 
 def _artifact_key(text: str) -> str:

@@ -34,12 +34,12 @@ import math
 
 import numpy as np
 
-from dpcore.budget import Accountant
-from dpcore.histogram import block_sum, expand
+from dpcore.grid.histogram import block_sum, expand
 from dpcore.mechanisms.base import FitInput, Mechanism, MechanismError
 from dpcore.mechanisms.ug import DEFAULT_C, MAX_RASTER, check_fraction, grid_size_rule, private_total
-from dpcore.noise import NoiseSource
-from dpcore.synopsis import GridSynopsis
+from dpcore.privacy.budget import Accountant
+from dpcore.privacy.noise import NoiseSource
+from dpcore.synopsis.base import GridSynopsis
 
 LEVEL_SPLITS = ("uniform", "geometric")
 

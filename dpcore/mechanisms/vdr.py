@@ -4,7 +4,7 @@ Ahuja, Zeighami, Ghinita, Shahabi, "A Neural Approach to Spatio-Temporal Data Re
 Differential Privacy", PACMMOD 2023.
 
 Privacy (the only steps that read private data):
-1. The caller bounds every user to ≤ k points over the whole window (dpcore.sampling); one user then
+1. The caller bounds every user to ≤ k points over the whole window (dpcore.privacy.bounding); one user then
    changes the M × M × T histogram's L1 norm by ≤ k (1 under record-level privacy).
 2. ``sample_size``: n̂ = n + DLap(k / ε_n), ε_n = ``count_fraction``·ε; n changes by ≤ k per user.
    Skipped (no charge) when a public total is given and ``refinement="mass"``, which needs no n̂.
@@ -57,11 +57,11 @@ import time
 
 import numpy as np
 
-from dpcore.budget import Accountant
 from dpcore.mechanisms.base import FitInput, Mechanism, MechanismError
 from dpcore.mechanisms.identity3d import check_st_grid, st_counts, st_grid_size
-from dpcore.noise import NoiseSource, discrete_laplace_variance
-from dpcore.st_synopsis import SpatioTemporalSynopsis
+from dpcore.privacy.budget import Accountant
+from dpcore.privacy.noise import NoiseSource, discrete_laplace_variance
+from dpcore.synopsis.spatiotemporal import SpatioTemporalSynopsis
 
 REFINEMENTS = ("mass", "gamma", "none")
 
