@@ -49,8 +49,8 @@ class ProgressClock:
 
 
 #: Packages :func:`environment` names the versions of. The neural rows are sensitive to the environment:
-#: with the same cache key and seeds, snh rows computed in an earlier session's environment were up to 13%
-#: apart from this machine's (bench/README.md, session 12).
+#: with the same cache key and seeds, snh rows computed under other package versions or another CPU
+#: differ, so each row set records where it was computed (docs/decisions/0004-snh-public-denoiser.md).
 REPORTED_PACKAGES = ("torch", "numpy", "scipy", "scikit-learn", "pandas", "prefect", "dask")
 
 
