@@ -1,6 +1,6 @@
 """The `release` flow: one dataset, one period, several cities, in parallel on Dask.
 
-Order (see ../shared/DESIGN.md): load + validate → plan release keys → skip what is committed →
+Order (docs/architecture.md): load + validate → plan release keys → skip what is committed →
 charge the ledger (refusal happens here, before any noise) → bound contributions once over all the
 cities' data → one privatize task per city on Dask → previews of the released maps → persist (files,
 then the manifest) → artifacts.
