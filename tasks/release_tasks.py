@@ -27,16 +27,16 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from dpcore import GeoDPError, __version__
-from dpcore.accounting import DAY_S, budget_label
-from dpcore.data import LoadResult, Points, load_points, parse_column_map
+from dpcore.data.points import LoadResult, Points, load_points, parse_column_map
 from dpcore.geo import Region, parse_slot, resolve_region, time_slots
 from dpcore.mechanisms import ZCDP, PrivacyUnit, PrivateSample, get_mechanism, get_mechanism_class, input_for
-from dpcore.noise import NoiseSource
-from dpcore.sampling import bound_contributions
-from dpcore.synopsis import Synopsis
-from dpcore.uncertainty import release_quality
-from flows.store import ReleaseRef, ReleaseStore, check_slug
+from dpcore.privacy.accounting import DAY_S, budget_label
+from dpcore.privacy.bounding import bound_contributions
+from dpcore.privacy.noise import NoiseSource
+from dpcore.synopsis.base import Synopsis
+from dpcore.synopsis.uncertainty import release_quality
 from tasks.config import Period, canonical_hash
+from tasks.storage.store import ReleaseRef, ReleaseStore, check_slug
 
 PREVIEW = "preview.png"
 CHARGE = "charge.json"
@@ -51,7 +51,7 @@ def _retry_unless_refused(task, task_run, state) -> bool:
     try:
         state.result()
     except GeoDPError as exc:
-        from flows.store import IntegrityError, StoreError
+        from tasks.storage.store import IntegrityError, StoreError
 
         return isinstance(exc, StoreError) and not isinstance(exc, IntegrityError)
     except Exception:
@@ -244,7 +244,7 @@ def bound_and_split(points: Points, plans: list[CityPlan], seed: int | None,
     by city and project to metres.
 
     Regions are half-open squares; a point inside two overlapping custom regions counts in both, and
-    the ledger charges such regions as if they were separate releases (dpcore.accounting)."""
+    the ledger charges such regions as if they were separate releases (dpcore.privacy.accounting)."""
     if not plans:
         return {}
     period = plans[0].period
@@ -303,7 +303,7 @@ def privatize(plan: CityPlan, data: CityInput) -> Synopsis:
     mech = get_mechanism(plan.mechanism, **plan.params)
     tags = mech.tags
     # A mechanism that scales to a public full total itself (N / n̂ or γ) is handed it; others are
-    # scaled by dpcore.scaling below (user level) or need none (record level: nothing is bounded).
+    # scaled by dpcore.privacy.scaling below (user level) or need none (record level: nothing is bounded).
     sample = PrivateSample(data.x, data.y, plan.region, PrivacyUnit.of(plan.privacy_unit, plan.max_points_per_user),
                            user=data.user, slot=data.slot, n_slots=n_slots, slot_seconds=plan.slot_seconds,
                            window_start_s=plan.period.start_s,
@@ -313,7 +313,7 @@ def privatize(plan: CityPlan, data: CityInput) -> Synopsis:
     if plan.rho is not None:
         return mech.fit(fit_input, ZCDP(plan.rho), noise)
     if plan.public_total is not None and plan.privacy_unit == "user" and not tags.scales_to_public_total:
-        from dpcore.scaling import fit_scaled
+        from dpcore.privacy.scaling import fit_scaled
 
         return fit_scaled(plan.mechanism, plan.params, fit_input, plan.epsilon, noise, plan.public_total,
                           "public total declared by the releaser (--public-total)")

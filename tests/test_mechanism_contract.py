@@ -17,7 +17,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dpcore.budget import BudgetError
 from dpcore.geo import Region
 from dpcore.mechanisms import (
     MechanismError,
@@ -29,8 +28,9 @@ from dpcore.mechanisms import (
     input_for,
     mechanism_names,
 )
-from dpcore.noise import NoiseSource
-from dpcore.synopsis import Synopsis, load_synopsis
+from dpcore.privacy.budget import BudgetError
+from dpcore.privacy.noise import NoiseSource
+from dpcore.synopsis.base import Synopsis, load_synopsis
 
 K = 5
 EPSILON = 0.8
@@ -272,7 +272,7 @@ def test_fit_refuses_a_mechanism_that_builds_its_own_privacy_record(sample: Priv
     """``fit`` owns the privacy record; a ``_fit`` that sets one is a contract violation, not overwritten."""
     from dpcore.mechanisms import Mechanism
     from dpcore.mechanisms.contract import MechanismTags
-    from dpcore.synopsis import GridSynopsis, PrivacyInfo
+    from dpcore.synopsis.base import GridSynopsis, PrivacyInfo
 
     class SelfRecording(Mechanism):
         name = "self-recording"

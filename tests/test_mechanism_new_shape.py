@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 import dpcore.mechanisms as registry
-from dpcore.data import Points
-from dpcore.evaluate import EvalConfig, evaluate
+from dpcore.data.points import Points
+from dpcore.evaluation.range import EvalConfig, evaluate
 from dpcore.geo import Region
 from dpcore.mechanisms import (
     Mechanism,
@@ -29,7 +29,7 @@ from dpcore.mechanisms import (
     register,
 )
 from dpcore.mechanisms.params import PositiveInt
-from dpcore.synopsis import GridSynopsis
+from dpcore.synopsis.base import GridSynopsis
 from tests.test_mechanism_contract import (
     EPSILON,
     check_bad_epsilon,

@@ -5,14 +5,14 @@ integrity on read; against a local folder and against a real S3 endpoint (moto's
 import numpy as np
 import pytest
 
-from dpcore.accounting import BudgetRefused
-from dpcore.data import Points
-from dpcore.synopsis import load_synopsis
-from flows.ledger import DatasetLedger
-from flows.store import IntegrityError, ReleaseRef, ReleaseStore, StoreError, fetch_to_temp
+from dpcore.data.points import Points
+from dpcore.privacy.accounting import BudgetRefused
+from dpcore.synopsis.base import load_synopsis
 from tasks.config import parse_period
 from tasks.ledger_tasks import PolicyRequest, charge_ledger, resolve_policy
 from tasks.release_tasks import bound_and_split, make_plans, persist_release, privatize
+from tasks.storage.ledger import DatasetLedger
+from tasks.storage.store import IntegrityError, ReleaseRef, ReleaseStore, StoreError, fetch_to_temp
 
 
 def test_create_only_never_overwrites(store_url):
@@ -135,7 +135,7 @@ def test_over_budget_release_is_refused_before_noise(tmp_path, monkeypatch):
     """The release pipeline itself (in-process form) refuses a run over the cap before any city is
     privatized: no noise is drawn, nothing is staged or listed, and the ledger holds no charge."""
     import flows.release as release
-    from dpcore.noise import NoiseSource
+    from dpcore.privacy.noise import NoiseSource
     from tasks.config import ReleaseParams
 
     url = str(tmp_path / "store")

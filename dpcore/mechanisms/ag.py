@@ -32,7 +32,7 @@ import math
 
 import numpy as np
 
-from dpcore.histogram import cell_index
+from dpcore.grid.histogram import cell_index
 from dpcore.mechanisms.base import Mechanism
 from dpcore.mechanisms.contract import FitRecord, MechanismTags
 from dpcore.mechanisms.inputs import PointsInput
@@ -44,8 +44,8 @@ from dpcore.mechanisms.ug import (
     private_total,
     rasterise_rectangles,
 )
-from dpcore.noise import NoiseSource
-from dpcore.synopsis import GridSynopsis
+from dpcore.privacy.noise import NoiseSource
+from dpcore.synopsis.base import GridSynopsis
 
 
 def constrained_inference(v: np.ndarray, u: np.ndarray, n_children: np.ndarray, eps1: float,

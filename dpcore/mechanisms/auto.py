@@ -30,8 +30,8 @@ from dpcore.mechanisms.contract import FitRecord, MechanismTags
 from dpcore.mechanisms.inputs import PointsInput
 from dpcore.mechanisms.params import Band, Fraction
 from dpcore.mechanisms.sample_size import public_n_for_fit
-from dpcore.noise import NoiseSource
-from dpcore.synopsis import Synopsis
+from dpcore.privacy.noise import NoiseSource
+from dpcore.synopsis.base import Synopsis
 
 
 class AutoMechanism(Mechanism):

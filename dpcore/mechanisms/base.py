@@ -5,7 +5,7 @@ stored unchanged and validated on construction against their annotations (pydant
 or range is a one-line :class:`MechanismError` before anything is read or charged); capabilities are
 declared once on the class as :class:`~dpcore.mechanisms.contract.MechanismTags`. :meth:`Mechanism.fit`
 reads a typed input (:mod:`dpcore.mechanisms.inputs`), spends a typed budget and returns a
-:class:`~dpcore.synopsis.Synopsis` whose privacy record it builds itself. Modelled on OpenDP for being
+:class:`~dpcore.synopsis.base.Synopsis` whose privacy record it builds itself. Modelled on OpenDP for being
 explicit: the privacy unit, the sensitivity each noisy step is calibrated to and the budget each step
 consumes are recorded in the synopsis's charges.
 """
@@ -33,9 +33,9 @@ from dpcore.mechanisms.contract import (
     as_budget,
 )
 from dpcore.mechanisms.inputs import FitInput, MechanismInput, PointsInput, SpatioTemporalInput
-from dpcore.noise import NoiseSource
-from dpcore.sampling import SamplingError
-from dpcore.synopsis import PrivacyInfo, Synopsis
+from dpcore.privacy.bounding import SamplingError
+from dpcore.privacy.noise import NoiseSource
+from dpcore.synopsis.base import PrivacyInfo, Synopsis
 
 __all__ = ["ZCDP", "Budget", "FitInput", "FitRecord", "Mechanism", "MechanismError", "MechanismInput",
            "MechanismTags", "PointsInput", "PrivacyUnit", "PureDP", "SpatioTemporalInput", "ZCDPRecord"]

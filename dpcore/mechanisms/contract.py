@@ -15,8 +15,8 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
 
 from dpcore import GeoDPError
-from dpcore.budget import Accountant, BudgetError, check_epsilon
-from dpcore.sampling import check_privacy_unit, count_sensitivity
+from dpcore.privacy.bounding import check_privacy_unit, count_sensitivity
+from dpcore.privacy.budget import Accountant, BudgetError, check_epsilon
 
 if TYPE_CHECKING:
     from dpcore.mechanisms.inputs import MechanismInput
@@ -118,7 +118,7 @@ class MechanismTags:
     - ``auto_role``: whether ``auto``/ParamSelect weighs it, and how (see :data:`AutoRole`).
     - ``heatmap``: its output is a user-mass heatmap (evaluated by the heatmap harness).
     - ``scales_to_public_total``: it scales its own output to ``public_total`` (else the release
-      pipeline wraps it in dpcore.scaling).
+      pipeline wraps it in dpcore.privacy.scaling).
     - ``fast_params``: cheap parameters for tests (training mechanisms default to real-release sizes).
     """
 

@@ -16,13 +16,13 @@ from typing import Literal
 
 import numpy as np
 
-from dpcore.histogram import grid_counts
+from dpcore.grid.histogram import grid_counts
 from dpcore.mechanisms.base import Mechanism, MechanismError
 from dpcore.mechanisms.contract import FitRecord, MechanismTags, ZCDPRecord
 from dpcore.mechanisms.inputs import PointsInput
 from dpcore.mechanisms.params import Band, Fraction, Positive, PositiveInt
-from dpcore.noise import NoiseSource
-from dpcore.synopsis import GridSynopsis
+from dpcore.privacy.noise import NoiseSource
+from dpcore.synopsis.base import GridSynopsis
 
 
 def cells_for_width(side_m: float, cell_width_m: float) -> int:

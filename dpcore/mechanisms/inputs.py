@@ -15,10 +15,10 @@ from typing import ClassVar
 import numpy as np
 
 from dpcore.geo import Region
-from dpcore.histogram import grid_counts
+from dpcore.grid.histogram import grid_counts
 from dpcore.mechanisms.contract import MechanismError, PrivacyUnit
-from dpcore.noise import NoiseSource, discrete_laplace_variance
-from dpcore.sampling import WEIGHT_QUANTUM, check_weights
+from dpcore.privacy.bounding import WEIGHT_QUANTUM, check_weights
+from dpcore.privacy.noise import NoiseSource, discrete_laplace_variance
 
 
 class InputError(MechanismError):
@@ -91,7 +91,7 @@ class PointsInput(MechanismInput):
 
     ``public_total`` is the region's full point count when the caller declares it public; mechanisms
     may use it for free. ``sample_size`` is a DP estimate of ``n`` the caller has *already paid for*
-    (dpcore.scaling); reusing it is post-processing. Never the raw n. ``sample_size_variance`` is its
+    (dpcore.privacy.scaling); reusing it is post-processing. Never the raw n. ``sample_size_variance`` is its
     (public) noise variance.
 
     ``weights`` (weighted user-level bounding): every point weighs min(1, k/n_u) on the WEIGHT_QUANTUM

@@ -11,7 +11,7 @@ import numpy as np
 
 from dpcore.mechanisms.contract import FitRecord, MechanismError
 from dpcore.mechanisms.inputs import PointsInput
-from dpcore.noise import NoiseSource
+from dpcore.privacy.noise import NoiseSource
 
 #: Default share of ε for the first (often only) look at n, and the relative accuracy ParamSelect needs:
 #: its features use log n, and a 10% error in n moves log10 n by 0.04, well inside the spread of the

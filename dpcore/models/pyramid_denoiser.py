@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dpcore.geo import Region
-from dpcore.histogram import answer_boxes, prefix_sums
+from dpcore.grid.histogram import answer_boxes, prefix_sums
 from dpcore.mechanisms.snh.pyramid import LEVEL_DIVISORS, LEVEL_WEIGHTS, release_pyramid
 from dpcore.models.denoiser_meta import (  # noqa: F401 - re-exported: the denoiser's files and metadata
     BAND_DENOISER_PATH,
@@ -122,7 +122,7 @@ def box_answers(density: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
     """Differentiable range counts: (B, G, G) densities, (B, Q, 4) boxes in cell units → (B, Q).
 
     Bilinear interpolation of the prefix table is the uniformity assumption inside cells (the same
-    rule as dpcore.histogram.answer_boxes)."""
+    rule as dpcore.grid.histogram.answer_boxes)."""
     batch, n, _ = density.shape
     prefix = F.pad(density.cumsum(1).cumsum(2), (1, 0, 1, 0))
     rows = torch.arange(batch, device=density.device)[:, None]
@@ -155,8 +155,8 @@ class PublicDataset:
     @classmethod
     def from_points(cls, name: str, x: np.ndarray, y: np.ndarray, user: np.ndarray, region: Region,
                     ks: tuple[int, ...] = (1, 5, 20), versions: int = 2, seed: int = 0) -> PublicDataset:
-        from dpcore.histogram import grid_counts
-        from dpcore.sampling import bound_contributions
+        from dpcore.grid.histogram import grid_counts
+        from dpcore.privacy.bounding import bound_contributions
 
         bounds = region.bounds_m
 
@@ -187,7 +187,7 @@ class DenoiserTrainConfig:
     record_only: bool = False
     #: Draw each simulated release's signal n·ε/s log-uniformly from this range (ε follows from the
     #: released sample's n and s) instead of drawing ε from ``epsilon_range``. A denoiser for a band of
-    #: signals helps inside it and hurts far below it (docs/decisions/0020-snh-tuned-constants.md); it
+    #: signals helps inside it and hurts far below it (docs/decisions/0004-snh-public-denoiser.md); it
     #: ships as :data:`BAND_DENOISER_PATH`, which snh applies only to the releases inside its band.
     signal_range: tuple[float, float] | None = None
     query_sides_m: tuple[float, float] = (25.0, 1000.0)
@@ -205,7 +205,7 @@ def _dihedral(a: np.ndarray, t: int) -> np.ndarray:
 def simulate_release(counts: dict[int, np.ndarray], sensitivity: float, epsilon: float,
                      rng: np.random.Generator) -> tuple[np.ndarray, dict[int, np.ndarray], dict[int, float]]:
     """SNH's pyramid release of public counts (the same levels, shares and combination)."""
-    from dpcore.noise import NoiseSource
+    from dpcore.privacy.noise import NoiseSource
 
     shares = np.asarray(LEVEL_WEIGHTS) / sum(LEVEL_WEIGHTS)
     level_eps = {DENOISER_GRID // d: epsilon * share for d, share in zip(LEVEL_DIVISORS, shares, strict=True)}

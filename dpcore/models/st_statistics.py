@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dpcore.histogram import block_sum, expand, shrink_factor, split_to_parent
+from dpcore.grid.histogram import block_sum, expand, shrink_factor, split_to_parent
 
 
 def quadtree_sums(values: np.ndarray) -> tuple[int, dict[int, np.ndarray]]:

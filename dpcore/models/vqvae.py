@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dpcore.histogram import block_sum
+from dpcore.grid.histogram import block_sum
 from dpcore.models.st_statistics import residual_wiener
 
 Progress = Callable[[int, int, str], None]

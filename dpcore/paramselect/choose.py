@@ -27,7 +27,7 @@ from dpcore.paramselect.model import ParamSelectModel, Scored
 #: A self-tuned (neural) candidate is chosen only if its predicted error is below every cheap one's by
 #: more than this share: its training rows are one noise draw and one fit each (the cheap rows average
 #: several draws), so its predictions are noisier, and an argmin over predictions of unequal noise
-#: favours the noisiest (docs/decisions/0002-paramselect-constants.md).
+#: favours the noisiest (docs/decisions/0007-paramselect-model.md).
 SELF_TUNED_MARGIN = 0.075
 
 

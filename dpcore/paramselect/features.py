@@ -12,7 +12,7 @@ import pandas as pd
 
 from dpcore import GeoDPError
 from dpcore.geo import Region
-from dpcore.histogram import grid_counts
+from dpcore.grid.histogram import grid_counts
 
 #: Cell widths searched when building labels (geometric, ×√2 steps from 25 m to 3.2 km).
 RHO_GRID_M: tuple[float, ...] = tuple(float(round(25 * 2 ** (i / 2), 1)) for i in range(15))
@@ -141,7 +141,7 @@ def with_served_entropy(table: pd.DataFrame, profiles: dict[str, PublicProfile])
 
     A release reads the entropy feature from its region's public profile, not from the data released,
     and a 512² histogram's entropy grows with the sample, so training on each dataset's own entropy would
-    ask the model about a city at another entropy than it saw (docs/decisions/0021-paramselect-constants.md).
+    ask the model about a city at another entropy than it saw (docs/decisions/0007-paramselect-model.md).
     """
     served = table["group"].map({g: p.entropy for g, p in profiles.items()})
     return table.assign(entropy=served.fillna(table["entropy"]))

@@ -26,7 +26,7 @@ MODEL_DIR = Path(__file__).resolve().parent.parent / "models"
 DEFAULT_MODEL_PATH = MODEL_DIR / "paramselect_model.joblib"
 DEFAULT_TABLE_PATH = MODEL_DIR / "paramselect_table.csv"
 DEFAULT_REPORT_PATH = MODEL_DIR / "paramselect_model.json"
-#: Leaf sizes: leaves of 10 keep the shipped cost model a few MB (docs/decisions/0002-paramselect-constants.md).
+#: Leaf sizes: leaves of 10 keep the shipped cost model a few MB (docs/decisions/0007-paramselect-model.md).
 COST_LEAF = 10
 RHO_LEAF = 3
 #: How far beyond the largest n·ε/s of its training rows a mechanism's predicted cost is trusted.

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from dpcore.geo import Region
-from dpcore.histogram import answer_boxes, prefix_sums
+from dpcore.grid.histogram import answer_boxes, prefix_sums
 from dpcore.mechanisms.contract import MechanismError
 
 
@@ -82,7 +82,7 @@ def load_public_workload(path: str | Path, region: Region) -> np.ndarray:
     if p.suffix == ".npy":
         boxes = np.load(p, allow_pickle=False)
     else:
-        from dpcore.queries import read_boxes_csv
+        from dpcore.queries.range import read_boxes_csv
 
         boxes = region.box_latlon_to_m(read_boxes_csv(str(p)))
     return check_workload(boxes, str(p))

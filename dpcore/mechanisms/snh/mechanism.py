@@ -9,7 +9,7 @@ Method (only step 1 reads data):
    inverse-variance consistency and coarse-to-fine Wiener shrinkage (:func:`pyramid_estimate`,
    post-processing). ``"auto"`` (default): the pyramid when ρ comes from ParamSelect, and the paper's
    grid when the caller fixes ``cell_width_m`` (the 4× finer rule is tied to ParamSelect's ρ; the choice
-   is recorded in docs/decisions/0020-snh-tuned-constants.md). Every level's cells are disjoint, so its L1 sensitivity
+   is recorded in docs/decisions/0003-snh-pyramid-loss-and-answer-blend.md). Every level's cells are disjoint, so its L1 sensitivity
    is the per-unit contribution bound: k (``max_points_per_user``) under user-level privacy, 1 under
    record-level. When ρ is not given it is chosen by ParamSelect from public inputs (ε, the
    sensitivity, the public region, and n): n is ``public_total`` when the caller declares one,
@@ -21,7 +21,7 @@ Method (only step 1 reads data):
    its estimate is replaced by the model's output: a U-Net that has learned from simulated releases of
    public cities what a city's density looks like under this noise. Post-processing of the noisy
    levels; the nets then learn from its output. Two guards with the denoiser, also post-processing: the pyramid's total
-   takes in the caller's already-paid sample size n̂ (user level: dpcore.scaling) or a record-level
+   takes in the caller's already-paid sample size n̂ (user level: dpcore.privacy.scaling) or a record-level
    ``public_total`` by inverse variance (:func:`known_total`), and the denoised grid's blocks are capped
    at their own levels' combined counts + ``denoiser_cap_sigmas``·σ (:func:`cap_to_levels`), the
    excess dropped; the manifest says how much. The denoiser is applied only while the release's signal
@@ -65,7 +65,7 @@ import numpy as np
 from pydantic import StrictBool
 
 from dpcore.geo import Region
-from dpcore.histogram import grid_counts
+from dpcore.grid.histogram import grid_counts
 from dpcore.mechanisms.base import Mechanism, MechanismError
 from dpcore.mechanisms.contract import FitRecord, MechanismTags
 from dpcore.mechanisms.inputs import PointsInput
@@ -89,7 +89,7 @@ from dpcore.mechanisms.snh.rules import (
     release_signal,
 )
 from dpcore.models.denoiser_meta import DENOISER_GRID
-from dpcore.noise import NoiseSource
+from dpcore.privacy.noise import NoiseSource
 
 
 class SpatialNeuralHistogram(Mechanism):

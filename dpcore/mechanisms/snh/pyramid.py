@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from dpcore.histogram import block_sum, expand, shrink_factor, split_to_parent
+from dpcore.grid.histogram import block_sum, expand, shrink_factor, split_to_parent
 from dpcore.mechanisms.contract import MechanismError
-from dpcore.noise import NoiseSource, discrete_laplace_variance
+from dpcore.privacy.noise import NoiseSource, discrete_laplace_variance
 
 #: Pyramid levels as divisors of the finest grid G, coarse → fine, and their shares of the budget (one
 #: definition, shared with the public denoiser that learns from simulated pyramids).

@@ -1,6 +1,6 @@
 """SNH's post-processing rules and their tuned constants: losses, answer rules, the blend's weights and
 the public denoiser's gates. All were chosen on public data only; the evidence is recorded in
-docs/decisions/0001-snh-tuned-constants.md."""
+docs/decisions/0003-snh-pyramid-loss-and-answer-blend.md and 0004-snh-public-denoiser.md."""
 
 from __future__ import annotations
 

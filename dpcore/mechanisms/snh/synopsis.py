@@ -7,11 +7,11 @@ from pathlib import Path
 import numpy as np
 
 from dpcore.geo import Region
-from dpcore.histogram import answer_boxes, prefix_sums
+from dpcore.grid.histogram import answer_boxes, prefix_sums
 from dpcore.mechanisms.snh.augmentation import normalise_xy
 from dpcore.mechanisms.snh.rules import BLEND_SMALL_SIDE_M, CAVEAT_DROPPED_FRACTION, GEOMETRIC_NETS_WEIGHTS
 from dpcore.mechanisms.snh.training import pick_device
-from dpcore.synopsis import PrivacyInfo, Synopsis, SynopsisError
+from dpcore.synopsis.base import PrivacyInfo, Synopsis, SynopsisError
 
 
 class SNHSynopsis(Synopsis):
