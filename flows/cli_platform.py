@@ -97,7 +97,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.set_defaults(func=cmd_releases_show)
 
     p = sub.add_parser("serve", help="serve the release/backfill/evaluate deployments with the nightly schedule")
-    p.add_argument("--config", default=None, help="platform config TOML (default deploy/geodp.toml)")
+    p.add_argument("--config", default=None, help="platform config TOML (default: $GEODP_CONFIG, else the packaged tasks/geodp.toml)")
     p.set_defaults(func=cmd_serve)
 
 
@@ -107,7 +107,7 @@ def _add_platform_args(p: argparse.ArgumentParser) -> None:
                    help="ε one person may lose from a NEW dataset over its life (sets the dataset's policy; "
                    "default: [budget] in the config file, else 10); a different value for an existing "
                    "dataset is an error (change a policy with `geodp dataset policy`)")
-    p.add_argument("--config", default=None, help="platform config TOML (default deploy/geodp.toml)")
+    p.add_argument("--config", default=None, help="platform config TOML (default: $GEODP_CONFIG, else the packaged tasks/geodp.toml)")
     p.add_argument("--dask-address", default=None, help="Dask scheduler address (default: a LocalCluster)")
     p.add_argument("--workers", type=int, default=2, help="LocalCluster worker processes (default 2)")
     p.add_argument("--slot", default="1h", help="time slot of spatio-temporal mechanisms (default 1h)")
@@ -170,6 +170,9 @@ def run_release_inprocess(params, config_path: str | None = None, strict: bool =
 
 
 def cmd_release(args: argparse.Namespace) -> int:
+    from tasks.settings import load_settings
+
+    load_settings(args.config)  # a bad config file is a one-line error before anything runs
     params = _release_params(args, args.period)
     _prevalidate(params)
     use_prefect = bool(args.store) and not args.no_prefect
@@ -271,6 +274,10 @@ def cmd_backfill(args: argparse.Namespace) -> int:
     from tasks.config import BackfillParams, days_between
 
     days = days_between(args.start, args.end)
+    if not args.deployment:  # a served deployment uses the config its serving process was started with
+        from tasks.settings import load_settings
+
+        load_settings(args.config)
     params = _release_params(args, None)
     _prevalidate(params, open_store=not args.deployment)
     if args.deployment:  # the serving process has its own working directory: send absolute local paths
