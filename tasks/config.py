@@ -99,8 +99,9 @@ def _split_commas(v: Any) -> Any:
     return v
 
 
-#: A list of names that also accepts one comma-separated string.
-NameList = Annotated[list[str], BeforeValidator(_split_commas)]
+#: A list of names that also accepts one comma-separated string; the JSON schema (the Prefect form and the
+#: server's parameter check) says so too, so 'a,b' from a form or the API is not refused before validation.
+NameList = Annotated[list[str], BeforeValidator(_split_commas, json_schema_input_type=list[str] | str)]
 
 
 class ReleaseParams(BaseModel):

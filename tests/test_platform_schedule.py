@@ -126,6 +126,16 @@ def test_schedule_alone_commits_a_release_on_dask(tmp_path):
             (summary,) = client.read_artifacts(artifact_filter=ArtifactFilter(
                 key=ArtifactFilterKey(any_=[f"release-served-{expected_day}-summary"]),
                 flow_run_id=ArtifactFilterFlowRunId(any_=[run.id])))
+            # the UI's form and the API send cities as one comma-separated string; the server's check of
+            # the deployment's parameter schema and the flow both take it
+            manual = client.read_deployment_by_name("release/release")
+            params = {**deployment.parameters["params"], "cities": "new-york, chicago", "period": "all"}
+            form_run = client.create_flow_run_from_deployment(manual.id, parameters={"params": params})
+            deadline = time.monotonic() + 120
+            while not (state := client.read_flow_run(form_run.id).state).is_final() and time.monotonic() < deadline:
+                time.sleep(2)
+            assert state.is_completed(), f"{state}\n{serve_log.read_text()[-3000:]}"
+        assert sorted(r["city"] for r in store.list_releases(period="all")) == ["chicago", "new-york"]
         text = summary.data
         assert dash.removeprefix("Dask dashboard: ") in text
         flow_pid = int(re.search(r"flow process pid (\d+)", text).group(1))
