@@ -166,6 +166,8 @@ class AdaptiveGrid(Mechanism):
         x0 = cx0 + lx * (w1 / lm2)
         y0 = cy0 + ly * (h1 / lm2)
         raster = rasterise_rectangles(x0, y0, x0 + w1 / lm2, y0 + h1 / lm2, u, data.region, raster_size)
+        # m2 per level-1 cell (a function of the noisy level-1 counts: post-processing) lets a reader
+        # redo the linear inference on fresh noise: the release's 95% intervals (dpcore.uncertainty).
         extra = {"m1": m1, "m2_min": int(m2.min()), "m2_max": int(m2.max()), "n_leaves": int(u.size),
-                 "raster_size": raster_size}
+                 "raster_size": raster_size, "m2": m2.astype(int).tolist()}
         return GridSynopsis(raster, data.region, self.privacy_info(data, acct, noise, notes), extra)
