@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from flows.cli import main
-from flows.ledger import DatasetLedger
-from flows.store import ReleaseStore
+from tasks.storage.ledger import DatasetLedger
+from tasks.storage.store import ReleaseStore
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dpcore.synopsis import GridSynopsis, Synopsis
+from dpcore.synopsis.base import GridSynopsis, Synopsis
 
 #: Mechanisms whose released grid is the noisy histogram itself (linear in the noise).
 LINEAR_MECHANISMS = ("identity", "ug")
@@ -122,7 +122,7 @@ def _dlap(rng: np.random.Generator, scale: float, size: int | tuple[int, ...]) -
 def _hb_sampler(synopsis: GridSynopsis, params: dict, charges: list[dict], boxes: np.ndarray):
     """HB: fresh noise on every level, through the same least-squares consistency (linear)."""
     from dpcore.mechanisms.hb import hierarchy_consistency
-    from dpcore.noise import discrete_laplace_variance
+    from dpcore.privacy.noise import discrete_laplace_variance
 
     b, h = int(synopsis._extra.get("branching", 0)), int(synopsis._extra.get("levels", 0))
     if b < 2 or h < 1 or synopsis.shape != (b ** h, b ** h):
