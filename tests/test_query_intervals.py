@@ -98,13 +98,13 @@ def test_bootstrap_intervals_of_hb_cover_the_noise_free_answer_95_percent_of_the
     rng = np.random.default_rng(3)
     x, y = rng.normal(0, 400, (2, 4000))
     data = FitInput(x, y, region, "user", 5)
-    params = {"levels": 3, "branching": 4}  # public: the same 64 × 64 leaves in every release
+    params = {"levels": 2, "branching": 4}  # public: the same 16 × 16 leaves in every release
     boxes = np.array([[-430, -270, 130, 310], [-990, -990, 990, 990], [205, -615, 515, -5],
                       [-120, 60, 40, 230], [-800, 300, -100, 900]], dtype=np.float64)
     from dpcore.grid.histogram import answer_boxes, prefix_sums
 
-    # the noise-free release: the true 64 × 64 leaf counts (consistency leaves exact counts unchanged)
-    truth = answer_boxes(prefix_sums(data.grid_counts(64, 64).astype(float)), region.bounds_m, boxes)
+    # the noise-free release: the true 16 × 16 leaf counts (consistency leaves exact counts unchanged)
+    truth = answer_boxes(prefix_sums(data.grid_counts(16, 16).astype(float)), region.bounds_m, boxes)
     rate, methods = _coverage("hb", params, data, boxes, truth, releases=150)
     assert methods == {"parametric bootstrap: fresh level noise through HB's least-squares consistency"}
     # consistency shrinks a large box's noise a lot: re-noising the leaves alone would over-cover

@@ -98,8 +98,11 @@ def query_intervals(synopsis: Synopsis, boxes_m: np.ndarray, level: float = 0.95
 
 
 #: Re-draws of a post-processed release's noise per query batch (its quantiles' Monte Carlo error at
-#: 95% is about ±1% of coverage).
+#: 95% is about ±1% of coverage); fewer, down to BOOTSTRAP_MIN_DRAWS, where one draw re-noises more than
+#: BOOTSTRAP_WORK / BOOTSTRAP_DRAWS counts, so a query of a fine hierarchy answers in seconds.
 BOOTSTRAP_DRAWS = 1000
+BOOTSTRAP_MIN_DRAWS = 200
+BOOTSTRAP_WORK = 5e7
 
 
 def _laplace_scales(charges: list[dict], names: list[str]) -> list[float] | None:
@@ -141,6 +144,7 @@ def _hb_sampler(synopsis: GridSynopsis, params: dict, charges: list[dict], boxes
         e = hierarchy_consistency(noisy, variances, b)[-1]
         return np.einsum("qi,ij,qj->q", fx, e, fy)
 
+    draw.size = sum(b ** (2 * (lvl + 1)) for lvl in range(h))  # type: ignore[attr-defined]
     return draw, "parametric bootstrap: fresh level noise through HB's least-squares consistency"
 
 
@@ -177,6 +181,7 @@ def _ag_sampler(synopsis: GridSynopsis, params: dict, charges: list[dict], boxes
                                   n_leaves, eps1, eps2)
         return cover @ e
 
+    draw.size = m1 * m1 + leaf_cell.size  # type: ignore[attr-defined]
     return draw, "parametric bootstrap: fresh level noise through AG's constrained inference"
 
 
@@ -202,11 +207,12 @@ def bootstrap_intervals(synopsis: Synopsis, boxes: np.ndarray, est: np.ndarray, 
     draw, method = samplers[mechanism](synopsis, params, charges, boxes)
     if draw is None:
         return nan, nan.copy(), method
+    draws = int(np.clip(BOOTSTRAP_WORK / max(draw.size, 1), BOOTSTRAP_MIN_DRAWS, draws))
     rng = np.random.default_rng(seed)
-    errors = np.stack([draw(rng) for _ in range(int(draws))], axis=1)  # (boxes, draws)
+    errors = np.stack([draw(rng) for _ in range(draws)], axis=1)  # (boxes, draws)
     a = (1.0 - level) / 2.0
     q_lo, q_hi = np.quantile(errors, [a, 1 - a], axis=1)
-    return est - q_hi, est - q_lo, f"{method}, {int(draws)} draws"
+    return est - q_hi, est - q_lo, f"{method}, {draws} draws"
 
 
 DEFAULT_BANDS = ((25.0, 100.0), (100.0, 1000.0), (1000.0, 5000.0))
