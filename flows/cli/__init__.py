@@ -149,9 +149,9 @@ def main(argv: list[str] | None = None) -> int:
     if __name__ == "__main__" or argv is None:  # the console script; not when a test calls main([...])
         exit_on_sigterm()
     from pydantic import ValidationError
+    from typer._click.exceptions import NoArgsIsHelpError, UsageError
 
     from dpcore import GeoDPError
-    from typer._click.exceptions import NoArgsIsHelpError, UsageError
 
     args = list(sys.argv[1:] if argv is None else argv)
     _quiet_flow_logs(args)

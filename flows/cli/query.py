@@ -43,14 +43,15 @@ def range_counts(
         raise CLIError("give exactly one of --box MINLAT,MINLON,MAXLAT,MAXLON and --boxes CSV")
     boxes_ll = parse_box(box) if box is not None else read_boxes_csv(boxes)
     window = _window(period, time)
+    times = parse_window(window) if window is not None else None
     with fetch_release(release) as (_, synopsis):
         boxes_m = synopsis.region.box_latlon_to_m(boxes_ll)
         lower = upper = np.full(len(boxes_m), np.nan)
         method = "none: spatio-temporal window queries have no interval yet"
-        if window is not None:
+        if times is not None:
             if not is_spatio_temporal(synopsis):
                 raise CLIError("--period needs a spatio-temporal release (e.g. mechanism identity3d or vdr)")
-            t0, t1 = parse_window(window)
+            t0, t1 = times
             est = synopsis.answer_st_time(boxes_m, np.full(len(boxes_m), t0), np.full(len(boxes_m), t1))
         else:
             from dpcore.uncertainty import query_intervals
@@ -125,10 +126,11 @@ def hotspot(
         raise CLIError("--extent-km must be > 0")
     points = np.array([_latlon(a) for a in at])
     window = _window(period, time)
+    times = parse_window(window) if window is not None else None
     with fetch_release(release) as (_, synopsis):
         syn, factor = _spatio_temporal(synopsis)
     x, y = syn.region.project(points[:, 0], points[:, 1])
-    t0, t1 = syn.slots_for_times(*parse_window(window)) if window is not None else (0, syn.n_slots)
+    t0, t1 = syn.slots_for_times(*times) if times is not None else (0, syn.n_slots)
     values = syn.values * factor
     ans = nearest_hotspot(values, syn.region, np.column_stack([x, y]), threshold, extent_km * 1000.0,
                           np.array([[t0, t1]]))
