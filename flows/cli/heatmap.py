@@ -40,7 +40,8 @@ def heatmap(
     epsilon: str = model_option(H, "epsilons", "--epsilon", fmt=comma, help="ε values, comma-separated"),
     users: str = model_option(H, "users", "--users", fmt=comma, help="users sampled per trial, comma-separated"),
     mechanisms: str = model_option(H, "mechanisms", "--mechanisms", fmt=comma,
-                                   help="heatmap mechanisms, comma-separated"),
+                                   help="heatmap mechanisms, comma-separated; NAME:K=V names a variant "
+                                        "with its own parameters, e.g. laplace-top:top_percent=0.02"),
     param: Params = None,
     trials: int = model_option(H, "trials", "--trials", help="trials averaged"),
     seed: int = model_option(H, "seed", "--seed", help="seed of the sampling and noise (an experiment)"),
@@ -59,8 +60,6 @@ def heatmap(
 
     at_least(trials, 1, "--trials")
     specs = names(mechanisms)
-    if any(":" in s for s in specs):
-        eprint("note: NAME:KEY=VALUE in --mechanisms is the older form; write --param NAME.KEY=VALUE")
     bases = [s.split(":", 1)[0].strip() for s in specs]
     by_base = params_by_mechanism(param, bases)
     config = HeatmapEvalConfig(
