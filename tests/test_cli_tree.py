@@ -11,7 +11,7 @@ import time
 import pytest
 
 from dpcore.geo import city_region
-from dpcore.synthetic import generate_checkins
+from dpcore.data.synthetic import generate_checkins
 from flows.cli import main
 from flows.cli.common import CLIError, params_by_mechanism, parse_window
 from tests.cli_runner import ROOT, run_geodp

@@ -65,7 +65,7 @@ def _flow_cities(data: str, city: str | None, center: str | None, side_km: float
                  strict: bool, fmt: str) -> list[str]:
     """The catalog cities of the flow form, checked before any data is read."""
     from dpcore.geo import resolve_region
-    from dpcore.inputs import resolve_input
+    from dpcore.data.inputs import resolve_input
 
     if center or not city:
         raise CLIError("--flow needs catalog cities (--city A[,B,...]); --center is not supported there")
@@ -121,9 +121,9 @@ def range_counts(
 ) -> int:
     """Range-count relative error of mechanisms at several ε (JSON: n_points, n_users, privacy_unit,
     results)."""
-    from dpcore.evaluate import EvalConfig, evaluate, format_table
+    from dpcore.evaluation.range import EvalConfig, evaluate, format_table
     from dpcore.mechanisms import MechanismError
-    from dpcore.queries import parse_query_sides
+    from dpcore.queries.range import parse_query_sides
 
     check_input_options(format, privacy_unit)
     mechs = names(mechanisms)
@@ -204,9 +204,9 @@ def spatio_temporal(
     image_epsilon: float | None = model_option(S, "image_epsilon", "--image-epsilon", metavar="EPS"),
 ) -> int:
     """Spatio-temporal mechanisms: range-count error, hotspot distance and regret, forecast sMAPE."""
-    from dpcore.evaluate_st import STEvalConfig, evaluate_st, format_st_table
+    from dpcore.evaluation.spatiotemporal import STEvalConfig, evaluate_st, format_st_table
     from dpcore.geo import parse_slot
-    from dpcore.queries import parse_query_sides
+    from dpcore.queries.range import parse_query_sides
 
     check_input_options(format, privacy_unit)
     if (period is None) == (window is None):

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import typer
 
-from dpcore.evaluate_heatmap import HeatmapEvalConfig
+from dpcore.evaluation.heatmap import HeatmapEvalConfig
 from flows.cli.common import (
     CLIError,
     StepProgress,
@@ -56,7 +56,7 @@ def heatmap(
     json_out: Json = None,
 ) -> int:
     """DP heatmaps against Laplace baselines: EMD, KL divergence and Pearson correlation to the truth."""
-    from dpcore.evaluate_heatmap import evaluate_heatmap, format_table
+    from dpcore.evaluation.heatmap import evaluate_heatmap, format_table
 
     at_least(trials, 1, "--trials")
     specs = names(mechanisms)
@@ -76,7 +76,7 @@ def heatmap(
     if json_out is not None:
         emit_json(report, json_out)
     if render and example:
-        from dpcore.heatmap import render_heatmaps
+        from dpcore.heatmap.quadtree import render_heatmaps
 
         (eps, res, n_users), grids = next(iter(example.items()))
         panels = [("true", grids.pop("truth"))] + list(grids.items())
@@ -90,8 +90,8 @@ def venue_counts(path: str, bin_column: str, domain_size: int, k: int, rng: np.r
     [0, domain_size); ids outside it are dropped (the domain is configuration, not read from data)."""
     import pandas as pd
 
-    from dpcore.data import SNAP_COLUMNS, DataError
-    from dpcore.sampling import bound_contributions
+    from dpcore.data.points import SNAP_COLUMNS, DataError
+    from dpcore.privacy.bounding import bound_contributions
 
     p = Path(path)
     if not p.exists():
@@ -121,7 +121,7 @@ def venue_counts(path: str, bin_column: str, domain_size: int, k: int, rng: np.r
 def sparse_errors(keys, counts, domain_size: int, eps: float, k: int, eta: float,
                   top_percent: float | None, noise) -> dict:
     """Total absolute error against the bounded counts, over the whole public domain, per method."""
-    from dpcore.sparse1d import noise_then_threshold_sparse
+    from dpcore.sparse1d.histograms import noise_then_threshold_sparse
 
     # Plain Laplace on all N bins: its error is the total |noise|, drawn for every bin (in chunks).
     scale = k / eps
@@ -143,7 +143,7 @@ def sparse_errors(keys, counts, domain_size: int, eps: float, k: int, eta: float
     if top_percent is not None:
         if domain_size > 20_000_000:
             raise CLIError("--top-percent needs --domain-size ≤ 20,000,000 (dense noise)")
-        from dpcore.sparse1d import top_percent as top_fn
+        from dpcore.sparse1d.histograms import top_percent as top_fn
 
         dense = np.zeros(domain_size, dtype=np.int64)
         dense[keys] = counts
@@ -172,7 +172,7 @@ def sparse1d(
 ) -> int:
     """Sparse 1-D histogram of records per bin: total absolute error of Laplace, noise-then-threshold and
     top-t%."""
-    from dpcore.noise import NoiseSource
+    from dpcore.privacy.noise import NoiseSource
 
     for what, value in (("--domain-size", domain_size), ("--max-points-per-user", max_points_per_user),
                         ("--trials", trials)):

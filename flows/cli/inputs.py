@@ -65,7 +65,7 @@ def region(city: str | None, center: str | None, side_km: float | None):
 
 def load(data: str, columns: str | None, fmt: str, strict: bool, quiet: bool = False):
     """The point table, with one stderr line on what was read and dropped."""
-    from dpcore.data import load_points, parse_column_map
+    from dpcore.data.points import load_points, parse_column_map
 
     t0 = time.perf_counter()
     result = load_points(data, columns=parse_column_map(columns), fmt=fmt, strict=strict)
@@ -79,7 +79,7 @@ def check_public_workload(workload: str) -> None:
     """A public centre file that is missing fails before the private data is read."""
     from pathlib import Path
 
-    from dpcore.queries import QueryError, parse_workload
+    from dpcore.queries.range import QueryError, parse_workload
 
     spec = parse_workload(workload)
     if spec.kind == "public" and not Path(spec.path).is_file():
@@ -91,8 +91,8 @@ def fetch_release(target: str) -> Iterator[tuple[dict, object]]:
     """(manifest, synopsis) of a committed release, every file's sha256 checked; reads, never creates."""
     import shutil
 
-    from dpcore.synopsis import load_synopsis
-    from flows.store import fetch_to_temp
+    from dpcore.synopsis.base import load_synopsis
+    from tasks.storage.store import fetch_to_temp
 
     manifest, tmp = fetch_to_temp(target)
     try:

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from dpcore.accounting import budget_label
+from dpcore.privacy.accounting import budget_label
 from flows.cli.common import CLIError, emit_json, eprint, noun
 from flows.cli.inputs import Json, Store
 
@@ -36,7 +36,7 @@ def _choice(value: str | None, allowed: tuple[str, ...], what: str) -> None:
 
 
 def _policy(base: dict | None, **given) -> object:
-    from dpcore.accounting import PrivacyPolicy
+    from dpcore.privacy.accounting import PrivacyPolicy
 
     _choice(given.get("privacy_unit"), ("user", "record"), "--privacy-unit")
     _choice(given.get("bound_window"), ("release", "day"), "--bound-window")
@@ -65,8 +65,8 @@ def _policy(base: dict | None, **given) -> object:
 
 
 def _ledger(store: str, dataset: str, create: bool = False):
-    from flows.ledger import DatasetLedger
-    from flows.store import ReleaseStore
+    from tasks.storage.ledger import DatasetLedger
+    from tasks.storage.store import ReleaseStore
 
     return DatasetLedger(ReleaseStore(store, create=create), dataset)
 
@@ -158,7 +158,7 @@ def void(
 ) -> int:
     """Give back a charge whose release was never staged or published (a run killed between its charge
     and its files)."""
-    from flows.store import ReleaseStore
+    from tasks.storage.store import ReleaseStore
 
     ledger = _ledger(store, dataset)
     entry = next((e for e in ledger.entries() if e["seq"] == seq and e["kind"] == "charge"), None)
@@ -192,8 +192,8 @@ def ledger(
     json_out: Json = None,
 ) -> int:
     """Per dataset: the privacy policy and the most any one person can have lost."""
-    from flows.ledger import datasets
-    from flows.store import ReleaseStore
+    from tasks.storage.ledger import datasets
+    from tasks.storage.store import ReleaseStore
 
     st = ReleaseStore(store, create=False)
     found = [dataset] if dataset else datasets(st)
@@ -216,7 +216,7 @@ def _staged_with(store, dataset: str, charge: dict, seq: int) -> bool:
 
 
 def _print_datasets(store, names: list[str], json_out: str | None, entries: bool, policy_log: bool) -> int:
-    from flows.ledger import DatasetLedger
+    from tasks.storage.ledger import DatasetLedger
 
     out = []
     for name in names:

@@ -40,7 +40,7 @@ def synth(
 ) -> int:
     """Write synthetic check-ins (hotspot skew, power-law users, weekly rhythm) for trying geodp."""
     from dpcore.geo import city_region
-    from dpcore.synthetic import generate_checkins
+    from dpcore.data.synthetic import generate_checkins
 
     at_least(users, 1, "--users")
     at_least(days, 1, "--days")
@@ -62,7 +62,7 @@ def _synth_partitioned(out_path: str, partitions: str, city: str, users: int, da
     import pandas as pd
 
     from dpcore.geo import city_region
-    from dpcore.synthetic import generate_checkin_chunks, write_partitioned
+    from dpcore.data.synthetic import generate_checkin_chunks, write_partitioned
 
     parts = partitions.strip().lower()
     if parts != "day" and not (parts.isdigit() and int(parts) >= 1):

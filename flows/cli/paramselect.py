@@ -65,7 +65,7 @@ def predict(
     if privacy_unit not in ("user", "record"):
         raise CLIError(f"--privacy-unit must be user or record, got {privacy_unit!r}")
     from dpcore.paramselect import PublicProfile, rho_extrapolation_note, select_params, trained_mechanisms
-    from dpcore.queries import parse_query_sides
+    from dpcore.queries.range import parse_query_sides
 
     reg = region(city, center, side_km)
     bands = parse_query_sides(query_sides_m)
@@ -79,7 +79,7 @@ def predict(
                        "otherwise list candidates from identity,snh,ug,ag,privtree")
     profile = None
     if public_data:
-        from dpcore.data import clip_to_region, load_points
+        from dpcore.data.points import clip_to_region, load_points
 
         pts = load_points(public_data).points
         idx, x, y = clip_to_region(pts, reg)

@@ -37,7 +37,7 @@ def range_counts(
     json_out: Json = None,
 ) -> int:
     """Estimated point counts in boxes, with 95% intervals where the mechanism has them."""
-    from dpcore.queries import parse_box, read_boxes_csv
+    from dpcore.queries.range import parse_box, read_boxes_csv
 
     if (box is None) == (boxes is None):
         raise CLIError("give exactly one of --box MINLAT,MINLON,MAXLAT,MAXLON and --boxes CSV")
@@ -54,7 +54,7 @@ def range_counts(
             t0, t1 = times
             est = synopsis.answer_st_time(boxes_m, np.full(len(boxes_m), t0), np.full(len(boxes_m), t1))
         else:
-            from dpcore.uncertainty import query_intervals
+            from dpcore.synopsis.uncertainty import query_intervals
 
             est = synopsis.answer(boxes_m)
             lower, upper, method = query_intervals(synopsis, boxes_m)
@@ -120,7 +120,7 @@ def hotspot(
     json_out: Json = None,
 ) -> int:
     """The nearest cell whose released count over the window is ≥ V, around each location."""
-    from dpcore.st_queries import cell_centres, nearest_hotspot
+    from dpcore.queries.spatiotemporal import cell_centres, nearest_hotspot
 
     if not extent_km > 0:
         raise CLIError("--extent-km must be > 0")
@@ -167,8 +167,8 @@ def forecast(
     json_out: Json = None,
 ) -> int:
     """Forecast a box's counts past the release window (ThetaModel on the released series)."""
-    from dpcore.queries import parse_box
-    from dpcore.st_queries import forecast_theta, season_period
+    from dpcore.queries.range import parse_box
+    from dpcore.queries.spatiotemporal import forecast_theta, season_period
 
     at_least(horizon, 1, "--horizon")
     box_ll = parse_box(box)

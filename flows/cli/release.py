@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from dpcore.accounting import budget_label
+from dpcore.privacy.accounting import budget_label
 from flows.cli.common import (
     CLIError,
     check_mechanism,
@@ -79,8 +79,8 @@ def _release_params(data: str, cities: str | None, city: str | None, center: str
 def _prevalidate(params: ReleaseParams, open_store: bool = True) -> None:
     """Names, windows and parameter values fail here, before Prefect starts, data is read or budget charged."""
     from dpcore.geo import resolve_region
-    from dpcore.inputs import resolve_input
-    from flows.store import ReleaseStore
+    from dpcore.data.inputs import resolve_input
+    from tasks.storage.store import ReleaseStore
     from tasks.config import parse_period
 
     parse_period(params.period)
@@ -153,7 +153,7 @@ def run(
 
 def _run_flow(params: ReleaseParams, config: str | None) -> dict:
     from flows.release import run_release
-    from flows.store import ReleaseStore
+    from tasks.storage.store import ReleaseStore
     from tasks.runtime import local_prefect
 
     with local_prefect(), working(f"release flow: {len(params.cities) or 1} region(s) on Dask"):
@@ -282,7 +282,7 @@ def list_releases(
 ) -> int:
     """Committed versions in a store, one per line (JSON: dataset, city, period, version, epsilon, rho,
     mechanism, url)."""
-    from flows.store import ReleaseStore
+    from tasks.storage.store import ReleaseStore
 
     st = ReleaseStore(store, create=False)
     rows = [{"dataset": m["dataset"], "city": m["city"], "period": m["period"], "version": m["version"],

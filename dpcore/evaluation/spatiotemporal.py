@@ -6,7 +6,7 @@ Protocol (stated in every report):
   mechanism runs. Truth is exact over *all* points, so releases are scaled to full counts with
   N = the region-window point count, declared a public input of the protocol
   (``total_points_source``); mechanisms pay for their own n̂ (see identity3d / vdr).
-- Query locations (``workload``, dpcore.queries.parse_workload): by default (``data``) drawn from the
+- Query locations (``workload``, dpcore.queries.range.parse_workload): by default (``data``) drawn from the
   evaluated points, where people are; ``uniform`` over the region; or ``public:PATH`` points.
 - Range counts: box × slot-range workloads (squares with side uniform in [a, b] m centred on the
   workload's locations; slot ranges of uniform length in [1, max_query_slots]); relative error
@@ -14,7 +14,7 @@ Protocol (stated in every report):
 - Nearest hotspot: at the workload's locations (``data``: a drawn point's location and its own slot;
   otherwise one uniform slot each), search radius ``hotspot_extent_m``, thresholds v (counts of all
   points in a cell of the ``hotspot_grid`` grid over that slot); distance error and regret as defined
-  in dpcore.st_queries, beside the baseline that reports no hotspot.
+  in dpcore.queries.spatiotemporal, beside the baseline that reports no hotspot.
 - Forecasting: per-slot series of the whole region and 1–5 km squares centred as the range queries;
   ThetaModel fitted on the released series of the first T − h slots, sMAPE against the true last h
   slots.
@@ -30,16 +30,16 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dpcore import GeoDPError
-from dpcore.budget import check_epsilon
-from dpcore.data import DataError, Points, clip_to_region
+from dpcore.data.points import DataError, Points, clip_to_region
+from dpcore.evaluation.metrics import psi_for, relative_error
 from dpcore.geo import Region, time_slots
-from dpcore.histogram import grid_counts_3d
+from dpcore.grid.histogram import grid_counts_3d
 from dpcore.mechanisms import FitInput, get_mechanism, get_mechanism_class
-from dpcore.metrics import psi_for, relative_error
-from dpcore.noise import NoiseSource
-from dpcore.queries import DEFAULT_WORKLOAD, centre_draw, parse_workload, workload_centres
-from dpcore.sampling import bound_contributions, check_privacy_unit
-from dpcore.st_queries import (
+from dpcore.privacy.bounding import bound_contributions, check_privacy_unit
+from dpcore.privacy.budget import check_epsilon
+from dpcore.privacy.noise import NoiseSource
+from dpcore.queries.range import DEFAULT_WORKLOAD, centre_draw, parse_workload, workload_centres
+from dpcore.queries.spatiotemporal import (
     forecast_theta,
     forecast_workload,
     hotspot_errors,
@@ -50,7 +50,7 @@ from dpcore.st_queries import (
     st_range_workload,
     true_st_counts,
 )
-from dpcore.synopsis import Synopsis
+from dpcore.synopsis.base import Synopsis
 
 Progress = Callable[[int, int, str], None]
 DEFAULT_ST_MAX_POINTS_PER_USER = 50

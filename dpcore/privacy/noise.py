@@ -2,7 +2,7 @@
 
 Published noise is never float Laplace: the low-order bits of a floating-point Laplace sample leak
 the input (Mironov, CCS 2012). We add integers to integer counts instead, drawn EXACTLY from their
-laws (:mod:`dpcore.exact_noise`): no float inversion, whose 52-bit uniforms leave holes in the far
+laws (:mod:`dpcore.privacy.exact_noise`): no float inversion, whose 52-bit uniforms leave holes in the far
 tail where a neighbour's output would have probability 0 (a hidden δ ≈ scale·2^-52 per draw).
 
 * ``discrete_laplace``: P(x) ∝ exp(−|x|/scale), the ε-DP Laplace mechanism with scale Δ₁/ε.
@@ -28,7 +28,7 @@ from functools import lru_cache
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
-from dpcore import exact_noise
+from dpcore.privacy import exact_noise
 
 # Keystream bytes per AES call: bounds the zero buffer the cipher reads.
 _CHUNK_BYTES = 1 << 20
@@ -117,7 +117,7 @@ class NoiseSource:
         """int64 samples of the discrete Laplace law with P(x) ∝ exp(−|x|/scale), drawn exactly.
 
         ``scale`` is first rounded UP to a rational with denominator ≤ 2^20 (see
-        :func:`dpcore.exact_noise.rational_at_least`): the noise is never smaller than asked for.
+        :func:`dpcore.privacy.exact_noise.rational_at_least`): the noise is never smaller than asked for.
         """
         sampler = _laplace_sampler(_as_number(scale))
         shape, n = _shape(size)
@@ -186,7 +186,7 @@ class NoiseSource:
                             quantum: float) -> np.ndarray:
         """values + DLap on the lattice quantum·ℤ: the ε-DP Laplace mechanism for weighted counts.
 
-        The values (e.g. sums of contribution weights, dpcore.sampling) must already lie on the
+        The values (e.g. sums of contribution weights, dpcore.privacy.bounding) must already lie on the
         lattice; they are then integers in units of ``quantum`` with L1 sensitivity sensitivity/quantum,
         and get integer discrete Laplace noise of scale (sensitivity/ε)/quantum in those units
         (:meth:`snapped_laplace` with granularity ``quantum``). Nothing is rounded, so, unlike a

@@ -18,7 +18,7 @@ import numpy as np
 
 from dpcore import GeoDPError
 from dpcore.geo import Region
-from dpcore.histogram import answer_boxes, prefix_sums, resample_grid
+from dpcore.grid.histogram import answer_boxes, prefix_sums, resample_grid
 
 SYNOPSIS_META = "synopsis.json"
 

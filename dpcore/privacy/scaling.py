@@ -27,11 +27,11 @@ from pathlib import Path
 
 import numpy as np
 
-from dpcore.budget import Accountant, check_epsilon
 from dpcore.geo import Region
 from dpcore.mechanisms import FitInput, get_mechanism
-from dpcore.noise import NoiseSource
-from dpcore.synopsis import PrivacyInfo, Synopsis, load_synopsis
+from dpcore.privacy.budget import Accountant, check_epsilon
+from dpcore.privacy.noise import NoiseSource
+from dpcore.synopsis.base import PrivacyInfo, Synopsis, load_synopsis
 
 #: Share of ε spent on n̂ when a user-level release is scaled to full counts. n̂'s relative error is
 #: ≈ √2·k/(f·ε·n); at 5% it reached ~100% on the SF cabs (537 users, k = 50, ε = 0.05) and blew the

@@ -1,6 +1,6 @@
 """Heatmap evaluation harness (Ghazi et al. AAAI 2023 protocol): sample n users per trial, build the
 true user-normalised heatmap at resolution Δ, release it with each mechanism at each ε, and score
-the release by EMD, KL divergence and Pearson correlation against the truth (dpcore.heatmap_metrics).
+the release by EMD, KL divergence and Pearson correlation against the truth (dpcore.heatmap.metrics).
 
 Sweeps ε × n × Δ. The same user sample serves every mechanism, ε and Δ of a trial (paired
 comparison); noise seeds are derived from (seed, trial, n, Δ, ε, mechanism) so runs are
@@ -19,12 +19,12 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from dpcore import GeoDPError
-from dpcore.data import Points, clip_to_region
+from dpcore.data.points import Points, clip_to_region
 from dpcore.geo import Region
-from dpcore.heatmap import user_normalised_grid
-from dpcore.heatmap_metrics import DEFAULT_EMD_MAX_SIDE, emd, emd_coarsening_bound, kl_divergence, pearson
+from dpcore.heatmap.metrics import DEFAULT_EMD_MAX_SIDE, emd, emd_coarsening_bound, kl_divergence, pearson
+from dpcore.heatmap.quadtree import user_normalised_grid
 from dpcore.mechanisms import FitInput, get_mechanism
-from dpcore.noise import NoiseSource
+from dpcore.privacy.noise import NoiseSource
 
 HEATMAP_MECHANISMS = ("dpheatmap", "laplace", "laplace-top")
 

@@ -4,7 +4,7 @@ Some releases are 1-D: check-ins per venue, per hour of the week, along a Hilber
 Most bins are empty, and noise on the empty bins drowns the signal: with D bins, plain Laplace has
 total absolute error ≈ D·scale however few bins are occupied. Keeping only bins whose *noisy* value
 clears a threshold removes most of that error. All published noise here is discrete Laplace
-(integer counts, integer sensitivity), drawn from the caller's :class:`~dpcore.noise.NoiseSource`.
+(integer counts, integer sensitivity), drawn from the caller's :class:`~dpcore.privacy.noise.NoiseSource`.
 
 Sensitivity: ``sensitivity`` is the L1 sensitivity of the count vector: k under user-level privacy
 (each user contributes ≤ k records), 1 under record-level. The bins (the domain) must be public
@@ -57,8 +57,8 @@ import numpy as np
 from scipy import stats
 
 from dpcore import GeoDPError
-from dpcore.budget import Accountant, check_epsilon
-from dpcore.noise import NoiseSource
+from dpcore.privacy.budget import Accountant, check_epsilon
+from dpcore.privacy.noise import NoiseSource
 
 
 class SparseHistogramError(GeoDPError, ValueError):

@@ -1,6 +1,6 @@
 """The privacy ledger of a release store: one policy per dataset and an append-only log of charges.
 
-Layout inside the store (create-only objects, see flows/store.py)::
+Layout inside the store (create-only objects, see tasks/storage/store.py)::
 
     datasets/<dataset>/policy/<seq>.json   the dataset's policy; a higher seq is a logged change
     datasets/<dataset>/ledger/<seq>.json   a batch of charges (one run's cities) or a void of some of them
@@ -21,7 +21,7 @@ import json
 from dataclasses import dataclass
 
 from dpcore import GeoDPError
-from dpcore.accounting import (
+from dpcore.privacy.accounting import (
     BudgetRefused,
     LedgerCharge,
     PolicyError,
@@ -29,7 +29,7 @@ from dpcore.accounting import (
     check_within_budget,
     worst_case_loss,
 )
-from flows.store import (
+from tasks.storage.store import (
     _MAX_APPEND_TRIES,
     IntegrityError,
     ReleaseStore,

@@ -18,8 +18,8 @@ import numpy as np
 
 from dpcore import GeoDPError
 from dpcore.geo import Region
-from dpcore.histogram import cumulative_at, grid_counts, prefix_sums
-from dpcore.queries import Centres, centre_draw
+from dpcore.grid.histogram import cumulative_at, grid_counts, prefix_sums
+from dpcore.queries.range import Centres, centre_draw
 
 
 class STQueryError(GeoDPError, ValueError):
@@ -33,7 +33,7 @@ def st_range_workload(region: Region, n_slots: int, n_queries: int, side_min_m: 
     """Random box × slot-range queries.
 
     Boxes are squares with side uniform in [side_min, side_max] metres centred uniformly in the
-    region, or on uniformly drawn points of ``centres`` (dpcore.queries.workload_centres), clipped to
+    region, or on uniformly drawn points of ``centres`` (dpcore.queries.range.workload_centres), clipped to
     the region; slot ranges have length uniform in [1, max_slots] (default: all slots) and a uniform
     start. Box edges are snapped to a lattice of ``snap_cells`` per side so that the
     truth from a histogram at that resolution (:func:`true_st_counts`) is exact.

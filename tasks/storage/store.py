@@ -7,10 +7,10 @@ default, ``s3://bucket/prefix`` against any S3-compatible endpoint). Layout::
     releases/<dataset>/<city>/<period>/v<N>/<attempt>/...      data files of one attempt
     releases/<dataset>/<city>/<period>/v<N>/<attempt>/_STAGED.json   attempt complete (file list + hashes)
     releases/<dataset>/<city>/<period>/v<N>/_MANIFEST.json     the commit point, written last
-    datasets/<dataset>/...                                     policy and ledger (flows/ledger.py)
+    datasets/<dataset>/...                                     policy and ledger (tasks/storage/ledger.py)
 
 Every object is written **create-only** (temp file + ``link()`` locally, ``If-None-Match: *`` on S3): nothing
-is ever overwritten. The version claims (and the ledger, flows/ledger.py) are *create-only logs*: a
+is ever overwritten. The version claims (and the ledger, tasks/storage/ledger.py) are *create-only logs*: a
 writer lists the log, checks it and creates entry number ``len(log)``. Two writers racing for the same
 number cannot both succeed, and the loser re-reads the log and checks again, so a successful writer has
 always seen every earlier entry: the log is linearizable without any lock service.
@@ -38,8 +38,8 @@ from typing import Any
 import fsspec
 
 from dpcore import GeoDPError
-from dpcore.inputs import storage_options_from_env as _storage_options_from_env
-from dpcore.synopsis import json_default
+from dpcore.data.inputs import storage_options_from_env as _storage_options_from_env
+from dpcore.synopsis.base import json_default
 
 MANIFEST = "_MANIFEST.json"
 CLAIM = "_CLAIM.json"

@@ -45,10 +45,10 @@ import scipy.sparse as sp
 from scipy.optimize import linprog, lsq_linear
 
 from dpcore import GeoDPError
-from dpcore.budget import Accountant, split_epsilon
-from dpcore.histogram import flat_cell_index
-from dpcore.noise import NoiseSource
-from dpcore.synopsis import GridSynopsis, PrivacyInfo
+from dpcore.grid.histogram import flat_cell_index
+from dpcore.privacy.budget import Accountant, split_epsilon
+from dpcore.privacy.noise import NoiseSource
+from dpcore.synopsis.base import GridSynopsis, PrivacyInfo
 
 DEFAULT_QUANTUM = 1 << 20
 LEVEL_SPLITS = ("uniform", "geometric")

@@ -1,8 +1,8 @@
 """Heatmap quality metrics (Ghazi et al., AAAI 2023): EMD, KL divergence, Pearson correlation.
 
 All three compare *normalised* heatmaps (non-negative part scaled to sum 1, see
-:func:`dpcore.heatmap.normalise`), so a release's total mass does not matter, only where it is.
-Re-exported by :mod:`dpcore.metrics`.
+:func:`dpcore.heatmap.quadtree.normalise`), so a release's total mass does not matter, only where it is.
+Re-exported by :mod:`dpcore.evaluation.metrics`.
 
 EMD (earth mover's distance, Wasserstein-1) uses the Euclidean distance between cell centres in
 units of the region's side (so values are comparable across resolutions: 0.1 = mass moved a tenth
@@ -21,8 +21,8 @@ import math
 import numpy as np
 
 from dpcore import GeoDPError
-from dpcore.heatmap import normalise
-from dpcore.histogram import resample_grid
+from dpcore.grid.histogram import resample_grid
+from dpcore.heatmap.quadtree import normalise
 
 DEFAULT_EMD_MAX_SIDE = 64
 DEFAULT_KL_SMOOTHING = 1e-4

@@ -3,7 +3,7 @@
 Parquet goes through pyarrow and reads only the four needed columns; numeric, timestamp and
 integer-id columns convert to numpy without Python objects. CSV, TSV and SNAP go through pandas
 (every cell a string, as the formats carry no types). Conversions that fail mark the value with a
-sentinel (missing user, NaN coordinate, INT64_MIN time); :mod:`dpcore.data` turns sentinels into
+sentinel (missing user, NaN coordinate, INT64_MIN time); :mod:`dpcore.data.points` turns sentinels into
 dropped-row counts.
 """
 
@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from dpcore.inputs import DataError, InputFile, InputSet
+from dpcore.data.inputs import DataError, InputFile, InputSet
 
 STANDARD_COLUMNS = ("user_id", "timestamp", "lat", "lon")
 SNAP_COLUMNS = ("user_id", "timestamp", "lat", "lon", "location_id")
@@ -54,6 +54,14 @@ def to_epoch_seconds(col: pd.Series) -> np.ndarray:
     if pd.api.types.is_datetime64_any_dtype(col):
         ts = col.dt.tz_convert("UTC") if getattr(col.dt, "tz", None) is not None else col.dt.tz_localize("UTC")
     else:
+        # Text columns of plain numbers (CSV epoch seconds or milliseconds) are epochs, not dates.
+        as_number = pd.to_numeric(col, errors="coerce")
+        if as_number.notna().any():
+            numbers = as_number.to_numpy(dtype=np.float64, na_value=np.nan)
+            if np.isfinite(numbers).all():
+                return numeric_epoch(numbers)
+            dates = to_epoch_seconds(col.where(as_number.isna()))
+            return np.where(np.isfinite(numbers), numeric_epoch(numbers), dates)
         ts = pd.to_datetime(col, errors="coerce", utc=True, format="ISO8601")
         retry = ts.isna() & col.astype(str).str.strip().ne("")
         if retry.any():

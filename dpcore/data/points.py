@@ -1,7 +1,7 @@
 """Point tables in: CSV / Parquet in the standard schema, the SNAP Gowalla/Brightkite format, validation.
 
 The standard schema is ``user_id, timestamp, lat, lon`` (extra columns are ignored). An input is one
-file, a folder, a glob or a hive-partitioned folder, local or on ``s3://`` (see :mod:`dpcore.inputs`).
+file, a folder, a glob or a hive-partitioned folder, local or on ``s3://`` (see :mod:`dpcore.data.inputs`).
 Every row is validated; invalid rows are dropped and counted in a :class:`ValidationReport` summed
 over the input's files, or, with ``strict=True``, the first one raises a :class:`DataError` naming it.
 """
@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from dpcore.inputs import DataError, resolve_input, source_version
-from dpcore.readers import SNAP_COLUMNS, STANDARD_COLUMNS, TS_MISSING, Part, part_from_frame, read_part
+from dpcore.data.inputs import DataError, resolve_input, source_version
+from dpcore.data.readers import SNAP_COLUMNS, STANDARD_COLUMNS, TS_MISSING, Part, part_from_frame, read_part
 
 __all__ = ["SNAP_COLUMNS", "STANDARD_COLUMNS", "DataError", "LoadResult", "Points", "ValidationReport",
            "clip_to_region", "load_points", "parse_column_map", "source_version", "validate_frame"]
@@ -110,7 +110,7 @@ class LoadResult:
     points: Points
     report: ValidationReport
     source: str
-    # Public identity of the input (see dpcore.inputs.source_version): the files' latest mtime and
+    # Public identity of the input (see dpcore.data.inputs.source_version): the files' latest mtime and
     # count, never their content; release keys and manifests use it.
     data_version: str
     n_files: int = 1  # files read

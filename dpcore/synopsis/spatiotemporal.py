@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 
 from dpcore.geo import Region
-from dpcore.histogram import cumulative_at, resample_grid
-from dpcore.synopsis import PrivacyInfo, Synopsis, SynopsisError
+from dpcore.grid.histogram import cumulative_at, resample_grid
+from dpcore.synopsis.base import PrivacyInfo, Synopsis, SynopsisError
 
 ST_ARRAYS = "st_grid.npz"
 ATTACHMENTS = "model_weights.npz"

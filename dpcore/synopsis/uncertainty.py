@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dpcore.synopsis import GridSynopsis, Synopsis
+from dpcore.synopsis.base import GridSynopsis, Synopsis
 
 #: Mechanisms whose released grid is the noisy histogram itself (linear in the noise).
 LINEAR_MECHANISMS = ("identity", "ug")

@@ -18,5 +18,5 @@ def relative_error(estimate: np.ndarray, truth: np.ndarray, psi: float) -> np.nd
     return np.abs(est - tru) / np.maximum(tru, psi)
 
 
-# Heatmap quality metrics (EMD, KL, Pearson) live in dpcore.heatmap_metrics; re-exported here.
-from dpcore.heatmap_metrics import emd, emd_coarsening_bound, kl_divergence, pearson  # noqa: E402, F401
+# Heatmap quality metrics (EMD, KL, Pearson) live in dpcore.heatmap.metrics; re-exported here.
+from dpcore.heatmap.metrics import emd, emd_coarsening_bound, kl_divergence, pearson  # noqa: E402, F401

@@ -4,11 +4,11 @@ Protocol (stated in every result):
 - The region is public configuration; only points inside it are used.
 - User-level: each trial bounds every user to k points (``bounding="sample"``: a uniform k-subset per
   user) before the mechanism, or (``bounding="weight"``) keeps every point with weight min(1, k/n_u)
-  (dpcore.sampling.contribution_weights; grid mechanisms only). Truth is the exact count over *all*
+  (dpcore.privacy.bounding.contribution_weights; grid mechanisms only). Truth is the exact count over *all*
   points, so the synopsis is scaled to full counts by
   N / n̂, where N (the region's point count) is an explicit *public input* of the evaluation
   (recorded as ``total_points_source``) and n̂ is a DP estimate of the bounded sample's size (or
-  weight sum) that costs 10% of ε (see dpcore.scaling); the mechanism gets the other 90%.
+  weight sum) that costs 10% of ε (see dpcore.privacy.scaling); the mechanism gets the other 90%.
 - Record-level: no bounding, sensitivity 1, no scaling (the UG/AG/SNH papers' setting).
 - Relative error |est − truth| / max(truth, ψ), ψ = 0.1% of N. Workloads are squares with side
   uniform in [a, b] metres centred on uniformly drawn points of the evaluated data (``workload="data"``,
@@ -33,13 +33,19 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dpcore.budget import check_epsilon
-from dpcore.data import Points, clip_to_region
+from dpcore.data.points import Points, clip_to_region
+from dpcore.evaluation.metrics import psi_for, relative_error
 from dpcore.geo import Region
 from dpcore.mechanisms import FitInput, get_mechanism
-from dpcore.metrics import psi_for, relative_error
-from dpcore.noise import NoiseSource
-from dpcore.queries import (
+from dpcore.privacy.bounding import (
+    bound_contributions,
+    check_privacy_unit,
+    contribution_weights,
+)
+from dpcore.privacy.budget import check_epsilon
+from dpcore.privacy.noise import NoiseSource
+from dpcore.privacy.scaling import fit_scaled
+from dpcore.queries.range import (
     DEFAULT_QUERY_SIDES_M,
     DEFAULT_WORKLOAD,
     WorkloadSpec,
@@ -48,13 +54,7 @@ from dpcore.queries import (
     true_counts,
     workload_centres,
 )
-from dpcore.sampling import (
-    bound_contributions,
-    check_privacy_unit,
-    contribution_weights,
-)
-from dpcore.scaling import fit_scaled
-from dpcore.synopsis import Synopsis
+from dpcore.synopsis.base import Synopsis
 
 Progress = Callable[[int, int, str], None]
 #: called with (mechanism, ε, trial, synopsis) after every fit, e.g. to collect SNH training losses;
@@ -93,7 +93,7 @@ class EvalConfig:
 
 
 def check_bounding(bounding: str, privacy_unit: str) -> str:
-    from dpcore.sampling import SamplingError
+    from dpcore.privacy.bounding import SamplingError
 
     if bounding not in BOUNDINGS:
         raise SamplingError(f"bounding must be one of {BOUNDINGS}, got {bounding!r}")
@@ -171,7 +171,7 @@ def protocol_workloads(data: RegionData, query_sides_m: list[tuple[float, float]
                        ) -> list[tuple[tuple[float, float], np.ndarray, np.ndarray]]:
     """The protocol's workloads: per band (sides, boxes, true counts), drawn from a stream of ``seed``
     and ``stream`` alone, so every mechanism and any reference computed elsewhere sees the same queries.
-    ``workload`` says where the centres come from (dpcore.queries.parse_workload; default: the data)."""
+    ``workload`` says where the centres come from (dpcore.queries.range.parse_workload; default: the data)."""
     rng = np.random.default_rng([seed, stream])
     centres = workload_centres(workload, data.region, data.x, data.y)
     out = []
@@ -242,7 +242,7 @@ def evaluate(points: Points, region: Region, config: EvalConfig, progress: Progr
     ``on_fit`` (optional) gets each fitted synopsis, for diagnostics such as training curves."""
     data = region_data(points, region)
     if data.n_points == 0:
-        from dpcore.data import DataError
+        from dpcore.data.points import DataError
 
         raise DataError(f"no points fall inside region {region.name} ({region.side_km} km around "
                         f"{region.center_lat}, {region.center_lon})")
@@ -304,7 +304,7 @@ def evaluate(points: Points, region: Region, config: EvalConfig, progress: Progr
                     "params": params,
                 })
     # Answering 0 to every query: with ψ = 0.1% of n a release on sparse data can do worse than
-    # that, and then it says less than a blank map (bench/README.md, SNH section).
+    # that, and then it says less than a blank map (docs/decisions/0003-snh-pyramid-loss-and-answer-blend.md).
     zero = answer_zero(workloads, psi)
     hindsight = [row for eps in config.epsilons for row in hindsight_grid(data, workloads, eps, config, psi)] \
         if config.hindsight else []

@@ -41,7 +41,7 @@ def parse_query_sides(text: str) -> list[tuple[float, float]]:
 #: Where the evaluation's query centres come from (``--workload``): ``data`` (the default): a uniformly
 #: drawn point of the evaluated data, so queries are asked where people are (the SNH paper's test
 #: protocol); ``uniform``: uniform over the region; ``public:PATH``: a uniformly drawn point of a public
-#: point file (read with dpcore.data.load_points, only its points inside the region).
+#: point file (read with dpcore.data.points.load_points, only its points inside the region).
 WORKLOAD_KINDS = ("data", "uniform", "public")
 DEFAULT_WORKLOAD = "data"
 
@@ -90,7 +90,7 @@ def workload_centres(spec: str | WorkloadSpec, region: Region, data_x: np.ndarra
             raise QueryError("the data workload needs the evaluated points")
         cx, cy = np.asarray(data_x, dtype=np.float64), np.asarray(data_y, dtype=np.float64)
     else:
-        from dpcore.data import clip_to_region, load_points
+        from dpcore.data.points import clip_to_region, load_points
 
         _, cx, cy = clip_to_region(load_points(spec.path).points, region)
     if cx.size == 0:

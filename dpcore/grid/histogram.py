@@ -75,7 +75,7 @@ def grid_counts(x: np.ndarray, y: np.ndarray, bounds: tuple[float, float, float,
     """int64 (nx, ny) counts of points over bounds (xmin, ymin, xmax, ymax); points outside are ignored.
 
     With ``weights`` (one per point): float64 sums of the weights per cell instead. Weights on the
-    dpcore.sampling lattice give exact sums (see WEIGHT_QUANTUM)."""
+    dpcore.privacy.bounding lattice give exact sums (see WEIGHT_QUANTUM)."""
     ny = nx if ny is None else ny
     flat, inside = flat_cell_index(x, y, bounds, nx, ny)
     if weights is not None:
