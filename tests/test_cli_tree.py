@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from dpcore.geo import city_region
 from dpcore.data.synthetic import generate_checkins
+from dpcore.geo import city_region
 from flows.cli import main
 from flows.cli.common import CLIError, params_by_mechanism, parse_window
 from tests.cli_runner import ROOT, run_geodp

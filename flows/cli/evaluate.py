@@ -64,8 +64,8 @@ DaskAddress = Annotated[str | None, typer.Option("--dask-address",
 def _flow_cities(data: str, city: str | None, center: str | None, side_km: float | None, workers: int,
                  strict: bool, fmt: str) -> list[str]:
     """The catalog cities of the flow form, checked before any data is read."""
-    from dpcore.geo import resolve_region
     from dpcore.data.inputs import resolve_input
+    from dpcore.geo import resolve_region
 
     if center or not city:
         raise CLIError("--flow needs catalog cities (--city A[,B,...]); --center is not supported there")

@@ -39,8 +39,8 @@ def synth(
                                                "slices) or, with day, hive partitions OUT/date=YYYY-MM-DD/"),
 ) -> int:
     """Write synthetic check-ins (hotspot skew, power-law users, weekly rhythm) for trying geodp."""
-    from dpcore.geo import city_region
     from dpcore.data.synthetic import generate_checkins
+    from dpcore.geo import city_region
 
     at_least(users, 1, "--users")
     at_least(days, 1, "--days")
@@ -61,8 +61,8 @@ def _synth_partitioned(out_path: str, partitions: str, city: str, users: int, da
                         seed: int) -> int:
     import pandas as pd
 
-    from dpcore.geo import city_region
     from dpcore.data.synthetic import generate_checkin_chunks, write_partitioned
+    from dpcore.geo import city_region
 
     parts = partitions.strip().lower()
     if parts != "day" and not (parts.isdigit() and int(parts) >= 1):

@@ -78,10 +78,10 @@ def _release_params(data: str, cities: str | None, city: str | None, center: str
 
 def _prevalidate(params: ReleaseParams, open_store: bool = True) -> None:
     """Names, windows and parameter values fail here, before Prefect starts, data is read or budget charged."""
-    from dpcore.geo import resolve_region
     from dpcore.data.inputs import resolve_input
-    from tasks.storage.store import ReleaseStore
+    from dpcore.geo import resolve_region
     from tasks.config import parse_period
+    from tasks.storage.store import ReleaseStore
 
     parse_period(params.period)
     check_mechanism(params.mechanism, params.mechanism_params)
@@ -153,8 +153,8 @@ def run(
 
 def _run_flow(params: ReleaseParams, config: str | None) -> dict:
     from flows.release import run_release
-    from tasks.storage.store import ReleaseStore
     from tasks.runtime import local_prefect
+    from tasks.storage.store import ReleaseStore
 
     with local_prefect(), working(f"release flow: {len(params.cities) or 1} region(s) on Dask"):
         summary = run_release(params, config)
