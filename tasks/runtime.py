@@ -177,9 +177,9 @@ def local_prefect(timeout: int = 120) -> Iterator[str | None]:
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     server = _server_bound_to_this_process()
-    server.start(timeout=timeout)
-    os.environ["PREFECT_API_URL"] = server.api_url
-    try:
+    try:  # a SIGTERM while the server is still starting must stop it too
+        server.start(timeout=timeout)
+        os.environ["PREFECT_API_URL"] = server.api_url
         with temporary_settings({PREFECT_API_URL: server.api_url}):
             try:
                 yield server.api_url
