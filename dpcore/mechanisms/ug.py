@@ -118,6 +118,9 @@ class UniformGrid(Mechanism):
         self.max_grid = max_grid
         self.clamp_negative = clamp_negative
 
+    def fine_grid(self, region: Region) -> int | None:
+        return int(self.grid_size) if self.grid_size is not None else super().fine_grid(region)
+
     def check_params(self) -> None:
         if not self.c > 0:
             raise MechanismError(f"c must be > 0, got {self.c}")
