@@ -119,15 +119,20 @@ def compute(*objs):
     """Compute on the cluster this code runs in (from inside a task on a Dask worker, or with a
     distributed client in this process), else on the local threaded scheduler."""
     try:
-        from distributed import get_worker, worker_client
-
+        from distributed import default_client, get_worker, worker_client
+    except ImportError:
+        return dask.compute(*objs, scheduler="threads")
+    try:
         get_worker()
-    except (ImportError, ValueError):
+    except ValueError:
         pass
     else:
         with worker_client() as client:
-            return client.compute(list(objs), sync=True)
-    return dask.compute(*objs, scheduler="threads")
+            return tuple(client.compute(list(objs), sync=True))
+    try:
+        return tuple(default_client().compute(list(objs), sync=True))
+    except ValueError:
+        return dask.compute(*objs, scheduler="threads")
 
 
 def release_counts(source: str | LoadResult, specs: list[GridSpec], window: tuple[int | None, int | None],
