@@ -151,8 +151,14 @@ def chunk_counts(df: pd.DataFrame, specs: list[GridSpec]) -> dict[str, tuple]:
             m = spec.region.contains_m(x, y)
             out[spec.city] = ("points", x[m], y[m], df["user"].to_numpy()[m])
             continue
-        idx, cnt = np.unique(_flat_cells(spec, x, y, ts), return_counts=True)
-        out[spec.city] = ("counts", idx, cnt.astype(np.int64))
+        flat = _flat_cells(spec, x, y, ts)
+        if spec.size <= max(1 << 22, 8 * flat.size):  # a dense count is cheaper than sorting
+            dense = np.bincount(flat, minlength=spec.size)
+            idx = np.flatnonzero(dense)
+            out[spec.city] = ("counts", idx, dense[idx].astype(np.int64))
+        else:
+            idx, cnt = np.unique(flat, return_counts=True)
+            out[spec.city] = ("counts", idx, cnt.astype(np.int64))
     return out
 
 
