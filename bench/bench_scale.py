@@ -47,7 +47,9 @@ def _watch(stop: threading.Event, peaks: dict) -> None:
 
 def one(data: str, form: str, unit: str, days: int) -> dict:
     """Run one release in this process and return its measurements."""
+    from flows.release import release_cities, run_release
     from tasks.config import ReleaseParams
+    from tasks.runtime import local_prefect
 
     store = tempfile.mkdtemp(prefix="geodp-bench-store-")
     params = ReleaseParams(data=data, cities=["new-york"], period=f"2024-01-01..2024-01-{days:02d}",
@@ -60,13 +62,8 @@ def one(data: str, form: str, unit: str, days: int) -> dict:
     watcher.start()
     t0 = time.perf_counter()
     if form == "inproc":
-        from flows.release import release_cities
-
         release_cities(params, in_process=True, artifacts=False)
     else:
-        from flows.release import run_release
-        from tasks.runtime import local_prefect
-
         with local_prefect():
             t0 = time.perf_counter()  # the Prefect server's start is not the release's
             run_release(params)
@@ -79,9 +76,9 @@ def one(data: str, form: str, unit: str, days: int) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--users", type=int, default=40000)
-    ap.add_argument("--days", type=int, default=30)
-    ap.add_argument("--files", type=int, default=30)
+    ap.add_argument("--users", type=int, default=1700000)
+    ap.add_argument("--days", type=int, default=28)
+    ap.add_argument("--files", type=int, default=28)
     ap.add_argument("--forms", default="inproc,1,2")
     ap.add_argument("--units", default="record,user")
     ap.add_argument("--one", help=argparse.SUPPRESS)

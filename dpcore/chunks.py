@@ -77,20 +77,24 @@ def points_chunk(points: Points) -> pd.DataFrame:
                          "lon": points.lon}).astype(CHUNK_DTYPES)
 
 
-def select_rows(df: pd.DataFrame, regions: list[Region], start_s: int | None, end_s: int | None) -> pd.DataFrame:
-    """Rows with start ≤ ts < end that lie inside at least one region (the release's data)."""
+def select_rows(df: pd.DataFrame, regions: list[Region] | None, start_s: int | None,
+                end_s: int | None) -> pd.DataFrame:
+    """Rows with start ≤ ts < end that lie inside at least one region (the release's data); with
+    ``regions`` None, the window only (counting ignores points outside a region anyway)."""
     m = np.ones(len(df), dtype=bool)
     ts = df["ts"].to_numpy()
     if start_s is not None:
         m &= ts >= start_s
     if end_s is not None:
         m &= ts < end_s
-    lat, lon = df["lat"].to_numpy(), df["lon"].to_numpy()
-    inside = np.zeros(len(df), dtype=bool)
-    for r in regions:
-        x, y = r.project(lat, lon)
-        inside |= r.contains_m(x, y)
-    return df[m & inside]
+    if regions is not None:
+        lat, lon = df["lat"].to_numpy(), df["lon"].to_numpy()
+        inside = np.zeros(len(df), dtype=bool)
+        for r in regions:
+            x, y = r.project(lat, lon)
+            inside |= r.contains_m(x, y)
+        m &= inside
+    return df if m.all() else df[m]
 
 
 def bound_chunk(df: pd.DataFrame, max_points_per_user: int, rng: np.random.Generator,

@@ -101,10 +101,13 @@ def release_frame(source: str | LoadResult, regions: Sequence, window: tuple[int
         reads = [dask.delayed(_read, nout=2)(inp, f, columns, strict) for f in inp.files]
         ddf = dd.from_delayed([r[0] for r in reads], meta=empty_chunk(), verify_meta=False)
         reports = [r[1] for r in reads]
-    ddf = ddf.map_partitions(select_rows, list(regions), start_s, end_s, meta=empty_chunk())
     if privacy_unit == "user":
+        # only the regions' rows travel through the shuffle
+        ddf = ddf.map_partitions(select_rows, list(regions), start_s, end_s, meta=empty_chunk())
         ddf = ddf.shuffle(on="user", npartitions=ddf.npartitions)
         ddf = ddf.map_partitions(_bound, int(max_points_per_user), per_day, seed, meta=empty_chunk())
+    elif start_s is not None or end_s is not None:
+        ddf = ddf.map_partitions(select_rows, None, start_s, end_s, meta=empty_chunk())
     return ddf, reports, inp
 
 

@@ -159,6 +159,7 @@ def make_plans(*, dataset: str, cities: list[str], center: str | None, side_km: 
         raise ReleaseError("--public-total applies to a single-region release")
     for region in regions:
         check_grid_fits(mechanism, params, region, period, slot_seconds)
+        check_fine_grid_fits(mechanism, params, region, period, slot_seconds)
     plans = []
     for region in regions:
         city = re.sub(r"[^A-Za-z0-9._+-]", "-", region.name)
@@ -187,6 +188,18 @@ def check_numbers(epsilon: float, max_points_per_user: int) -> None:
         raise ReleaseError(f"epsilon must be a number in (0, 1000], got {epsilon!r}")
     if not (isinstance(max_points_per_user, int) and 1 <= max_points_per_user <= 1_000_000):
         raise ReleaseError(f"max points per user must be a whole number in [1, 1000000], got {max_points_per_user!r}")
+
+
+def check_fine_grid_fits(mechanism: str, params: dict, region: Region, period: Period,
+                         slot_seconds: int | None) -> None:
+    """Refuse, before the ledger, a fine count grid (Mechanism.fine_grid) that cannot fit in memory."""
+    cells = get_mechanism(mechanism, **params).fine_grid(region)
+    if cells is None:
+        return
+    total = cells * cells * (-(-period.seconds // slot_seconds) if slot_seconds and period.seconds else 1)
+    if total > MAX_GRID_CELLS:
+        raise ReleaseError(f"{mechanism}: its count grid of {total:,} cells over {region.name} does not fit (at "
+                           f"most {MAX_GRID_CELLS:,}); lower the parameter that sets the finest grid")
 
 
 def check_grid_fits(mechanism: str, params: dict, region: Region, period: Period, slot_seconds: int | None) -> None:
