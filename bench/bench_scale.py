@@ -39,9 +39,12 @@ def _watch(stop: threading.Event, peaks: dict) -> None:
     while not stop.is_set():
         for child in me.children(recursive=True):
             try:
-                peaks[child.pid] = max(peaks.get(child.pid, 0.0), _hwm_mib(child.pid))
-            except (OSError, StopIteration):
+                cmd = " ".join(child.cmdline())
+                hwm = _hwm_mib(child.pid)
+            except (OSError, StopIteration, psutil.Error):
                 continue
+            if "multiprocessing" in cmd and "resource_tracker" not in cmd:  # LocalCluster's worker processes
+                peaks[child.pid] = max(peaks.get(child.pid, 0.0), hwm)
         time.sleep(0.2)
 
 
@@ -71,7 +74,7 @@ def one(data: str, form: str, unit: str, days: int) -> dict:
     stop.set()
     watcher.join()
     workers = sorted(peaks.values(), reverse=True)
-    return {"wall_s": wall, "flow_hwm_mib": _hwm_mib(), "child_hwm_mib": workers[:3]}
+    return {"wall_s": wall, "flow_hwm_mib": _hwm_mib(), "child_hwm_mib": workers}
 
 
 def main() -> int:
@@ -117,7 +120,16 @@ def main() -> int:
         workers = ", ".join(f"{v:.0f}" for v in r["child_hwm_mib"]) or "–"
         print(f"| {r['unit']} | {form} | {r['wall_s']:.1f} | {r['points_per_s'] / 1e6:.2f} M | {r['flow_hwm_mib']:.0f} | "
               f"{workers} |")
+    print(SCALING)
     return 0
+
+
+SCALING = """
+Expected on a larger machine: record level is one read → count task per file and a tree sum of sparse
+counts (at most R² cells per city), so it scales with workers until storage bandwidth binds. User level
+adds one shuffle of the in-region rows (32 bytes each) on the user key: it scales with workers while the
+network and the workers' disks carry the shuffle; the flow process holds only the summed grids either way.
+On this 2-core machine shared with other work, a second worker process competes for the same cores."""
 
 
 if __name__ == "__main__":
