@@ -1,13 +1,13 @@
-"""Accuracy of the range-count mechanisms on real public data, through dpcore.evaluate.
+"""Accuracy of the range-count mechanisms on real public data, through dpcore.evaluation.range.
 
 Every mechanism × ε × bands 25–100 m, 100–1000 m, 1–5 km, on
 - Gowalla NYC check-ins in the ``new-york`` box, and
 - SF cabs trip start points (the first point of each occupied run of a cab) in the ``san-francisco``
   box,
 at user level (k points per user, a k-sample or weights min(1, k/n_u), scaled to full counts as
-dpcore.evaluate does) and record level. Query centres are drawn from the data by default
+dpcore.evaluation.range does) and record level. Query centres are drawn from the data by default
 (``--workload data``: queries where people are). Prints mean relative error tables (ψ = 0.1% of the
-region's points) with every cell's ratio to the two references of dpcore.evaluate (the hindsight grid,
+region's points) with every cell's ratio to the two references of dpcore.evaluation.range (the hindsight grid,
 answering 0), the best mechanism per cell, and, with ``--boundings sample,weight``, the weighted
 bounding against the k-sample. ``--readme`` rewrites the data-centred section at the top of
 bench/README.md with the tables, the date and the command.
@@ -31,11 +31,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from dpcore.data import Points, load_points  # noqa: E402
-from dpcore.evaluate import EvalConfig, evaluate  # noqa: E402
+from dpcore.data.points import Points, load_points  # noqa: E402
+from dpcore.evaluation.range import EvalConfig, evaluate  # noqa: E402
 from dpcore.geo import city_region  # noqa: E402
 from dpcore.mechanisms import get_mechanism_class  # noqa: E402
-from dpcore.queries import parse_query_sides  # noqa: E402
+from dpcore.queries.range import parse_query_sides  # noqa: E402
 
 SHARED = ROOT.parent / "shared" / "data"
 EPSILONS = "0.05,0.1,0.2,0.4,0.8,1.6"
@@ -181,10 +181,10 @@ def bounding_bias(ds: str, ks: list[int], sides: list[Band], queries: int, seed:
     the k-sample (one draw) and the weights, beside the full data's exact grid (the uniformity floor). What
     is left when ε → ∞ is the bias of bounding; it is the same for both boundings, whose expectations
     agree. A diagnostic on the true data, not a release."""
-    from dpcore.evaluate import protocol_workloads, region_data
-    from dpcore.histogram import answer_boxes, grid_counts, prefix_sums
-    from dpcore.metrics import psi_for, relative_error
-    from dpcore.sampling import bound_contributions, contribution_weights
+    from dpcore.evaluation.metrics import psi_for, relative_error
+    from dpcore.evaluation.range import protocol_workloads, region_data
+    from dpcore.grid.histogram import answer_boxes, grid_counts, prefix_sums
+    from dpcore.privacy.bounding import bound_contributions, contribution_weights
 
     _, city, _ = DATASETS[ds]
     region = city_region(city)
@@ -316,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     cmd = ".venv/bin/python bench/bench_accuracy.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
     header = (f"`{cmd.strip()}` ({dt.date.today().isoformat()}; {args.trials} trials × {args.queries} queries "
               f"per band; query centres: {args.workload}; seeded noise; ψ = 0.1% of the region's points; user "
-              "level scales to full counts as dpcore.evaluate documents).")
+              "level scales to full counts as dpcore.evaluation.range documents).")
     section = header + "\n\n" + "\n\n".join(sections)
     if args.markdown:
         Path(args.markdown).write_text(section + "\n")

@@ -8,7 +8,7 @@ same rows). Each case runs in a fresh subprocess so that its peak RSS is its own
 rows per wall second, rows per CPU second (the per-core rate, the one to compare on a shared
 machine), both from the best of --repeat loads, and the child's peak RSS before the first load
 (interpreter and libraries) and at the end. "threads 1" pins pyarrow to one thread.
-Goal (issue 28): tens of millions of rows per second per core for Parquet.
+Goal: tens of millions of rows per second per core for Parquet.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import json, sys, time
 import pyarrow as pa
 if {one_thread}:
     pa.set_cpu_count(1); pa.set_io_thread_count(1)
-from dpcore.data import load_points
+from dpcore.data.points import load_points
 
 def hwm_mb():
     # VmHWM is this process's own peak; getrusage's ru_maxrss would carry the parent's across exec.
@@ -61,8 +61,8 @@ def run_case(src: str, window: tuple[int, int] | None, one_thread: bool, repeat:
 def write_layouts(root: Path, points: int, files: int, days: int, csv_files: int) -> dict[str, str]:
     import pandas as pd
 
+    from dpcore.data.synthetic import generate_checkin_chunks, write_partitioned
     from dpcore.geo import city_region
-    from dpcore.synthetic import generate_checkin_chunks, write_partitioned
 
     region = city_region("new-york")
     users = max(1, int(points / 11.7))  # the generator keeps ≈ 11.7 points per user

@@ -25,10 +25,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dpcore.data import Points, clip_to_region, load_points
+from dpcore.data.points import Points, clip_to_region, load_points
 from dpcore.geo import city_region
 from dpcore.mechanisms import FitInput, get_mechanism
-from dpcore.noise import NoiseSource
+from dpcore.privacy.noise import NoiseSource
 
 SHARED = Path(os.environ.get("GEODP_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 
@@ -47,11 +47,11 @@ def load_city(city: str, data: str | None = None) -> tuple[Points, str]:
         idx, _, _ = clip_to_region(pts := load_points(sample).points, city_region(city))
         if idx.size >= 1000:
             return pts, f"{sample} ({idx.size:,} points in {city})"
-    from dpcore.data import validate_frame
-    from dpcore.synthetic import generate_checkins
+    from dpcore.data.points import validate_frame
+    from dpcore.data.synthetic import generate_checkins
 
     df = generate_checkins(city_region(city), n_users=6000, seed=0)
-    return validate_frame(df)[0], "synthetic (dpcore.synthetic, seed 0)"
+    return validate_frame(df)[0], "synthetic (dpcore.data.synthetic, seed 0)"
 
 
 def cmd_speed(args: argparse.Namespace) -> None:
@@ -90,9 +90,9 @@ def _rows(report: dict) -> list[dict]:
 
 
 def cmd_accuracy(args: argparse.Namespace) -> None:
-    from dpcore.evaluate import EvalConfig, evaluate
+    from dpcore.evaluation.range import EvalConfig, evaluate
     from dpcore.paramselect import select_params
-    from dpcore.queries import parse_query_sides
+    from dpcore.queries.range import parse_query_sides
 
     pts, source = load_city(args.city, args.data)
     region = city_region(args.city)
@@ -100,7 +100,7 @@ def cmd_accuracy(args: argparse.Namespace) -> None:
     epsilons = [float(e) for e in args.epsilons.split(",")]
     k = args.max_points_per_user
     idx, _, _ = clip_to_region(pts, region)
-    n_public = idx.size  # the evaluation protocol's public N (as in dpcore.evaluate)
+    n_public = idx.size  # the evaluation protocol's public N (as in dpcore.evaluation.range)
     print(f"data {source}; {args.privacy_unit}-level; k={k if args.privacy_unit == 'user' else '-'}; "
           f"load average {os.getloadavg()[0]:.1f} (shared machine)")
     all_rows = []
@@ -148,7 +148,7 @@ def cmd_accuracy(args: argparse.Namespace) -> None:
                       f"fit {r['fit_seconds']:.1f}s  params {r.get('params')}", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(all_rows, indent=2, default=str))
-    # Goal summary: snh / auto vs the best of the others per (ε, band).
+    # Summary: snh / auto vs the best of the others per (ε, band).
     print("\nsummary (mean relative error; ratio = mechanism / best of the others):")
     keys = sorted({(r["epsilon"], tuple(r["query_sides_m"])) for r in all_rows})
     for key in keys:
@@ -163,7 +163,7 @@ def cmd_accuracy(args: argparse.Namespace) -> None:
             if m in rows:
                 line += f"; {m} {rows[m]:.4f} (×{rows[m] / base[best_m]:.2f})"
         if "auto" in rows and "snh" in rows:
-            # Goal 2 counts snh among "the others" too.
+            # auto is compared with the best of all the others, snh included.
             others = {m: v for m, v in rows.items() if m != "auto"}
             best_o = min(others, key=others.get)
             line += f"; auto / best of all others ({best_o}) ×{rows['auto'] / others[best_o]:.2f}"
@@ -180,10 +180,10 @@ def cmd_floors(args: argparse.Namespace) -> None:
     assumption (the resolution floor); the exact counts of only the cells holding ≥ T points, zero
     elsewhere (an oracle of spike detection: a DP release must find those cells under noise of scale
     sensitivity/ε per cell, so at ε = 0.1 it cannot tell cells below T ≈ 30–50 from empty ones)."""
-    from dpcore.evaluate import protocol_workloads, region_data
-    from dpcore.histogram import answer_boxes, grid_counts, prefix_sums
-    from dpcore.metrics import psi_for, relative_error
-    from dpcore.queries import parse_query_sides
+    from dpcore.evaluation.metrics import psi_for, relative_error
+    from dpcore.evaluation.range import protocol_workloads, region_data
+    from dpcore.grid.histogram import answer_boxes, grid_counts, prefix_sums
+    from dpcore.queries.range import parse_query_sides
 
     pts, source = load_city(args.city, args.data)
     region = city_region(args.city)
@@ -220,9 +220,9 @@ def cmd_bins(args: argparse.Namespace) -> None:
     """Where each mechanism's mean relative error comes from: the workload's squares split by their TRUE
     count (no privacy: a diagnostic), with each bin's share of the mean (its errors summed ÷ all squares)
     and its own mean. Variants of snh are given as JSON parameter sets with --snh-variants."""
-    from dpcore.evaluate import fit_and_scale, make_fit_input, protocol_workloads, region_data
-    from dpcore.metrics import psi_for, relative_error
-    from dpcore.queries import parse_query_sides
+    from dpcore.evaluation.metrics import psi_for, relative_error
+    from dpcore.evaluation.range import fit_and_scale, make_fit_input, protocol_workloads, region_data
+    from dpcore.queries.range import parse_query_sides
 
     pts, source = load_city(args.city, args.data)
     region = city_region(args.city)
@@ -255,9 +255,9 @@ def cmd_bins(args: argparse.Namespace) -> None:
 
 
 def cmd_rho(args: argparse.Namespace) -> None:
-    from dpcore.evaluate import EvalConfig, evaluate
+    from dpcore.evaluation.range import EvalConfig, evaluate
     from dpcore.paramselect import RHO_GRID_M, kept_fractions, select_params
-    from dpcore.queries import parse_query_sides
+    from dpcore.queries.range import parse_query_sides
 
     pts, source = load_city(args.city, args.data)
     region = city_region(args.city)

@@ -3,7 +3,7 @@ compare when the machine is shared (wall time then includes other processes' loa
 
     .venv/bin/python bench/bench_speed.py [--sf-cabs ../shared/data/sf_cabs.parquet]
 
-Targets (issue 2): bounding ≥ 5 M points/s, discrete Laplace ≥ 10 M cells/s, range answering
+Targets: bounding ≥ 5 M points/s, discrete Laplace ≥ 10 M cells/s, range answering
 ≥ 1 M queries/s; plus the end-to-end release time of the SF cabs region (≈10 M points).
 """
 
@@ -41,11 +41,11 @@ def main() -> None:
     args = ap.parse_args()
 
     from dpcore.geo import city_region
-    from dpcore.histogram import grid_counts
+    from dpcore.grid.histogram import grid_counts
     from dpcore.mechanisms import FitInput, get_mechanism
-    from dpcore.noise import NoiseSource
-    from dpcore.queries import square_workload
-    from dpcore.sampling import bound_contributions
+    from dpcore.privacy.bounding import bound_contributions
+    from dpcore.privacy.noise import NoiseSource
+    from dpcore.queries.range import square_workload
 
     rng = np.random.default_rng(0)
     n = 10_000_000
@@ -81,8 +81,8 @@ def main() -> None:
     if not path.exists():
         print(f"(skipping end-to-end SF cabs release: {path} is missing)")
         return
-    from dpcore.data import load_points
-    from dpcore.evaluate import make_fit_input, region_data
+    from dpcore.data.points import load_points
+    from dpcore.evaluation.range import make_fit_input, region_data
 
     with Timer() as t_all:
         with Timer() as t:

@@ -8,11 +8,11 @@ Prints a markdown table per dataset (and writes the JSON reports), e.g.
 
 Datasets (windows and slots are public configuration):
 - sf-cabs: ../shared/data/sf_cabs.parquet, San Francisco 20 km box, 2008-05-18 .. 2008-06-08
-  (3 weeks), daily slots, 256² cells (the issue's default configuration);
+  (3 weeks), daily slots, 256² cells (the default configuration);
 - gowalla-nyc: ../shared/data/gowalla_nyc_checkins.tsv.gz, New York 20 km box, 2010-06-01 ..
   2010-08-30 (13 weeks), weekly slots, k = 20 (35 k check-ins of 2.6 k users: daily slots would
   leave ~400 points per slot);
-- synthetic: dpcore.synthetic check-ins (skewed hotspots, power-law users, weekly rhythm), 3 weeks.
+- synthetic: dpcore.data.synthetic check-ins (skewed hotspots, power-law users, weekly rhythm), 3 weeks.
 Held-out tuning sets (bench/tune_vdr.py picks VDR's post-processing defaults on these, never on the sets above):
 - synthetic-large: the same generator with 300,000 users (3.5 M points), SF-cabs-like counts per
   cell at record level;
@@ -34,11 +34,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np
 import pandas as pd
 
-from dpcore.data import load_points, validate_frame
-from dpcore.evaluate_st import STEvalConfig, evaluate_st
+from dpcore.data.points import load_points, validate_frame
+from dpcore.evaluation.spatiotemporal import STEvalConfig, evaluate_st
 from dpcore.geo import city_region, parse_slot
 from dpcore.mechanisms import Mechanism, register
-from dpcore.st_synopsis import SpatioTemporalSynopsis
+from dpcore.synopsis.spatiotemporal import SpatioTemporalSynopsis
 
 
 class UniformST(Mechanism):
@@ -86,7 +86,7 @@ PRESETS = {
 def load_preset_points(preset: dict):
     """The preset's points (all of them; the caller cuts the window)."""
     if preset["file"] is None:
-        from dpcore.synthetic import generate_checkins
+        from dpcore.data.synthetic import generate_checkins
 
         frame = generate_checkins(city_region(preset["city"]), n_users=preset.get("users", 5000),
                                   start=preset["window"][0], days=21, seed=11)

@@ -62,7 +62,7 @@ def reference_answer(grid: np.ndarray, bounds: tuple[float, float, float, float]
 
 
 def _load_points(path: str) -> object:
-    from dpcore.data import load_points
+    from dpcore.data.points import load_points
 
     return load_points(path).points
 
@@ -71,7 +71,7 @@ def compare(x: np.ndarray, y: np.ndarray, region, epsilons: list[float], sides: 
             sensitivity: int, n_queries: int, trials: int, seed: int, public_total: bool) -> list[dict]:
     """Mean relative error of dpcore ug and the reference on identical data, workloads and ε."""
     from dpcore.mechanisms import FitInput, get_mechanism
-    from dpcore.noise import NoiseSource
+    from dpcore.privacy.noise import NoiseSource
 
     bounds = region.bounds_m
     psi = max(1.0, 0.001 * x.size)
@@ -82,7 +82,7 @@ def compare(x: np.ndarray, y: np.ndarray, region, epsilons: list[float], sides: 
         s = wl_rng.uniform(a, b, n_queries)
         c = wl_rng.uniform(-h, h, (n_queries, 2))
         boxes = np.c_[c - s[:, None] / 2, c + s[:, None] / 2]
-        # Truth by brute force over chunks of queries (independent of dpcore.queries).
+        # Truth by brute force over chunks of queries (independent of dpcore.queries.range).
         truth = np.concatenate([
             ((x[None, :] >= bx[:, :1]) & (x[None, :] < bx[:, 2:3]) & (y[None, :] >= bx[:, 1:2])
              & (y[None, :] < bx[:, 3:4])).sum(axis=1) for bx in np.array_split(boxes, max(1, n_queries // 50))])
@@ -109,9 +109,9 @@ def compare(x: np.ndarray, y: np.ndarray, region, epsilons: list[float], sides: 
 
 def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from dpcore.data import clip_to_region
+    from dpcore.data.points import clip_to_region
     from dpcore.geo import resolve_region
-    from dpcore.sampling import bound_contributions
+    from dpcore.privacy.bounding import bound_contributions
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", default=str(Path(__file__).resolve().parents[2] / "shared/data/gowalla_nyc_checkins.tsv.gz"))

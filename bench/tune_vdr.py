@@ -1,6 +1,6 @@
 """Tune VDR's output-stage knobs on held-out data (never SF cabs or Gowalla New York).
 
-Runs the spatio-temporal evaluation protocol (dpcore.evaluate_st, as bench_vdr.py) once per
+Runs the spatio-temporal evaluation protocol (dpcore.evaluation.spatiotemporal, as bench_vdr.py) once per
 configuration of the post-processing knobs. The VQ-VAE is trained once per (dataset, ε, privacy
 unit): its output is cached in memory and reused by every configuration, because the knobs tuned
 here act after it (the noise is seeded by mechanism name and ε, so every configuration sees the
@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import bench_vdr  # registers uniform3d, holds the dataset presets
 import numpy as np
 
-from dpcore.evaluate_st import STEvalConfig, evaluate_st
+from dpcore.evaluation.spatiotemporal import STEvalConfig, evaluate_st
 from dpcore.geo import city_region, parse_slot
 from dpcore.models import vqvae
 

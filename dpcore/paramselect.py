@@ -46,12 +46,12 @@ import pandas as pd
 
 from dpcore import GeoDPError
 from dpcore.geo import Region
-from dpcore.histogram import grid_counts
+from dpcore.grid.histogram import grid_counts
 
 if TYPE_CHECKING:  # pragma: no cover
-    from dpcore.budget import Accountant
     from dpcore.mechanisms.base import FitInput
-    from dpcore.noise import NoiseSource
+    from dpcore.privacy.budget import Accountant
+    from dpcore.privacy.noise import NoiseSource
 
 MODEL_DIR = Path(__file__).resolve().parent / "models"
 DEFAULT_MODEL_PATH = MODEL_DIR / "paramselect_model.joblib"
@@ -747,16 +747,16 @@ def training_rows(dataset: str, group: str, x: np.ndarray, y: np.ndarray, user: 
     Rows carry the features, the configuration and ``error`` (mean relative error over the band).
     ``progress(done, total, what)`` is called after each configuration's fits.
     """
-    from dpcore.evaluate import (
+    from dpcore.evaluation.metrics import psi_for, relative_error
+    from dpcore.evaluation.range import (
         PARAMSELECT_WORKLOAD_STREAM,
         RegionData,
         fit_and_scale,
         make_fit_input,
         protocol_workloads,
     )
-    from dpcore.metrics import psi_for, relative_error
-    from dpcore.noise import NoiseSource
-    from dpcore.queries import DEFAULT_QUERY_SIDES_M
+    from dpcore.privacy.noise import NoiseSource
+    from dpcore.queries.range import DEFAULT_QUERY_SIDES_M
 
     bands = tuple(bands or DEFAULT_QUERY_SIDES_M)
     data = RegionData(np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64), np.asarray(user), region)

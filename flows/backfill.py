@@ -12,7 +12,7 @@ from __future__ import annotations
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 
-from dpcore.accounting import budget_label
+from dpcore.privacy.accounting import budget_label
 from flows.release import _artifact_key, release_cities
 from tasks.config import BackfillParams, canonical_hash, days_between
 from tasks.release_tasks import dataset_name, load_and_validate

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from dpcore import GeoDPError
-from dpcore.data import LoadResult, load_points, parse_column_map
+from dpcore.data.points import LoadResult, load_points, parse_column_map
 from dpcore.geo import Region, resolve_region
 
 T = TypeVar("T")
@@ -58,7 +58,7 @@ def check_public_workload(workload: str) -> None:
     """A public centre file that is missing fails before the private data is read."""
     from pathlib import Path
 
-    from dpcore.queries import QueryError, parse_workload
+    from dpcore.queries.range import QueryError, parse_workload
 
     spec = parse_workload(workload)
     if spec.kind == "public" and not Path(spec.path).is_file():

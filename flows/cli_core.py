@@ -77,7 +77,7 @@ def cmd_cities(args: argparse.Namespace) -> int:
 
 
 def cmd_synth(args: argparse.Namespace) -> int:
-    from dpcore.synthetic import generate_checkins
+    from dpcore.data.synthetic import generate_checkins
 
     if args.users < 1 or args.days < 1:
         raise CLIError("--users and --days must be ≥ 1")
@@ -96,7 +96,7 @@ def cmd_synth(args: argparse.Namespace) -> int:
 
 
 def _synth_partitioned(args: argparse.Namespace) -> int:
-    from dpcore.synthetic import generate_checkin_chunks, write_partitioned
+    from dpcore.data.synthetic import generate_checkin_chunks, write_partitioned
 
     parts = args.partitions.strip().lower()
     if parts != "day" and not (parts.isdigit() and int(parts) >= 1):
@@ -121,8 +121,8 @@ def _synth_partitioned(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from dpcore.evaluate import EvalConfig, evaluate, format_table
-    from dpcore.queries import parse_query_sides
+    from dpcore.evaluation.range import EvalConfig, evaluate, format_table
+    from dpcore.queries.range import parse_query_sides
 
     region = None if args.flow else region_from_args(args)
     mech_params = parse_mechanism_params(args.param, "evaluate")
@@ -155,7 +155,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 def _evaluate_flow(args: argparse.Namespace, config) -> int:
     """`geodp evaluate --flow`: the Prefect `evaluate` flow (one Dask task per city × mechanism × ε),
     with its artifacts: error table, error-vs-ε plot and training curves (SNH)."""
-    from dpcore.evaluate import format_table
+    from dpcore.evaluation.range import format_table
     from dpcore.mechanisms import get_mechanism
     from flows.cli_st import flow_cities, run_evaluate_flow
     from tasks.config import EvaluateParams

@@ -66,7 +66,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_evaluate_heatmap(args: argparse.Namespace) -> int:
-    from dpcore.evaluate_heatmap import HeatmapEvalConfig, evaluate_heatmap, format_table
+    from dpcore.evaluation.heatmap import HeatmapEvalConfig, evaluate_heatmap, format_table
 
     if args.trials < 1:
         raise CLIError("--trials must be ≥ 1")
@@ -87,7 +87,7 @@ def run_evaluate_heatmap(args: argparse.Namespace) -> int:
     out.write_text(json.dumps(report, indent=2))
     eprint(f"wrote {out}")
     if args.render and example:
-        from dpcore.heatmap import render_heatmaps
+        from dpcore.heatmap.quadtree import render_heatmaps
 
         (eps, res, n_users), grids = next(iter(example.items()))
         panels = [("true", grids.pop("truth"))] + list(grids.items())
@@ -101,8 +101,8 @@ def venue_counts(path: str, bin_column: str, domain_size: int, k: int, rng: np.r
     [0, domain_size); ids outside it are dropped (the domain is configuration, not read from data)."""
     import pandas as pd
 
-    from dpcore.data import SNAP_COLUMNS, DataError
-    from dpcore.sampling import bound_contributions
+    from dpcore.data.points import SNAP_COLUMNS, DataError
+    from dpcore.privacy.bounding import bound_contributions
 
     p = Path(path)
     if not p.exists():
@@ -132,7 +132,7 @@ def venue_counts(path: str, bin_column: str, domain_size: int, k: int, rng: np.r
 def sparse_errors(keys, counts, domain_size: int, eps: float, k: int, eta: float,
                   top_percent: float | None, noise) -> dict:
     """Total absolute error against the bounded counts, over the whole public domain, per method."""
-    from dpcore.sparse1d import noise_then_threshold_sparse
+    from dpcore.sparse1d.histograms import noise_then_threshold_sparse
 
     # Plain Laplace on all N bins: its error is the total |noise|, drawn for every bin (in chunks).
     scale = k / eps
@@ -154,7 +154,7 @@ def sparse_errors(keys, counts, domain_size: int, eps: float, k: int, eta: float
     if top_percent is not None:
         if domain_size > 20_000_000:
             raise CLIError("--top-percent needs --domain-size ≤ 20,000,000 (dense noise)")
-        from dpcore.sparse1d import top_percent as top_fn
+        from dpcore.sparse1d.histograms import top_percent as top_fn
 
         dense = np.zeros(domain_size, dtype=np.int64)
         dense[keys] = counts
@@ -164,7 +164,7 @@ def sparse_errors(keys, counts, domain_size: int, eps: float, k: int, eta: float
 
 
 def run_sparse1d(args: argparse.Namespace) -> int:
-    from dpcore.noise import NoiseSource
+    from dpcore.privacy.noise import NoiseSource
 
     if args.domain_size < 1 or args.max_points_per_user < 1 or args.trials < 1:
         raise CLIError("--domain-size, --max-points-per-user and --trials must be ≥ 1")

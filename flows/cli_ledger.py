@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from dpcore.accounting import budget_label
+from dpcore.privacy.accounting import budget_label
 from flows.cli_common import CLIError, eprint
 
 
@@ -64,7 +64,7 @@ def _policy_args(q: argparse.ArgumentParser, required: bool) -> None:
 
 
 def _policy_from_args(args: argparse.Namespace, base: dict | None) -> object:
-    from dpcore.accounting import PrivacyPolicy
+    from dpcore.privacy.accounting import PrivacyPolicy
 
     d = dict(base or {})
     for name in ("privacy_unit", "max_points_per_user", "bound_window", "budget", "accounting", "delta",
@@ -93,8 +93,8 @@ def _policy_from_args(args: argparse.Namespace, base: dict | None) -> object:
 
 
 def _ledger(args: argparse.Namespace, create: bool = False):
-    from flows.ledger import DatasetLedger
-    from flows.store import ReleaseStore
+    from tasks.storage.ledger import DatasetLedger
+    from tasks.storage.store import ReleaseStore
 
     return DatasetLedger(ReleaseStore(args.store, create=create), args.dataset)
 
@@ -142,7 +142,7 @@ def cmd_dataset_policy(args: argparse.Namespace) -> int:
 
 
 def cmd_dataset_void(args: argparse.Namespace) -> int:
-    from flows.store import ReleaseStore
+    from tasks.storage.store import ReleaseStore
 
     ledger = _ledger(args)
     entry = next((e for e in ledger.entries() if e["seq"] == args.seq and e["kind"] == "charge"), None)
@@ -183,8 +183,8 @@ def _staged_with(store, dataset: str, charge: dict, seq: int) -> bool:
 
 
 def cmd_ledger(args: argparse.Namespace) -> int:
-    from flows.ledger import datasets
-    from flows.store import ReleaseStore
+    from tasks.storage.ledger import datasets
+    from tasks.storage.store import ReleaseStore
 
     store = ReleaseStore(args.store, create=False)
     names = [args.dataset] if args.dataset else datasets(store)
@@ -194,7 +194,7 @@ def cmd_ledger(args: argparse.Namespace) -> int:
 
 
 def _print_datasets(store, names: list[str], as_json: bool, entries: bool, policy_log: bool) -> int:
-    from flows.ledger import DatasetLedger
+    from tasks.storage.ledger import DatasetLedger
 
     out = []
     for name in names:

@@ -16,7 +16,7 @@ import sys
 import numpy as np
 
 from dpcore import GeoDPError
-from dpcore.accounting import budget_label
+from dpcore.privacy.accounting import budget_label
 from flows.cli_common import CLIError, add_data_args, add_privacy_args, eprint, parse_params
 
 
@@ -142,11 +142,11 @@ def _release_params(args: argparse.Namespace, period: str | None) -> object:
 
 def _prevalidate(params, open_store: bool = True) -> None:
     """Fail on names and parameters before starting Prefect or reading data."""
+    from dpcore.data.inputs import resolve_input
     from dpcore.geo import resolve_region
-    from dpcore.inputs import resolve_input
     from dpcore.mechanisms import get_mechanism
-    from flows.store import ReleaseStore
     from tasks.config import parse_period
+    from tasks.storage.store import ReleaseStore
 
     parse_period(params.period)
     get_mechanism(params.mechanism, **params.mechanism_params)
@@ -155,7 +155,7 @@ def _prevalidate(params, open_store: bool = True) -> None:
     for c in params.cities:
         resolve_region(city=c, side_km=params.side_km)
     if "://" not in params.data or params.data.startswith("s3"):
-        from dpcore.inputs import resolve_input
+        from dpcore.data.inputs import resolve_input
 
         resolve_input(params.data, params.format)  # a missing, empty or mixed-format input fails here
     if open_store:  # a run submitted to a served deployment opens the store on the serving side
@@ -179,7 +179,7 @@ def cmd_release(args: argparse.Namespace) -> int:
 
         with local_prefect():
             summary = run_release(params, args.config)
-        from flows.store import ReleaseStore
+        from tasks.storage.store import ReleaseStore
 
         store = ReleaseStore(params.store)
         for r in summary["releases"]:
@@ -211,9 +211,9 @@ def cmd_release(args: argparse.Namespace) -> int:
 
 
 def cmd_query(args: argparse.Namespace) -> int:
-    from dpcore.queries import parse_box, read_boxes_csv
-    from dpcore.synopsis import load_synopsis
-    from flows.store import fetch_to_temp
+    from dpcore.queries.range import parse_box, read_boxes_csv
+    from dpcore.synopsis.base import load_synopsis
+    from tasks.storage.store import fetch_to_temp
 
     boxes_ll = parse_box(args.box) if args.box else read_boxes_csv(args.boxes)
     _, tmp = fetch_to_temp(args.release)  # verifies every file's sha256 and size
@@ -232,7 +232,7 @@ def cmd_query(args: argparse.Namespace) -> int:
         lower = upper = np.full(len(est), np.nan)
         method = "none: spatio-temporal window queries have no interval yet"
         if not args.time:
-            from dpcore.uncertainty import query_intervals
+            from dpcore.synopsis.uncertainty import query_intervals
 
             lower, upper, method = query_intervals(synopsis, boxes_m)
         for caveat in synopsis.caveats():
@@ -303,7 +303,7 @@ def cmd_backfill(args: argparse.Namespace) -> int:
 
 
 def cmd_releases_list(args: argparse.Namespace) -> int:
-    from flows.store import ReleaseStore
+    from tasks.storage.store import ReleaseStore
 
     store = ReleaseStore(args.store, create=False)
     rows = [{"dataset": m["dataset"], "city": m["city"], "period": m["period"], "version": m["version"],
@@ -322,7 +322,7 @@ def cmd_releases_list(args: argparse.Namespace) -> int:
 
 
 def cmd_releases_show(args: argparse.Namespace) -> int:
-    from flows.store import fetch_to_temp
+    from tasks.storage.store import fetch_to_temp
 
     manifest, tmp = fetch_to_temp(args.release)
     shutil.rmtree(tmp, ignore_errors=True)

@@ -91,7 +91,7 @@ CANDIDATES_SHOWN = 8
 
 def cmd_predict(args: argparse.Namespace) -> int:
     from dpcore.paramselect import PublicProfile, rho_extrapolation_note, select_params, trained_mechanisms
-    from dpcore.queries import parse_query_sides
+    from dpcore.queries.range import parse_query_sides
 
     region = region_from_args(args)
     bands = parse_query_sides(args.query_sides_m)
@@ -105,7 +105,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
                        "otherwise list candidates from identity,snh,ug,ag,privtree")
     profile = None
     if args.public_data:
-        from dpcore.data import clip_to_region, load_points
+        from dpcore.data.points import clip_to_region, load_points
 
         pts = load_points(args.public_data).points
         idx, x, y = clip_to_region(pts, region)

@@ -29,7 +29,7 @@ from flows.cli_common import (
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from dpcore.evaluate_st import DEFAULT_ST_MAX_POINTS_PER_USER
+    from dpcore.evaluation.spatiotemporal import DEFAULT_ST_MAX_POINTS_PER_USER
 
     p = sub.add_parser("evaluate-st", help="accuracy of spatio-temporal mechanisms: range counts, hotspots, forecasts")
     add_data_args(p)
@@ -106,7 +106,7 @@ def flow_cities(args: argparse.Namespace) -> list[str]:
         raise CLIError("--workers must be ≥ 1")
     if args.strict:
         raise CLIError("--strict is not supported with --flow (the flow drops invalid rows and reports them)")
-    from dpcore.inputs import resolve_input
+    from dpcore.data.inputs import resolve_input
 
     resolve_input(str(args.data), args.format)  # a missing, empty or mixed-format input fails here
     return cities
@@ -123,7 +123,7 @@ def run_evaluate_flow(params) -> dict:
 
 
 def _evaluate_st_flow(args: argparse.Namespace, config, mech_params: dict[str, dict]) -> int:
-    from dpcore.evaluate_st import format_st_table
+    from dpcore.evaluation.spatiotemporal import format_st_table
     from dpcore.mechanisms import get_mechanism
     from tasks.config import EvaluateParams, STEvaluateOptions
 
@@ -165,9 +165,9 @@ def _parse_window(text: str) -> tuple[int, int]:
 
 
 def cmd_evaluate_st(args: argparse.Namespace) -> int:
-    from dpcore.evaluate_st import STEvalConfig, evaluate_st, format_st_table
+    from dpcore.evaluation.spatiotemporal import STEvalConfig, evaluate_st, format_st_table
     from dpcore.geo import parse_slot
-    from dpcore.queries import parse_query_sides
+    from dpcore.queries.range import parse_query_sides
 
     region = None if args.flow else region_from_args(args)
     start, end = _parse_window(args.window)
@@ -203,8 +203,8 @@ def cmd_evaluate_st(args: argparse.Namespace) -> int:
 
 def _open_spatio_temporal(target: str):
     """Fetch a release (folder or store URL; sha256-checked) and return (values (nx, ny, nt), synopsis)."""
-    from dpcore.synopsis import load_synopsis
-    from flows.store import fetch_to_temp
+    from dpcore.synopsis.base import load_synopsis
+    from tasks.storage.store import fetch_to_temp
 
     _, tmp = fetch_to_temp(target)
     try:
@@ -231,7 +231,7 @@ def _parse_latlon(text: str) -> tuple[float, float]:
 
 
 def cmd_hotspot(args: argparse.Namespace) -> int:
-    from dpcore.st_queries import cell_centres, nearest_hotspot
+    from dpcore.queries.spatiotemporal import cell_centres, nearest_hotspot
 
     if args.extent_km <= 0:
         raise CLIError("--extent-km must be > 0")
@@ -271,8 +271,8 @@ def cmd_hotspot(args: argparse.Namespace) -> int:
 
 
 def cmd_forecast(args: argparse.Namespace) -> int:
-    from dpcore.queries import parse_box
-    from dpcore.st_queries import forecast_theta, season_period
+    from dpcore.queries.range import parse_box
+    from dpcore.queries.spatiotemporal import forecast_theta, season_period
 
     if args.horizon < 1:
         raise CLIError("--horizon must be ≥ 1")

@@ -19,7 +19,7 @@ from pathlib import Path
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-from dpcore.data import Points, clip_to_region
+from dpcore.data.points import Points, clip_to_region
 from dpcore.geo import city_region
 from flows.release import _artifact_key
 from tasks.config import ConfigError, EvaluateParams
@@ -40,7 +40,7 @@ def check_output_dir(output_dir: str | None) -> Path | None:
     """The local folder for artifact images; refuses URLs and release stores (true counts inside)."""
     if not output_dir:
         return None
-    from flows.store import STORE_ID
+    from tasks.storage.store import STORE_ID
 
     if "://" in output_dir:
         raise ConfigError(f"output_dir must be a local folder, got {output_dir!r}")
@@ -193,7 +193,7 @@ def _st_reference_rows(report: dict) -> list[dict]:
 
 
 def _publish_st(params: EvaluateParams, data_version: str, st_outs: list[dict], files: dict[str, bytes]) -> dict:
-    """Per city: the evaluate-st report (rows in dpcore.evaluate_st's key names), a table artifact and a
+    """Per city: the evaluate-st report (rows in dpcore.evaluation.spatiotemporal's key names), a table artifact and a
     markdown artifact with the slot images and forecast plots of each mechanism at the drawn ε."""
     st = params.spatio_temporal
     assert st is not None

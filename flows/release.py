@@ -1,6 +1,6 @@
 """The `release` flow: one dataset, one period, several cities, in parallel on Dask.
 
-Order (see ../shared/DESIGN.md): plan release keys → skip what is committed → the data pass on Dask
+Order (docs/architecture.md): plan release keys → skip what is committed → the data pass on Dask
 (workers read and validate the period's files, bound contributions once over all the cities' data and
 sum each city's fine count grid; only counts come back) → charge the ledger (refusal happens here,
 before any noise) → one privatize task per city on Dask → previews of the released maps → persist
@@ -25,10 +25,8 @@ from prefect.artifacts import (
 from prefect.exceptions import UnfinishedRun
 from prefect.futures import PrefectFuture
 
-from dpcore.accounting import budget_label
-from dpcore.inputs import resolve_input, source_version
-from flows.ledger import DatasetLedger
-from flows.store import ReleaseStore
+from dpcore.data.inputs import resolve_input, source_version
+from dpcore.privacy.accounting import budget_label
 from tasks.config import (
     ReleaseParams,
     budget_cap_for,
@@ -59,6 +57,8 @@ from tasks.release_tasks import (
     render_preview,
 )
 from tasks.runtime import dask_task_runner
+from tasks.storage.ledger import DatasetLedger
+from tasks.storage.store import ReleaseStore
 
 
 def _artifact_key(text: str) -> str:

@@ -173,7 +173,7 @@ def parse_time_window(text: str) -> tuple[int, int]:
 
 
 class STEvaluateOptions(BaseModel):
-    """The spatio-temporal part of an evaluation (dpcore.evaluate_st), run per (city, mechanism, ε)."""
+    """The spatio-temporal part of an evaluation (dpcore.evaluation.spatiotemporal), run per (city, mechanism, ε)."""
 
     window: str = Field(description="public time window START/END (UTC ISO dates), e.g. 2008-05-18/2008-06-08")
     slot: str = Field(default="1d", description="time slot: 1h, 1d, ...")
@@ -261,7 +261,7 @@ class EvaluateParams(BaseModel):
     @field_validator("workload")
     @classmethod
     def _workload(cls, v: str) -> str:
-        from dpcore.queries import parse_workload
+        from dpcore.queries.range import parse_workload
 
         return str(parse_workload(v))
 

@@ -2,7 +2,7 @@
 
 One dask.dataframe graph, whatever runs it: a distributed cluster (the Prefect release flow's
 LocalCluster or ``--dask-address``, reached from the task through ``worker_client``) or, in the
-in-process form, the local threaded scheduler. Workers read one file each (dpcore.chunks.read_chunk),
+in-process form, the local threaded scheduler. Workers read one file each (dpcore.data.chunks.read_chunk),
 keep the period's points inside any release region, and under user-level privacy the frame is
 shuffled on the user key (dask.dataframe's shuffle), so each person's rows from every file, city and
 slot meet in one partition, where one uniform k-sample per person (or per person and day) is drawn
@@ -23,7 +23,7 @@ import dask.dataframe as dd
 import numpy as np
 import pandas as pd
 
-from dpcore.chunks import (
+from dpcore.data.chunks import (
     GridSpec,
     bound_chunk,
     chunk_counts,
@@ -34,9 +34,9 @@ from dpcore.chunks import (
     read_chunk,
     select_rows,
 )
-from dpcore.data import DataError, LoadResult, ValidationReport
-from dpcore.inputs import InputFile, InputSet, resolve_input
-from dpcore.noise import NoiseSource
+from dpcore.data.inputs import InputFile, InputSet, resolve_input
+from dpcore.data.points import DataError, LoadResult, ValidationReport
+from dpcore.privacy.noise import NoiseSource
 
 #: Rows per partition when an in-memory table (a backfill's one read) goes through the graph.
 MEMORY_PARTITION_ROWS = 4_000_000

@@ -1,5 +1,5 @@
-"""Evaluation as tasks: the core harness (dpcore.evaluate) for one (city, mechanism, ε), the
-spatio-temporal harness (dpcore.evaluate_st) for one (city, mechanism, ε), and the plots of their
+"""Evaluation as tasks: the core harness (dpcore.evaluation.range) for one (city, mechanism, ε), the
+spatio-temporal harness (dpcore.evaluation.spatiotemporal) for one (city, mechanism, ε), and the plots of their
 artifacts (error vs ε, released vs true slots, forecasts, training curves).
 
 Evaluation reads the raw data for its ground truth; its outputs (error tables, plots, and the images
@@ -21,10 +21,10 @@ import numpy as np
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from dpcore.data import Points
-from dpcore.evaluate import EvalConfig, evaluate
+from dpcore.data.points import Points
+from dpcore.evaluation.range import EvalConfig, evaluate
 from dpcore.geo import city_region, parse_slot
-from dpcore.histogram import block_sum
+from dpcore.grid.histogram import block_sum
 from tasks.config import STEvaluateOptions
 from tasks.runtime import run_logger
 
@@ -104,7 +104,7 @@ def evaluate_st_one(points: Points, city: str, mechanism: str, epsilon: float, o
 
     With ``draw``, the first trial's released and true counts of a few slots and a few forecast
     series come back too (small arrays, for the operator artifacts)."""
-    from dpcore.evaluate_st import STEvalConfig, STFitDiagnostics, evaluate_st
+    from dpcore.evaluation.spatiotemporal import STEvalConfig, STFitDiagnostics, evaluate_st
 
     start, end = options.window_seconds()
     slot_s = parse_slot(options.slot)

@@ -1,6 +1,6 @@
 """Prefect tasks of the privacy ledger: resolve a dataset's policy, charge a run, void a charge.
 
-The policy of a dataset lives in the store (flows/ledger.py). A run asks for one through a
+The policy of a dataset lives in the store (tasks/storage/ledger.py). A run asks for one through a
 :class:`PolicyRequest` built from its options; the first release into a dataset creates the policy from
 it, later ones must agree with the stored policy (a different ``--budget-cap``, privacy unit or k is a
 one-line error; changing a policy is ``geodp dataset policy``).
@@ -14,9 +14,16 @@ from dataclasses import dataclass, replace
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from dpcore.accounting import EVERY_DAY, LedgerCharge, PolicyError, PrivacyPolicy, day_number, days_of_window
-from flows.ledger import DatasetLedger
-from flows.store import ReleaseRef, ReleaseStore
+from dpcore.privacy.accounting import (
+    EVERY_DAY,
+    LedgerCharge,
+    PolicyError,
+    PrivacyPolicy,
+    day_number,
+    days_of_window,
+)
+from tasks.storage.ledger import DatasetLedger
+from tasks.storage.store import ReleaseRef, ReleaseStore
 
 DEFAULT_K = 20
 EXPERIMENTAL = "_EXPERIMENTAL"

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 from prefect import task
 
-from dpcore.data import clip_to_region, load_points
+from dpcore.data.points import clip_to_region, load_points
 from dpcore.geo import city_region
 from dpcore.paramselect import PublicProfile, training_rows
 from tasks.runtime import ProgressClock, environment, run_logger
@@ -27,7 +27,7 @@ def dataset_points(spec: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """
     region = city_region(spec["city"])
     if spec["source"] == "synthetic":
-        from dpcore.synthetic import generate_checkins
+        from dpcore.data.synthetic import generate_checkins
 
         df = generate_checkins(region, n_users=int(spec.get("n_users", 3000)), seed=int(spec["seed"]),
                                n_hotspots=int(spec.get("n_hotspots", 60)))

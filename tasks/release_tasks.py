@@ -7,7 +7,7 @@ files, then the manifest).
 
 Retries go on the steps that touch storage. No task caches on anything derived from noise: the
 release key is a hash of public configuration and the input's data version, and the exactly-once
-logic lives in the store (flows/store.py), so a retried task finds what an earlier attempt did.
+logic lives in the store (tasks/storage/store.py), so a retried task finds what an earlier attempt did.
 """
 
 from __future__ import annotations
@@ -28,17 +28,17 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from dpcore import GeoDPError, __version__
-from dpcore.accounting import budget_label
-from dpcore.chunks import GridSpec
-from dpcore.data import LoadResult, load_points, parse_column_map
+from dpcore.data.chunks import GridSpec
+from dpcore.data.points import LoadResult, load_points, parse_column_map
 from dpcore.geo import Region, parse_slot, resolve_region
 from dpcore.mechanisms import FitInput, get_mechanism, get_mechanism_class
-from dpcore.noise import NoiseSource
-from dpcore.synopsis import Synopsis
-from dpcore.uncertainty import release_quality
-from flows.store import ReleaseRef, ReleaseStore, check_slug
+from dpcore.privacy.accounting import budget_label
+from dpcore.privacy.noise import NoiseSource
+from dpcore.synopsis.base import Synopsis
+from dpcore.synopsis.uncertainty import release_quality
 from tasks.config import Period, canonical_hash
 from tasks.dask_path import CityData, DataPass, release_counts
+from tasks.storage.store import ReleaseRef, ReleaseStore, check_slug
 
 PREVIEW = "preview.png"
 CHARGE = "charge.json"
@@ -53,7 +53,7 @@ def _retry_unless_refused(task, task_run, state) -> bool:
     try:
         state.result()
     except GeoDPError as exc:
-        from flows.store import IntegrityError, StoreError
+        from tasks.storage.store import IntegrityError, StoreError
 
         return isinstance(exc, StoreError) and not isinstance(exc, IntegrityError)
     except Exception:
@@ -259,7 +259,7 @@ def read_bound_count(data: str | LoadResult, plans: list[CityPlan], seed: int | 
     all of them together (or per UTC day with ``per_day``), and sum each city's fine count grid.
 
     Regions are half-open squares; a point inside two overlapping custom regions counts in both, and
-    the ledger charges such regions as if they were separate releases (dpcore.accounting)."""
+    the ledger charges such regions as if they were separate releases (dpcore.privacy.accounting)."""
     if not plans:
         raise ReleaseError("nothing to release")
     first = plans[0]
@@ -299,7 +299,7 @@ def privatize(plan: CityPlan, data: CityData) -> Synopsis:
         fit_input = replace(fit_input, public_total=plan.public_total)
         return get_mechanism(plan.mechanism, **plan.params).fit(fit_input, plan.epsilon, noise)
     if plan.public_total is not None and plan.privacy_unit == "user":
-        from dpcore.scaling import fit_scaled
+        from dpcore.privacy.scaling import fit_scaled
 
         return fit_scaled(plan.mechanism, plan.params, fit_input, plan.epsilon, noise, plan.public_total,
                           "public total declared by the releaser (--public-total)")

@@ -49,8 +49,8 @@ class ProgressClock:
 
 
 #: Packages :func:`environment` names the versions of. The neural rows are sensitive to the environment:
-#: with the same cache key and seeds, snh rows computed in an earlier session's environment were up to 13%
-#: apart from this machine's (bench/README.md, session 12).
+#: with the same cache key and seeds, snh rows computed under other package versions or another CPU
+#: differ, so each row set records where it was computed (docs/decisions/0004-snh-public-denoiser.md).
 REPORTED_PACKAGES = ("torch", "numpy", "scipy", "scikit-learn", "pandas", "prefect", "dask")
 
 
@@ -122,10 +122,9 @@ def local_prefect(timeout: int = 120) -> Iterator[str | None]:
     if _api_url_configured():
         yield os.environ.get("PREFECT_API_URL")
         return
-    from prefect.server.api.server import SubprocessASGIServer
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    server = SubprocessASGIServer()
+    server = _server_bound_to_this_process()
     server.start(timeout=timeout)
     os.environ["PREFECT_API_URL"] = server.api_url
     try:
@@ -137,6 +136,43 @@ def local_prefect(timeout: int = 120) -> Iterator[str | None]:
     finally:
         os.environ.pop("PREFECT_API_URL", None)
         server.stop()
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    """Ask Linux to SIGTERM this child when the process that started it dies, even by SIGKILL."""
+    import ctypes
+    import signal
+
+    pr_set_pdeathsig = 1
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
+def _server_bound_to_this_process():
+    """Prefect's local API server as a child that ends with this process: ``finally`` stops it on any
+    normal exit or SIGTERM, and the parent-death signal stops it when this process is killed outright
+    (``kill -9``), which no handler can catch."""
+    import subprocess
+    import sys
+
+    from prefect.server.api import server as prefect_server
+
+    class BoundServer(prefect_server.SubprocessASGIServer):
+        def _run_uvicorn_command(self) -> subprocess.Popen:
+            if not sys.platform.startswith("linux"):
+                return super()._run_uvicorn_command()
+            plain_popen = subprocess.Popen
+
+            def popen(*args, **kwargs):
+                return plain_popen(*args, preexec_fn=_die_with_parent, **kwargs)
+
+            prefect_server.subprocess.Popen = popen
+            try:
+                return super()._run_uvicorn_command()
+            finally:
+                prefect_server.subprocess.Popen = plain_popen
+
+    return BoundServer()
 
 
 def _drain_logs() -> None:

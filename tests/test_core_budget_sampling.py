@@ -4,13 +4,13 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from dpcore.budget import (
+from dpcore.privacy.bounding import SamplingError, bound_contributions, count_sensitivity
+from dpcore.privacy.budget import (
     Accountant,
     BudgetError,
     BudgetExceeded,
     split_epsilon,
 )
-from dpcore.sampling import SamplingError, bound_contributions, count_sensitivity
 
 
 def test_accountant_records_and_refuses_overspend():
@@ -73,7 +73,7 @@ def test_bounding_is_uniform_within_a_user():
 def test_bounding_spans_the_whole_release_not_each_city():
     """A user with 100 points in each of three cities keeps at most k points over the three city-releases
     of one run together, not k per city (the release step that splits by city bounds first)."""
-    from dpcore.data import LoadResult, Points, ValidationReport
+    from dpcore.data.points import LoadResult, Points, ValidationReport
     from dpcore.geo import city_region
     from tasks.config import parse_period
     from tasks.dask_path import release_frame

@@ -6,8 +6,8 @@ import os
 import numpy as np
 import pytest
 
+from dpcore.data.synthetic import generate_checkins
 from dpcore.geo import city_region
-from dpcore.synthetic import generate_checkins
 from tests.cli_runner import run_geodp
 
 
@@ -30,7 +30,7 @@ def test_release_then_query(synth_file, tmp_path):
     r = geodp("release", synth_file, "--city", "new-york", "--epsilon", "1", "--mechanism", "identity",
               "--param", "cell_width_m=500", "--max-points-per-user", "10", "--out", out)
     assert "release written to" in r.stdout and "geodp query" in r.stdout
-    # --out DIR is a local release store (flows/store.py): DIR/releases/<dataset>/<city>/<period>/v<N>/
+    # --out DIR is a local release store (tasks/storage/store.py): DIR/releases/<dataset>/<city>/<period>/v<N>/
     (version,) = out.glob("releases/*/new-york/all/v1")
     manifest = json.loads((version / "_MANIFEST.json").read_text())
     assert manifest["epsilon"] == 1.0 and manifest["max_points_per_user"] == 10

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dpcore.data import DataError, load_points, parse_column_map
+from dpcore.data.points import DataError, load_points, parse_column_map
 from dpcore.geo import (
     CITY_CENTRES,
     Region,
@@ -16,8 +16,8 @@ from dpcore.geo import (
     parse_slot,
     resolve_region,
 )
-from dpcore.histogram import answer_boxes, grid_counts, grid_counts_3d, prefix_sums, resample_grid
-from dpcore.queries import square_workload, true_counts
+from dpcore.grid.histogram import answer_boxes, grid_counts, grid_counts_3d, prefix_sums, resample_grid
+from dpcore.queries.range import square_workload, true_counts
 
 GOOD = "user_id,timestamp,lat,lon\nu1,2024-01-01T10:00:00Z,40.71,-74.00\nu2,2024-01-01T11:00:00Z,40.72,-74.01\n"
 

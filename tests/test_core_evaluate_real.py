@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from dpcore.data import load_points
-from dpcore.evaluate import EvalConfig, evaluate
+from dpcore.data.points import load_points
+from dpcore.evaluation.range import EvalConfig, evaluate
 from dpcore.geo import city_region
 
 

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from dpcore import exact_noise
-from dpcore.noise import (
+from dpcore.privacy import exact_noise
+from dpcore.privacy.noise import (
     NoiseSource,
     _words_to_open_uniform,
     discrete_gaussian_pmf,

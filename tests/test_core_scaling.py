@@ -5,9 +5,9 @@ import pytest
 
 from dpcore.geo import Region
 from dpcore.mechanisms import FitInput
-from dpcore.noise import NoiseSource
-from dpcore.scaling import fit_scaled
-from dpcore.synopsis import load_synopsis
+from dpcore.privacy.noise import NoiseSource
+from dpcore.privacy.scaling import fit_scaled
+from dpcore.synopsis.base import load_synopsis
 
 
 def fit_input(n=5000, k=5):

@@ -6,10 +6,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dpcore.chunks import GridSpec
-from dpcore.data import load_points
+from dpcore.data.chunks import GridSpec
+from dpcore.data.points import load_points
 from dpcore.geo import city_region, time_slots
-from dpcore.histogram import grid_counts, grid_counts_3d
+from dpcore.grid.histogram import grid_counts, grid_counts_3d
 from tasks.dask_path import release_counts, release_frame
 
 CITIES = ["austin", "chicago", "new-york"]

@@ -8,9 +8,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from dpcore.data import DataError, load_points, parse_column_map, source_version
+from dpcore.data.points import DataError, load_points, parse_column_map, source_version
+from dpcore.data.synthetic import generate_checkin_chunks, generate_checkins, write_partitioned
 from dpcore.geo import city_region
-from dpcore.synthetic import generate_checkin_chunks, generate_checkins, write_partitioned
 from tests.cli_runner import run_geodp
 
 DAY = 86400
@@ -226,3 +226,18 @@ def test_release_and_evaluate_of_a_folder_through_the_cli(datasets, tmp_path):
     ev = run_geodp("evaluate", datasets / "sliced", "--city", "new-york", "--mechanisms", "identity",
                    "--epsilon", "1", "--queries", "50", "--trials", "1", "--json", tmp_path / "ev.json")
     assert "mean rel.err" in ev.stdout and "from 4 files" in ev.stderr
+
+
+def test_csv_epoch_numbers_are_timestamps_in_seconds_or_milliseconds(tmp_path):
+    """A CSV's timestamp column of plain numbers (seconds or milliseconds) is read as epochs, not dropped
+    as unparseable dates; a mixed column keeps its ISO rows."""
+    from dpcore.data.points import load_points
+
+    path = tmp_path / "epochs.csv"
+    path.write_text("user_id,timestamp,lat,lon\n"
+                    "u1,1270000000000,40.71,-74.0\n"
+                    "u2,1270000001,40.72,-74.01\n"
+                    "u3,2010-05-01T00:00:00Z,40.70,-74.0\n")
+    loaded = load_points(str(path))
+    assert loaded.report.rows_kept == 3
+    assert sorted(loaded.points.ts.tolist()) == [1270000000, 1270000001, 1272672000]

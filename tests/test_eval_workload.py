@@ -6,8 +6,8 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from dpcore.data import Points
-from dpcore.evaluate import (
+from dpcore.data.points import Points
+from dpcore.evaluation.range import (
     HINDSIGHT_GRID_SIZES,
     EvalConfig,
     evaluate,
@@ -15,8 +15,8 @@ from dpcore.evaluate import (
     region_data,
 )
 from dpcore.geo import Region
-from dpcore.histogram import grid_counts
-from dpcore.queries import QueryError, parse_workload, true_counts
+from dpcore.grid.histogram import grid_counts
+from dpcore.queries.range import QueryError, parse_workload, true_counts
 
 REGION = Region("t", 40.0, -74.0, 4.0)  # 4 km square, bounds ±2000 m
 
@@ -64,7 +64,7 @@ def test_data_centres_follow_the_data_and_uniform_centres_do_not():
 
 
 def test_public_centres_come_from_the_public_file_only(tmp_path, monkeypatch):
-    import dpcore.data
+    import dpcore.data.points
 
     rng = np.random.default_rng(1)
     # public points: a cluster in the north-east, plus points outside the region that must be ignored
@@ -75,8 +75,8 @@ def test_public_centres_come_from_the_public_file_only(tmp_path, monkeypatch):
     pd.DataFrame({"user_id": np.arange(px.size), "timestamp": "2024-01-01T00:00:00Z", "lat": lat,
                   "lon": lon}).to_csv(path, index=False)
     read = []
-    real = dpcore.data.load_points
-    monkeypatch.setattr(dpcore.data, "load_points", lambda p, *a, **k: (read.append(str(p)), real(p, *a, **k))[1])
+    real = dpcore.data.points.load_points
+    monkeypatch.setattr(dpcore.data.points, "load_points", lambda p, *a, **k: (read.append(str(p)), real(p, *a, **k))[1])
     data = region_data(clustered_points(), REGION)
     (_, boxes, _), = protocol_workloads(data, [(100.0, 200.0)], 1000, seed=0, workload=f"public:{path}")
     cx, cy = centres(boxes)
@@ -158,7 +158,7 @@ def test_hindsight_grid_picks_the_size_with_the_least_error():
 
 
 def test_the_text_table_labels_the_references():
-    from dpcore.evaluate import format_table
+    from dpcore.evaluation.range import format_table
 
     cfg = EvalConfig(mechanisms=["ug"], epsilons=[0.5], privacy_unit="record", query_sides_m=[(100.0, 400.0)],
                      n_queries=100, trials=1)
@@ -173,10 +173,10 @@ def test_evaluate_st_asks_hotspots_where_and_when_people_are():
     """With the data workload a hotspot query sits on a drawn point in that point's own slot, so at
     threshold 1 a true hotspot always exists and the baseline that reports nothing has regret exactly 1;
     uniform locations and slots on sparse data often have none."""
-    from dpcore.data import validate_frame
-    from dpcore.evaluate_st import STEvalConfig, evaluate_st, format_st_table
+    from dpcore.data.points import validate_frame
+    from dpcore.data.synthetic import generate_checkins
+    from dpcore.evaluation.spatiotemporal import STEvalConfig, evaluate_st, format_st_table
     from dpcore.geo import city_region
-    from dpcore.synthetic import generate_checkins
 
     region = city_region("boston")
     pts, _ = validate_frame(generate_checkins(region, n_users=150, start="2024-01-01", days=6, seed=5))

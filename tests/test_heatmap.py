@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dpcore.budget import Accountant
 from dpcore.geo import Region
-from dpcore.heatmap import (
+from dpcore.heatmap.metrics import emd, pearson
+from dpcore.heatmap.quadtree import (
     HeatmapError,
     HeatmapSynopsis,
     choose_depth,
@@ -20,11 +20,11 @@ from dpcore.heatmap import (
     render_heatmaps,
     user_normalised_grid,
 )
-from dpcore.heatmap_metrics import emd, pearson
 from dpcore.mechanisms import FitInput, MechanismError, get_mechanism
 from dpcore.mechanisms.dpheatmap import heatmap_units
-from dpcore.noise import NoiseSource
-from dpcore.synopsis import load_synopsis
+from dpcore.privacy.budget import Accountant
+from dpcore.privacy.noise import NoiseSource
+from dpcore.synopsis.base import load_synopsis
 
 REGION = Region("test", 40.0, -74.0, 10.0)
 Q = 1 << 20

@@ -8,15 +8,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dpcore.data import validate_frame
-from dpcore.evaluate_heatmap import (
+from dpcore.data.points import validate_frame
+from dpcore.data.synthetic import generate_checkins
+from dpcore.evaluation.heatmap import (
     HeatmapEvalConfig,
     HeatmapEvalError,
     evaluate_heatmap,
     parse_mechanism_spec,
 )
 from dpcore.geo import city_region
-from dpcore.synthetic import generate_checkins
 from tests.cli_runner import run_geodp
 
 REGION = city_region("new-york")

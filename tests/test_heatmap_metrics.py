@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy.optimize import linprog
 
-from dpcore.heatmap_metrics import MetricError, emd, emd_coarsening_bound, kl_divergence, pearson
+from dpcore.heatmap.metrics import MetricError, emd, emd_coarsening_bound, kl_divergence, pearson
 
 
 def brute_force_emd(a: np.ndarray, b: np.ndarray) -> float:

@@ -16,11 +16,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dpcore.budget import BudgetError
 from dpcore.geo import Region
 from dpcore.mechanisms import FitInput, MechanismError, get_mechanism, get_mechanism_class, mechanism_names
-from dpcore.noise import NoiseSource
-from dpcore.synopsis import Synopsis, load_synopsis
+from dpcore.privacy.budget import BudgetError
+from dpcore.privacy.noise import NoiseSource
+from dpcore.synopsis.base import Synopsis, load_synopsis
 
 K = 5
 EPSILON = 0.8

@@ -9,15 +9,15 @@ import numpy as np
 import pytest
 from scipy.stats import beta as beta_dist
 
-from dpcore.budget import Accountant, BudgetExceeded
 from dpcore.geo import Region
 from dpcore.mechanisms import FitInput, Mechanism, get_mechanism
 from dpcore.mechanisms.ag import constrained_inference
 from dpcore.mechanisms.hb import block_sum, hierarchy_consistency, level_budgets
 from dpcore.mechanisms.privtree import privtree_parameters
 from dpcore.mechanisms.ug import rasterise_rectangles
-from dpcore.noise import NoiseSource
-from dpcore.synopsis import GridSynopsis
+from dpcore.privacy.budget import Accountant, BudgetExceeded
+from dpcore.privacy.noise import NoiseSource
+from dpcore.synopsis.base import GridSynopsis
 
 REGION = Region("test", 40.7, -74.0, side_km=4.0)
 CLASSIC = ["ug", "ag", "hb", "privtree"]
@@ -322,10 +322,10 @@ def test_ug_matches_independent_reference(user_data: FitInput) -> None:
 @pytest.mark.shared_data
 def test_ag_and_privtree_beat_ug_on_skewed_real_data_at_small_epsilon(gowalla_nyc_path) -> None:
     """The papers' claim, in their setting (record level): Gowalla NYC, ε ∈ {0.05, 0.1}."""
-    from dpcore.data import clip_to_region, load_points
+    from dpcore.data.points import clip_to_region, load_points
+    from dpcore.evaluation.metrics import psi_for, relative_error
     from dpcore.geo import city_region
-    from dpcore.metrics import psi_for, relative_error
-    from dpcore.queries import square_workload, true_counts
+    from dpcore.queries.range import square_workload, true_counts
 
     region = city_region("new-york")
     _, x, y = clip_to_region(load_points(gowalla_nyc_path).points, region)

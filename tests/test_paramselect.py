@@ -9,9 +9,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from dpcore.data.synthetic import generate_checkins
 from dpcore.geo import Region, city_region
 from dpcore.mechanisms import FitInput, get_mechanism
-from dpcore.noise import NoiseSource
 from dpcore.paramselect import (
     BASE_FEATURES,
     DEFAULT_MODEL_PATH,
@@ -26,8 +26,8 @@ from dpcore.paramselect import (
     select_params,
     training_rows,
 )
-from dpcore.synopsis import load_synopsis
-from dpcore.synthetic import generate_checkins
+from dpcore.privacy.noise import NoiseSource
+from dpcore.synopsis.base import load_synopsis
 
 RHOS = (100.0, 200.0, 400.0, 800.0, 1600.0)
 EPSILONS = (0.05, 0.4, 1.6)
@@ -214,8 +214,8 @@ def test_auto_pays_for_a_private_n_and_spends_exactly_epsilon(small_model, tmp_p
 @pytest.mark.parametrize("n_points, sensitivity, looks", [(200_000, 1, 1), (2_000, 1, 2), (200_000, 20, 2)])
 def test_n_estimate_pays_a_second_look_only_when_the_first_is_too_coarse(n_points, sensitivity, looks):
     """1% of ε first; the rest of the 5% cap only when √2·s/ε₁ > 10% of n̂₁. Charges sum with the rest to ε."""
-    from dpcore.budget import Accountant
     from dpcore.paramselect import public_n_for_fit
+    from dpcore.privacy.budget import Accountant
 
     region = city_region("houston")
     rng = np.random.default_rng(0)
@@ -233,7 +233,7 @@ def test_n_estimate_pays_a_second_look_only_when_the_first_is_too_coarse(n_point
     std = np.sqrt(2) * sensitivity / (eps * (0.01 if looks == 1 else 0.05))
     assert abs(n_hat - n_points) < 6 * std
     # The variance handed on with the estimate is the inverse-variance combination of the looks'.
-    from dpcore.noise import discrete_laplace_variance
+    from dpcore.privacy.noise import discrete_laplace_variance
 
     look_vars = [discrete_laplace_variance(sensitivity / (eps * f)) for f in (0.01, 0.04)[:looks]]
     assert n_var == pytest.approx(1.0 / sum(1.0 / v for v in look_vars))
@@ -310,8 +310,8 @@ def test_evaluate_fits_auto_once_per_query_band_unless_the_band_is_given(small_m
     """auto tunes itself to a query band, so an evaluation over two bands fits it once per band (each fit
     answers its own band, with the same noise seed); a band given as a parameter means one fit for all,
     and mechanisms without a band are fitted once."""
-    from dpcore.data import Points
-    from dpcore.evaluate import EvalConfig, evaluate
+    from dpcore.data.points import Points
+    from dpcore.evaluation.range import EvalConfig, evaluate
 
     path, _, _ = small_model
     region, x, y, user = _synthetic("chicago", seed=5)

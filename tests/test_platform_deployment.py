@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from flows.backfill import submit_to_deployment
-from flows.store import ReleaseStore
 from tasks.config import BackfillParams, ReleaseParams
+from tasks.storage.store import ReleaseStore
 
 pytestmark = pytest.mark.shared_data
 ROOT = Path(__file__).resolve().parents[1]
@@ -79,7 +79,7 @@ def test_backfill_through_the_served_deployment(prefect_harness, gowalla_sample_
                               scheduled_time=datetime(2010, 5, 4, 2, 30, tzinfo=UTC), timeout=0)
         assert _wait_for_runs([str(late.id)]) == {str(late.id): "COMPLETED"}, (tmp_path / "serve.log").read_text()[-3000:]
         assert sorted(r["period"] for r in store.list_releases()) == ["2010-05-01", "2010-05-02", "2010-05-03"]
-        from flows.ledger import DatasetLedger
+        from tasks.storage.ledger import DatasetLedger
 
         assert len(DatasetLedger(store, gowalla_sample_path.name.split(".")[0]).held()) == 3
         # `geodp backfill --deployment` from another folder with relative paths: the serving process

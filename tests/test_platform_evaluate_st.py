@@ -11,8 +11,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from dpcore.data.synthetic import generate_checkins
 from dpcore.geo import city_region
-from dpcore.synthetic import generate_checkins
 from flows.release import _artifact_key
 from tasks.config import ConfigError, EvaluateParams, STEvaluateOptions
 
@@ -66,7 +66,7 @@ def test_spatio_temporal_evaluation_two_cities_rows_and_artifacts(prefect_harnes
         assert c["window"]["n_slots"] == 8 and c["n_points"] > 0
         assert {(r["mechanism"], r["epsilon"]) for r in c["results"]} == {
             (m, e) for m in ("identity3d", "vdr") for e in (0.5, 2.0)}
-        for r in c["results"]:  # dpcore.evaluate_st's key names
+        for r in c["results"]:  # dpcore.evaluation.spatiotemporal's key names
             for key in ("mean_relative_error", "hotspot_distance_error", "hotspot_regret", "forecast_smape"):
                 assert np.isfinite(r[key]) and r[key] >= 0, key
         # vdr reports its VQ-VAE loss every 25 steps while training: a curve per (mechanism, ε) fit
@@ -127,7 +127,7 @@ def test_snh_evaluation_has_a_training_curve_artifact(prefect_harness, two_city_
 
 def test_params_validation_and_store_refusal(tmp_path):
     from flows.evaluate_flow import check_output_dir
-    from flows.store import ReleaseStore
+    from tasks.storage.store import ReleaseStore
 
     with pytest.raises(ValueError, match="nothing to evaluate"):
         EvaluateParams(data="x", cities=["boston"], mechanisms=[])
@@ -191,9 +191,9 @@ def test_served_evaluate_deployment_takes_the_spatio_temporal_form():
 def test_on_fit_hooks_see_every_fit_and_consistent_truth():
     """The dpcore hooks: called once per (mechanism, ε, trial) with the released synopsis; the
     spatio-temporal diagnostics' truth agrees with itself (grid vs whole-region series) and with n."""
-    from dpcore.data import validate_frame
-    from dpcore.evaluate import EvalConfig, evaluate
-    from dpcore.evaluate_st import STEvalConfig, evaluate_st
+    from dpcore.data.points import validate_frame
+    from dpcore.evaluation.range import EvalConfig, evaluate
+    from dpcore.evaluation.spatiotemporal import STEvalConfig, evaluate_st
 
     region = city_region("boston")
     df = generate_checkins(region, n_users=200, start="2024-01-01", days=6, seed=3)

@@ -3,12 +3,12 @@ on real public check-ins (the Gowalla sample: Austin, San Francisco, New York)."
 
 import pytest
 
-from dpcore.accounting import BudgetRefused
+from dpcore.privacy.accounting import BudgetRefused
 from flows.backfill import run_backfill
-from flows.ledger import DatasetLedger
 from flows.release import run_release
-from flows.store import ReleaseStore
 from tasks.config import BackfillParams, ReleaseParams
+from tasks.storage.ledger import DatasetLedger
+from tasks.storage.store import ReleaseStore
 
 pytestmark = pytest.mark.shared_data
 CITIES = ["austin", "san-francisco", "new-york"]

@@ -10,7 +10,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dpcore.accounting import (
+from dpcore.data.synthetic import generate_checkins
+from dpcore.geo import city_region
+from dpcore.privacy.accounting import (
     EVERY_DAY,
     BudgetRefused,
     LedgerCharge,
@@ -22,11 +24,9 @@ from dpcore.accounting import (
     zcdp_epsilon,
     zcdp_rho_for,
 )
-from dpcore.geo import city_region
-from dpcore.synthetic import generate_checkins
 from flows.cli import main
-from flows.ledger import DatasetLedger, SourceTaken
-from flows.store import ReleaseStore
+from tasks.storage.ledger import DatasetLedger, SourceTaken
+from tasks.storage.store import ReleaseStore
 from tests.cli_runner import run_geodp
 from tests.conftest import new_s3_store
 
@@ -266,7 +266,7 @@ def test_daily_policy_bounds_each_day_and_refuses_the_eighth_day(checkins, tmp_p
 
 
 def test_per_day_bounding_keeps_k_per_person_per_day():
-    from dpcore.data import LoadResult, Points, ValidationReport
+    from dpcore.data.points import LoadResult, Points, ValidationReport
     from tasks.config import parse_period
     from tasks.dask_path import release_frame
     from tasks.release_tasks import make_plans, read_bound_count
@@ -369,7 +369,7 @@ def test_zcdp_dataset_takes_rho_releases_with_gaussian_noise(checkins, tmp_path,
 
 def test_gaussian_identity_noise_has_the_zcdp_variance():
     from dpcore.mechanisms import FitInput, get_mechanism
-    from dpcore.noise import NoiseSource
+    from dpcore.privacy.noise import NoiseSource
 
     region = city_region("new-york")
     empty = FitInput(np.empty(0), np.empty(0), region, "user", 10)
@@ -381,7 +381,7 @@ def test_gaussian_identity_noise_has_the_zcdp_variance():
 
 
 def test_source_version_is_metadata_not_content(tmp_path):
-    from dpcore.inputs import source_version
+    from dpcore.data.inputs import source_version
 
     f = tmp_path / "x.csv"
     f.write_text("user_id,timestamp,lat,lon\na,2024-01-01,40.7,-74.0\n")

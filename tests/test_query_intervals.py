@@ -5,11 +5,11 @@ import json
 import numpy as np
 import pytest
 
+from dpcore.data.synthetic import generate_checkins
 from dpcore.geo import Region, city_region
 from dpcore.mechanisms import FitInput, get_mechanism
-from dpcore.noise import NoiseSource
-from dpcore.synthetic import generate_checkins
-from dpcore.uncertainty import query_intervals
+from dpcore.privacy.noise import NoiseSource
+from dpcore.synopsis.uncertainty import query_intervals
 from tests.cli_runner import run_geodp
 
 
@@ -63,8 +63,8 @@ def test_query_json_carries_intervals_and_never_bare_nan(data_file, tmp_path):
 
 
 def test_release_quality_follows_the_noise_law_and_says_when_a_map_is_blank():
-    from dpcore.noise import discrete_laplace_variance
-    from dpcore.uncertainty import release_quality
+    from dpcore.privacy.noise import discrete_laplace_variance
+    from dpcore.synopsis.uncertainty import release_quality
 
     region = Region("r", 40.0, -74.0, 4.0)
     rng = np.random.default_rng(1)

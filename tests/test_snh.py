@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from dpcore.geo import Region
-from dpcore.histogram import grid_counts
+from dpcore.grid.histogram import grid_counts
 from dpcore.mechanisms import FitInput, get_mechanism
 from dpcore.mechanisms.base import MechanismError
 from dpcore.mechanisms.snh import (
@@ -24,8 +24,8 @@ from dpcore.mechanisms.snh import (
     workload_overlaps,
 )
 from dpcore.models.snh_net import BatchedSineSwishMLP, pick_device, predict_grouped
-from dpcore.noise import NoiseSource
-from dpcore.synopsis import load_synopsis
+from dpcore.privacy.noise import NoiseSource
+from dpcore.synopsis.base import load_synopsis
 
 # Small, fast configuration for tests (the defaults are sized for 20 × 20 km releases).
 TINY = dict(n_sizes=3, hidden=16, depth=2, max_epochs=6, samples_per_epoch=2048, batch_size=512, device="cpu")

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
+from dpcore.evaluation.metrics import relative_error
 from dpcore.geo import city_region
-from dpcore.histogram import answer_boxes, prefix_sums
+from dpcore.grid.histogram import answer_boxes, prefix_sums
 from dpcore.mechanisms import FitInput, get_mechanism
 from dpcore.mechanisms.base import MechanismError
-from dpcore.metrics import relative_error
 from dpcore.models.pyramid_denoiser import (
     DENOISER_GRID,
     DenoiserTrainConfig,
@@ -28,8 +28,8 @@ from dpcore.models.pyramid_denoiser import (
     train_denoiser,
     usable_for,
 )
-from dpcore.noise import NoiseSource
-from dpcore.scaling import ScaledSynopsis
+from dpcore.privacy.noise import NoiseSource
+from dpcore.privacy.scaling import ScaledSynopsis
 from tasks.paramselect_tasks import dataset_points
 
 
@@ -177,7 +177,7 @@ def test_denoised_snh_takes_the_paid_sample_size_into_its_total_and_caps_its_gri
     assert syn.config["dropped_fraction"] == pytest.approx(1 - syn.noisy.sum() / (base.n + 40.0))
     assert bool(syn.caveats()) == (syn.config["dropped_fraction"] >= 0.1)
     assert uncapped.config["dropped_fraction"] == 0.0 and uncapped.caveats() == []
-    # A release scaled to full counts (dpcore.scaling) passes its inner synopsis's caveats on.
+    # A release scaled to full counts (dpcore.privacy.scaling) passes its inner synopsis's caveats on.
     forced = get_mechanism("snh", denoiser=str(path), denoiser_cap_sigmas=0.0, **TINY).fit(
         data, 0.3, NoiseSource.seeded(2))
     assert forced.caveats() and ScaledSynopsis(forced, 2.0, 2.0 * base.n, "test").caveats() == forced.caveats()
@@ -223,7 +223,7 @@ def test_snh_skips_the_denoiser_where_the_signal_is_large(trained, monkeypatch):
 def test_snh_applies_the_denoiser_at_a_finer_grid_when_asked(trained, tmp_path):
     """denoiser_grid=256: levels 16/64/256 take all of ε, the synopsis is a non-negative 256² grid (78 m
     cells on a 20 km region), and a saved one loads with the same answers."""
-    from dpcore.synopsis import load_synopsis
+    from dpcore.synopsis.base import load_synopsis
 
     _, path, _, _ = trained
     syn = get_mechanism("snh", denoiser=str(path), denoiser_grid=256, **TINY).fit(
@@ -336,7 +336,7 @@ def test_answer_rules_combine_nets_and_denoised_grid(trained, tmp_path):
     blend nets^a · grid^(1−a) with a denoiser, a by query side from the release's signal n̂·ε/s; the rule
     and its weights survive save/load; queries above u always use the grid."""
     from dpcore.mechanisms.snh import BLEND_SMALL_SIDE_M, blend_nets_weights
-    from dpcore.synopsis import load_synopsis
+    from dpcore.synopsis.base import load_synopsis
 
     _, path, _, _ = trained
     syn = get_mechanism("snh", denoiser=str(path), **TINY).fit(_fit_input("boston"), 0.5, NoiseSource.seeded(4))

@@ -8,9 +8,9 @@ import math
 import numpy as np
 import pytest
 
-from dpcore.budget import Accountant
-from dpcore.noise import NoiseSource
-from dpcore.sparse1d import (
+from dpcore.privacy.budget import Accountant
+from dpcore.privacy.noise import NoiseSource
+from dpcore.sparse1d.histograms import (
     NOT_ANSWERED,
     POSITIVE,
     SparseHistogramError,

@@ -5,8 +5,8 @@ import json
 import numpy as np
 import pytest
 
+from dpcore.data.synthetic import generate_checkins
 from dpcore.geo import city_region
-from dpcore.synthetic import generate_checkins
 from tests.cli_runner import run_geodp
 
 SMALL_VDR = ["--param", "vdr.grid_size=32", "--param", "vdr.steps=20", "--param", "vdr.batch_size=4",

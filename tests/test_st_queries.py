@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 
 from dpcore.geo import Region
-from dpcore.histogram import grid_counts_3d
+from dpcore.grid.histogram import grid_counts_3d
 from dpcore.mechanisms import get_mechanism
 from dpcore.mechanisms.base import FitInput
-from dpcore.noise import NoiseSource
-from dpcore.sampling import bound_contributions
-from dpcore.st_queries import (
+from dpcore.privacy.bounding import bound_contributions
+from dpcore.privacy.noise import NoiseSource
+from dpcore.queries.spatiotemporal import (
     forecast_theta,
     hotspot_errors,
     nearest_hotspot,
@@ -20,8 +20,8 @@ from dpcore.st_queries import (
     st_range_workload,
     true_st_counts,
 )
-from dpcore.st_synopsis import SpatioTemporalSynopsis
-from dpcore.synopsis import PrivacyInfo, SynopsisError, load_synopsis
+from dpcore.synopsis.base import PrivacyInfo, SynopsisError, load_synopsis
+from dpcore.synopsis.spatiotemporal import SpatioTemporalSynopsis
 
 REGION = Region("toy", 40.0, -74.0, 2.0)
 

@@ -7,10 +7,10 @@ import os
 
 import pytest
 
+from dpcore.data.synthetic import generate_checkins
 from dpcore.geo import city_region
-from dpcore.synthetic import generate_checkins
-from flows.ledger import DatasetLedger
-from flows.store import IntegrityError, ReleaseStore, fetch_to_temp
+from tasks.storage.ledger import DatasetLedger
+from tasks.storage.store import IntegrityError, ReleaseStore, fetch_to_temp
 from tests.cli_runner import run_geodp
 from tests.conftest import new_s3_store
 

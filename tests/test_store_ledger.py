@@ -6,14 +6,14 @@ import json
 import numpy as np
 import pytest
 
-from dpcore.accounting import BudgetRefused
-from dpcore.data import LoadResult, Points, ValidationReport
-from dpcore.synopsis import load_synopsis
-from flows.ledger import DatasetLedger
-from flows.store import IntegrityError, ReleaseRef, ReleaseStore, StoreError, fetch_to_temp
+from dpcore.data.points import LoadResult, Points, ValidationReport
+from dpcore.privacy.accounting import BudgetRefused
+from dpcore.synopsis.base import load_synopsis
 from tasks.config import parse_period
 from tasks.ledger_tasks import PolicyRequest, charge_ledger, resolve_policy
 from tasks.release_tasks import make_plans, persist_release, privatize, read_bound_count
+from tasks.storage.ledger import DatasetLedger
+from tasks.storage.store import IntegrityError, ReleaseRef, ReleaseStore, StoreError, fetch_to_temp
 
 
 def test_create_only_never_overwrites(store_url):
@@ -134,7 +134,7 @@ def test_over_budget_release_is_refused_before_noise(tmp_path, monkeypatch):
     def no_noise(*a, **k):
         raise AssertionError("noise drawn for a refused release")
 
-    monkeypatch.setattr("dpcore.noise.NoiseSource.discrete_laplace", no_noise)
+    monkeypatch.setattr("dpcore.privacy.noise.NoiseSource.discrete_laplace", no_noise)
     with pytest.raises(BudgetRefused, match=r"0\.5 left"):
         _charge(url, plans, budget=0.5)  # 0.6 > 0.5: the whole run is refused up front
     assert DatasetLedger(ReleaseStore(url), "synthetic").entries() == []

@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 
 from dpcore.geo import Region
-from dpcore.histogram import grid_counts_3d
+from dpcore.grid.histogram import grid_counts_3d
 from dpcore.mechanisms import get_mechanism
 from dpcore.mechanisms.base import FitInput, MechanismError
 from dpcore.mechanisms.vdr import gamma_factor
-from dpcore.noise import NoiseSource, discrete_laplace_variance
-from dpcore.synopsis import load_synopsis
+from dpcore.privacy.noise import NoiseSource, discrete_laplace_variance
+from dpcore.synopsis.base import load_synopsis
 
 torch = pytest.importorskip("torch")
 

@@ -7,18 +7,18 @@ import numpy as np
 import pytest
 
 import dpcore.mechanisms.base as base
-from dpcore.evaluate import EvalConfig
+from dpcore.evaluation.range import EvalConfig
 from dpcore.geo import Region
-from dpcore.histogram import grid_counts
+from dpcore.grid.histogram import grid_counts
 from dpcore.mechanisms import FitInput, MechanismError, get_mechanism
-from dpcore.noise import NoiseSource
-from dpcore.sampling import (
+from dpcore.privacy.bounding import (
     WEIGHT_QUANTUM,
     SamplingError,
     bound_contributions,
     contribution_weights,
 )
-from dpcore.scaling import fit_scaled
+from dpcore.privacy.noise import NoiseSource
+from dpcore.privacy.scaling import fit_scaled
 
 REGION = Region("t", 40.0, -74.0, 1.0)  # bounds ±500 m
 

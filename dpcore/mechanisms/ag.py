@@ -32,8 +32,7 @@ import math
 
 import numpy as np
 
-from dpcore.budget import Accountant
-from dpcore.histogram import cell_index
+from dpcore.grid.histogram import cell_index
 from dpcore.mechanisms.base import FitInput, Mechanism, MechanismError
 from dpcore.mechanisms.ug import (
     DEFAULT_C,
@@ -43,8 +42,9 @@ from dpcore.mechanisms.ug import (
     private_total,
     rasterise_rectangles,
 )
-from dpcore.noise import NoiseSource
-from dpcore.synopsis import GridSynopsis
+from dpcore.privacy.budget import Accountant
+from dpcore.privacy.noise import NoiseSource
+from dpcore.synopsis.base import GridSynopsis
 
 
 def constrained_inference(v: np.ndarray, u: np.ndarray, n_children: np.ndarray, eps1: float,

@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from dpcore.budget import Accountant
 from dpcore.mechanisms.base import FitInput, Mechanism, MechanismError
 from dpcore.mechanisms.identity import check_band
 from dpcore.mechanisms.ug import check_fraction
-from dpcore.noise import NoiseSource
-from dpcore.synopsis import Synopsis
+from dpcore.privacy.budget import Accountant
+from dpcore.privacy.noise import NoiseSource
+from dpcore.synopsis.base import Synopsis
 
 
 class AutoMechanism(Mechanism):

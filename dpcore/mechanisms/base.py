@@ -2,7 +2,7 @@
 
 Modelled on scikit-learn's estimator contract: constructor arguments are the (public) parameters and
 are stored unchanged; :meth:`Mechanism.fit` reads private data, spends budget through an
-:class:`~dpcore.budget.Accountant` and returns a :class:`~dpcore.synopsis.Synopsis`. Modelled on
+:class:`~dpcore.privacy.budget.Accountant` and returns a :class:`~dpcore.synopsis.base.Synopsis`. Modelled on
 OpenDP for being explicit: the privacy unit, the sensitivity each noisy step is calibrated to and
 the ε each step consumes are recorded in the synopsis's charges.
 """
@@ -17,13 +17,13 @@ from typing import Any, ClassVar
 import numpy as np
 
 from dpcore import GeoDPError
-from dpcore.budget import Accountant, check_epsilon
-from dpcore.countgrid import coarsen, fine_centres
 from dpcore.geo import Region
-from dpcore.histogram import grid_counts, grid_counts_3d
-from dpcore.noise import NoiseSource, discrete_laplace_variance
-from dpcore.sampling import WEIGHT_QUANTUM, check_privacy_unit, check_weights, count_sensitivity
-from dpcore.synopsis import PrivacyInfo, Synopsis
+from dpcore.grid.countgrid import coarsen, fine_centres
+from dpcore.grid.histogram import grid_counts, grid_counts_3d
+from dpcore.privacy.bounding import WEIGHT_QUANTUM, check_privacy_unit, check_weights, count_sensitivity
+from dpcore.privacy.budget import Accountant, check_epsilon
+from dpcore.privacy.noise import NoiseSource, discrete_laplace_variance
+from dpcore.synopsis.base import PrivacyInfo, Synopsis
 
 
 class MechanismError(GeoDPError, ValueError):
@@ -48,12 +48,12 @@ class FitInput:
     declares it public (configuration, a published statistic); mechanisms may use it for free, e.g.
     to scale a bounded release to full counts.
     ``sample_size`` is a DP estimate of ``n`` (the points given here, after bounding) that the caller
-    has *already paid for* (see dpcore.scaling); reusing it is post-processing. Mechanisms that need
+    has *already paid for* (see dpcore.privacy.scaling); reusing it is post-processing. Mechanisms that need
     n (grid-size rules, ψ, ParamSelect) take it from here when set, else pay for their own estimate.
     Never the raw n. ``sample_size_variance`` is its noise variance (public: it follows from the ε and
     sensitivity it was paid with), for mechanisms that combine it with their own measurements.
 
-    ``weights`` (weighted user-level bounding, dpcore.sampling.contribution_weights): every point of
+    ``weights`` (weighted user-level bounding, dpcore.privacy.bounding.contribution_weights): every point of
     the release is given, each weighing min(1, k/n_u) on the WEIGHT_QUANTUM lattice, so a person's
     weights add up to ≤ k and a weighted count histogram keeps sensitivity k. Checked on construction.
     Mechanisms that support it (``Mechanism.supports_weights``) count through :meth:`grid_counts`,
@@ -63,7 +63,7 @@ class FitInput:
     ``fine`` (a release built on a cluster, tasks/dask_path): the points arrive as int64 counts on a
     fine (R, R) grid over the region's bounds, or (R, R, n_slots) with time slots, summed over the
     input's partitions; ``x`` and ``y`` are then empty. :meth:`grid_counts`, :meth:`grid_counts_3d`,
-    :attr:`n` and :meth:`point_masses` read it (dpcore.countgrid says how a coarser grid is made).
+    :attr:`n` and :meth:`point_masses` read it (dpcore.grid.countgrid says how a coarser grid is made).
     A mechanism picks R through :meth:`Mechanism.fine_grid`.
     """
 

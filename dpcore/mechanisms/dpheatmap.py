@@ -12,7 +12,7 @@ Privacy (user level, or record level with every record its own user):
   ratio r gives weights r^{j−1}, ``"geometric"`` weights 2^{j/3}; the parts sum to ε (tested);
 - a public threshold (``threshold_factor`` noise scales) stops the descent where noise dominates;
   the budget of levels never reached re-measures the pruned tree's leaves (disjoint: sensitivity 1);
-- noise: discrete Laplace of scale Q/ε_j on integer masses in units of 1/Q (see dpcore.heatmap);
+- noise: discrete Laplace of scale Q/ε_j on integer masses in units of 1/Q (see dpcore.heatmap.quadtree);
 - nodes measured at level j are the children of the top-w noisy nodes at level j−1: chosen from
   noisy output only (adaptive sequential composition);
 - large-ε plan (``depth="auto"`` only, no reserve): when the depth rule reaches the pixel level L,
@@ -33,9 +33,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from dpcore.budget import Accountant
 from dpcore.geo import Region
-from dpcore.heatmap import (
+from dpcore.heatmap.quadtree import (
     DEFAULT_QUANTUM,
     RECONSTRUCTION_METHODS,
     HeatmapError,
@@ -49,7 +48,8 @@ from dpcore.heatmap import (
     user_normalised_grid,
 )
 from dpcore.mechanisms.base import FitInput, Mechanism, MechanismError, _jsonable
-from dpcore.noise import NoiseSource
+from dpcore.privacy.budget import Accountant
+from dpcore.privacy.noise import NoiseSource
 
 NORMALISATIONS = ("user", "bound")
 
@@ -88,7 +88,7 @@ class DPHeatmap(Mechanism):
     chosen (8 trials per setting, n = 200, Δ = 256, ε ∈ {0.2, 1, 5}) on the
     Austin and San Francisco boxes of the public Gowalla sample, not on the New York evaluation data.
     ``depth="auto"`` spends ``root_fraction`` of ε on the noisy user count n̂ and measures only the
-    levels whose noise that count can carry (:func:`dpcore.heatmap.choose_depth`); ``depth=L,
+    levels whose noise that count can carry (:func:`dpcore.heatmap.quadtree.choose_depth`); ``depth=L,
     level_split="uniform", threshold_factor=0`` is the paper's fixed-depth algorithm. The large-ε
     plan's defaults (pixel_fraction=0.85, pixel_jump=4, pixel_w=10, pixel_top=0.03) were chosen the
     same way (16–24 trials at ε = 5 on Austin / San Francisco); ``pixel_fraction=0`` turns it off.

@@ -3,7 +3,7 @@
 Input is the same user-normalised grid as ``dpheatmap`` (each user has mass 1 over the Δ × Δ
 grid), so the cell vector has **L1 sensitivity 1** whatever k is (:meth:`charge_sensitivity`).
 The whole ε goes to one step: discrete Laplace of scale Q/ε on integer masses in units of 1/Q
-(see dpcore.heatmap). Post-processing: negatives are zeroed (``laplace``), and ``laplace-top``
+(see dpcore.heatmap.quadtree). Post-processing: negatives are zeroed (``laplace``), and ``laplace-top``
 further keeps only the ``top_percent`` % of cells with the largest noisy mass, zeroing the rest.
 """
 
@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from dpcore.budget import Accountant
 from dpcore.geo import Region
-from dpcore.heatmap import (
+from dpcore.heatmap.quadtree import (
     DEFAULT_QUANTUM,
     HeatmapError,
     HeatmapSynopsis,
@@ -22,7 +21,8 @@ from dpcore.heatmap import (
 )
 from dpcore.mechanisms.base import FitInput, Mechanism, MechanismError, _jsonable
 from dpcore.mechanisms.dpheatmap import NORMALISATIONS, heatmap_units
-from dpcore.noise import NoiseSource
+from dpcore.privacy.budget import Accountant
+from dpcore.privacy.noise import NoiseSource
 
 
 class LaplaceHeatmap(Mechanism):

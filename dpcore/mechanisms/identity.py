@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from dpcore.budget import Accountant
 from dpcore.geo import Region
 from dpcore.mechanisms.base import FitInput, Mechanism, MechanismError, _jsonable
-from dpcore.noise import NoiseSource
-from dpcore.synopsis import GridSynopsis, PrivacyInfo
+from dpcore.privacy.budget import Accountant
+from dpcore.privacy.noise import NoiseSource
+from dpcore.synopsis.base import GridSynopsis, PrivacyInfo
 
 
 def check_band(query_sides_m) -> None:

@@ -1,7 +1,7 @@
 """Identity 3-D grid: discrete Laplace noise on every cell of a public M × M × T histogram.
 
 Privacy: the caller bounds every user to ≤ k points over the *whole* release window (all slots
-together, :func:`dpcore.sampling.bound_contributions`), so one user changes the L1 norm of the
+together, :func:`dpcore.privacy.bounding.bound_contributions`), so one user changes the L1 norm of the
 M × M × T histogram by at most k (1 under record-level privacy). Cells are disjoint, so one
 Laplace step of scale k/ε_cells covers all of them.
 
@@ -20,11 +20,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dpcore.budget import Accountant
 from dpcore.geo import Region
 from dpcore.mechanisms.base import FitInput, Mechanism, MechanismError
-from dpcore.noise import NoiseSource
-from dpcore.st_synopsis import SpatioTemporalSynopsis
+from dpcore.privacy.budget import Accountant
+from dpcore.privacy.noise import NoiseSource
+from dpcore.synopsis.spatiotemporal import SpatioTemporalSynopsis
 
 DEFAULT_GRID_SIZE = 256
 

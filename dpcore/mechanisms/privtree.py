@@ -37,13 +37,13 @@ import math
 
 import numpy as np
 
-from dpcore.budget import Accountant
 from dpcore.geo import Region
-from dpcore.histogram import block_sum, expand
+from dpcore.grid.histogram import block_sum, expand
 from dpcore.mechanisms.base import FitInput, Mechanism, MechanismError
 from dpcore.mechanisms.ug import check_fraction
-from dpcore.noise import NoiseSource
-from dpcore.synopsis import GridSynopsis
+from dpcore.privacy.budget import Accountant
+from dpcore.privacy.noise import NoiseSource
+from dpcore.synopsis.base import GridSynopsis
 
 FANOUT = 4  # β: each split cuts a square node into 2 × 2 quadrants
 MAX_DEPTH = 11  # 2^11 = 2048 raster cells per axis

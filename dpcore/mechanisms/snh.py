@@ -22,7 +22,7 @@ Method (only step 1 reads data):
    its estimate is replaced by the model's output: a U-Net that has learned from simulated releases of
    public cities what a city's density looks like under this noise. Post-processing of the noisy
    levels; the nets then learn from its output. Two guards with the denoiser, also post-processing: the pyramid's total
-   takes in the caller's already-paid sample size n̂ (user level: dpcore.scaling) or a record-level
+   takes in the caller's already-paid sample size n̂ (user level: dpcore.privacy.scaling) or a record-level
    ``public_total`` by inverse variance (:func:`known_total`), and the denoised grid's blocks are capped
    at their own levels' combined counts + ``denoiser_cap_sigmas``·σ (:func:`cap_to_levels`), the
    excess dropped; the manifest says how much. The denoiser is applied only while the release's signal
@@ -66,9 +66,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dpcore.budget import Accountant
 from dpcore.geo import Region
-from dpcore.histogram import (
+from dpcore.grid.histogram import (
     answer_boxes,
     block_sum,
     expand,
@@ -89,8 +88,9 @@ from dpcore.models.pyramid_denoiser import (
     trained_band,
     usable_for,
 )
-from dpcore.noise import NoiseSource, discrete_laplace_variance
-from dpcore.synopsis import PrivacyInfo, Synopsis, SynopsisError
+from dpcore.privacy.budget import Accountant
+from dpcore.privacy.noise import NoiseSource, discrete_laplace_variance
+from dpcore.synopsis.base import PrivacyInfo, Synopsis, SynopsisError
 
 log = logging.getLogger(__name__)
 
@@ -168,7 +168,7 @@ def load_public_workload(path: str | Path, region: Region) -> np.ndarray:
     if p.suffix == ".npy":
         boxes = np.load(p, allow_pickle=False)
     else:
-        from dpcore.queries import read_boxes_csv
+        from dpcore.queries.range import read_boxes_csv
 
         boxes = region.box_latlon_to_m(read_boxes_csv(str(p)))
     return _check_workload(boxes, str(p))

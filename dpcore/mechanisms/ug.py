@@ -21,11 +21,11 @@ import math
 import numpy as np
 from scipy import sparse
 
-from dpcore.budget import Accountant
 from dpcore.geo import Region
 from dpcore.mechanisms.base import FitInput, Mechanism, MechanismError
-from dpcore.noise import NoiseSource
-from dpcore.synopsis import GridSynopsis
+from dpcore.privacy.budget import Accountant
+from dpcore.privacy.noise import NoiseSource
+from dpcore.synopsis.base import GridSynopsis
 
 #: The constant of the UG/AG grid-size rule (Qardaji et al. 2013 found c = 10 works across datasets).
 DEFAULT_C = 10.0

@@ -4,7 +4,7 @@ Ahuja, Zeighami, Ghinita, Shahabi, "A Neural Approach to Spatio-Temporal Data Re
 Differential Privacy", PACMMOD 2023.
 
 Privacy (the only steps that read private data):
-1. The caller bounds every user to ≤ k points over the whole window (dpcore.sampling); one user then
+1. The caller bounds every user to ≤ k points over the whole window (dpcore.privacy.bounding); one user then
    changes the M × M × T histogram's L1 norm by ≤ k (1 under record-level privacy).
 2. ``sample_size``: n̂ = n + DLap(k / ε_n), ε_n = ``count_fraction``·ε; n changes by ≤ k per user.
    Skipped (no charge) when a public total is given and ``refinement="mass"``, which needs no n̂.
@@ -35,7 +35,7 @@ The charges add up to ε. Everything after is post-processing (no budget):
    (dpcore.models.vqvae.multiscale_consistency) takes the step-6 output as the prior and H̄'s block
    sums as unbiased data, and adds back each block's residual deviation H̄ − estimate with the
    weight max(0, 1 − κ·σ²/deviation²). At record level, where H̄'s block sums are accurate, this
-   reduces the denoiser's large-box bias (it does not remove all of it: bench/README); at user
+   reduces the denoiser's large-box bias (it does not remove all of it: docs/decisions/0008-vdr-output-stages.md); at user
    level the residuals mostly look like noise and the estimate is mostly kept (the few noise
    nodes that pass cost some accuracy there). Non-negative, keeps the total; post-processing of H̄ only (no budget).
    ``consistency_universal`` (default on) raises κ at a level of n nodes to max(κ, 2·ln n), so
@@ -45,7 +45,7 @@ The charges add up to ε. Everything after is post-processing (no budget):
    lets fewer noise nodes through than 2 (record-level hotspot regret 3.7 vs 6.2 at ε = 0.1 for
    ≤ 4% more range error); without ``universal`` user-level hotspot regret on synthetic-large rose
    from 13.0 (no stage) to 20.3 at ε = 0.1, with it 12.7, while record-level range errors are
-   4–20% higher with it than without (a trade-off; see bench/README).
+   4–20% higher with it than without (a trade-off; docs/decisions/0008-vdr-output-stages.md).
    In both steps the root's T per-slot totals are tested at ``slot_kappa`` (a Bonferroni-level
    threshold, α = 5% over all T): with only T tests the usual factors let a pure-noise slot through
    often, and a slot that passes carries a spike of the whole region.
@@ -57,12 +57,12 @@ import time
 
 import numpy as np
 
-from dpcore.budget import Accountant
 from dpcore.geo import Region
 from dpcore.mechanisms.base import FitInput, Mechanism, MechanismError
 from dpcore.mechanisms.identity3d import check_st_grid, st_cells, st_counts, st_grid_size
-from dpcore.noise import NoiseSource, discrete_laplace_variance
-from dpcore.st_synopsis import SpatioTemporalSynopsis
+from dpcore.privacy.budget import Accountant
+from dpcore.privacy.noise import NoiseSource, discrete_laplace_variance
+from dpcore.synopsis.spatiotemporal import SpatioTemporalSynopsis
 
 REFINEMENTS = ("mass", "gamma", "none")
 

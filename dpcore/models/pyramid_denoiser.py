@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dpcore.geo import Region
-from dpcore.histogram import answer_boxes, prefix_sums
+from dpcore.grid.histogram import answer_boxes, prefix_sums
 
 #: The denoiser's grid: the finest pyramid level it works on (156 m cells on a 20 km city).
 DENOISER_GRID = 128
@@ -120,7 +120,7 @@ def box_answers(density: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
     """Differentiable range counts: (B, G, G) densities, (B, Q, 4) boxes in cell units → (B, Q).
 
     Bilinear interpolation of the prefix table is the uniformity assumption inside cells (the same
-    rule as dpcore.histogram.answer_boxes)."""
+    rule as dpcore.grid.histogram.answer_boxes)."""
     batch, n, _ = density.shape
     prefix = F.pad(density.cumsum(1).cumsum(2), (1, 0, 1, 0))
     rows = torch.arange(batch, device=density.device)[:, None]
@@ -153,8 +153,8 @@ class PublicDataset:
     @classmethod
     def from_points(cls, name: str, x: np.ndarray, y: np.ndarray, user: np.ndarray, region: Region,
                     ks: tuple[int, ...] = (1, 5, 20), versions: int = 2, seed: int = 0) -> PublicDataset:
-        from dpcore.histogram import grid_counts
-        from dpcore.sampling import bound_contributions
+        from dpcore.grid.histogram import grid_counts
+        from dpcore.privacy.bounding import bound_contributions
 
         bounds = region.bounds_m
 
@@ -206,7 +206,7 @@ def simulate_release(counts: dict[int, np.ndarray], sensitivity: float, epsilon:
                      rng: np.random.Generator) -> tuple[np.ndarray, dict[int, np.ndarray], dict[int, float]]:
     """SNH's pyramid release of public counts (the same levels, shares and combination)."""
     from dpcore.mechanisms.snh import release_pyramid
-    from dpcore.noise import NoiseSource
+    from dpcore.privacy.noise import NoiseSource
 
     shares = np.asarray(LEVEL_WEIGHTS) / sum(LEVEL_WEIGHTS)
     level_eps = {DENOISER_GRID // d: epsilon * share for d, share in zip(LEVEL_DIVISORS, shares, strict=True)}

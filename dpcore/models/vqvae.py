@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dpcore.histogram import block_sum, expand, shrink_factor, split_to_parent
+from dpcore.grid.histogram import block_sum, expand, shrink_factor, split_to_parent
 
 Progress = Callable[[int, int, str], None]
 logger = logging.getLogger(__name__)

@@ -1,0 +1,292 @@
+"""One file of an input → columns as numpy arrays (a :class:`Part`), ready for vectorised validation.
+
+Parquet goes through pyarrow and reads only the four needed columns; numeric, timestamp and
+integer-id columns convert to numpy without Python objects. CSV, TSV and SNAP go through pandas
+(every cell a string, as the formats carry no types). Conversions that fail mark the value with a
+sentinel (missing user, NaN coordinate, INT64_MIN time); :mod:`dpcore.data.points` turns sentinels into
+dropped-row counts.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from dpcore.data.inputs import DataError, InputFile, InputSet
+
+STANDARD_COLUMNS = ("user_id", "timestamp", "lat", "lon")
+SNAP_COLUMNS = ("user_id", "timestamp", "lat", "lon", "location_id")
+TS_MISSING = np.iinfo(np.int64).min
+_BAD_ID_TEXT = ["", "nan", "none", "null", "<na>"]
+
+
+@dataclass
+class Part:
+    """One file's rows. Users are either integer ids (``user_int`` with ``user_null``) or codes into
+    ``uniques`` (string ids, stripped; code -1 = missing)."""
+
+    n: int
+    ts: np.ndarray  # int64 seconds UTC, TS_MISSING when unparseable
+    lat: np.ndarray  # float64, NaN when unparseable
+    lon: np.ndarray
+    bad_user: np.ndarray | None  # bool per row, None = no row is bad
+    user_int: np.ndarray | None = None
+    codes: np.ndarray | None = None
+    uniques: pd.Index | None = None
+    raw_row: Callable[[int], dict] | None = None  # the standard columns of row i as read, for --strict
+
+    def take(self, keep: np.ndarray) -> Part:
+        return Part(int(keep.sum()), self.ts[keep], self.lat[keep], self.lon[keep], None,
+                    None if self.user_int is None else self.user_int[keep],
+                    None if self.codes is None else self.codes[keep], self.uniques)
+
+
+# -- column conversions (pandas) ---------------------------------------------------------------
+def to_epoch_seconds(col: pd.Series) -> np.ndarray:
+    """int64 seconds UTC; unparseable → TS_MISSING."""
+    if pd.api.types.is_numeric_dtype(col) and not pd.api.types.is_datetime64_any_dtype(col):
+        return numeric_epoch(pd.to_numeric(col, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan))
+    if pd.api.types.is_datetime64_any_dtype(col):
+        ts = col.dt.tz_convert("UTC") if getattr(col.dt, "tz", None) is not None else col.dt.tz_localize("UTC")
+    else:
+        # Text columns of plain numbers (CSV epoch seconds or milliseconds) are epochs, not dates.
+        as_number = pd.to_numeric(col, errors="coerce")
+        if as_number.notna().any():
+            numbers = as_number.to_numpy(dtype=np.float64, na_value=np.nan)
+            if np.isfinite(numbers).all():
+                return numeric_epoch(numbers)
+            dates = to_epoch_seconds(col.where(as_number.isna()))
+            return np.where(np.isfinite(numbers), numeric_epoch(numbers), dates)
+        ts = pd.to_datetime(col, errors="coerce", utc=True, format="ISO8601")
+        retry = ts.isna() & col.astype(str).str.strip().ne("")
+        if retry.any():
+            # Non-ISO layouts (e.g. Foursquare's "Tue Apr 03 18:00:09 +0000 2012"): parse only the
+            # rows ISO-8601 missed, element by element, so ISO files stay fast.
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                ts = ts.copy()
+                ts[retry] = pd.to_datetime(col[retry], errors="coerce", utc=True, format="mixed")
+    # Naive UTC datetime64 → integer seconds without per-element Timestamp objects.
+    naive = ts.dt.tz_convert(None)
+    ok = naive.notna().to_numpy()
+    secs = naive.to_numpy(dtype="datetime64[s]", na_value=np.datetime64("NaT")).astype(np.int64)
+    return np.where(ok, secs, TS_MISSING)
+
+
+def numeric_epoch(v: np.ndarray) -> np.ndarray:
+    """Numbers are epoch seconds (or milliseconds when they are too large to be seconds)."""
+    out = np.full(v.size, TS_MISSING, dtype=np.int64)
+    ok = np.isfinite(v)
+    scaled = np.where(np.abs(v) > 1e11, v / 1000.0, v)
+    out[ok] = np.floor(scaled[ok]).astype(np.int64)
+    return out
+
+
+def _judge_uniques(uniques: Any) -> tuple[pd.Index, np.ndarray]:
+    """Stripped string ids and which of them mean 'no user' (blank, nan, null, …)."""
+    text = pd.Index(uniques).astype(str).str.strip()
+    return text, np.asarray((text == "") | text.str.lower().isin(_BAD_ID_TEXT))
+
+
+def _coded_users(codes: np.ndarray, uniques: Any) -> tuple[np.ndarray, pd.Index, np.ndarray | None]:
+    text, bad_unique = _judge_uniques(uniques)
+    codes = codes.astype(np.int64, copy=False)
+    bad = (codes < 0) | np.append(bad_unique, True)[codes]
+    return codes, text, (bad if bad.any() else None)
+
+
+def part_from_frame(df: pd.DataFrame) -> Part:
+    """A frame with the standard columns (any dtypes) → :class:`Part`."""
+    lat = pd.to_numeric(df["lat"], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+    lon = pd.to_numeric(df["lon"], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+    ts = to_epoch_seconds(df["timestamp"])
+    # Factorise first (hash-based, O(n)) and judge only the distinct ids: string work on every row
+    # would dominate loading otherwise.
+    codes, uniques = pd.factorize(df["user_id"], use_na_sentinel=True)
+    codes, text, bad = _coded_users(codes, uniques)
+    return Part(len(df), ts, lat, lon, bad, codes=codes, uniques=text,
+                raw_row=lambda i: df.iloc[i][list(STANDARD_COLUMNS)].to_dict())
+
+
+# -- column conversions (arrow) ----------------------------------------------------------------
+def _np(col: Any, fill: Any) -> np.ndarray:
+    """A chunked column as numpy; nulls become ``fill`` (no copy pass when there are none)."""
+    return (col.fill_null(fill) if col.null_count else col).to_numpy()
+
+
+def _arrow_float(col: Any) -> np.ndarray:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    t = col.type
+    if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t):
+        return _np(pc.cast(col, pa.float64()), np.nan)
+    return pd.to_numeric(col.to_pandas(), errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+
+
+def _arrow_epoch(col: Any) -> np.ndarray:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    t = col.type
+    if pa.types.is_timestamp(t) or pa.types.is_date(t):
+        if pa.types.is_date(t):
+            col, factor = pc.cast(pc.cast(col, pa.timestamp("s")), pa.int64()), 1
+        else:
+            factor = {"s": 1, "ms": 1_000, "us": 1_000_000, "ns": 1_000_000_000}[t.unit]
+            col = pc.cast(col, pa.int64())  # timestamps are stored as UTC ticks, with or without a tz
+        vals = _np(col, TS_MISSING)
+        secs = vals // factor if factor != 1 else vals.copy()
+        if col.null_count:
+            secs[vals == TS_MISSING] = TS_MISSING
+        return secs
+    if pa.types.is_integer(t) or pa.types.is_floating(t):
+        return numeric_epoch(_np(pc.cast(col, pa.float64()), np.nan))
+    return to_epoch_seconds(col.to_pandas())
+
+
+def _arrow_users(col: Any, part: Part) -> None:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    t = col.type
+    if pa.types.is_integer(t) and not (pa.types.is_uint64(t)):
+        part.user_int = _np(pc.cast(col, pa.int64()), 0)
+        part.bad_user = col.is_null().to_numpy() if col.null_count else None
+        return
+    if pa.types.is_dictionary(t) or pa.types.is_string(t) or pa.types.is_large_string(t) \
+            or pa.types.is_string_view(t):
+        # Dictionary-read columns only need their row groups' dictionaries merged; others take one
+        # hash pass in arrow. Either way only the distinct ids (few) are judged as text.
+        if pa.types.is_dictionary(t):
+            enc = col.unify_dictionaries()
+        else:
+            enc = pc.dictionary_encode(col.cast(pa.string()) if pa.types.is_string_view(t) else col)
+        chunks = enc.chunks
+        if not chunks:
+            part.codes, part.uniques, part.bad_user = np.empty(0, np.int64), pd.Index([], dtype=str), None
+            return
+        codes = np.concatenate([c.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+                                for c in chunks])
+        dictionary = chunks[0].dictionary
+        if pa.types.is_dictionary(dictionary.type):
+            dictionary = dictionary.dictionary_decode()
+        part.codes, part.uniques, part.bad_user = _coded_users(codes, dictionary.to_pandas())
+        return
+    codes, uniques = pd.factorize(col.to_pandas(), use_na_sentinel=True)
+    part.codes, part.uniques, part.bad_user = _coded_users(codes, uniques)
+
+
+def part_from_table(table: Any) -> Part:
+    """An arrow table with the standard columns → :class:`Part`, vectorised."""
+    part = Part(table.num_rows, _arrow_epoch(table.column("timestamp")), _arrow_float(table.column("lat")),
+                _arrow_float(table.column("lon")), None,
+                raw_row=lambda i: {c: table.column(c)[i].as_py() for c in STANDARD_COLUMNS})
+    _arrow_users(table.column("user_id"), part)
+    return part
+
+
+# -- reading one file --------------------------------------------------------------------------
+def sources_for(columns: dict[str, str] | None) -> dict[str, str]:
+    """Standard name → source column name, from a source→standard mapping."""
+    inverse = {std: src for src, std in (columns or {}).items()}
+    return {std: inverse.get(std, std) for std in STANDARD_COLUMNS}
+
+
+def _missing(shown: str, missing: list[str], has: list[str]) -> DataError:
+    return DataError(f"{shown} is missing column(s) {missing}; it has {has}. "
+                     "Map other names with --columns user_id=NAME,timestamp=NAME,lat=NAME,lon=NAME")
+
+
+def _read_parquet(inp: InputSet, f: InputFile, columns: dict[str, str] | None, shown: str) -> Part:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    src = f.path if inp.local else inp.fs.open(f.path, "rb")
+    try:
+        pf = pq.ParquetFile(src)
+        has = pf.schema_arrow.names
+        want = sources_for(columns)
+        from_file = sorted({s for s in want.values() if s in has})
+        missing = [std for std, s in want.items() if s not in has and s not in f.partition]
+        if missing:
+            raise _missing(shown, missing, has)
+        # String ids are read as dictionaries: a few thousand distinct ids need not become millions of
+        # strings (parquet stores them dictionary-encoded already).
+        user = want["user_id"]
+        utype = pf.schema_arrow.field(user).type if user in has else None
+        as_dict = [user] if utype is not None and (pa.types.is_string(utype) or pa.types.is_large_string(utype)) \
+            else []
+        table = pf.read(columns=from_file) if not as_dict else pq.ParquetFile(
+            src, read_dictionary=as_dict).read(columns=from_file)
+    finally:
+        if not inp.local:
+            src.close()
+    n = table.num_rows
+    cols = {}
+    for std, s in want.items():
+        if s in has:
+            cols[std] = table.column(s)
+        else:  # a hive partition key used as a column: one dictionary entry, no per-row strings
+            cols[std] = pa.chunked_array([pa.DictionaryArray.from_arrays(
+                pa.array(np.zeros(n, dtype=np.int32)), pa.array([f.partition[s]]))])
+    return part_from_table(pa.table(cols))
+
+
+def _read_text(inp: InputSet, f: InputFile, columns: dict[str, str] | None, shown: str) -> Part:
+    src = f.path if inp.local else inp.fs.open(f.path, "rb", compression="infer")
+    text_opts = {"dtype": str, "keep_default_na": False, "encoding_errors": "replace"}
+    try:
+        if f.fmt == "csv":
+            df = pd.read_csv(src, **text_opts)
+        elif f.fmt == "tsv":
+            df = pd.read_csv(src, sep="\t", **text_opts)
+        else:
+            # Headerless TSV: columns are named by position ("0", "1", …) so that --columns can
+            # map any layout; the 5-column SNAP layout is recognised without a mapping.
+            df = pd.read_csv(src, sep="\t", header=None, on_bad_lines="skip", **text_opts)
+            df.columns = [str(i) for i in range(df.shape[1])]
+    finally:
+        if not inp.local:
+            src.close()
+    if columns:
+        df = df.rename(columns=columns)
+    elif f.fmt == "snap":
+        if df.shape[1] != len(SNAP_COLUMNS):
+            raise DataError(
+                f"{shown} is a headerless table with {df.shape[1]} columns, not the 5-column SNAP layout "
+                "(user, time, lat, lon, location_id); map columns by position, e.g. "
+                "--columns user_id=0,timestamp=7,lat=4,lon=5"
+            )
+        df.columns = list(SNAP_COLUMNS)
+    for key, value in f.partition.items():
+        std = (columns or {}).get(key, key)
+        if std in STANDARD_COLUMNS and std not in df.columns:
+            df[std] = value
+    missing = [c for c in STANDARD_COLUMNS if c not in df.columns]
+    if missing:
+        raise _missing(shown, missing, list(df.columns))
+    return part_from_frame(df)
+
+
+def read_part(inp: InputSet, f: InputFile, columns: dict[str, str] | None) -> Part:
+    """Read one file of an input into a :class:`Part`; every failure is a one-line DataError."""
+    shown = inp.display(f)
+    if f.size == 0:
+        raise DataError(f"input file is empty: {shown}")
+    try:
+        if f.fmt == "parquet":
+            return _read_parquet(inp, f, columns, shown)
+        return _read_text(inp, f, columns, shown)
+    except DataError:
+        raise
+    except FileNotFoundError as exc:
+        raise DataError(f"input file not found: {shown}") from exc
+    except Exception as exc:  # pyarrow / parser / network errors vary by format; all mean "unreadable"
+        msg = " ".join(str(exc).split())[:300]
+        raise DataError(f"cannot read {shown} as {f.fmt}: {type(exc).__name__}: {msg}") from exc

@@ -1,0 +1,445 @@
+"""The release store and the privacy ledger: immutable, versioned releases on any fsspec URL.
+
+Storage I/O lives here, outside dpcore. A store is an fsspec URL (``file://`` or a plain path by
+default, ``s3://bucket/prefix`` against any S3-compatible endpoint). Layout::
+
+    releases/<dataset>/<city>/<period>/v<N>/_CLAIM.json        version N reserved for one release key
+    releases/<dataset>/<city>/<period>/v<N>/<attempt>/...      data files of one attempt
+    releases/<dataset>/<city>/<period>/v<N>/<attempt>/_STAGED.json   attempt complete (file list + hashes)
+    releases/<dataset>/<city>/<period>/v<N>/_MANIFEST.json     the commit point, written last
+    datasets/<dataset>/...                                     policy and ledger (tasks/storage/ledger.py)
+
+Every object is written **create-only** (temp file + ``link()`` locally, ``If-None-Match: *`` on S3): nothing
+is ever overwritten. The version claims (and the ledger, tasks/storage/ledger.py) are *create-only logs*: a
+writer lists the log, checks it and creates entry number ``len(log)``. Two writers racing for the same
+number cannot both succeed, and the loser re-reads the log and checks again, so a successful writer has
+always seen every earlier entry: the log is linearizable without any lock service.
+
+Exactly once: a release key (dataset, city, period, config hash) gets one version. A re-run finds the committed manifest and returns it. A run that crashed after staging its
+data but before the manifest is finished by the next run *with the already-noised data* (no second
+noisy copy is drawn); an attempt that crashed mid-upload is deleted before new noise is staged.
+Readers only see versions whose ``_MANIFEST.json`` exists, and verify sha256 and size on read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import fsspec
+
+from dpcore import GeoDPError
+from dpcore.data.inputs import storage_options_from_env as _storage_options_from_env
+from dpcore.synopsis.base import json_default
+
+MANIFEST = "_MANIFEST.json"
+CLAIM = "_CLAIM.json"
+STAGED = "_STAGED.json"
+MANIFEST_FORMAT = "geodp-release/1"
+_MAX_APPEND_TRIES = 200
+_SLUG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
+
+
+STORE_ID = "_STORE_ID"
+
+
+class StoreError(GeoDPError, OSError):
+    """The release store is unreachable, malformed, or refused an operation."""
+
+
+class IntegrityError(StoreError):
+    """A released file does not match the sha256 or size its manifest records."""
+
+
+MANIFEST_HASH = "manifest_sha256"
+
+
+def manifest_hash(body: dict) -> str:
+    """sha256 of a manifest's canonical JSON without its own hash field."""
+    rest = json.loads(json.dumps({k: v for k, v in body.items() if k != MANIFEST_HASH}, default=json_default))
+    return sha256_bytes(json.dumps(rest, sort_keys=True, separators=(",", ":")).encode())
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def utc_now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def check_slug(value: str, what: str) -> str:
+    if not isinstance(value, str) or not _SLUG.match(value):
+        raise StoreError(f"{what} {value!r} must be letters, digits, '.', '_', '+' or '-' (no slashes)")
+    return value
+
+
+@dataclass(frozen=True)
+class ReleaseRef:
+    """Where one committed version lives inside a store."""
+
+    dataset: str
+    city: str
+    period: str
+    version: int
+
+    @property
+    def rel(self) -> str:
+        return f"releases/{self.dataset}/{self.city}/{self.period}/v{self.version}"
+
+
+class ReleaseStore:
+    """One store URL. Safe to share between processes and machines (no local state but a read cache
+    of immutable objects)."""
+
+    def __init__(self, url: str, storage_options: dict[str, Any] | None = None, create: bool = True):
+        if not url:
+            raise StoreError("a store URL is required (a local folder, file:///path or s3://bucket/prefix)")
+        self.url = str(url).rstrip("/")
+        protocol = self.url.split("://", 1)[0] if "://" in self.url else "file"
+        opts = {**_storage_options_from_env(protocol), **(storage_options or {})}
+        try:
+            self.fs, root = fsspec.core.url_to_fs(self.url, **opts)
+        except (ImportError, ValueError) as exc:
+            raise StoreError(f"cannot open store {self.url!r}: {exc}") from exc
+        self.protocol = protocol
+        self.local = protocol in ("file", "local")
+        self.root = root.rstrip("/")
+        if self.local:
+            self.root = str(Path(self.root).resolve())
+            if not create and not Path(self.root).is_dir():
+                raise StoreError(f"no release store at {self.root}")
+            Path(self.root).mkdir(parents=True, exist_ok=True)
+        self._cache: dict[str, bytes] = {}  # immutable objects only (create-only writes)
+
+    # -- primitives -----------------------------------------------------------------------------
+    def path(self, rel: str) -> str:
+        return f"{self.root}/{rel}" if rel else self.root
+
+    def url_of(self, rel: str) -> str:
+        if self.local:
+            return f"{self.root}/{rel}"
+        return f"{self.protocol}://{self.root}/{rel}"
+
+    def create(self, rel: str, data: bytes) -> None:
+        """Write an object that must not exist yet; FileExistsError if it does (create-only)."""
+        _fault_before_write()
+        p = self.path(rel)
+        if self.local:
+            # Write a private temporary file, then hard-link it to the final name: link() fails if the
+            # name exists (create-only) and publishes the complete content atomically, so a reader never
+            # sees a half-written object.
+            parent = Path(p).parent
+            parent.mkdir(parents=True, exist_ok=True)
+            tmp = parent / f".tmp-{uuid.uuid4().hex}"
+            try:
+                with open(tmp, "xb") as f:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.link(tmp, p)
+            finally:
+                tmp.unlink(missing_ok=True)
+            return
+        try:
+            self.fs.pipe_file(p, data, mode="create")
+        except FileExistsError:
+            raise
+        except OSError as exc:
+            raise StoreError(f"cannot write {self.url_of(rel)}: {exc}") from exc
+
+    def instance_id(self) -> str:
+        """A random id created once per store (create-only ``_STORE_ID``). A store that is deleted
+        and made again at the same URL gets a new id, so caches keyed on it cannot go stale."""
+        try:
+            self.create(STORE_ID, uuid.uuid4().hex.encode())
+        except FileExistsError:
+            pass
+        return self.read(STORE_ID, cache=False).decode().strip()
+
+    def read(self, rel: str, cache: bool = True) -> bytes:
+        if cache and rel in self._cache:
+            return self._cache[rel]
+        try:
+            data = self.fs.cat_file(self.path(rel))
+        except FileNotFoundError:
+            # s3fs may answer from a listing it cached before the object existed: ask the store itself
+            self.fs.invalidate_cache(self.path(rel))
+            try:
+                data = self.fs.cat_file(self.path(rel))
+            except FileNotFoundError:
+                raise
+            except OSError as exc:
+                raise StoreError(f"cannot read {self.url_of(rel)}: {exc}") from exc
+        except OSError as exc:
+            raise StoreError(f"cannot read {self.url_of(rel)}: {exc}") from exc
+        if cache:
+            self._cache[rel] = data
+        return data
+
+    def read_json(self, rel: str) -> dict:
+        try:
+            return json.loads(self.read(rel))
+        except json.JSONDecodeError as exc:
+            raise StoreError(f"{self.url_of(rel)} is not valid JSON: {exc}") from exc
+
+    def exists(self, rel: str) -> bool:
+        return bool(self.fs.exists(self.path(rel)))
+
+    def listdir(self, rel: str) -> list[str]:
+        """Names directly under rel (empty when it does not exist)."""
+        p = self.path(rel)
+        try:
+            self.fs.invalidate_cache(p)
+            entries = self.fs.ls(p, detail=False)
+        except FileNotFoundError:
+            return []
+        return sorted({e.rstrip("/").rsplit("/", 1)[-1] for e in entries} - {""})
+
+    def remove_tree(self, rel: str) -> None:
+        """Best-effort removal of an unreferenced attempt (never of a committed version)."""
+        try:
+            self.fs.rm(self.path(rel), recursive=True)
+        except (FileNotFoundError, OSError):
+            pass
+
+    # -- create-only logs -----------------------------------------------------------------------
+    def _log_entries(self, prefix: str, pattern: re.Pattern) -> list[tuple[int, str]]:
+        out = []
+        for name in self.listdir(prefix):
+            m = pattern.match(name)
+            if m:
+                out.append((int(m.group(1)), name))
+        return sorted(out)
+
+    # -- versions -------------------------------------------------------------------------------
+    _VERSION_NAME = re.compile(r"^v(\d+)$")
+
+    def _period_prefix(self, dataset: str, city: str, period: str) -> str:
+        for v, what in ((dataset, "dataset"), (city, "city"), (period, "period")):
+            check_slug(v, what)
+        return f"releases/{dataset}/{city}/{period}"
+
+    def versions(self, dataset: str, city: str, period: str) -> list[int]:
+        return [n for n, _ in self._log_entries(self._period_prefix(dataset, city, period), self._VERSION_NAME)]
+
+    def claim_version(self, dataset: str, city: str, period: str, release_key: str) -> tuple[int, bool]:
+        """The version number of a release key: an existing claim, or the next number, claimed
+        create-only (``v<N>/_CLAIM.json``). Returns (N, created)."""
+        prefix = self._period_prefix(dataset, city, period)
+        for _ in range(_MAX_APPEND_TRIES):
+            nums = self.versions(dataset, city, period)
+            unclaimed = []
+            for n in nums:
+                try:
+                    claim = self.read_json(f"{prefix}/v{n}/{CLAIM}")
+                except FileNotFoundError:
+                    # a folder whose claim is being written right now (or never was): claim that number,
+                    # so two runs of one key race for the same file instead of taking v<N> and v<N+1>
+                    unclaimed.append(n)
+                    continue
+                if claim["release_key"] == release_key:
+                    return n, False
+            n = unclaimed[0] if unclaimed else (max(nums) + 1 if nums else 1)
+            claim = {"release_key": release_key, "version": n, "created_at": utc_now()}
+            try:
+                self.create(f"{prefix}/v{n}/{CLAIM}", json.dumps(claim).encode())
+            except FileExistsError:
+                continue
+            return n, True
+        raise StoreError(f"{prefix} is too contended: gave up claiming a version")
+
+    def manifest(self, ref: ReleaseRef) -> dict | None:
+        try:
+            return self.read_manifest(ref.rel)
+        except FileNotFoundError:
+            return None
+
+    def read_manifest(self, version_rel: str) -> dict:
+        """A committed manifest, checked against its own hash: an altered one is an IntegrityError."""
+        m = self.read_json(f"{version_rel}/{MANIFEST}")
+        if not isinstance(m, dict) or not isinstance(m.get("files"), list):
+            raise IntegrityError(f"{self.url_of(version_rel)}/{MANIFEST} is not a release manifest")
+        if MANIFEST_HASH in m and manifest_hash(m) != m[MANIFEST_HASH]:
+            raise IntegrityError(f"{self.url_of(version_rel)}/{MANIFEST} was altered after it was committed "
+                                 "(its content does not match its recorded sha256)")
+        return m
+
+    def stage(self, ref: ReleaseRef, local_dir: str | Path, names: list[str]) -> tuple[str, list[dict]]:
+        """Upload data files of a new attempt under v<N>/<attempt>/, then its _STAGED.json.
+
+        Other attempts are never touched: an attempt without _STAGED.json may be another run's upload
+        still in progress, and only a manifest decides which attempt is the release. An attempt left by
+        a crash mid-upload stays unreferenced and invisible to readers.
+        """
+        attempt = "a-" + uuid.uuid4().hex[:12]
+        files = []
+        for name in names:
+            data = (Path(local_dir) / name).read_bytes()
+            path = f"{attempt}/{name}"
+            self.create(f"{ref.rel}/{path}", data)
+            files.append({"name": name, "path": path, "sha256": sha256_bytes(data), "size": len(data)})
+        self.create(f"{ref.rel}/{attempt}/{STAGED}", json.dumps({"files": files}, indent=2).encode())
+        return attempt, files
+
+    def _attempts(self, ref: ReleaseRef) -> list[str]:
+        return [n for n in self.listdir(ref.rel) if n.startswith("a-")]
+
+    def staged_attempt(self, ref: ReleaseRef) -> tuple[str, list[dict]] | None:
+        """A complete, verified attempt of this version left by a run that died before its manifest."""
+        for attempt in self._attempts(ref):
+            try:
+                staged = self.read_json(f"{ref.rel}/{attempt}/{STAGED}")
+            except FileNotFoundError:
+                continue
+            try:
+                for f in staged["files"]:
+                    self._verified(ref.rel, f)
+            except (IntegrityError, FileNotFoundError):
+                continue
+            return attempt, staged["files"]
+        return None
+
+    def commit(self, ref: ReleaseRef, manifest: dict) -> tuple[dict, bool]:
+        """Write the manifest create-only: the commit point. If another run of the same release key
+        committed first, its manifest is returned (``created`` False) and ours is dropped."""
+        for f in manifest["files"]:  # the attempt must be whole right before it becomes the release
+            try:
+                self._verified(ref.rel, f, cache=False)
+            except FileNotFoundError:
+                raise IntegrityError(f"staged file {self.url_of(ref.rel + '/' + f['path'])} is missing; "
+                                     "not committed") from None
+        body = {"format": MANIFEST_FORMAT, **manifest, "committed_at": utc_now()}
+        body[MANIFEST_HASH] = manifest_hash(body)
+        data = json.dumps(body, indent=2, default=json_default).encode()
+        for wait in (0.0, 0.1, 0.3, 1.0, 3.0):
+            time.sleep(wait)
+            try:
+                self.create(f"{ref.rel}/{MANIFEST}", data)
+                break
+            except FileExistsError:
+                # Another run committed first, or (S3) two conditional writes collided and the store
+                # refused both: read the winner, else try to commit again.
+                existing = self.manifest(ref)
+                if existing is not None:
+                    return {**existing, "url": self.url_of(ref.rel)}, False
+        else:
+            raise StoreError(f"{ref.rel}/{MANIFEST} could not be committed or read") from None
+        return {**body, "url": self.url_of(ref.rel)}, True
+
+    def find_committed(self, dataset: str, city: str, period: str, release_key: str) -> dict | None:
+        for n in self.versions(dataset, city, period):
+            ref = ReleaseRef(dataset, city, period, n)
+            m = self.manifest(ref)
+            if m is not None and m.get("release_key") == release_key:
+                return {**m, "url": self.url_of(ref.rel)}
+        return None
+
+    # -- readers --------------------------------------------------------------------------------
+    def list_releases(self, dataset: str | None = None, city: str | None = None,
+                      period: str | None = None) -> list[dict]:
+        """Manifests of every committed version (versions without a manifest do not exist)."""
+        out = []
+        for ds in [dataset] if dataset else self.listdir("releases"):
+            for c in [city] if city else self.listdir(f"releases/{ds}"):
+                for per in [period] if period else self.listdir(f"releases/{ds}/{c}"):
+                    for n in self.versions(ds, c, per):
+                        ref = ReleaseRef(ds, c, per, n)
+                        m = self.manifest(ref)
+                        if m is not None:
+                            out.append({**m, "url": self.url_of(ref.rel)})
+        return out
+
+    def _verified(self, version_rel: str, f: dict, cache: bool = True) -> bytes:
+        try:
+            data = self.read(f"{version_rel}/{f['path']}", cache=cache)
+        except KeyError:
+            raise IntegrityError(f"manifest of {self.url_of(version_rel)} lists a malformed file entry") from None
+        if len(data) != int(f["size"]) or sha256_bytes(data) != f["sha256"]:
+            raise IntegrityError(
+                f"integrity check failed for {self.url_of(version_rel + '/' + f['path'])}: expected sha256 "
+                f"{f['sha256'][:16]}… and {f['size']} bytes, got {sha256_bytes(data)[:16]}… and {len(data)} bytes"
+            )
+        return data
+
+    def fetch(self, version_rel: str, dest: str | Path) -> tuple[dict, Path]:
+        """Download a committed version's files into dest, verifying every sha256; returns (manifest, dest)."""
+        try:
+            manifest = self.read_manifest(version_rel)
+        except FileNotFoundError:
+            raise StoreError(f"no committed release at {self.url_of(version_rel)} (no {MANIFEST})") from None
+        d = Path(dest)
+        d.mkdir(parents=True, exist_ok=True)
+        for f in manifest["files"]:
+            name = Path(f["name"])
+            if name.is_absolute() or ".." in name.parts:
+                raise IntegrityError(f"manifest of {self.url_of(version_rel)} names an unsafe path {f['name']!r}")
+            try:
+                data = self._verified(version_rel, f)
+            except FileNotFoundError:
+                raise IntegrityError(f"{self.url_of(version_rel + '/' + f['path'])}, listed in the manifest, "
+                                     "is missing") from None
+            (d / name).parent.mkdir(parents=True, exist_ok=True)
+            (d / name).write_bytes(data)
+        return manifest, d
+
+
+_WRITES = [0]
+
+
+def _fault_before_write() -> None:
+    """Fault injection for the crash tests: GEODP_FAULT_KILL_AT_WRITE=N kills this process with
+    SIGKILL right before its N-th store write, as a power cut or `kill -9` would."""
+    at = os.environ.get("GEODP_FAULT_KILL_AT_WRITE")
+    if not at:
+        return
+    _WRITES[0] += 1
+    if _WRITES[0] == int(at):
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def open_store(url: str, storage_options: dict[str, Any] | None = None) -> ReleaseStore:
+    return ReleaseStore(url, storage_options)
+
+
+def resolve_release(target: str, storage_options: dict[str, Any] | None = None) -> tuple[ReleaseStore, str]:
+    """A store and the relative path of one committed version, from what a user typed.
+
+    Accepts a version URL (``.../releases/<dataset>/<city>/<period>/v<N>``), or a store root holding
+    exactly one committed release (the core CLI's ``--out DIR``).
+    """
+    t = str(target).rstrip("/")
+    m = re.match(r"^(.*?)/?(releases/[^/]+/[^/]+/[^/]+/v\d+)$", t)
+    if m:
+        store = ReleaseStore(m.group(1) or ".", storage_options)
+        if not store.exists(f"{m.group(2)}/{MANIFEST}"):
+            raise StoreError(f"no committed release at {t} (no {MANIFEST}; uncommitted versions do not exist)")
+        return store, m.group(2)
+    if "://" not in t and not Path(t).exists():
+        raise StoreError(f"release {t!r} not found")
+    store = ReleaseStore(t, storage_options)
+    found = store.list_releases()
+    if not found:
+        raise StoreError(f"{t} holds no committed release")
+    if len(found) > 1:
+        listing = "\n  ".join(r["url"] for r in found[:20])
+        raise StoreError(f"{t} holds {len(found)} releases; name one of them:\n  {listing}")
+    r = found[0]
+    return store, ReleaseRef(r["dataset"], r["city"], r["period"], int(r["version"])).rel
+
+
+def fetch_to_temp(target: str, storage_options: dict[str, Any] | None = None) -> tuple[dict, Path]:
+    """Resolve, download and verify a release into a fresh temporary folder (caller removes it)."""
+    store, rel = resolve_release(target, storage_options)
+    return store.fetch(rel, tempfile.mkdtemp(prefix="geodp-release-"))
