@@ -88,3 +88,21 @@ def test_user_level_keeps_min_of_rows_and_k_per_person_over_all_files_and_cities
     specs = [GridSpec(c, r, 64) for c, r in zip(CITIES, regions, strict=True)]
     got = release_counts(str(spread), specs, window, privacy_unit="user", max_points_per_user=k)
     assert sum(int(got.cities[c].fine.sum()) for c in CITIES) == int(expected.sum())
+
+
+def test_a_fit_input_of_fine_counts_gives_the_points_grids():
+    """Block sums of a fine grid are the points' own coarser grids (m divides R); other sizes keep
+    every point, each in one cell; the mass a fit counts point by point is the same."""
+    from dpcore.mechanisms.base import FitInput
+
+    region = city_region("austin")
+    rng = np.random.default_rng(1)
+    x, y = rng.uniform(-region.half_m, region.half_m, (2, 20000))
+    points = FitInput(x, y, region, "record", None)
+    fine = FitInput(np.empty(0), np.empty(0), region, "record", None, fine=grid_counts(x, y, region.bounds_m, 512))
+    assert fine.n == points.n == 20000
+    for m in (1, 8, 64, 512):
+        np.testing.assert_array_equal(fine.grid_counts(m), points.grid_counts(m))
+    odd = fine.grid_counts(100)
+    assert odd.sum() == 20000 and np.abs(odd - points.grid_counts(100)).sum() < 0.2 * 20000
+    assert fine.point_masses()[2].sum() == 20000
