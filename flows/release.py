@@ -1,9 +1,11 @@
 """The `release` flow: one dataset, one period, several cities, in parallel on Dask.
 
-Order (docs/architecture.md): load + validate → plan release keys → skip what is committed →
-charge the ledger (refusal happens here, before any noise) → bound contributions once over all the
-cities' data → one privatize task per city on Dask → previews of the released maps → persist (files,
-then the manifest) → artifacts.
+Order (docs/architecture.md): plan release keys → skip what is committed → the data pass on Dask
+(workers read and validate the period's files, bound contributions once over all the cities' data and
+sum each city's fine count grid; only counts come back) → charge the ledger (refusal happens here,
+before any noise) → one privatize task per city on Dask → previews of the released maps → persist
+(files, then the manifest) → artifacts. The in-process form runs the same data pass on the local
+threaded scheduler.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from prefect.artifacts import (
 from prefect.exceptions import UnfinishedRun
 from prefect.futures import PrefectFuture
 
-from dpcore.data.inputs import source_version
+from dpcore.data.inputs import resolve_input, source_version
 from dpcore.privacy.accounting import budget_label
 from tasks.config import ReleaseParams, parse_period
 from tasks.ledger_tasks import (
@@ -39,15 +41,14 @@ from tasks.ledger_tasks import (
     void_charge,
 )
 from tasks.release_tasks import (
-    bound_and_split,
     check_committed,
     code_version,
     dataset_name,
-    load_and_validate,
     make_plans,
     persist_release,
     privatize,
     public_locator,
+    read_bound_count,
     render_preview,
 )
 from tasks.runtime import dashboard_link, dask_for_run, where_it_runs
@@ -84,11 +85,7 @@ def release_cities(params: ReleaseParams, config_path: str | None = None, loaded
     else:
         refuse_if_experimental(store)
         resolved = resolve_policy(store.url, dataset, request)
-    if loaded is None:
-        loaded = step(load_and_validate)(params.data, params.columns, params.format, strict,
-                                         (period.start_s, period.end_s))
-        if in_process:  # the operator's own terminal; the flow never logs counts of private rows
-            log(f"loaded {params.data}: {loaded.report.summary()}")
+    window = (period.start_s, period.end_s)
     cities = params.cities
     if not cities and not params.center:
         from dpcore.geo import city_names
@@ -97,14 +94,15 @@ def release_cities(params: ReleaseParams, config_path: str | None = None, loaded
         # the mere existence of a release reveal that someone was there, unpaid. A city without data
         # gets a noise-only release, which is still correct and costs the same.
         cities = city_names()
-    source = public_locator(loaded.source)
+    source = public_locator(loaded.source if loaded is not None
+                            else resolve_input(params.data, params.format, window).source)
     per_day = resolved.policy.bound_window == "day"
     plans = make_plans(dataset=dataset, cities=cities, center=params.center, side_km=params.side_km,
                        period=period, mechanism=params.mechanism, params=params.mechanism_params,
                        epsilon=params.epsilon, rho=params.rho, privacy_unit=params.privacy_unit,
                        max_points_per_user=resolved.max_points_per_user, seed=params.seed,
                        data_version=params.data_version or source_version(params.data, params.format,
-                                                                       (period.start_s, period.end_s)),
+                                                                                       window),
                        slot=params.slot,
                        public_total=params.public_total, source=source, bound_per_day=per_day)
     committed = step(check_committed)(params.store, plans)
@@ -115,11 +113,17 @@ def release_cities(params: ReleaseParams, config_path: str | None = None, loaded
     results: dict[str, dict] = {p.city: {**committed[p.city], "status": "already committed"}
                                 for p in plans if committed[p.city] is not None}
     if todo:
+        # the data pass comes before the charge: bad input is a one-line error with nothing charged
+        data = loaded if loaded is not None else params.data
+        args = (data, todo, params.seed, per_day, params.columns, params.format, strict)
+        counted = read_bound_count.fn(*args) if in_process else read_bound_count.submit(*args).result()
+        if in_process:  # the operator's own terminal; the flow never logs counts of private rows
+            log(f"read {params.data}: {counted.report.summary()} ({counted.n_files} file(s))")
+        inputs = counted.cities
         if params.seed is None:
             held = step(charge_ledger)(params.store, todo, resolved, source)
         else:
             held = {p.city: {"seq": None, "draw": None, "key": p.release_key} for p in todo}
-        inputs = step(bound_and_split)(loaded.points, todo, params.seed, per_day)
         code = code_version()
         if in_process:
             manifests = {}

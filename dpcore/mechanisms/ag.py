@@ -126,9 +126,10 @@ class AdaptiveGrid(Mechanism):
         m2 = np.clip(m2, 1, int(self.max_m2))
         n_leaves = m2 * m2
         offset = np.cumsum(n_leaves) - n_leaves
-        inside = ((data.x >= xmin) & (data.x < xmax) & (data.y >= ymin) & (data.y < ymax))
-        px, py = data.x[inside], data.y[inside]
-        pw = None if data.weights is None else data.weights[inside]
+        x, y, mass = data.point_masses()  # points, or a fine grid's cell centres with their counts
+        inside = ((x >= xmin) & (x < xmax) & (y >= ymin) & (y < ymax))
+        px, py = x[inside], y[inside]
+        pw = None if mass is None else mass[inside]
         ix = cell_index(px, xmin, xmax, m1)
         iy = cell_index(py, ymin, ymax, m1)
         cell = ix * m1 + iy

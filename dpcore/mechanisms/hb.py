@@ -34,6 +34,7 @@ import math
 
 import numpy as np
 
+from dpcore.geo import Region
 from dpcore.grid.histogram import block_sum, expand
 from dpcore.mechanisms.base import FitInput, Mechanism, MechanismError
 from dpcore.mechanisms.ug import DEFAULT_C, MAX_RASTER, check_fraction, grid_size_rule, private_total
@@ -111,6 +112,11 @@ class HierarchicalGrid(Mechanism):
         """Deepest level allowed by the cap on the leaf grid (public parameters only)."""
         b = int(self.branching)
         return max(1, int(math.floor(math.log(max(int(self.max_leaf_grid), b)) / math.log(b) + 1e-9)))
+
+    def fine_grid(self, region: Region) -> int | None:
+        """b^h for the deepest level allowed: every leaf grid b^h' (h' ≤ h) divides it, so counts are exact."""
+        b = int(self.branching)
+        return b ** (int(self.levels) if self.levels is not None else self._level_cap())
 
     def check_params(self) -> None:
         for name in ("branching", "levels", "max_leaf_grid"):

@@ -118,6 +118,10 @@ class UniformGrid(Mechanism):
         self.max_grid = max_grid
         self.clamp_negative = clamp_negative
 
+    def fine_grid(self, region: Region) -> int | None:
+        """The fixed grid, else the largest the rule may choose (max_grid): every size up to it is served."""
+        return int(self.grid_size) if self.grid_size is not None else int(self.max_grid)
+
     def check_params(self) -> None:
         if not self.c > 0:
             raise MechanismError(f"c must be > 0, got {self.c}")

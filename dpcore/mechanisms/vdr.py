@@ -57,8 +57,9 @@ import time
 
 import numpy as np
 
+from dpcore.geo import Region
 from dpcore.mechanisms.base import FitInput, Mechanism, MechanismError
-from dpcore.mechanisms.identity3d import check_st_grid, st_counts, st_grid_size
+from dpcore.mechanisms.identity3d import check_st_grid, st_cells, st_counts, st_grid_size
 from dpcore.privacy.budget import Accountant
 from dpcore.privacy.noise import NoiseSource, discrete_laplace_variance
 from dpcore.synopsis.spatiotemporal import SpatioTemporalSynopsis
@@ -128,6 +129,10 @@ class VDR(Mechanism):
         params = super().get_params()
         params["resolutions"] = list(self.resolutions)
         return params
+
+    def fine_grid(self, region: Region) -> int | None:
+        """The release's own m × m × T grid (public parameters): its counts are exact."""
+        return st_cells(region, self.grid_size, self.cell_width_m)
 
     def check_params(self) -> None:
         check_st_grid(self.grid_size, self.cell_width_m)
