@@ -82,7 +82,7 @@ def reconstruction_time() -> None:
 
 
 def sparse_venues(path: Path, domain: int, bin_column: str, trials: int, epsilons: list[float], k: int) -> None:
-    from flows.cli_heatmap import sparse_errors, venue_counts
+    from flows.cli.heatmap import sparse_errors, venue_counts
 
     keys, counts = venue_counts(str(path), bin_column, domain, k, np.random.default_rng(0))
     print(f"\n## sparse 1-D: {path.name} {bin_column}, domain {domain:,} bins, k = {k}, "

@@ -14,6 +14,7 @@ import os
 import time
 from collections.abc import Iterator
 
+from prefect import task
 from prefect_dask import DaskTaskRunner
 
 
@@ -102,6 +103,57 @@ def dask_task_runner(address: str | None = None, n_workers: int = 2) -> DaskTask
     })
 
 
+@contextlib.contextmanager
+def dask_for_run(address: str | None = None, n_workers: int = 2) -> Iterator[DaskTaskRunner | None]:
+    """Inside a flow run: send every task this run submits to a Dask cluster chosen by the run's own
+    parameters (``address``, else a LocalCluster of ``n_workers`` processes), and log its dashboard link.
+
+    A served deployment reloads its flow from the entrypoint with Prefect's default runner, so a task
+    runner set with ``with_options`` never reaches a served run; choosing it here, from the parameters,
+    makes served runs, CLI runs and deployments run alike. A run already on Dask (a backfill's releases)
+    keeps its cluster; outside a flow run (the in-process pipeline) nothing changes."""
+    from prefect.context import FlowRunContext
+
+    ctx = FlowRunContext.get()
+    if ctx is None or isinstance(ctx.task_runner, DaskTaskRunner):
+        yield ctx.task_runner if ctx is not None else None
+        return
+    with dask_task_runner(address, n_workers) as runner:
+        link = dashboard_link(runner)
+        if link:
+            run_logger().info("Dask dashboard: %s", link)
+        with ctx.model_copy(update={"task_runner": runner}):
+            yield runner
+
+
+def dashboard_link(runner: object | None = None) -> str | None:
+    """The dashboard URL of ``runner`` (default: the current flow run's) when it is a Dask runner."""
+    if runner is None:
+        from prefect.context import FlowRunContext
+
+        ctx = FlowRunContext.get()
+        runner = ctx.task_runner if ctx is not None else None
+    if not isinstance(runner, DaskTaskRunner):
+        return None
+    try:
+        return runner.client.dashboard_link or None
+    except (RuntimeError, AttributeError):
+        return None
+
+
+@task(name="where-it-runs")
+def where_it_runs() -> dict:
+    """The Dask worker (address, process id) this task ran on; worker None outside Dask. The release
+    flow submits one next to each city's tasks, so its summary shows where the work went."""
+    try:
+        from distributed import get_worker
+
+        address = get_worker().address
+    except (ImportError, ValueError):
+        address = None
+    return {"worker": address, "pid": os.getpid()}
+
+
 def _api_url_configured() -> bool:
     if os.environ.get("PREFECT_API_URL"):
         return True
@@ -125,9 +177,9 @@ def local_prefect(timeout: int = 120) -> Iterator[str | None]:
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     server = _server_bound_to_this_process()
-    server.start(timeout=timeout)
-    os.environ["PREFECT_API_URL"] = server.api_url
-    try:
+    try:  # a SIGTERM while the server is still starting must stop it too
+        server.start(timeout=timeout)
+        os.environ["PREFECT_API_URL"] = server.api_url
         with temporary_settings({PREFECT_API_URL: server.api_url}):
             try:
                 yield server.api_url

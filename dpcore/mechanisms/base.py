@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 import numpy as np
 import pydantic
 
+from dpcore.geo import Region
 from dpcore.mechanisms.contract import (
     ZCDP,
     Budget,
@@ -39,6 +40,10 @@ from dpcore.synopsis.base import PrivacyInfo, Synopsis
 
 __all__ = ["ZCDP", "Budget", "FitInput", "FitRecord", "Mechanism", "MechanismError", "MechanismInput",
            "MechanismTags", "PointsInput", "PrivacyUnit", "PureDP", "SpatioTemporalInput", "ZCDPRecord"]
+
+#: Cells per side of the fine count grid a mechanism reads by default on a cluster (2048² int64 =
+#: 32 MB per region; a cell is 4.9 m of a 10 km region).
+DEFAULT_FINE_GRID = 2048
 
 WEIGHTED_NOTE = ("weighted bounding: every point weighs min(1, k/n_u) (a person's weights add up to ≤ k); "
                  "counts are weight sums with discrete Laplace noise on the 2^-20 lattice")
@@ -90,6 +95,12 @@ class Mechanism(ABC):
 
         check_params._declared_first = True  # type: ignore[attr-defined]
         cls.check_params = check_params  # type: ignore[method-assign]
+
+    def fine_grid(self, region: Region) -> int | None:
+        """Cells per side R of the fine count grid a cluster builds for this mechanism over ``region``
+        (public parameters only), or None when it must read the bounded points themselves. The default
+        serves every grid up to DEFAULT_FINE_GRID cells per side (exactly where m divides R)."""
+        return DEFAULT_FINE_GRID
 
     def get_params(self) -> dict[str, Any]:
         sig = inspect.signature(type(self).__init__)

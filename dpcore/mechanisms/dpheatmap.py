@@ -36,6 +36,7 @@ from typing import Annotated, Literal
 import numpy as np
 from pydantic import Field
 
+from dpcore.geo import Region
 from dpcore.heatmap.quadtree import (
     DEFAULT_QUANTUM,
     HeatmapError,
@@ -126,6 +127,11 @@ class DPHeatmap(Mechanism):
         self.level_split = level_split
         self.reconstruction = reconstruction
         self.quantum = quantum
+
+    def fine_grid(self, region: Region) -> int | None:
+        """None: the user-normalised grid spreads each person's unit mass over *their* points, so the
+        fit reads the bounded points with their users, not counts."""
+        return None
 
     def check_params(self) -> None:
         # Rules that tie parameters together (single values are declared in __init__'s annotations).

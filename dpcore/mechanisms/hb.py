@@ -36,6 +36,7 @@ from typing import Annotated, Literal
 import numpy as np
 from pydantic import Field
 
+from dpcore.geo import Region
 from dpcore.grid.histogram import block_sum, expand
 from dpcore.mechanisms.base import Mechanism, MechanismError
 from dpcore.mechanisms.contract import FitRecord, MechanismTags
@@ -115,6 +116,11 @@ class HierarchicalGrid(Mechanism):
         """Deepest level allowed by the cap on the leaf grid (public parameters only)."""
         b = int(self.branching)
         return max(1, int(math.floor(math.log(max(int(self.max_leaf_grid), b)) / math.log(b) + 1e-9)))
+
+    def fine_grid(self, region: Region) -> int | None:
+        """b^h for the deepest level allowed: every leaf grid b^h' (h' ≤ h) divides it, so counts are exact."""
+        b = int(self.branching)
+        return b ** (int(self.levels) if self.levels is not None else self._level_cap())
 
     def check_params(self) -> None:
         if self.levels is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from dpcore.geo import Region
 from dpcore.heatmap.quadtree import (
     DEFAULT_QUANTUM,
     HeatmapError,
@@ -36,6 +37,11 @@ class LaplaceHeatmap(Mechanism):
         self.resolution = resolution
         self.normalisation = normalisation
         self.quantum = quantum
+
+    def fine_grid(self, region: Region) -> int | None:
+        """None: the user-normalised grid spreads each person's unit mass over *their* points, so the
+        fit reads the bounded points with their users, not counts."""
+        return None
 
     def check_params(self) -> None:
         try:

@@ -16,7 +16,7 @@ from typing import Literal
 
 import numpy as np
 
-from dpcore.grid.histogram import grid_counts
+from dpcore.geo import Region
 from dpcore.mechanisms.base import Mechanism, MechanismError
 from dpcore.mechanisms.contract import FitRecord, MechanismTags, ZCDPRecord
 from dpcore.mechanisms.inputs import PointsInput
@@ -51,6 +51,14 @@ class IdentityGrid(Mechanism):
     def tuned_band_parameter(self) -> str | None:
         return "query_sides_m" if self._width_from_paramselect() else None
 
+    def fine_grid(self, region: Region) -> int | None:
+        """The release's own grid when the parameters fix it (the counts are then exact)."""
+        if self.grid_size is not None:
+            return int(self.grid_size)
+        if not self._width_from_paramselect() and not isinstance(self.cell_width_m, str):
+            return cells_for_width(region.side_m, float(self.cell_width_m))
+        return super().fine_grid(region)
+
     def _fit_zcdp(self, data: PointsInput, record: ZCDPRecord, noise: NoiseSource) -> GridSynopsis:
         """ρ-zCDP: discrete Gaussian noise of variance Δ₂²/(2ρ) on every cell. A person's ≤ k points move
         the histogram by at most k in L2 (all in one cell), 1 at record level."""
@@ -59,7 +67,7 @@ class IdentityGrid(Mechanism):
                                  "under zCDP")
         m = int(self.grid_size) if self.grid_size is not None else cells_for_width(data.region.side_m,
                                                                                   float(self.cell_width_m))
-        counts = grid_counts(data.x, data.y, data.region.bounds_m, m, m)
+        counts = data.grid_counts(m, m)
         l2 = float(data.sensitivity)
         rho = record.spend("cell_counts", record.rho, l2,
                            note=f"{m}x{m} grid; σ² = Δ₂²/(2ρ) = {l2 * l2 / (2 * record.rho):.6g}")

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dpcore.grid.histogram import grid_counts_3d
+from dpcore.geo import Region
 from dpcore.mechanisms.base import Mechanism, MechanismError
 from dpcore.mechanisms.contract import FitRecord, MechanismTags
 from dpcore.mechanisms.inputs import SpatioTemporalInput
@@ -33,6 +33,11 @@ DEFAULT_GRID_SIZE = 256
 
 
 def st_grid_size(data: SpatioTemporalInput, grid_size: int | None, cell_width_m: float | None) -> int:
+    """Cells per side from public parameters only (see :func:`st_cells`)."""
+    return st_cells(data.region, grid_size, cell_width_m)
+
+
+def st_cells(region: Region, grid_size: int | None, cell_width_m: float | None) -> int:
     """Cells per side from public parameters only: grid size, else region side / cell width, else
     the default of 256 (so giving only a cell width is never silently overridden). The values have
     passed the mechanism's declared constraints (positive)."""
@@ -40,14 +45,12 @@ def st_grid_size(data: SpatioTemporalInput, grid_size: int | None, cell_width_m:
         return int(grid_size)
     if cell_width_m is None:
         return DEFAULT_GRID_SIZE
-    return max(1, int(round(data.region.side_m / cell_width_m)))
+    return max(1, int(round(region.side_m / cell_width_m)))
 
 
 def st_counts(data: SpatioTemporalInput, m: int) -> np.ndarray:
-    """int64 (m, m, T) histogram of the (bounded) points."""
-    if int(data.n_slots) < 1:
-        raise MechanismError(f"n_slots must be ≥ 1, got {data.n_slots}")
-    return grid_counts_3d(data.x, data.y, data.slot, data.region.bounds_m, m, m, int(data.n_slots))
+    """int64 (m, m, T) histogram of the (bounded) points, or of their fine count grid."""
+    return data.grid_counts_3d(m)
 
 
 @dataclass(frozen=True)
@@ -106,6 +109,10 @@ class IdentityGrid3D(Mechanism):
         self.cell_width_m = cell_width_m
         self.count_fraction = count_fraction
         self.clamp_negative = clamp_negative
+
+    def fine_grid(self, region: Region) -> int | None:
+        """The release's own m × m × T grid (public parameters): its counts are exact."""
+        return st_cells(region, self.grid_size, self.cell_width_m)
 
     def _fit(self, data: SpatioTemporalInput, acct: FitRecord, noise: NoiseSource) -> SpatioTemporalSynopsis:
         # Parameter values were checked by check_params (fit calls it before any budget is spent).

@@ -15,7 +15,8 @@ from typing import ClassVar
 import numpy as np
 
 from dpcore.geo import Region
-from dpcore.grid.histogram import grid_counts
+from dpcore.grid.countgrid import coarsen, fine_centres
+from dpcore.grid.histogram import grid_counts, grid_counts_3d
 from dpcore.mechanisms.contract import MechanismError, PrivacyUnit
 from dpcore.privacy.bounding import WEIGHT_QUANTUM, check_weights
 from dpcore.privacy.noise import NoiseSource, discrete_laplace_variance
@@ -42,6 +43,9 @@ class PrivateSample:
     window_start_s: int | None = None
     public_total: float | None = None
     weights: np.ndarray | None = None
+    #: The points as int64 counts on a fine (R, R) or (R, R, n_slots) grid (a cluster's data pass,
+    #: tasks/dask_path.py); ``x`` and ``y`` are then empty.
+    fine: np.ndarray | None = None
 
 
 class MechanismInput(ABC):
@@ -98,6 +102,12 @@ class PointsInput(MechanismInput):
     lattice, so a person's weights add up to ≤ k and a weighted count histogram keeps sensitivity k.
     Mechanisms tagged ``supports_weights`` count through :meth:`grid_counts`, :attr:`mass` and
     :meth:`add_count_noise`, which are the plain counts and integer discrete Laplace without weights.
+
+    ``fine`` (a release built on a cluster, tasks/dask_path.py): the points arrive as int64 counts on a
+    fine (R, R) grid over the region's bounds, or (R, R, n_slots) with time slots, summed over the
+    input's partitions; ``x`` and ``y`` are then empty. :meth:`grid_counts`, :meth:`grid_counts_3d`,
+    :attr:`n` and :meth:`point_masses` read it (dpcore.grid.countgrid says how a coarser grid is made).
+    A mechanism picks R through :meth:`Mechanism.fine_grid`.
     """
 
     x: np.ndarray
@@ -109,12 +119,18 @@ class PointsInput(MechanismInput):
     sample_size: float | None = None
     sample_size_variance: float | None = None
     weights: np.ndarray | None = None
+    fine: np.ndarray | None = None
 
     shape: ClassVar[str] = "2-D points"
 
     def __post_init__(self) -> None:
         if not isinstance(self.unit, PrivacyUnit):
             raise InputError(f"unit must be a PrivacyUnit, got {self.unit!r}")
+        if self.fine is not None:
+            if self.weights is not None or np.size(self.x):
+                raise InputError("give points or a fine count grid, not both")
+            if self.fine.ndim not in (2, 3) or self.fine.shape[0] != self.fine.shape[1]:
+                raise InputError("a fine count grid is (R, R) or (R, R, n_slots)")
         if np.shape(self.x) != np.shape(self.y):
             raise InputError("x and y must have the same shape")
         if self.weights is not None:
@@ -126,8 +142,11 @@ class PointsInput(MechanismInput):
 
     @classmethod
     def from_sample(cls, sample: PrivateSample) -> PointsInput:
+        fine = sample.fine
+        if fine is not None and fine.ndim == 3:  # a 2-D mechanism reads the slots' sum
+            fine = fine.sum(axis=2)
         return cls(sample.x, sample.y, sample.region, sample.unit, user=sample.user, weights=sample.weights,
-                   public_total=sample.public_total)
+                   public_total=sample.public_total, fine=fine)
 
     @property
     def weighted(self) -> bool:
@@ -136,11 +155,11 @@ class PointsInput(MechanismInput):
     def to_sample(self) -> PrivateSample:
         """The points as a pipeline's sample, for mechanisms that read another shape of them."""
         return PrivateSample(self.x, self.y, self.region, self.unit, user=self.user, public_total=self.public_total,
-                             weights=self.weights)
+                             weights=self.weights, fine=self.fine)
 
     @property
     def n(self) -> int:
-        return int(self.x.size)
+        return int(self.x.size) if self.fine is None else int(self.fine.sum())
 
     @property
     def mass(self) -> float:
@@ -149,7 +168,21 @@ class PointsInput(MechanismInput):
 
     def grid_counts(self, nx: int, ny: int | None = None) -> np.ndarray:
         """(nx, ny) counts over the region: int64 point counts, or weight sums on the lattice."""
+        if self.fine is not None:
+            fine = self.fine if self.fine.ndim == 2 else self.fine.sum(axis=2)
+            return coarsen(fine, nx, ny)
         return grid_counts(self.x, self.y, self.region.bounds_m, nx, ny, weights=self.weights)
+
+    def point_masses(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """(x, y, mass) to count point by point: the points with their weights (None: 1 each), or the
+        centres of a fine grid's non-empty cells with their counts."""
+        if self.fine is None:
+            return self.x, self.y, self.weights
+        fine = self.fine if self.fine.ndim == 2 else self.fine.sum(axis=2)
+        cx, cy = fine_centres(fine.shape[0], self.region.bounds_m)
+        flat = fine.ravel()
+        nz = np.flatnonzero(flat)
+        return cx[nz], cy[nz], flat[nz].astype(np.float64)
 
     def add_count_noise(self, counts: np.ndarray, epsilon: float, noise: NoiseSource) -> np.ndarray:
         """counts + ε-DP noise of the count sensitivity: integer discrete Laplace on point counts, the
@@ -170,7 +203,7 @@ class SpatioTemporalInput(PointsInput):
     """2-D points with a time slot each: ``slot`` indexes ``n_slots`` slots of ``slot_seconds`` from
     ``window_start_s`` (public configuration, never read from the data)."""
 
-    slot: np.ndarray
+    slot: np.ndarray | None = None
     n_slots: int
     slot_seconds: int | None = None
     window_start_s: int | None = None
@@ -180,23 +213,34 @@ class SpatioTemporalInput(PointsInput):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.slot is None or self.n_slots is None:
-            raise InputError("a spatio-temporal input needs slot and n_slots")
-        if np.shape(self.slot) != np.shape(self.x):
+        if self.n_slots is None or (self.slot is None and self.fine is None):
+            raise InputError("a spatio-temporal input needs n_slots and a slot per point (or a fine grid per slot)")
+        if self.fine is not None and (self.fine.ndim != 3 or self.fine.shape[2] != self.n_slots):
+            raise InputError("a spatio-temporal fine grid has one layer per slot")
+        if self.fine is None and np.shape(self.slot) != np.shape(self.x):
             raise InputError("slot must have one slot index per point")
+
+    def grid_counts_3d(self, m: int) -> np.ndarray:
+        """int64 (m, m, n_slots) counts of the points by cell and time slot (points outside are ignored)."""
+        if int(self.n_slots) < 1:
+            raise InputError(f"n_slots must be ≥ 1, got {self.n_slots}")
+        if self.fine is not None:
+            return coarsen(self.fine, m, m)
+        return grid_counts_3d(self.x, self.y, self.slot, self.region.bounds_m, m, m, int(self.n_slots))
 
     def to_sample(self) -> PrivateSample:
         return PrivateSample(self.x, self.y, self.region, self.unit, user=self.user, slot=self.slot,
                              n_slots=self.n_slots, slot_seconds=self.slot_seconds, window_start_s=self.window_start_s,
-                             public_total=self.public_total, weights=self.weights)
+                             public_total=self.public_total, weights=self.weights, fine=self.fine)
 
     @classmethod
     def from_sample(cls, sample: PrivateSample) -> SpatioTemporalInput:
-        if sample.slot is None or sample.n_slots is None:
+        has_slots = sample.slot is not None or (sample.fine is not None and sample.fine.ndim == 3)
+        if not has_slots or sample.n_slots is None:
             raise InputError("a spatio-temporal mechanism needs time slots: give a period (a public window)")
         return cls(sample.x, sample.y, sample.region, sample.unit, user=sample.user, weights=sample.weights,
                    public_total=sample.public_total, slot=sample.slot, n_slots=int(sample.n_slots),
-                   slot_seconds=sample.slot_seconds, window_start_s=sample.window_start_s)
+                   slot_seconds=sample.slot_seconds, window_start_s=sample.window_start_s, fine=sample.fine)
 
 
 def input_for(input_type: type[MechanismInput], data: MechanismInput | PrivateSample) -> MechanismInput:
@@ -216,13 +260,13 @@ def FitInput(x: np.ndarray, y: np.ndarray, region: Region, privacy_unit: str | P
              slot: np.ndarray | None = None, n_slots: int | None = None, slot_seconds: int | None = None,
              window_start_s: int | None = None, public_total: float | None = None,
              sample_size: float | None = None, sample_size_variance: float | None = None,
-             weights: np.ndarray | None = None) -> PointsInput:
+             weights: np.ndarray | None = None, fine: np.ndarray | None = None) -> PointsInput:
     """The input of a points mechanism from the classic argument list: a :class:`SpatioTemporalInput`
     when time slots are given, else a :class:`PointsInput`."""
     unit = PrivacyUnit.of(privacy_unit, max_points_per_user)
     common = {"user": user, "public_total": public_total, "sample_size": sample_size,
-              "sample_size_variance": sample_size_variance, "weights": weights}
-    if slot is not None or n_slots is not None:
+              "sample_size_variance": sample_size_variance, "weights": weights, "fine": fine}
+    if slot is not None or (fine is not None and fine.ndim == 3):
         return SpatioTemporalInput(x, y, region, unit, slot=slot, n_slots=n_slots, slot_seconds=slot_seconds,
                                    window_start_s=window_start_s, **common)
     return PointsInput(x, y, region, unit, **common)

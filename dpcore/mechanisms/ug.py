@@ -122,6 +122,10 @@ class UniformGrid(Mechanism):
         self.max_grid = max_grid
         self.clamp_negative = clamp_negative
 
+    def fine_grid(self, region: Region) -> int | None:
+        """The fixed grid, else the largest the rule may choose (max_grid): every size up to it is served."""
+        return int(self.grid_size) if self.grid_size is not None else int(self.max_grid)
+
     def _fit(self, data: PointsInput, acct: FitRecord, noise: NoiseSource) -> GridSynopsis:
         # Parameter values were checked by check_params (fit calls it before any budget is spent).
         notes: list[str] = []

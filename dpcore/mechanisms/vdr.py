@@ -59,9 +59,10 @@ from typing import Annotated, Literal
 import numpy as np
 from pydantic import AfterValidator, Field
 
+from dpcore.geo import Region
 from dpcore.mechanisms.base import Mechanism
 from dpcore.mechanisms.contract import FitRecord, MechanismTags
-from dpcore.mechanisms.identity3d import st_counts, st_grid_size
+from dpcore.mechanisms.identity3d import st_cells, st_counts, st_grid_size
 from dpcore.mechanisms.inputs import SpatioTemporalInput
 from dpcore.mechanisms.params import Fraction, NonNegativeInt, Positive, PositiveInt
 from dpcore.privacy.noise import NoiseSource, discrete_laplace_variance
@@ -140,6 +141,10 @@ class VDR(Mechanism):
         self.train_seed = train_seed
         #: optional callback (done, total, message) for training progress; not a release parameter
         self.progress = None
+
+    def fine_grid(self, region: Region) -> int | None:
+        """The release's own m × m × T grid (public parameters): its counts are exact."""
+        return st_cells(region, self.grid_size, self.cell_width_m)
 
     def get_params(self) -> dict:
         params = super().get_params()
