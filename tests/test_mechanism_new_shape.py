@@ -17,6 +17,7 @@ import dpcore.mechanisms as registry
 from dpcore.data.points import Points
 from dpcore.evaluation.range import EvalConfig, evaluate
 from dpcore.geo import Region
+from dpcore.grid.countgrid import coarsen
 from dpcore.mechanisms import (
     Mechanism,
     MechanismError,
@@ -54,6 +55,9 @@ class StripCounts(MechanismInput):
 
     @classmethod
     def from_sample(cls, sample: PrivateSample) -> StripCounts:
+        if sample.fine is not None:  # a cluster's fine count grid (tasks/dask_path.py): sum it into strips
+            fine = sample.fine if sample.fine.ndim == 2 else sample.fine.sum(axis=2)
+            return cls(coarsen(fine, cls.BINS, 1).ravel(), sample.region, sample.unit)
         xmin, _, xmax, _ = sample.region.bounds_m
         counts, _ = np.histogram(sample.x, bins=cls.BINS, range=(xmin, xmax))
         return cls(counts.astype(np.int64), sample.region, sample.unit)
@@ -68,6 +72,10 @@ class NoisyStrips(Mechanism):
     def __init__(self, *, rows: PositiveInt = 1, clamp_negative: bool = False):
         self.rows = rows
         self.clamp_negative = clamp_negative
+
+    def fine_grid(self, region: Region) -> int | None:
+        """A cluster counts the points on a grid whose columns add up to the strips exactly."""
+        return 4 * StripCounts.BINS
 
     def _fit(self, data: StripCounts, acct, noise) -> GridSynopsis:
         eps = acct.spend_rest("strip_counts", data.sensitivity, note="disjoint strips: L1 sensitivity k")
@@ -100,8 +108,10 @@ def test_the_contract_checks_accept_the_new_shape(toy: str, tmp_path) -> None:
 
 
 def test_release_planning_and_privatize_accept_the_new_shape(toy: str) -> None:
+    from dpcore.grid.histogram import grid_counts
     from tasks.config import parse_period
-    from tasks.release_tasks import CityInput, make_plans, privatize
+    from tasks.dask_path import CityData
+    from tasks.release_tasks import grid_specs, make_plans, privatize
 
     common = {"dataset": "toy", "cities": [], "center": "40.7,-74.0", "side_km": 2.0, "period": parse_period(None),
               "mechanism": toy, "epsilon": EPSILON, "privacy_unit": "user", "max_points_per_user": 5, "seed": 7,
@@ -109,13 +119,17 @@ def test_release_planning_and_privatize_accept_the_new_shape(toy: str) -> None:
     with pytest.raises(MechanismError, match="rows"):
         make_plans(**common, params={"rows": 0})
     (plan,) = make_plans(**common, params={"rows": 2})
+    (spec,) = grid_specs([plan])  # what the cluster's data pass counts for this city
+    assert spec.cells == 4 * StripCounts.BINS
     rng = np.random.default_rng(3)
     x, y = rng.uniform(-900, 900, (2, 400))
-    user = np.repeat(np.arange(100), 4)
-    syn = privatize.fn(plan, CityInput(x, y, user, None, 400, 100))
+    fine = grid_counts(x, y, plan.region.bounds_m, spec.cells)
+    syn = privatize.fn(plan, CityData(fine=fine))
     assert [c["name"] for c in syn.privacy.charges] == ["strip_counts"]
     assert syn.privacy.mechanism == toy and syn.privacy.max_points_per_user == 5
     assert syn.values.shape == (StripCounts.BINS, 2)
+    # The strips count the city's points, up to noise of scale k/ε per strip.
+    assert abs(syn.values.sum() - 400) < 40 * 5 / EPSILON
 
 
 def test_evaluation_accepts_the_new_shape(toy: str) -> None:
