@@ -170,12 +170,12 @@ def test_evaluate_flow_refuses_a_bad_parameter_value_before_starting_prefect(syn
     one clear error line instead of a failure in each worker task."""
     r = geodp("evaluate", synth_file, "--city", "new-york", "--mechanisms", "snh", "--param", "snh.loss=huber",
               "--flow", "--json", tmp_path / "ev.json", ok=False)
-    assert r.returncode == 2 and "loss='huber'" in r.stderr
+    assert r.returncode == 2 and "loss=\"huber\"" in r.stderr
     assert "Flow run" not in r.stderr  # refused before a flow (and its workers) started
     r = geodp("evaluate-st", synth_file, "--city", "new-york", "--window", "2024-01-01/2024-01-08",
               "--mechanisms", "vdr", "--param", "vdr.refinement=magic", "--flow", "--json", tmp_path / "st.json",
               ok=False)
-    assert r.returncode == 2 and "refinement='magic'" in r.stderr and "Flow run" not in r.stderr
+    assert r.returncode == 2 and "refinement=\"magic\"" in r.stderr and "Flow run" not in r.stderr
     assert not (tmp_path / "ev.json").exists() and not (tmp_path / "st.json").exists()
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import json
 import typing
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar
@@ -201,8 +202,9 @@ def _validate(cls: type, model: type[pydantic.BaseModel], values: dict[str, Any]
     except pydantic.ValidationError as exc:
         err = exc.errors()[0]
         where = ".".join(str(p) for p in err["loc"][:1]) or "parameters"
-        raise MechanismError(f"{getattr(cls, 'name', cls.__name__)}: bad {where}={values.get(where, err.get('input'))!r}: "
-                             f"{err['msg']}") from None
+        # The value as the caller wrote it on a command line (JSON), e.g. c="ten", cell_width_m=[1, 2].
+        shown = json.dumps(values.get(where, err.get("input")), default=repr)
+        raise MechanismError(f"{getattr(cls, 'name', cls.__name__)}: bad {where}={shown}: {err['msg']}") from None
 
 
 def _jsonable(params: dict) -> dict:
