@@ -91,14 +91,13 @@ class DPHeatmap(Mechanism):
     """Quadtree of user-normalised mass, Laplace per level, top-``w`` nodes kept per level,
     non-negative reconstruction. ``resolution`` Δ is a power of two; ``w`` the nodes kept per level.
 
-    Defaults (w=30, threshold_factor=1, level_split=1.3, root_fraction=0.1, signal_to_noise=0.25) were
-    chosen (8 trials per setting, n = 200, Δ = 256, ε ∈ {0.2, 1, 5}) on the
-    Austin and San Francisco boxes of the public Gowalla sample, not on the New York evaluation data.
+    Defaults (w=30, threshold_factor=1, level_split=1.3, root_fraction=0.1, signal_to_noise=0.25) come
+    from public held-out data, not the evaluation data (docs/decisions/0009-dpheatmap-plans.md).
     ``depth="auto"`` spends ``root_fraction`` of ε on the noisy user count n̂ and measures only the
     levels whose noise that count can carry (:func:`dpcore.heatmap.quadtree.choose_depth`); ``depth=L,
     level_split="uniform", threshold_factor=0`` is the paper's fixed-depth algorithm. The large-ε
-    plan's defaults (pixel_fraction=0.85, pixel_jump=4, pixel_w=10, pixel_top=0.03) were chosen the
-    same way (16–24 trials at ε = 5 on Austin / San Francisco); ``pixel_fraction=0`` turns it off.
+    plan's defaults (pixel_fraction=0.85, pixel_jump=4, pixel_w=10, pixel_top=0.03) come from the same
+    data; ``pixel_fraction=0`` turns it off.
     """
 
     name = "dpheatmap"

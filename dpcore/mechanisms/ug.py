@@ -36,13 +36,6 @@ DEFAULT_C = 10.0
 MAX_RASTER = 2048
 
 
-def check_fraction(value: float, what: str) -> float:
-    v = float(value)
-    if not (0.0 < v < 1.0):
-        raise MechanismError(f"{what} must be in (0, 1), got {value!r}")
-    return v
-
-
 def private_total(data: PointsInput, acct: Accountant, noise: NoiseSource, fraction: float,
                   notes: list[str]) -> float:
     """N for a grid-size rule: the declared public total, or a paid, noisy estimate of it.

@@ -35,17 +35,12 @@ The charges add up to ε. Everything after is post-processing (no budget):
    (dpcore.models.st_statistics.multiscale_consistency) takes the step-6 output as the prior and H̄'s block
    sums as unbiased data, and adds back each block's residual deviation H̄ − estimate with the
    weight max(0, 1 − κ·σ²/deviation²). At record level, where H̄'s block sums are accurate, this
-   reduces the denoiser's large-box bias (it does not remove all of it: docs/decisions/0008-vdr-output-stages.md); at user
-   level the residuals mostly look like noise and the estimate is mostly kept (the few noise
-   nodes that pass cost some accuracy there). Non-negative, keeps the total; post-processing of H̄ only (no budget).
-   ``consistency_universal`` (default on) raises κ at a level of n nodes to max(κ, 2·ln n), so
-   almost no pure-noise node passes. The knobs (κ = 2 for step 6; κ = 4 and universal here) were
-   chosen on held-out data only (bench/tune_vdr.py on synthetic-large record- and user-level and
-   the Gowalla sample's Austin), never on the SF cabs or Gowalla New York evaluation sets: κ = 4
-   lets fewer noise nodes through than 2 (record-level hotspot regret 3.7 vs 6.2 at ε = 0.1 for
-   ≤ 4% more range error); without ``universal`` user-level hotspot regret on synthetic-large rose
-   from 13.0 (no stage) to 20.3 at ε = 0.1, with it 12.7, while record-level range errors are
-   4–20% higher with it than without (a trade-off; docs/decisions/0008-vdr-output-stages.md).
+   reduces the denoiser's large-box bias (not all of it); at user level the residuals mostly look like
+   noise and the estimate is mostly kept. Non-negative, keeps the total; post-processing of H̄ only (no
+   budget). ``consistency_universal`` (default on) raises κ at a level of n nodes to max(κ, 2·ln n), so
+   almost no pure-noise node passes. The knobs (κ = 2 for step 6; κ = 4 and universal here) come from
+   held-out data only, never the evaluation sets; the trade-off they make between record-level range
+   error and user-level hotspot regret is in docs/decisions/0008-vdr-output-stages.md.
    In both steps the root's T per-slot totals are tested at ``slot_kappa`` (a Bonferroni-level
    threshold, α = 5% over all T): with only T tests the usual factors let a pure-noise slot through
    often, and a slot that passes carries a spike of the whole region.
