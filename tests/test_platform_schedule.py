@@ -110,8 +110,15 @@ def test_schedule_alone_commits_a_release_on_dask(tmp_path):
 
         with temporary_settings({PREFECT_API_URL: api}), get_client(sync_client=True) as client:
             deployment = client.read_deployment_by_name("release/nightly")
-            runs = sorted((r for r in client.read_flow_runs() if r.deployment_id == deployment.id
-                           and r.state is not None and r.state.is_completed()), key=lambda r: r.expected_start_time)
+            runs: list = []
+            # the release is committed before its run finishes (artifacts, cluster shutdown): wait for the state
+            finish_by = time.monotonic() + 90
+            while not runs and time.monotonic() < finish_by:
+                runs = sorted((r for r in client.read_flow_runs() if r.deployment_id == deployment.id
+                               and r.state is not None and r.state.is_completed()),
+                              key=lambda r: r.expected_start_time)
+                if not runs:
+                    time.sleep(2)
             assert runs, logs
             run = runs[0]  # the first one committed; a later one finds its day already committed
             assert run.auto_scheduled  # created by the server's scheduler, not by this test
