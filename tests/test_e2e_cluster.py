@@ -122,6 +122,18 @@ def test_release_two_cities_to_s3_then_read_back(cluster, gowalla_sample_path):
     assert json.loads(geodp(cluster, "ledger", store, "--json").stdout)[0]["charges"] == 2
 
 
+def _set_on_workers(cluster, name: str, value: str | None) -> None:
+    """Set (or with None, clear) an environment variable in every worker process of the cluster."""
+    from distributed import Client
+
+    with Client(cluster["address"], timeout=60) as c:
+        c.wait_for_workers(2, timeout=60)  # a worker an earlier test killed is back under its nanny
+        if value is None:
+            c.run(os.environ.pop, name, None)
+        else:
+            c.run(os.environ.__setitem__, name, value)
+
+
 def test_killing_a_worker_mid_release_still_commits_exactly_once(cluster, gowalla_sample_path):
     from distributed import Client
 
@@ -129,8 +141,9 @@ def test_killing_a_worker_mid_release_still_commits_exactly_once(cluster, gowall
     cmd = [sys.executable, "-m", "flows.cli", "release", str(gowalla_sample_path), "--cities",
            "austin,new-york", "--period", "2010-06", "--epsilon", "0.5", "--store", store,
            "--dask-address", cluster["address"], "--json"]
-    env = {**cluster["env"], "GEODP_FAULT_PRIVATIZE_SLEEP_S": "6"}
-    release = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # the slow step runs in the worker processes, so the fault injection is set there
+    _set_on_workers(cluster, "GEODP_FAULT_PRIVATIZE_SLEEP_S", "6")
+    release = subprocess.Popen(cmd, env=cluster["env"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     killed = None
     with Client(cluster["address"], timeout=60) as c:
         deadline = time.time() + 180
@@ -143,7 +156,8 @@ def test_killing_a_worker_mid_release_still_commits_exactly_once(cluster, gowall
                 killed = addr
             time.sleep(0.2)
     out, err = release.communicate(timeout=400)
-    assert killed is not None, "no privatize task was seen running on a worker"
+    _set_on_workers(cluster, "GEODP_FAULT_PRIVATIZE_SLEEP_S", None)
+    assert killed is not None, f"no privatize task was seen running on a worker; release said: {err[-2000:]}"
     assert release.returncode == 0, err[-3000:]
     summary = json.loads(out)
     assert sorted(r["city"] for r in summary["releases"]) == ["austin", "new-york"]
@@ -170,8 +184,9 @@ def test_killing_a_worker_mid_read_of_s3_files_still_commits_once(cluster, gowal
     cmd = [sys.executable, "-m", "flows.cli", "release", f"s3://{bucket}/input/", "--cities", "new-york",
            "--period", "2010-06", "--epsilon", "0.5", "--store", store, "--dataset", "gowalla-s3",
            "--dask-address", cluster["address"], "--json"]
-    env = {**cluster["env"], "GEODP_FAULT_READ_SLEEP_S": "3"}
-    release = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # the slow step runs in the worker processes, so the fault injection is set there
+    _set_on_workers(cluster, "GEODP_FAULT_READ_SLEEP_S", "3")
+    release = subprocess.Popen(cmd, env=cluster["env"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     killed = None
     with Client(cluster["address"], timeout=60) as c:
         deadline = time.time() + 180
@@ -183,7 +198,8 @@ def test_killing_a_worker_mid_read_of_s3_files_still_commits_once(cluster, gowal
                 killed = busy[0]
             time.sleep(0.2)
     out, err = release.communicate(timeout=400)
-    assert killed is not None, "no read task was seen running on a worker"
+    _set_on_workers(cluster, "GEODP_FAULT_READ_SLEEP_S", None)
+    assert killed is not None, f"no read task was seen running on a worker; release said: {err[-2000:]} {out[-1500:]}"
     assert release.returncode == 0, err[-3000:]
     listed = json.loads(geodp(cluster, "releases", "list", store, "--json").stdout)
     assert [(x["city"], x["version"]) for x in listed] == [("new-york", 1)]
