@@ -17,6 +17,10 @@ is weighed as the variant it would run here (with the public denoiser where that
 predicted better than the others by ``SELF_TUNED_MARGIN``; a candidate whose training rows stop far
 below this release's n·ε/s is not weighed (see dpcore.paramselect.pick_candidate). The release's
 parameters list every candidate's predicted error.
+When the choice is a uniform grid (identity or ug), its side comes from the data-centred grid-size rule
+(dpcore.grid.size_rule) for the band ``query_sides_m``, from the same public n and the ε left for the
+grid, instead of ParamSelect's ρ or the ICDE rule: both were tuned on queries placed uniformly over the
+region, and cells sized for them are several times too wide where people are (bench/README.md).
 k (``max_points_per_user``) is fixed before a mechanism sees the data (bounding happens upstream for the
 whole release), so ``auto`` does not change it; ``geodp paramselect predict`` recommends k.
 """
@@ -31,6 +35,9 @@ from dpcore.mechanisms.ug import check_fraction
 from dpcore.privacy.budget import Accountant
 from dpcore.privacy.noise import NoiseSource
 from dpcore.synopsis.base import Synopsis
+
+#: Choices whose grid side the data-centred rule sets (they are one uniform grid of noisy counts).
+RULE_SIZED = ("identity", "ug")
 
 
 class AutoMechanism(Mechanism):
@@ -83,6 +90,15 @@ class AutoMechanism(Mechanism):
                                privacy_unit=data.privacy_unit, max_points_per_user=data.max_points_per_user,
                                band=(lo, hi), mechanisms=cands, n_is_bounded=bounded, model_path=self.model_path)
         inner_params = choice.mechanism_params()
+        rule = None
+        if choice.mechanism in RULE_SIZED:
+            from dpcore.grid.size_rule import data_grid_size, rule_record
+
+            # n as ParamSelect's features count it: the points the grid noises (the bounded sample).
+            n_noised = 10 ** choice.inputs["features"]["log_n"]
+            m = data_grid_size(n_noised, acct.remaining, float(data.sensitivity), (lo, hi))
+            inner_params = {"grid_size": m}
+            rule = {**rule_record((lo, hi)), "n": n_noised, "epsilon": acct.remaining, "grid_size": m}
         inner = get_mechanism(choice.mechanism, **inner_params)
         # The inner mechanism splits its own (smaller) budget; its charges are copied into ours.
         sub = Accountant(acct.remaining)
@@ -100,6 +116,8 @@ class AutoMechanism(Mechanism):
                   "candidates": [{"mechanism": c["mechanism"], "predicted_error": c["predicted_error"],
                                   "within_reach": c["within_reach"]} for c in choice.inputs["candidates"]],
                   "self_tuned_margin": choice.inputs["self_tuned_margin"]}
+        if rule is not None:
+            params["grid_size_rule"] = rule
         notes = ["; ".join(filter(None, (
             f"ParamSelect chose {choice.mechanism} {inner_params} from public inputs; n from {how}",
             rho_extrapolation_note(choice))))]

@@ -11,6 +11,10 @@ caller declares public; free, and recorded in the notes), or estimated with a st
 (``total_fraction``, default 5%) as n + DLap(k/ε_N), which is a charge of its own. The grid counts
 use the rest of ε: one Laplace step on disjoint cells, L1 sensitivity k (user) or 1 (record).
 
+``size_rule="data"`` replaces the ICDE rule by the data-centred rule of dpcore.grid.size_rule (fitted on
+public data for queries centred where people are), for the query band ``query_sides_m``; N comes from
+the same place and costs the same. The release's parameters record the rule's constants.
+
 Negative cells are kept (unbiased range sums); ``clamp_negative=True`` zeroes them instead.
 """
 
@@ -29,6 +33,8 @@ from dpcore.synopsis.base import GridSynopsis
 
 #: The constant of the UG/AG grid-size rule (Qardaji et al. 2013 found c = 10 works across datasets).
 DEFAULT_C = 10.0
+#: Grid-size rules: Qardaji et al.'s (uniform query centres) and the data-centred one (dpcore.grid.size_rule).
+SIZE_RULES = ("qardaji", "data")
 #: Largest raster any classic mechanism publishes (2048² float64 = 32 MiB; ~10 m cells on 20 km).
 MAX_RASTER = 2048
 
@@ -105,20 +111,34 @@ class UniformGrid(Mechanism):
     """Uniform grid with the ICDE 2013 size rule; see the module docstring for the budget split.
 
     ``grid_size`` overrides the rule (then N is not needed and all of ε goes to the cells).
+    ``size_rule``: ``"qardaji"`` (the ICDE 2013 rule, default) or ``"data"`` (dpcore.grid.size_rule for
+    the band ``query_sides_m``).
     """
 
     name = "ug"
     supports_weights = True
 
     def __init__(self, *, c: float = DEFAULT_C, total_fraction: float = 0.05, grid_size: int | None = None,
-                 max_grid: int = MAX_RASTER, clamp_negative: bool = False):
+                 max_grid: int = MAX_RASTER, clamp_negative: bool = False, size_rule: str = "qardaji",
+                 query_sides_m: tuple[float, float] = (100.0, 1000.0)):
         self.c = c
+        self.size_rule = size_rule
+        self.query_sides_m = query_sides_m
         self.total_fraction = total_fraction
         self.grid_size = grid_size
         self.max_grid = max_grid
         self.clamp_negative = clamp_negative
 
+    def tuned_band_parameter(self) -> str | None:
+        return "query_sides_m" if self.size_rule == "data" and self.grid_size is None else None
+
     def check_params(self) -> None:
+        if self.size_rule not in SIZE_RULES:
+            raise MechanismError(f"size_rule must be one of {list(SIZE_RULES)}, got {self.size_rule!r}")
+        if self.size_rule == "data":
+            from dpcore.mechanisms.identity import check_band
+
+            check_band(self.query_sides_m)
         if not self.c > 0:
             raise MechanismError(f"c must be > 0, got {self.c}")
         if int(self.max_grid) < 1:
@@ -133,15 +153,26 @@ class UniformGrid(Mechanism):
     def _fit(self, data: FitInput, acct: Accountant, noise: NoiseSource) -> GridSynopsis:
         # Parameter values were checked by check_params (fit calls it before any budget is spent).
         notes: list[str] = []
+        extra: dict = {}
         if self.grid_size is not None:
             m = int(self.grid_size)
             notes.append(f"grid size {m} fixed by parameter (public)")
         else:
             total = private_total(data, acct, noise, float(self.total_fraction), notes)
             eps_cells = acct.epsilon - acct.spent
-            m = int(math.ceil(grid_size_rule(total, eps_cells, data.sensitivity, self.c)))
-            m = min(max(m, 1), int(self.max_grid))
-            notes.append(f"m = ceil(sqrt(N·ε_cells/(c·k))) = {m} with c = {self.c:g}, capped at {self.max_grid}")
+            if self.size_rule == "data":
+                from dpcore.grid.size_rule import data_grid_size, rule_record
+
+                band = tuple(float(v) for v in self.query_sides_m)
+                m = data_grid_size(total, eps_cells, data.sensitivity, band, max_size=int(self.max_grid))
+                rec = rule_record(band)
+                extra["size_rule"] = rec
+                notes.append(f"m = {m} by the data-centred rule a·(N·ε_cells/k)^b with a = {rec['a']:.4g}, "
+                             f"b = {rec['b']:.4g} for {band[0]:g}–{band[1]:g} m queries, capped at {self.max_grid}")
+            else:
+                m = int(math.ceil(grid_size_rule(total, eps_cells, data.sensitivity, self.c)))
+                m = min(max(m, 1), int(self.max_grid))
+                notes.append(f"m = ceil(sqrt(N·ε_cells/(c·k))) = {m} with c = {self.c:g}, capped at {self.max_grid}")
         counts = data.grid_counts(m, m)
         eps = acct.spend_rest("cell_counts", data.sensitivity,
                               note=f"{m}x{m} uniform grid; disjoint cells, L1 sensitivity = contribution bound")
@@ -151,5 +182,6 @@ class UniformGrid(Mechanism):
             notes.append("negative cells clamped to 0")
         else:
             notes.append("negative cells kept (unbiased range sums)")
-        return GridSynopsis(noisy, data.region, self.privacy_info(data, acct, noise, notes),
+        params = {**self.get_params(), **extra} if extra else None
+        return GridSynopsis(noisy, data.region, self.privacy_info(data, acct, noise, notes, params=params),
                             {"grid_size": m, "cell_width_m": data.region.side_m / m})
