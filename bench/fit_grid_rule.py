@@ -6,9 +6,12 @@ privacy unit (record; user with k-sampling, k ∈ {5, 10, 20}, or weights at k =
 every side m ∈ M_GRID is run through the evaluation protocol of dpcore.evaluation.range (data-centred
 squares, same noise, bounding and scaling) and its mean relative error is recorded per query band, with
 the release's signal s = n·ε_grid/k (n: the bounded sample's size or weight sum; ε_grid: the ε the grid
-gets). Per band, the rule m = a·s^b is then fitted by minimising the mean log-regret
+gets). Per band and privacy unit (the k-bounded sample is less concentrated than the full data: a
+person's repeated visits to one place are cut, so at equal signal it wants coarser cells), the rule
+m = a·s^b is then fitted by minimising the mean log-regret
 log(err(m_rule) / err(best m)) over the cases (error interpolated in log m between searched sizes),
-starting from the least-squares line through the best sizes. Gowalla NYC and the SF cabs are never read:
+starting from the least-squares line through the best sizes; a leave-one-dataset-out regret per band is
+recorded beside the constants. Gowalla NYC and the SF cabs are never read:
 they are the held-out test sets.
 
     nice -n 10 .venv/bin/python bench/fit_grid_rule.py            # rows cached in bench/out/, then fit
@@ -127,16 +130,43 @@ def fit_band(cases: list[tuple[float, np.ndarray, np.ndarray]]) -> dict:
             "signal_range": [float(s.min()), float(s.max())]}
 
 
-def fit(rows: pd.DataFrame) -> dict:
-    bands = {}
+UNITS = ("record", "user")
+
+
+def band_cases(mean: pd.DataFrame, band: str) -> list[tuple[tuple, float, np.ndarray, np.ndarray]]:
+    """Per (dataset, unit, k, bounding, ε): (key, signal, searched sizes, mean errors) for one band."""
+    out = []
+    for key, g in mean[mean["band"] == band].groupby(["dataset", "unit", "k", "bounding", "epsilon"]):
+        g = g.sort_values("m")
+        out.append((key, float(g["signal"].mean()), g["m"].to_numpy(np.float64), g["error"].to_numpy()))
+    return out
+
+
+def leave_one_dataset_out(cases: list[tuple[tuple, float, np.ndarray, np.ndarray]]) -> dict[str, float]:
+    """Mean regret ×, per family (Gowalla sample / synthetic), of the rule fitted without each dataset."""
+    regrets: dict[str, list[float]] = {"gowalla-sample": [], "synthetic": []}
+    for held in sorted({c[0][0] for c in cases}):
+        for unit in UNITS:
+            train = [(c[1], c[2], c[3]) for c in cases if c[0][0] != held and c[0][1] == unit]
+            f = fit_band(train)
+            for c in cases:
+                if c[0][0] == held and c[0][1] == unit:
+                    m = np.clip(f["a"] * c[1] ** f["b"], SIZE_MIN, SIZE_MAX)
+                    regrets[held.split("/")[0]].append(float(np.log(interp_error(c[2], c[3], np.array([m]))[0]
+                                                                    / c[3].min())))
+    return {fam: float(np.exp(np.mean(v))) for fam, v in regrets.items() if v}
+
+
+def fit(rows: pd.DataFrame, cv: bool = True) -> dict:
+    """Per band and privacy unit, the fitted (a, b); with ``cv`` each band's leave-one-dataset-out regret."""
     mean = rows.groupby(["dataset", "unit", "k", "bounding", "epsilon", "band", "m"], as_index=False
                         ).agg(error=("error", "mean"), signal=("signal", "mean"))
+    bands = {}
     for band in BANDS:
-        cases = []
-        for _, g in mean[mean["band"] == band].groupby(["dataset", "unit", "k", "bounding", "epsilon"]):
-            g = g.sort_values("m")
-            cases.append((float(g["signal"].mean()), g["m"].to_numpy(np.float64), g["error"].to_numpy()))
-        bands[band] = fit_band(cases)
+        cases = band_cases(mean, band)
+        bands[band] = {unit: fit_band([(c[1], c[2], c[3]) for c in cases if c[0][1] == unit]) for unit in UNITS}
+        if cv:
+            bands[band]["leave_one_dataset_out_regret"] = leave_one_dataset_out(cases)
     return bands
 
 
@@ -158,12 +188,18 @@ def main(argv: list[str] | None = None) -> int:
         pd.DataFrame(rows).to_csv(ROWS, index=False)
     table = pd.read_csv(ROWS)
     bands = fit(table)
-    cmd = ".venv/bin/python bench/fit_grid_rule.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
+    # --refit only reuses the rows this same command cached, so the command that made them is recorded
+    args_made = [a for a in (argv if argv is not None else sys.argv[1:]) if a != "--refit"]
+    cmd = "nice -n 10 .venv/bin/python bench/fit_grid_rule.py " + " ".join(shlex.quote(a) for a in args_made)
     model = {
-        "rule": "m = clip(round(a · s^b), size_min, size_max), s = n·ε_grid/k",
+        "rule": "m = clip(round(a · s^b), size_min, size_max), s = n·ε_grid/k; a, b per query band and privacy unit",
         "size_min": SIZE_MIN, "size_max": SIZE_MAX,
-        "bands": {band: {"query_sides_m": list(BANDS[band]), "a": v["a"], "b": v["b"]} for band, v in bands.items()},
-        "fit": {band: {k: v for k, v in bv.items() if k not in ("a", "b")} for band, bv in bands.items()},
+        "bands": {band: {"query_sides_m": list(BANDS[band]),
+                         **{unit: {"a": v[unit]["a"], "b": v[unit]["b"]} for unit in UNITS}}
+                  for band, v in bands.items()},
+        "fit": {band: {unit: {k: x for k, x in v[unit].items() if k not in ("a", "b")} for unit in UNITS}
+                | {"leave_one_dataset_out_regret": v.get("leave_one_dataset_out_regret")}
+                for band, v in bands.items()},
         "training_sets": sorted(table["dataset"].unique().tolist()),
         "held_out": ["gowalla_nyc_checkins.tsv.gz", "sf_cabs.parquet"],
         "workload": "data-centred squares (dpcore.evaluation.range protocol), identity grid, sizes "
@@ -172,10 +208,15 @@ def main(argv: list[str] | None = None) -> int:
     }
     Path(args.out).write_text(json.dumps(model, indent=1) + "\n")
     for band, v in bands.items():
-        print(f"{band}: m = {v['a']:.3g}·s^{v['b']:.3f} (least squares {v['least_squares']['a']:.3g}·s^"
-              f"{v['least_squares']['b']:.3f}); mean regret ×{v['mean_regret']:.3f}, worst ×{v['worst_regret']:.3f}, "
-              f"within 10% in {v['within_10pct']:.0%} of {v['cases']} cases; s ∈ [{v['signal_range'][0]:.0f}, "
-              f"{v['signal_range'][1]:.0f}]")
+        for unit in UNITS:
+            f = v[unit]
+            print(f"{band} {unit}: m = {f['a']:.3g}·s^{f['b']:.3f} (least squares {f['least_squares']['a']:.3g}·s^"
+                  f"{f['least_squares']['b']:.3f}); mean regret ×{f['mean_regret']:.3f}, worst ×{f['worst_regret']:.3f}, "
+                  f"within 10% in {f['within_10pct']:.0%} of {f['cases']} cases; s ∈ [{f['signal_range'][0]:.0f}, "
+                  f"{f['signal_range'][1]:.0f}]")
+        if v.get("leave_one_dataset_out_regret"):
+            print(f"{band} leave-one-dataset-out mean regret: "
+                  + ", ".join(f"{fam} ×{r:.3f}" for fam, r in v["leave_one_dataset_out_regret"].items()))
     print(f"wrote {args.out}")
     return 0
 

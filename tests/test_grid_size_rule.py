@@ -36,18 +36,20 @@ def test_shipped_rule_names_its_command_and_bands() -> None:
     # the held-out test sets are not among the training sets
     assert not any("nyc" in t or "cabs" in t or t.endswith("/new-york") for t in rule["training_sets"])
     for name, band in rule["bands"].items():
-        assert band_constants(BANDS[name]) == pytest.approx((band["a"], band["b"]))
+        for unit in ("record", "user"):
+            assert band_constants(BANDS[name], unit) == pytest.approx((band[unit]["a"], band[unit]["b"]))
 
 
+@pytest.mark.parametrize("unit", ["record", "user"])
 @pytest.mark.parametrize("band", list(BANDS.values()) + [(50.0, 500.0), (3000.0, 8000.0)])
-def test_monotone_in_signal_and_clipped(band: tuple[float, float]) -> None:
+def test_monotone_in_signal_and_clipped(band: tuple[float, float], unit: str) -> None:
     signals = np.geomspace(1, 1e7, 60)
-    ms = [data_grid_size(s, 1.0, 1.0, band) for s in signals]
+    ms = [data_grid_size(s, 1.0, 1.0, band, unit) for s in signals]
     assert all(b >= a for a, b in zip(ms, ms[1:], strict=False))
     assert ms[-1] > ms[0]
     assert min(ms) >= 8 and max(ms) <= 2048
     # n·ε/k is what counts: the same signal from a different n, ε, k gives the same size
-    assert data_grid_size(40_000, 0.5, 10, band) == data_grid_size(2_000, 1.0, 1, band)
+    assert data_grid_size(40_000, 0.5, 10, band, unit) == data_grid_size(2_000, 1.0, 1, band, unit)
 
 
 def test_smaller_queries_get_finer_grids_at_the_same_signal() -> None:
@@ -60,6 +62,8 @@ def test_bad_inputs_fail() -> None:
         data_grid_size(1000, 0.0, 1.0, (25, 100))
     with pytest.raises(SizeRuleError):
         band_constants((100, 25))
+    with pytest.raises(SizeRuleError):
+        band_constants((25, 100), "household")
 
 
 def test_ug_data_rule_reads_only_public_quantities() -> None:
@@ -85,11 +89,13 @@ def test_ug_data_rule_pays_for_n_like_the_icde_rule_and_records_the_rule() -> No
     new = get_mechanism("ug", size_rule="data", query_sides_m=(100.0, 1000.0)).fit(data, 0.7, NoiseSource.seeded(3))
     assert [(c["name"], c["epsilon"], c["sensitivity"]) for c in new.privacy.charges] == \
         [(c["name"], c["epsilon"], c["sensitivity"]) for c in old.privacy.charges]
-    rec = new.privacy.params["size_rule"]
-    shipped = load_rule()["bands"]["100-1000"]
+    assert new.privacy.params["size_rule"] == "data"
+    rec = new.privacy.params["size_rule_constants"]
+    shipped = load_rule()["bands"]["100-1000"]["user"]
+    assert rec["privacy_unit"] == "user"
     assert (rec["a"], rec["b"]) == pytest.approx((shipped["a"], shipped["b"]))
     assert "bench/fit_grid_rule.py" in rec["fitted_by"]
-    assert "size_rule" not in old.privacy.params
+    assert "size_rule_constants" not in old.privacy.params
     # the paid N is the only private input: the m follows from the noisy count the ledger shows
     assert new.extra_meta()["grid_size"] != old.extra_meta()["grid_size"]
 

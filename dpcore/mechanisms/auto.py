@@ -96,9 +96,9 @@ class AutoMechanism(Mechanism):
 
             # n as ParamSelect's features count it: the points the grid noises (the bounded sample).
             n_noised = 10 ** choice.inputs["features"]["log_n"]
-            m = data_grid_size(n_noised, acct.remaining, float(data.sensitivity), (lo, hi))
+            m = data_grid_size(n_noised, acct.remaining, float(data.sensitivity), (lo, hi), data.privacy_unit)
             inner_params = {"grid_size": m}
-            rule = {**rule_record((lo, hi)), "n": n_noised, "epsilon": acct.remaining, "grid_size": m}
+            rule = {**rule_record((lo, hi), data.privacy_unit), "n": n_noised, "epsilon": acct.remaining, "grid_size": m}
         inner = get_mechanism(choice.mechanism, **inner_params)
         # The inner mechanism splits its own (smaller) budget; its charges are copied into ours.
         sub = Accountant(acct.remaining)

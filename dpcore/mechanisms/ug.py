@@ -164,9 +164,10 @@ class UniformGrid(Mechanism):
                 from dpcore.grid.size_rule import data_grid_size, rule_record
 
                 band = tuple(float(v) for v in self.query_sides_m)
-                m = data_grid_size(total, eps_cells, data.sensitivity, band, max_size=int(self.max_grid))
-                rec = rule_record(band)
-                extra["size_rule"] = rec
+                m = data_grid_size(total, eps_cells, data.sensitivity, band, data.privacy_unit,
+                                   max_size=int(self.max_grid))
+                rec = rule_record(band, data.privacy_unit)
+                extra["size_rule_constants"] = rec
                 notes.append(f"m = {m} by the data-centred rule a·(N·ε_cells/k)^b with a = {rec['a']:.4g}, "
                              f"b = {rec['b']:.4g} for {band[0]:g}–{band[1]:g} m queries, capped at {self.max_grid}")
             else:
