@@ -135,3 +135,32 @@ def test_fit_recovers_a_known_power_law() -> None:
     assert out["b"] == pytest.approx(0.45, abs=0.03)
     assert out["a"] == pytest.approx(3.0, rel=0.25)
     assert out["mean_regret"] < 1.01
+
+
+def test_band_rule_picks_by_band_from_the_candidates() -> None:
+    from dpcore.mechanisms.auto_rule import band_choice
+
+    every = ("identity", "snh", "ug", "ag", "privtree")
+    assert band_choice((25.0, 100.0), every) == "ug"
+    assert band_choice((100.0, 1000.0), every) == "ug"
+    assert band_choice((1000.0, 5000.0), every) == "ag"
+    assert band_choice((25.0, 100.0), ("identity", "privtree")) == "identity"
+    assert band_choice((1000.0, 5000.0), ("ug", "privtree")) is None
+
+
+def test_auto_band_rule_runs_the_rule_sized_grid_or_ag_and_says_so() -> None:
+    x, y = points(20_000, 4, 800.0)
+    data = FitInput(x, y, REGION, "record", None, public_total=20_000.0)
+    small = get_mechanism("auto", query_sides_m=(25.0, 100.0)).fit(data, 0.2, NoiseSource.seeded(1))
+    p = small.privacy.params
+    assert (p["chosen"]["mechanism"], p["chosen_by"]) == ("ug", "band")
+    assert small.extra_meta()["grid_size"] == p["grid_size_rule"]["grid_size"] == \
+        data_grid_size(20_000, 0.2, 1, (25.0, 100.0))
+    assert [c["name"] for c in small.privacy.charges] == ["ug/cell_counts"]
+    large = get_mechanism("auto", query_sides_m=(1000.0, 5000.0)).fit(data, 0.2, NoiseSource.seeded(1))
+    assert large.privacy.params["chosen"]["mechanism"] == "ag"
+    assert "grid_size_rule" not in large.privacy.params
+    model = get_mechanism("auto", mechanisms="ug,ag,privtree", query_sides_m=(25.0, 100.0), choose="model").fit(data, 0.2, NoiseSource.seeded(1))
+    assert model.privacy.params["chosen_by"] == "model"
+    with pytest.raises(ValueError):
+        get_mechanism("auto", choose="guess").check_params()

@@ -17,6 +17,10 @@ is weighed as the variant it would run here (with the public denoiser where that
 predicted better than the others by ``SELF_TUNED_MARGIN``; a candidate whose training rows stop far
 below this release's n·ε/s is not weighed (see dpcore.paramselect.pick_candidate). The release's
 parameters list every candidate's predicted error.
+By default (``choose="band"``) the query band picks the mechanism (dpcore.mechanisms.auto_rule: a
+rule-sized uniform grid under 1 km, AG from 1 km, measured on public data with queries where people
+are); the cost model still scores every candidate for the manifest, and chooses alone with
+``choose="model"`` or when the band's pick is not among the candidates.
 When the choice is a uniform grid (identity or ug), its side comes from the data-centred grid-size rule
 (dpcore.grid.size_rule) for the band ``query_sides_m``, from the same public n and the ε left for the
 grid, instead of ParamSelect's ρ or the ICDE rule: both were tuned on queries placed uniformly over the
@@ -29,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from dpcore.mechanisms.auto_rule import CHOOSERS, band_choice
 from dpcore.mechanisms.base import FitInput, Mechanism, MechanismError
 from dpcore.mechanisms.identity import check_band
 from dpcore.mechanisms.ug import check_fraction
@@ -47,7 +52,8 @@ class AutoMechanism(Mechanism):
 
     def __init__(self, *, mechanisms: tuple[str, ...] | str | None = None,
                  query_sides_m: tuple[float, float] = (100.0, 1000.0), total_fraction: float = 0.05,
-                 model_path: str | None = None):
+                 model_path: str | None = None, choose: str = "band"):
+        self.choose = choose
         self.mechanisms = mechanisms
         self.query_sides_m = query_sides_m
         self.total_fraction = total_fraction
@@ -74,6 +80,8 @@ class AutoMechanism(Mechanism):
         self._candidates()
         check_band(self.query_sides_m)
         check_fraction(self.total_fraction, "total_fraction")
+        if self.choose not in CHOOSERS:
+            raise MechanismError(f"choose must be one of {list(CHOOSERS)}, got {self.choose!r}")
 
     def _fit(self, data: FitInput, acct: Accountant, noise: NoiseSource) -> Synopsis:
         from dpcore.mechanisms import get_mechanism, get_mechanism_class
@@ -89,6 +97,10 @@ class AutoMechanism(Mechanism):
         choice = select_params(region=data.region, n=n, epsilon=acct.remaining, sensitivity=float(data.sensitivity),
                                privacy_unit=data.privacy_unit, max_points_per_user=data.max_points_per_user,
                                band=(lo, hi), mechanisms=cands, n_is_bounded=bounded, model_path=self.model_path)
+        by_band = band_choice((lo, hi), cands) if self.choose == "band" else None
+        if by_band is not None and by_band != choice.mechanism:
+            predicted = {c["mechanism"]: c["predicted_error"] for c in choice.inputs["candidates"]}
+            choice = dataclasses.replace(choice, mechanism=by_band, predicted_error=predicted.get(by_band))
         inner_params = choice.mechanism_params()
         rule = None
         if choice.mechanism in RULE_SIZED:
@@ -118,8 +130,11 @@ class AutoMechanism(Mechanism):
                   "self_tuned_margin": choice.inputs["self_tuned_margin"]}
         if rule is not None:
             params["grid_size_rule"] = rule
+        chooser = ("the data-centred band rule (dpcore.mechanisms.auto_rule)" if by_band is not None
+                   else "ParamSelect's cost model")
+        params["chosen_by"] = "band" if by_band is not None else "model"
         notes = ["; ".join(filter(None, (
-            f"ParamSelect chose {choice.mechanism} {inner_params} from public inputs; n from {how}",
+            f"{chooser} chose {choice.mechanism} {inner_params} from public inputs; n from {how}",
             rho_extrapolation_note(choice))))]
         if choice.inputs.get("beyond_training_reach"):
             notes.append(f"not weighed: {', '.join(choice.inputs['beyond_training_reach'])} (this release's n·ε/s "
