@@ -20,11 +20,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+import numpy as np  # noqa: E402
 from fit_grid_rule import OUT, datasets  # noqa: E402
 
 from dpcore.evaluation.range import EvalConfig, evaluate  # noqa: E402
 from dpcore.geo import city_region  # noqa: E402
 from dpcore.grid.size_rule import BANDS  # noqa: E402
+from dpcore.mechanisms.auto_rule import band_choice  # noqa: E402
 
 SETS = ("gowalla-sample/austin", "gowalla-sample/san-francisco", "synthetic/miami-8000", "synthetic/houston-20000")
 SETTINGS = (("record", [0.05, 0.2]), ("user", [1.0]))
@@ -62,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
             reports[key]["auto_chose"] = chosen
             cache.write_text(json.dumps(reports))
             print(f"{key} done", flush=True)
+    policy: dict[str, list[float]] = {}
     for key, rep in reports.items():
         print(f"\n{key}: n = {rep['n_points']:,}")
         cells: dict[tuple, dict[str, float]] = {}
@@ -75,6 +78,14 @@ def main(argv: list[str] | None = None) -> int:
             picks = sorted({f"{c['mechanism']}{'' if c['grid_size'] is None else ' m=' + str(c['grid_size'])}"
                             for c in rep.get("auto_chose", []) if c["epsilon"] == eps and tuple(c["band"]) == band})
             print(f"  ε={eps:g} {band[0]:g}-{band[1]:g}: {text}  [hindsight m={hs}; auto chose {', '.join(picks)}]")
+            rule_pick = band_choice(band, tuple(rows))
+            for name, v in [("band rule", rows.get(rule_pick)), *rows.items()]:
+                if v is not None:
+                    policy.setdefault(name, []).append(v["mean_relative_error"] / best)
+    print("\nratio to the best of the mechanisms run, over every cell above (mean, share within 5%):")
+    for name, ratios in policy.items():
+        r = np.array(ratios)
+        print(f"  {name:<10} mean ×{r.mean():.3f}, within 5% of the best in {np.mean(r <= 1.05):.0%} of {r.size} cells")
     return 0
 
 
