@@ -8,7 +8,7 @@ same rows). Each case runs in a fresh subprocess so that its peak RSS is its own
 rows per wall second, rows per CPU second (the per-core rate, the one to compare on a shared
 machine), both from the best of --repeat loads, and the child's peak RSS before the first load
 (interpreter and libraries) and at the end. "threads 1" pins pyarrow to one thread.
-Goal (issue 28): tens of millions of rows per second per core for Parquet.
+Goal: tens of millions of rows per second per core for Parquet.
 """
 
 from __future__ import annotations

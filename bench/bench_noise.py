@@ -5,7 +5,7 @@
 Prints samples/s (CPU time of this process, and wall; best of 3 runs) for geodp's exact samplers in secure
 (AES-256-CTR) and seeded (PCG64) modes at several scales, the old float-inversion discrete Laplace
 (for reference: not exact in the far tail), and OpenDP's exact samplers on the same machine.
-Target (issue 24): ≥ 10 M samples/s on one core for the discrete Laplace at scales 1–1000.
+Target: ≥ 10 M samples/s on one core for the discrete Laplace at scales 1–1000.
 The first draw at a scale builds its threshold table; that time is printed apart ("table").
 """
 

@@ -148,7 +148,7 @@ def cmd_accuracy(args: argparse.Namespace) -> None:
                       f"fit {r['fit_seconds']:.1f}s  params {r.get('params')}", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(all_rows, indent=2, default=str))
-    # Goal summary: snh / auto vs the best of the others per (ε, band).
+    # Summary: snh / auto vs the best of the others per (ε, band).
     print("\nsummary (mean relative error; ratio = mechanism / best of the others):")
     keys = sorted({(r["epsilon"], tuple(r["query_sides_m"])) for r in all_rows})
     for key in keys:
@@ -163,7 +163,7 @@ def cmd_accuracy(args: argparse.Namespace) -> None:
             if m in rows:
                 line += f"; {m} {rows[m]:.4f} (×{rows[m] / base[best_m]:.2f})"
         if "auto" in rows and "snh" in rows:
-            # Goal 2 counts snh among "the others" too.
+            # auto is compared with the best of all the others, snh included.
             others = {m: v for m, v in rows.items() if m != "auto"}
             best_o = min(others, key=others.get)
             line += f"; auto / best of all others ({best_o}) ×{rows['auto'] / others[best_o]:.2f}"

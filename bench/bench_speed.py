@@ -3,7 +3,7 @@ compare when the machine is shared (wall time then includes other processes' loa
 
     .venv/bin/python bench/bench_speed.py [--sf-cabs ../shared/data/sf_cabs.parquet]
 
-Targets (issue 2): bounding ≥ 5 M points/s, discrete Laplace ≥ 10 M cells/s, range answering
+Targets: bounding ≥ 5 M points/s, discrete Laplace ≥ 10 M cells/s, range answering
 ≥ 1 M queries/s; plus the end-to-end release time of the SF cabs region (≈10 M points).
 """
 

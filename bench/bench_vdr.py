@@ -8,7 +8,7 @@ Prints a markdown table per dataset (and writes the JSON reports), e.g.
 
 Datasets (windows and slots are public configuration):
 - sf-cabs: ../shared/data/sf_cabs.parquet, San Francisco 20 km box, 2008-05-18 .. 2008-06-08
-  (3 weeks), daily slots, 256² cells (the issue's default configuration);
+  (3 weeks), daily slots, 256² cells (the default configuration);
 - gowalla-nyc: ../shared/data/gowalla_nyc_checkins.tsv.gz, New York 20 km box, 2010-06-01 ..
   2010-08-30 (13 weeks), weekly slots, k = 20 (35 k check-ins of 2.6 k users: daily slots would
   leave ~400 points per slot);

@@ -1,7 +1,7 @@
 """dpcore: the differential-privacy library behind geodp.
 
 Pure functions and small classes with numpy arrays in and out. No Prefect, no Dask, no global
-state: a researcher can use it alone. See README.md and ../shared/DESIGN.md for the map.
+state: a researcher can use it alone. See README.md and docs/architecture.md for the map.
 """
 
 __version__ = "0.1.0"

@@ -16,11 +16,16 @@ from dpcore.privacy.accounting import budget_label
 from flows.release import _artifact_key, release_cities
 from tasks.config import BackfillParams, canonical_hash, days_between
 from tasks.release_tasks import dataset_name, load_and_validate
-from tasks.runtime import dask_task_runner
+from tasks.runtime import dask_for_run
 
 
 @flow(name="backfill", log_prints=True)
 def backfill_flow(params: BackfillParams, config_path: str | None = None) -> dict:
+    with dask_for_run(params.release.dask_address, params.release.n_workers):
+        return _backfill(params, config_path)
+
+
+def _backfill(params: BackfillParams, config_path: str | None) -> dict:
     logger = get_run_logger()
     days = days_between(params.start, params.end)
     rp = params.release
@@ -51,8 +56,7 @@ def backfill_flow(params: BackfillParams, config_path: str | None = None) -> dic
 
 
 def run_backfill(params: BackfillParams, config_path: str | None = None) -> dict:
-    runner = dask_task_runner(params.release.dask_address, params.release.n_workers)
-    return backfill_flow.with_options(task_runner=runner)(params, config_path)
+    return backfill_flow(params, config_path)
 
 
 def submit_to_deployment(params: BackfillParams, deployment: str) -> list[dict]:

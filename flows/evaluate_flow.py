@@ -33,7 +33,7 @@ from tasks.evaluate_tasks import (
     training_curve_png,
 )
 from tasks.release_tasks import load_and_validate
-from tasks.runtime import dask_task_runner
+from tasks.runtime import dask_for_run
 
 
 def check_output_dir(output_dir: str | None) -> Path | None:
@@ -70,6 +70,11 @@ def _slug(text: str) -> str:
 
 @flow(name="evaluate", log_prints=True)
 def evaluate_flow(params: EvaluateParams) -> dict:
+    with dask_for_run(params.dask_address, params.n_workers):
+        return _evaluate(params)
+
+
+def _evaluate(params: EvaluateParams) -> dict:
     out_dir = check_output_dir(params.output_dir)
     loaded = load_and_validate(params.data, params.columns, params.format)
     st = params.spatio_temporal
@@ -255,4 +260,4 @@ def _write_files(out_dir: Path, files: dict[str, bytes], summary: dict) -> list[
 
 
 def run_evaluate(params: EvaluateParams) -> dict:
-    return evaluate_flow.with_options(task_runner=dask_task_runner(params.dask_address, params.n_workers))(params)
+    return evaluate_flow(params)

@@ -66,16 +66,15 @@ class TrainParams:
     #: Noise draws averaged per case of a self-tuned mechanism (one neural fit each).
     trials: int = 1
     #: Noise draws averaged per case of the cheap mechanisms, whose identity rows are ρ's labels: with one
-    #: draw the best ρ of a case is partly the luckiest draw's (bench/README.md, session 8: leave-one-city-out,
-    #: 10 draws raised the chosen ρ's share within 10% of the best from 77% to 80%, scored on 10-draw labels).
+    #: draw the best ρ of a case is partly the luckiest draw's (docs/decisions/0007-paramselect-model.md).
     cheap_trials: int = 10
     seed: int = 0
     n_estimators: int = 50
     include_nyc_full: bool = True
     #: A denoiser trained without the cities the shipped one learned from, for their denoised SNH rows
-    #: (None, the default: those cities get plain rows only). Off by default: with such rows of Austin
-    #: and San Francisco the leave-one-city-out choice improved but auto chose snh on Gowalla NYC where
-    #: it was ×1.05-2.3 of the best other mechanism (bench/README.md, session 6).
+    #: (None, the default: those cities get plain rows only). Off by default: such rows of sparse cities
+    #: teach the cost model that the denoised snh wins on dense cities too, where it does not
+    #: (docs/decisions/0007-paramselect-model.md).
     holdout_denoiser: str | None = None
     dask_address: str | None = None
     n_workers: int = 2
@@ -203,7 +202,7 @@ def paramselect_train_flow(params: TrainParams) -> dict:
     if unrecorded or elsewhere:
         print(f"of {len(outs) + len(slow_outs)} row sets, {elsewhere} were computed in another environment and "
               f"{unrecorded} in an unrecorded one (report: row_environments); their snh rows may differ from "
-              "what this machine computes (single rows by up to 13% in bench/README.md, session 12)")
+              "what this machine computes (neural fits are sensitive to package versions and CPU)")
     table = with_served_entropy(table, profiles)
     model = ParamSelectModel(table, profiles, params.seed, params.n_estimators)
     cv = cross_validate(table, profiles, params.seed, params.n_estimators)

@@ -1,14 +1,17 @@
 """The `release` flow: one dataset, one period, several cities, in parallel on Dask.
 
-Order (see ../shared/DESIGN.md): load + validate → plan release keys → skip what is committed →
-charge the ledger (refusal happens here, before any noise) → bound contributions once over all the
-cities' data → one privatize task per city on Dask → previews of the released maps → persist (files,
-then the manifest) → artifacts.
+Order (docs/architecture.md): plan release keys → skip what is committed → the data pass on Dask
+(workers read and validate the period's files, bound contributions once over all the cities' data and
+sum each city's fine count grid; only counts come back) → charge the ledger (refusal happens here,
+before any noise) → one privatize task per city on Dask → previews of the released maps → persist
+(files, then the manifest) → artifacts. The in-process form runs the same data pass on the local
+threaded scheduler.
 """
 
 from __future__ import annotations
 
 import base64
+import os
 import sys
 import time
 from datetime import datetime
@@ -23,15 +26,9 @@ from prefect.artifacts import (
 from prefect.exceptions import UnfinishedRun
 from prefect.futures import PrefectFuture
 
-from dpcore.data.inputs import source_version
+from dpcore.data.inputs import resolve_input, source_version
 from dpcore.privacy.accounting import budget_label
-from tasks.config import (
-    ReleaseParams,
-    budget_cap_for,
-    explicit_budget_cap,
-    load_platform_config,
-    parse_period,
-)
+from tasks.config import ReleaseParams, parse_period
 from tasks.ledger_tasks import (
     DEFAULT_K,
     PolicyRequest,
@@ -44,18 +41,18 @@ from tasks.ledger_tasks import (
     void_charge,
 )
 from tasks.release_tasks import (
-    bound_and_split,
     check_committed,
     code_version,
     dataset_name,
-    load_and_validate,
     make_plans,
     persist_release,
     privatize,
     public_locator,
+    read_bound_count,
     render_preview,
 )
-from tasks.runtime import dask_task_runner
+from tasks.runtime import dashboard_link, dask_for_run, where_it_runs
+from tasks.settings import load_settings
 from tasks.storage.ledger import DatasetLedger
 from tasks.storage.store import ReleaseStore
 
@@ -76,23 +73,19 @@ def release_cities(params: ReleaseParams, config_path: str | None = None, loaded
     step = (lambda t: t.fn) if in_process else (lambda t: t)
     t0 = time.perf_counter()
     period = parse_period(params.period, now=None if in_process else _scheduled_start())
-    config = load_platform_config(config_path)
+    config = load_settings(config_path)
     dataset = dataset_name(params.data, params.dataset)
     store = ReleaseStore(params.store)  # fails fast on a bad URL
     request = PolicyRequest(params.privacy_unit, params.max_points_per_user, zcdp=params.rho is not None,
-                            budget=explicit_budget_cap(dataset, config, params.budget_cap),
-                            default_budget=budget_cap_for(dataset, config))
+                            budget=config.explicit_budget_cap(dataset, params.budget_cap),
+                            default_budget=config.budget_cap_for(dataset))
     if params.seed is not None:
         mark_experimental(store)  # seeded noise can be regenerated: never in a ledgered store
         resolved = ResolvedPolicy(request.new_policy(), False, params.max_points_per_user or DEFAULT_K, 1)
     else:
         refuse_if_experimental(store)
         resolved = resolve_policy(store.url, dataset, request)
-    if loaded is None:
-        loaded = step(load_and_validate)(params.data, params.columns, params.format, strict,
-                                         (period.start_s, period.end_s))
-        if in_process:  # the operator's own terminal; the flow never logs counts of private rows
-            log(f"loaded {params.data}: {loaded.report.summary()}")
+    window = (period.start_s, period.end_s)
     cities = params.cities
     if not cities and not params.center:
         from dpcore.geo import city_names
@@ -101,28 +94,36 @@ def release_cities(params: ReleaseParams, config_path: str | None = None, loaded
         # the mere existence of a release reveal that someone was there, unpaid. A city without data
         # gets a noise-only release, which is still correct and costs the same.
         cities = city_names()
-    source = public_locator(loaded.source)
+    source = public_locator(loaded.source if loaded is not None
+                            else resolve_input(params.data, params.format, window).source)
     per_day = resolved.policy.bound_window == "day"
     plans = make_plans(dataset=dataset, cities=cities, center=params.center, side_km=params.side_km,
                        period=period, mechanism=params.mechanism, params=params.mechanism_params,
                        epsilon=params.epsilon, rho=params.rho, privacy_unit=params.privacy_unit,
                        max_points_per_user=resolved.max_points_per_user, seed=params.seed,
                        data_version=params.data_version or source_version(params.data, params.format,
-                                                                       (period.start_s, period.end_s)),
+                                                                                       window),
                        slot=params.slot,
                        public_total=params.public_total, source=source, bound_per_day=per_day)
     committed = step(check_committed)(params.store, plans)
     todo = [p for p in plans if committed[p.city] is None]
     log(f"{dataset} {period.label}: {len(plans)} cities, {len(plans) - len(todo)} already committed, "
         f"{len(todo)} to release; policy: {resolved.policy.describe()}")
+    placed: list[dict] = []
     results: dict[str, dict] = {p.city: {**committed[p.city], "status": "already committed"}
                                 for p in plans if committed[p.city] is not None}
     if todo:
+        # the data pass comes before the charge: bad input is a one-line error with nothing charged
+        data = loaded if loaded is not None else params.data
+        args = (data, todo, params.seed, per_day, params.columns, params.format, strict)
+        counted = read_bound_count.fn(*args) if in_process else read_bound_count.submit(*args).result()
+        if in_process:  # the operator's own terminal; the flow never logs counts of private rows
+            log(f"read {params.data}: {counted.report.summary()} ({counted.n_files} file(s))")
+        inputs = counted.cities
         if params.seed is None:
             held = step(charge_ledger)(params.store, todo, resolved, source)
         else:
             held = {p.city: {"seq": None, "draw": None, "key": p.release_key} for p in todo}
-        inputs = step(bound_and_split)(loaded.points, todo, params.seed, per_day)
         code = code_version()
         if in_process:
             manifests = {}
@@ -135,7 +136,7 @@ def release_cities(params: ReleaseParams, config_path: str | None = None, loaded
                     raise
                 manifests[p.city] = persist_release.fn(params.store, p, syn, png, held[p.city], code)
         else:
-            manifests = _run_on_workers(params.store, dataset, todo, inputs, held, code)
+            manifests, placed = _run_on_workers(params.store, dataset, todo, inputs, held, code)
         for p in todo:
             m = manifests[p.city]
             if held[p.city]["seq"] is not None and not committed_from(m, held[p.city]):
@@ -150,6 +151,11 @@ def release_cities(params: ReleaseParams, config_path: str | None = None, loaded
                "policy": resolved.policy.to_dict(), "guarantee": guarantee, "loss": loss,
                "seconds": round(time.perf_counter() - t0, 2),
                "releases": [_row(results[p.city]) for p in plans]}
+    if not in_process:
+        # where the tasks ran: process ids and worker addresses are public facts about the platform
+        workers = sorted({(w["worker"] or "", w["pid"]) for w in placed})
+        summary["dask"] = {"dashboard": dashboard_link(), "flow_pid": os.getpid(),
+                           "workers": [{"worker": a or None, "pid": pid} for a, pid in workers]}
     if artifacts and not in_process:
         _artifacts(summary, results, store)
     return summary
@@ -174,6 +180,7 @@ def _run_on_workers(store_url: str, dataset: str, todo: list, inputs: dict, held
     """One privatize → preview → persist chain per city on the Dask task runner. A city whose fit
     failed (nothing staged) gives its charge back before the error is raised."""
     futures = {}
+    placed = [where_it_runs.submit() for _ in todo]
     for p in todo:
         syn = privatize.submit(p, inputs[p.city])
         png = render_preview.submit(p, syn)
@@ -192,7 +199,7 @@ def _run_on_workers(store_url: str, dataset: str, todo: list, inputs: dict, held
         update_progress_artifact(progress, 100.0 * (i + 1) / len(futures))
     if first_error is not None:
         raise first_error
-    return manifests
+    return manifests, [f.result() for f in placed]
 
 
 class _FitFailed(Exception):
@@ -241,7 +248,8 @@ def _artifacts(summary: dict, results: dict, store: ReleaseStore) -> None:
              f"- store: `{summary['store']}`",
              f"- guarantee: {summary['guarantee']}",
              f"- {_loss_line(summary['policy'], summary['loss'])}" if summary["loss"] else "",
-             f"- {len(summary['releases'])} cities, {summary['seconds']} s", ""]
+             f"- {len(summary['releases'])} cities, {summary['seconds']} s",
+             _dask_line(summary.get("dask")), ""]
     for r in summary["releases"]:
         lines.append(f"## {r['city']} v{r['version']} ({r['status']})")
         lines.append(f"`{r['url']}`")
@@ -266,6 +274,14 @@ def _artifacts(summary: dict, results: dict, store: ReleaseStore) -> None:
     create_markdown_artifact("\n".join(lines), key=key + "-summary", description="release summary")
 
 
+def _dask_line(dask: dict | None) -> str:
+    if not dask:
+        return ""
+    link = f"[Dask dashboard]({dask['dashboard']})" if dask.get("dashboard") else "Dask (no dashboard)"
+    ran = ", ".join(f"{w['worker'] or 'not on a Dask worker'} (pid {w['pid']})" for w in dask["workers"])
+    return f"- {link}; flow process pid {dask['flow_pid']}; tasks ran on: {ran or 'nothing to release'}"
+
+
 def _loss_line(policy: dict, loss: dict) -> str:
     unit = "ρ" if policy["accounting"] == "zcdp" else "ε"
     window = "lifetime" if policy["window_days"] is None else f"any {policy['window_days']} days"
@@ -275,11 +291,11 @@ def _loss_line(policy: dict, loss: dict) -> str:
 
 @flow(name="release", log_prints=True)
 def release_flow(params: ReleaseParams, config_path: str | None = None) -> dict:
-    """Release one dataset × period × cities; one Dask task per city."""
-    return release_cities(params, config_path)
+    """Release one dataset × period × cities; one Dask task per city, on the cluster the parameters name."""
+    with dask_for_run(params.dask_address, params.n_workers):
+        return release_cities(params, config_path)
 
 
 def run_release(params: ReleaseParams, config_path: str | None = None) -> dict:
-    """Run the flow with the Dask runner its parameters ask for (LocalCluster or an address)."""
-    runner = dask_task_runner(params.dask_address, params.n_workers)
-    return release_flow.with_options(task_runner=runner)(params, config_path)
+    """Run the flow here (it starts the Dask runner its parameters ask for: LocalCluster or an address)."""
+    return release_flow(params, config_path)

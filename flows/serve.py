@@ -1,48 +1,66 @@
 """`geodp serve`: serve the release (nightly cron + manual), backfill and evaluate deployments.
 
-Parameters are pydantic models (tasks.config), so the Prefect UI shows a typed form. Schedules and
-default parameters come from the platform config file (deploy/geodp.toml by default). The process
-serves until interrupted; point PREFECT_API_URL at a Prefect server first (see README, "Running at
-scale").
+Parameters are pydantic models (tasks.config), so the Prefect UI shows a typed form. Schedules, default
+parameters and budget caps come from the platform settings (tasks.settings: --config, else GEODP_CONFIG,
+else the packaged default), and every deployment passes the resolved file on to its runs, so the caps a
+served run charges against are the ones this process was started with. Served runs pick their Dask
+cluster from their own parameters (tasks.runtime.dask_for_run): `prefect.serve()` reloads each flow from
+its entrypoint, which would drop a task runner set here.
+
+The process needs a Prefect server it can share with the UI (PREFECT_API_URL); without one it refuses
+to start, since a temporary server would be invisible to every UI and scheduler.
 """
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 from flows.backfill import backfill_flow
 from flows.evaluate_flow import evaluate_flow
 from flows.release import release_flow
-from tasks.config import ConfigError, ReleaseParams, load_platform_config
-from tasks.runtime import dask_task_runner
+from tasks.config import ConfigError
+from tasks.runtime import _api_url_configured
+from tasks.settings import PlatformSettings, config_path, load_settings
 
 
-def build_deployments(config: dict) -> list[Any]:
-    """The deployments to serve: release/nightly (cron), release/release, backfill/backfill, evaluate/evaluate."""
-    nightly = config.get("nightly", {})
-    try:
-        nightly_params = ReleaseParams(**nightly.get("release", {})) if nightly.get("release") else None
-    except ValueError as exc:
-        raise ConfigError(f"[nightly.release] in the config is invalid: {exc}") from exc
-    address = nightly_params.dask_address if nightly_params else None
-    runner = dask_task_runner(address, nightly_params.n_workers if nightly_params else 2)
-    release = release_flow.with_options(task_runner=runner)
-    deployments = [release.to_deployment(name="release", description="manual release (typed parameters)")]
-    if nightly_params is not None:
-        deployments.append(release.to_deployment(
-            name="nightly", cron=nightly.get("cron", "30 2 * * *"),
-            parameters={"params": nightly_params.model_dump(mode="json")},
-            description="nightly release of yesterday's data"))
-    deployments.append(backfill_flow.with_options(task_runner=runner).to_deployment(
-        name="backfill", description="one release per day; skips committed days"))
-    deployments.append(evaluate_flow.with_options(task_runner=runner).to_deployment(
+def build_deployments(settings: PlatformSettings, path: str | os.PathLike | None = None) -> list[Any]:
+    """The deployments to serve: release/nightly (cron), release/release, backfill/backfill,
+    evaluate/evaluate. ``path`` (the config file the settings came from) becomes every release and
+    backfill run's ``config_path`` parameter."""
+    extra = {"config_path": str(Path(path).resolve())} if path else {}
+    deployments = [release_flow.to_deployment(name="release", parameters=dict(extra),
+                                              description="manual release (typed parameters)")]
+    if settings.nightly is not None:
+        deployments.append(release_flow.to_deployment(
+            name="nightly", cron=settings.nightly.cron,
+            parameters={"params": settings.nightly.release.model_dump(mode="json"), **extra},
+            description="nightly release; a relative period counts from the run's scheduled start"))
+    deployments.append(backfill_flow.to_deployment(name="backfill", parameters=dict(extra),
+                                                   description="one release per day; skips committed days"))
+    deployments.append(evaluate_flow.to_deployment(
         name="evaluate", description="evaluation harness, one task per (city, mechanism, ε); with "
         "spatio_temporal also the spatio-temporal harness (slot images, forecast plots); training curves"))
     return deployments
 
 
+def require_prefect_server() -> str:
+    """The Prefect API URL to serve against; a one-line error when none is configured."""
+    if not _api_url_configured():
+        raise ConfigError("geodp serve needs a Prefect server that the UI and its scheduler share: start one "
+                          "(`prefect server start`) and set PREFECT_API_URL, e.g. "
+                          "PREFECT_API_URL=http://127.0.0.1:4200/api")
+    from prefect.settings import PREFECT_API_URL
+
+    return os.environ.get("PREFECT_API_URL") or str(PREFECT_API_URL.value())
+
+
 def serve_from_config(path: str | None = None) -> None:
     from prefect import serve
 
-    deployments = build_deployments(load_platform_config(path))
+    chosen = config_path(path)
+    deployments = build_deployments(load_settings(chosen), chosen)
+    api = require_prefect_server()
+    print(f"serving {len(deployments)} deployments with config {chosen} against {api}", flush=True)
     serve(*deployments)

@@ -1,5 +1,5 @@
 """Typed parameters of the platform flows (pydantic: the Prefect UI renders them as forms), periods,
-config hashes and the platform configuration file (budget caps, schedules).
+config hashes. The platform configuration file (budget caps, schedules) is tasks.settings.
 
 A release key names one (dataset, city, period, config): it is derived from public configuration and
 the input's data version only, never from noise, so a retry or re-run maps to the same key.
@@ -11,18 +11,13 @@ import hashlib
 import json
 import math
 import re
-import tomllib
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from dpcore import GeoDPError
-
-DEFAULT_BUDGET_CAP = 10.0
-DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "deploy" / "geodp.toml"
 
 
 class ConfigError(GeoDPError, ValueError):
@@ -104,12 +99,15 @@ def _split_commas(v: Any) -> Any:
     return v
 
 
-#: A list of names that also accepts one comma-separated string.
-NameList = Annotated[list[str], BeforeValidator(_split_commas)]
+#: A list of names that also accepts one comma-separated string; the JSON schema (the Prefect form and the
+#: server's parameter check) says so too, so 'a,b' from a form or the API is not refused before validation.
+NameList = Annotated[list[str], BeforeValidator(_split_commas, json_schema_input_type=list[str] | str)]
 
 
 class ReleaseParams(BaseModel):
     """One release: a dataset, a period, a list of cities, the mechanism and its budget."""
+
+    model_config = ConfigDict(extra="forbid")  # a misspelled key (config file, form, API) is an error
 
     data: str = Field(description="input point table (path or URL readable on the workers)")
     cities: NameList = Field(default_factory=list,
@@ -151,6 +149,8 @@ class ReleaseParams(BaseModel):
 
 class BackfillParams(BaseModel):
     """A backfill: one release per day from start to end (inclusive), skipping committed days."""
+
+    model_config = ConfigDict(extra="forbid")
 
     release: ReleaseParams
     start: str = Field(description="first day, YYYY-MM-DD")
@@ -274,39 +274,3 @@ class EvaluateParams(BaseModel):
         if self.bounding == "weight" and self.privacy_unit != "user":
             raise ValueError("weighted bounding needs privacy_unit user")
         return self
-
-
-def load_platform_config(path: str | Path | None = None) -> dict:
-    """The TOML platform config (budget caps, schedules). Missing default file = built-in defaults."""
-    p = Path(path) if path else DEFAULT_CONFIG
-    if not p.exists():
-        if path:
-            raise ConfigError(f"config file {p} not found")
-        return {}
-    try:
-        return tomllib.loads(p.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{p} is not valid TOML: {exc}") from exc
-
-
-def explicit_budget_cap(dataset: str, config: dict | None = None, override: float | None = None) -> float | None:
-    """A cap that was asked for explicitly (an override, or [budget.caps] naming the dataset): it must
-    match the dataset's stored policy. None when only the default applies."""
-    if override is not None:
-        return budget_cap_for(dataset, config, override)
-    if dataset in (config or {}).get("budget", {}).get("caps", {}):
-        return budget_cap_for(dataset, config)
-    return None
-
-
-def budget_cap_for(dataset: str, config: dict | None = None, override: float | None = None) -> float:
-    """The ε cap per (dataset, period): explicit override, else [budget.caps] for the dataset, else
-    [budget] default_cap, else DEFAULT_BUDGET_CAP."""
-    if override is not None:
-        cap = float(override)
-    else:
-        budget = (config or {}).get("budget", {})
-        cap = float(budget.get("caps", {}).get(dataset, budget.get("default_cap", DEFAULT_BUDGET_CAP)))
-    if not math.isfinite(cap) or cap <= 0:
-        raise ConfigError(f"budget cap must be a positive number, got {cap}")
-    return cap

@@ -1,8 +1,9 @@
 """Prefect tasks of a release, one step each, as thin wrappers over dpcore and the release store.
 
-Steps: load and validate → plan (release keys) → charge the ledger → bound contributions (once, all
-cities together) → split by city → privatize (histogram + mechanism: the only step that draws noise)
-→ render preview (of the released map only) → persist (stage files, then the manifest).
+Steps: plan (release keys) → read, validate, bound contributions (once, all cities together) and
+count each city's fine grid on the Dask cluster → charge the ledger → privatize (mechanism on the
+counts: the only step that draws noise) → render preview (of the released map only) → persist (stage
+files, then the manifest).
 
 Retries go on the steps that touch storage. No task caches on anything derived from noise: the
 release key is a hash of public configuration and the input's data version, and the exactly-once
@@ -27,15 +28,16 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from dpcore import GeoDPError, __version__
-from dpcore.data.points import LoadResult, Points, load_points, parse_column_map
-from dpcore.geo import Region, parse_slot, resolve_region, time_slots
+from dpcore.data.chunks import GridSpec
+from dpcore.data.points import LoadResult, load_points, parse_column_map
+from dpcore.geo import Region, parse_slot, resolve_region
 from dpcore.mechanisms import FitInput, get_mechanism, get_mechanism_class
-from dpcore.privacy.accounting import DAY_S, budget_label
-from dpcore.privacy.bounding import bound_contributions
+from dpcore.privacy.accounting import budget_label
 from dpcore.privacy.noise import NoiseSource
 from dpcore.synopsis.base import Synopsis
 from dpcore.synopsis.uncertainty import release_quality
 from tasks.config import Period, canonical_hash
+from tasks.dask_path import CityData, DataPass, release_counts
 from tasks.storage.store import ReleaseRef, ReleaseStore, check_slug
 
 PREVIEW = "preview.png"
@@ -157,6 +159,7 @@ def make_plans(*, dataset: str, cities: list[str], center: str | None, side_km: 
         raise ReleaseError("--public-total applies to a single-region release")
     for region in regions:
         check_grid_fits(mechanism, params, region, period, slot_seconds)
+        check_fine_grid_fits(mechanism, params, region, period, slot_seconds)
     plans = []
     for region in regions:
         city = re.sub(r"[^A-Za-z0-9._+-]", "-", region.name)
@@ -185,6 +188,18 @@ def check_numbers(epsilon: float, max_points_per_user: int) -> None:
         raise ReleaseError(f"epsilon must be a number in (0, 1000], got {epsilon!r}")
     if not (isinstance(max_points_per_user, int) and 1 <= max_points_per_user <= 1_000_000):
         raise ReleaseError(f"max points per user must be a whole number in [1, 1000000], got {max_points_per_user!r}")
+
+
+def check_fine_grid_fits(mechanism: str, params: dict, region: Region, period: Period,
+                         slot_seconds: int | None) -> None:
+    """Refuse, before the ledger, a fine count grid (Mechanism.fine_grid) that cannot fit in memory."""
+    cells = get_mechanism(mechanism, **params).fine_grid(region)
+    if cells is None:
+        return
+    total = cells * cells * (-(-period.seconds // slot_seconds) if slot_seconds and period.seconds else 1)
+    if total > MAX_GRID_CELLS:
+        raise ReleaseError(f"{mechanism}: its count grid of {total:,} cells over {region.name} does not fit (at "
+                           f"most {MAX_GRID_CELLS:,}); lower the parameter that sets the finest grid")
 
 
 def check_grid_fits(mechanism: str, params: dict, region: Region, period: Period, slot_seconds: int | None) -> None:
@@ -224,63 +239,34 @@ def check_committed(store_url: str, plans: list[CityPlan]) -> dict[str, dict | N
     return {p.city: store.find_committed(p.dataset, p.city, p.period.label, p.release_key) for p in plans}
 
 
-@dataclass
-class CityInput:
-    """One city's share of the bounded release data (private; stays on the workers)."""
+def grid_specs(plans: list[CityPlan]) -> list[GridSpec]:
+    """What each city's fit reads, from public configuration: its mechanism's fine grid over the
+    region (× the period's time slots for a spatio-temporal one), or its bounded points."""
+    specs = []
+    for p in plans:
+        cells = get_mechanism(p.mechanism, **p.params).fine_grid(p.region)
+        n_slots = -(-p.period.seconds // p.slot_seconds) if p.slot_seconds else None
+        specs.append(GridSpec(p.city, p.region, cells, p.period.start_s, p.slot_seconds, n_slots))
+    return specs
 
-    x: np.ndarray
-    y: np.ndarray
-    user: np.ndarray
-    slot: np.ndarray | None
-    n_points_raw: int
-    n_users_raw: int
 
-
-@task(name="bound-and-split", cache_policy=NO_CACHE)
-def bound_and_split(points: Points, plans: list[CityPlan], seed: int | None,
-                    per_day: bool = False) -> dict[str, CityInput]:
-    """Keep the period's points inside any release region, bound each user to k points over all of
-    them together (one sample for the whole release, or one per UTC day with ``per_day``), then split
-    by city and project to metres.
+@task(name="read-bound-count", retries=2, retry_delay_seconds=1, cache_policy=NO_CACHE,
+      retry_condition_fn=_retry_unless_refused)
+def read_bound_count(data: str | LoadResult, plans: list[CityPlan], seed: int | None, per_day: bool = False,
+                     columns: str | None = None, fmt: str = "auto", strict: bool = False) -> DataPass:
+    """The release's data pass on the Dask cluster it runs on (tasks/dask_path.py): read and validate
+    the period's files, keep points inside any release region, bound each user to k points once over
+    all of them together (or per UTC day with ``per_day``), and sum each city's fine count grid.
 
     Regions are half-open squares; a point inside two overlapping custom regions counts in both, and
     the ledger charges such regions as if they were separate releases (dpcore.privacy.accounting)."""
     if not plans:
-        return {}
-    period = plans[0].period
-    pts = points.between(period.start_s, period.end_s)
-    inside_any = np.zeros(len(pts), dtype=bool)
-    projected = []
-    for p in plans:
-        x, y = p.region.project(pts.lat, pts.lon)
-        m = p.region.contains_m(x, y)
-        projected.append((x, y, m))
-        inside_any |= m
-    sel = np.flatnonzero(inside_any)
-    if plans[0].privacy_unit == "user":
-        rng = NoiseSource.secure().rng if seed is None else np.random.default_rng([seed, 0x5A17])
-        unit = pts.user[sel]
-        if per_day:  # k per person per UTC day: bound (user, day) pairs
-            day = pts.ts[sel] // DAY_S
-            if day.size:
-                day = day - day.min()
-                unit = pts.user[sel].astype(np.int64) * (int(day.max()) + 1) + day
-        keep = sel[bound_contributions(unit, plans[0].max_points_per_user, rng).keep]
-    else:
-        keep = sel
-    kept = np.zeros(len(pts), dtype=bool)
-    kept[keep] = True
-    out = {}
-    for p, (x, y, m) in zip(plans, projected, strict=True):
-        idx = np.flatnonzero(m & kept)
-        slot = None
-        if p.slot_seconds:
-            n_slots = -(-p.period.seconds // p.slot_seconds)
-            slot = time_slots(pts.ts[idx], p.period.start_s, p.slot_seconds, n_slots)
-        raw_users = pts.user[m]
-        out[p.city] = CityInput(x[idx], y[idx], pts.user[idx], slot, int(m.sum()),
-                                int(np.unique(raw_users).size))
-    return out
+        raise ReleaseError("nothing to release")
+    first = plans[0]
+    return release_counts(data, grid_specs(plans), (first.period.start_s, first.period.end_s),
+                          columns=parse_column_map(columns), fmt=fmt, strict=strict,
+                          privacy_unit=first.privacy_unit, max_points_per_user=first.max_points_per_user,
+                          per_day=per_day, seed=seed)
 
 
 def _noise_for(plan: CityPlan) -> NoiseSource:
@@ -292,18 +278,19 @@ def _noise_for(plan: CityPlan) -> NoiseSource:
 
 
 @task(name="privatize", cache_policy=NO_CACHE)
-def privatize(plan: CityPlan, data: CityInput) -> Synopsis:
-    """Histogram + mechanism fit: the only step that reads private values and draws noise."""
+def privatize(plan: CityPlan, data: CityData) -> Synopsis:
+    """Mechanism fit on the city's summed fine counts (or bounded points): the only step that draws noise."""
     delay = os.environ.get("GEODP_FAULT_PRIVATIZE_SLEEP_S")
     if delay:  # fault injection for the worker-kill test: hold the task on its worker for a while
         time.sleep(float(delay))
     n_slots = None
     if plan.slot_seconds:
         n_slots = -(-plan.period.seconds // plan.slot_seconds)
-    fit_input = FitInput(data.x, data.y, plan.region, plan.privacy_unit,
-                         plan.max_points_per_user if plan.privacy_unit == "user" else None, user=data.user,
-                         slot=data.slot, n_slots=n_slots, slot_seconds=plan.slot_seconds,
-                         window_start_s=plan.period.start_s)
+    empty = np.empty(0, dtype=np.float64)
+    fit_input = FitInput(empty if data.x is None else data.x, empty if data.y is None else data.y, plan.region,
+                         plan.privacy_unit, plan.max_points_per_user if plan.privacy_unit == "user" else None,
+                         user=data.user, n_slots=n_slots, slot_seconds=plan.slot_seconds,
+                         window_start_s=plan.period.start_s, fine=data.fine)
     noise = _noise_for(plan)
     if plan.rho is not None:
         return get_mechanism(plan.mechanism, **plan.params).fit_zcdp(fit_input, plan.rho, noise)

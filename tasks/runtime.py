@@ -14,6 +14,7 @@ import os
 import time
 from collections.abc import Iterator
 
+from prefect import task
 from prefect_dask import DaskTaskRunner
 
 
@@ -49,8 +50,8 @@ class ProgressClock:
 
 
 #: Packages :func:`environment` names the versions of. The neural rows are sensitive to the environment:
-#: with the same cache key and seeds, snh rows computed in an earlier session's environment were up to 13%
-#: apart from this machine's (bench/README.md, session 12).
+#: with the same cache key and seeds, snh rows computed under other package versions or another CPU
+#: differ, so each row set records where it was computed (docs/decisions/0004-snh-public-denoiser.md).
 REPORTED_PACKAGES = ("torch", "numpy", "scipy", "scikit-learn", "pandas", "prefect", "dask")
 
 
@@ -102,6 +103,57 @@ def dask_task_runner(address: str | None = None, n_workers: int = 2) -> DaskTask
     })
 
 
+@contextlib.contextmanager
+def dask_for_run(address: str | None = None, n_workers: int = 2) -> Iterator[DaskTaskRunner | None]:
+    """Inside a flow run: send every task this run submits to a Dask cluster chosen by the run's own
+    parameters (``address``, else a LocalCluster of ``n_workers`` processes), and log its dashboard link.
+
+    A served deployment reloads its flow from the entrypoint with Prefect's default runner, so a task
+    runner set with ``with_options`` never reaches a served run; choosing it here, from the parameters,
+    makes served runs, CLI runs and deployments run alike. A run already on Dask (a backfill's releases)
+    keeps its cluster; outside a flow run (the in-process pipeline) nothing changes."""
+    from prefect.context import FlowRunContext
+
+    ctx = FlowRunContext.get()
+    if ctx is None or isinstance(ctx.task_runner, DaskTaskRunner):
+        yield ctx.task_runner if ctx is not None else None
+        return
+    with dask_task_runner(address, n_workers) as runner:
+        link = dashboard_link(runner)
+        if link:
+            run_logger().info("Dask dashboard: %s", link)
+        with ctx.model_copy(update={"task_runner": runner}):
+            yield runner
+
+
+def dashboard_link(runner: object | None = None) -> str | None:
+    """The dashboard URL of ``runner`` (default: the current flow run's) when it is a Dask runner."""
+    if runner is None:
+        from prefect.context import FlowRunContext
+
+        ctx = FlowRunContext.get()
+        runner = ctx.task_runner if ctx is not None else None
+    if not isinstance(runner, DaskTaskRunner):
+        return None
+    try:
+        return runner.client.dashboard_link or None
+    except (RuntimeError, AttributeError):
+        return None
+
+
+@task(name="where-it-runs")
+def where_it_runs() -> dict:
+    """The Dask worker (address, process id) this task ran on; worker None outside Dask. The release
+    flow submits one next to each city's tasks, so its summary shows where the work went."""
+    try:
+        from distributed import get_worker
+
+        address = get_worker().address
+    except (ImportError, ValueError):
+        address = None
+    return {"worker": address, "pid": os.getpid()}
+
+
 def _api_url_configured() -> bool:
     if os.environ.get("PREFECT_API_URL"):
         return True
@@ -122,13 +174,12 @@ def local_prefect(timeout: int = 120) -> Iterator[str | None]:
     if _api_url_configured():
         yield os.environ.get("PREFECT_API_URL")
         return
-    from prefect.server.api.server import SubprocessASGIServer
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    server = SubprocessASGIServer()
-    server.start(timeout=timeout)
-    os.environ["PREFECT_API_URL"] = server.api_url
-    try:
+    server = _server_bound_to_this_process()
+    try:  # a SIGTERM while the server is still starting must stop it too
+        server.start(timeout=timeout)
+        os.environ["PREFECT_API_URL"] = server.api_url
         with temporary_settings({PREFECT_API_URL: server.api_url}):
             try:
                 yield server.api_url
@@ -137,6 +188,43 @@ def local_prefect(timeout: int = 120) -> Iterator[str | None]:
     finally:
         os.environ.pop("PREFECT_API_URL", None)
         server.stop()
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    """Ask Linux to SIGTERM this child when the process that started it dies, even by SIGKILL."""
+    import ctypes
+    import signal
+
+    pr_set_pdeathsig = 1
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
+def _server_bound_to_this_process():
+    """Prefect's local API server as a child that ends with this process: ``finally`` stops it on any
+    normal exit or SIGTERM, and the parent-death signal stops it when this process is killed outright
+    (``kill -9``), which no handler can catch."""
+    import subprocess
+    import sys
+
+    from prefect.server.api import server as prefect_server
+
+    class BoundServer(prefect_server.SubprocessASGIServer):
+        def _run_uvicorn_command(self) -> subprocess.Popen:
+            if not sys.platform.startswith("linux"):
+                return super()._run_uvicorn_command()
+            plain_popen = subprocess.Popen
+
+            def popen(*args, **kwargs):
+                return plain_popen(*args, preexec_fn=_die_with_parent, **kwargs)
+
+            prefect_server.subprocess.Popen = popen
+            try:
+                return super()._run_uvicorn_command()
+            finally:
+                prefect_server.subprocess.Popen = plain_popen
+
+    return BoundServer()
 
 
 def _drain_logs() -> None:

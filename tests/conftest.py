@@ -36,7 +36,7 @@ def sf_cabs_path() -> Path:
     return _shared_file("sf_cabs.parquet")
 
 
-# -- platform fixtures (issue 3) ----------------------------------------------------------------
+# -- platform fixtures: Prefect server, S3 ----------------------------------------------------------------
 def _free_port() -> int:
     import socket
 

@@ -73,10 +73,11 @@ def test_bounding_is_uniform_within_a_user():
 def test_bounding_spans_the_whole_release_not_each_city():
     """A user with 100 points in each of three cities keeps at most k points over the three city-releases
     of one run together, not k per city (the release step that splits by city bounds first)."""
-    from dpcore.data.points import Points
+    from dpcore.data.points import LoadResult, Points, ValidationReport
     from dpcore.geo import city_region
     from tasks.config import parse_period
-    from tasks.release_tasks import bound_and_split, make_plans
+    from tasks.dask_path import release_frame
+    from tasks.release_tasks import make_plans, read_bound_count
 
     cities = ["new-york", "chicago", "austin"]
     rng = np.random.default_rng(2)
@@ -89,11 +90,15 @@ def test_bounding_spans_the_whole_release_not_each_city():
     plans = make_plans(dataset="d", cities=cities, center=None, side_km=None, period=parse_period(None),
                        mechanism="identity", params={}, epsilon=1.0, privacy_unit="user", max_points_per_user=5,
                        seed=0, data_version="v")
+    loaded = LoadResult(pts, ValidationReport(), "d", "v")
     for seed in range(5):
-        inputs = bound_and_split.fn(pts, plans, seed)
-        heavy = sum(int((inputs[c].user == 0).sum()) for c in cities)
-        assert heavy == 5
-        assert int((inputs["austin"].user > 0).sum()) == 30  # users with one point keep it
+        frame, _, _ = release_frame(loaded, [p.region for p in plans], (None, None), privacy_unit="user",
+                                    max_points_per_user=5, seed=seed)
+        kept = frame.compute(scheduler="sync")
+        assert int((kept.user == 0).sum()) == 5
+        assert int((kept.user > 0).sum()) == 30  # users with one point keep it
+        counted = read_bound_count.fn(loaded, plans, seed).cities
+        assert sum(int(counted[c].fine.sum()) for c in cities) == 35  # and the counts are of that sample
 
 
 def test_bounding_accepts_string_ids_and_rejects_bad_k():

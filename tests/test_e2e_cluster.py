@@ -13,6 +13,7 @@ import urllib.request
 import uuid
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests.cli_runner import run_geodp
@@ -149,3 +150,41 @@ def test_killing_a_worker_mid_release_still_commits_exactly_once(cluster, gowall
     listed = json.loads(geodp(cluster, "releases", "list", store, "--json").stdout)
     assert sorted((x["city"], x["version"]) for x in listed) == [("austin", 1), ("new-york", 1)]
     assert json.loads(geodp(cluster, "ledger", store, "--json").stdout)[0]["charges"] == 2
+
+
+def test_killing_a_worker_mid_read_of_s3_files_still_commits_once(cluster, gowalla_sample_path):
+    """The input is six Parquet files on S3; a worker is killed while it reads one. The data pass is
+    recomputed where needed, and the release commits once with one charge."""
+    import boto3
+    import pandas as pd
+    from distributed import Client
+
+    store = _bucket(cluster)
+    bucket = store.split("/")[2]
+    frame = pd.read_parquet(gowalla_sample_path)
+    s3 = boto3.client("s3", endpoint_url=cluster["s3"])
+    bounds = np.linspace(0, len(frame), 7).astype(int)
+    for i in range(6):
+        part = frame.iloc[bounds[i]:bounds[i + 1]]
+        s3.put_object(Bucket=bucket, Key=f"input/part-{i}.parquet", Body=part.to_parquet())
+    cmd = [sys.executable, "-m", "flows.cli", "release", f"s3://{bucket}/input/", "--cities", "new-york",
+           "--period", "2010-06", "--epsilon", "0.5", "--store", store, "--dataset", "gowalla-s3",
+           "--dask-address", cluster["address"], "--json"]
+    env = {**cluster["env"], "GEODP_FAULT_READ_SLEEP_S": "3"}
+    release = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    killed = None
+    with Client(cluster["address"], timeout=60) as c:
+        deadline = time.time() + 180
+        while killed is None and time.time() < deadline and release.poll() is None:
+            busy = [w for w, ts in c.processing().items() if any("_read" in str(t) for t in ts)]
+            if busy:
+                pid = c.run(os.getpid, workers=[busy[0]])[busy[0]]
+                os.kill(pid, signal.SIGKILL)
+                killed = busy[0]
+            time.sleep(0.2)
+    out, err = release.communicate(timeout=400)
+    assert killed is not None, "no read task was seen running on a worker"
+    assert release.returncode == 0, err[-3000:]
+    listed = json.loads(geodp(cluster, "releases", "list", store, "--json").stdout)
+    assert [(x["city"], x["version"]) for x in listed] == [("new-york", 1)]
+    assert json.loads(geodp(cluster, "ledger", store, "--json").stdout)[0]["charges"] == 1

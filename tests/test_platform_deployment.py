@@ -81,7 +81,9 @@ def test_backfill_through_the_served_deployment(prefect_harness, gowalla_sample_
         assert sorted(r["period"] for r in store.list_releases()) == ["2010-05-01", "2010-05-02", "2010-05-03"]
         from tasks.storage.ledger import DatasetLedger
 
-        assert len(DatasetLedger(store, gowalla_sample_path.name.split(".")[0]).held()) == 3
+        ledger = DatasetLedger(store, gowalla_sample_path.name.split(".")[0])
+        assert len(ledger.held()) == 3
+        assert ledger.policy().budget == 5.0  # the serving process's config reached the served runs
         # `geodp backfill --deployment` from another folder with relative paths: the serving process
         # (its own working directory) gets absolute ones and finds the file and the store
         work = tmp_path / "elsewhere"

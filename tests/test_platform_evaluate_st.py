@@ -179,8 +179,9 @@ def test_cli_flow_forms(prefect_harness, two_city_file, tmp_path):
 
 def test_served_evaluate_deployment_takes_the_spatio_temporal_form():
     from flows.serve import build_deployments
+    from tasks.settings import PlatformSettings
 
-    deps = {d.name: d for d in build_deployments({})}
+    deps = {d.name: d for d in build_deployments(PlatformSettings())}
     schema = deps["evaluate"]._parameter_openapi_schema
     props = schema.definitions["EvaluateParams"]["properties"]
     assert {"spatio_temporal", "mechanism_params", "output_dir"} <= set(props)

@@ -18,3 +18,42 @@ def test_local_clusters_serve_their_dashboard_on_free_loopback_ports():
         for link in links:
             with urllib.request.urlopen(link, timeout=30) as page:
                 assert page.status == 200 and b"Dask" in page.read()
+
+
+def test_kill_9_of_a_command_leaves_no_prefect_server_behind(tmp_path):
+    """`kill -9` reaches no handler, so the local Prefect server a command started must end by itself
+    when its parent dies: the parent-death signal the server is started with does that."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    from tests.cli_runner import ROOT, run_geodp
+
+    run_geodp("synth", tmp_path / "pts.parquet", "--city", "new-york", "--users", "50", "--days", "1")
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env.update(PREFECT_HOME=str(tmp_path / "prefect"), PREFECT_SERVER_ANALYTICS_ENABLED="false")
+    command = subprocess.Popen(
+        [sys.executable, "-m", "flows.cli", "release", str(tmp_path / "pts.parquet"), "--cities", "new-york",
+         "--epsilon", "1", "--mechanism", "identity", "--store", str(tmp_path / "store")],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        server = None
+        deadline = time.monotonic() + 180
+        while server is None and time.monotonic() < deadline and command.poll() is None:
+            server = next((c for c in psutil.Process(command.pid).children()
+                           if "uvicorn" in " ".join(c.cmdline())), None)
+            time.sleep(0.2)
+        assert server is not None, "the command never started its local Prefect server"
+        command.send_signal(signal.SIGKILL)
+        command.wait(timeout=30)
+        gone, alive = psutil.wait_procs([server], timeout=30)
+        assert server in gone and not alive, f"Prefect server {server.pid} outlived its killed parent"
+    finally:
+        if command.poll() is None:
+            command.kill()
+        if server is not None and server.is_running():
+            server.kill()  # the orphan this test exists to catch; never left behind

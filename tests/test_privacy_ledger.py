@@ -266,9 +266,10 @@ def test_daily_policy_bounds_each_day_and_refuses_the_eighth_day(checkins, tmp_p
 
 
 def test_per_day_bounding_keeps_k_per_person_per_day():
-    from dpcore.data.points import Points
+    from dpcore.data.points import LoadResult, Points, ValidationReport
     from tasks.config import parse_period
-    from tasks.release_tasks import bound_and_split, make_plans
+    from tasks.dask_path import release_frame
+    from tasks.release_tasks import make_plans, read_bound_count
 
     rng = np.random.default_rng(0)
     n = 3000
@@ -282,11 +283,21 @@ def test_per_day_bounding_keeps_k_per_person_per_day():
                          period=parse_period("2024-01-01..2024-01-03"), mechanism="identity",
                          params={"cell_width_m": 1000}, epsilon=1.0, privacy_unit="user", max_points_per_user=4,
                          seed=1, data_version="v", bound_per_day=True)
-    per_day = bound_and_split.fn(pts, [plan], seed=1, per_day=True)["new-york"]
-    whole = bound_and_split.fn(pts, [plan], seed=1, per_day=False)["new-york"]
-    kept = pd.DataFrame({"u": per_day.user})
-    assert kept.groupby("u").size().max() == 12  # 4 per day over 3 days
-    assert pd.Series(whole.user).value_counts().max() == 4
+    loaded = LoadResult(pts, ValidationReport(), "d", "v")
+    window = (plan.period.start_s, plan.period.end_s)
+
+    def kept(per_day: bool) -> pd.DataFrame:
+        frame, _, _ = release_frame(loaded, [plan.region], window, privacy_unit="user", max_points_per_user=4,
+                                    per_day=per_day, seed=1)
+        return frame.compute(scheduler="sync")
+
+    per_day = kept(True)
+    assert per_day.groupby([per_day.user, per_day.ts // 86400]).size().max() == 4
+    assert per_day.groupby("user").size().max() == 12  # 4 per day over 3 days
+    assert kept(False).groupby("user").size().max() == 4
+    # and the release's counts are those of the per-day sample
+    counted = read_bound_count.fn(loaded, [plan], seed=1, per_day=True).cities["new-york"]
+    assert counted.fine.sum() == len(per_day)
 
 
 def test_nothing_published_tells_neighbours_apart(tmp_path, capsys):

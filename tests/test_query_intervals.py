@@ -81,3 +81,64 @@ def test_release_quality_follows_the_noise_law_and_says_when_a_map_is_blank():
     assert not any(b["worse_than_blank_map"] for b in large["bands"])
     # a post-processed release says it has no noise-law summary rather than a wrong one
     assert release_quality(get_mechanism("privtree").fit(data, 1.0, NoiseSource.seeded(4)))["bands"] == []
+
+
+def _coverage(mechanism: str, params: dict, data: FitInput, boxes: np.ndarray, truth: np.ndarray, releases: int):
+    hits, methods = 0, set()
+    for s in range(releases):
+        syn = get_mechanism(mechanism, **params).fit(data, 1.0, NoiseSource.seeded(500 + s))
+        lo, hi, method = query_intervals(syn, boxes, seed=s)
+        methods.add(method.split(",")[0])
+        hits += int(np.sum((lo <= truth) & (truth <= hi)))
+    return hits / (releases * len(boxes)), methods
+
+
+def test_bootstrap_intervals_of_hb_cover_the_noise_free_answer_95_percent_of_the_time():
+    region = Region("r", 40.0, -74.0, 2.0)
+    rng = np.random.default_rng(3)
+    x, y = rng.normal(0, 400, (2, 4000))
+    data = FitInput(x, y, region, "user", 5)
+    params = {"levels": 2, "branching": 4}  # public: the same 16 × 16 leaves in every release
+    boxes = np.array([[-430, -270, 130, 310], [-990, -990, 990, 990], [205, -615, 515, -5],
+                      [-120, 60, 40, 230], [-800, 300, -100, 900]], dtype=np.float64)
+    from dpcore.grid.histogram import answer_boxes, prefix_sums
+
+    # the noise-free release: the true 16 × 16 leaf counts (consistency leaves exact counts unchanged)
+    truth = answer_boxes(prefix_sums(data.grid_counts(16, 16).astype(float)), region.bounds_m, boxes)
+    rate, methods = _coverage("hb", params, data, boxes, truth, releases=150)
+    assert methods == {"parametric bootstrap: fresh level noise through HB's least-squares consistency"}
+    # consistency shrinks a large box's noise a lot: re-noising the leaves alone would over-cover
+    assert 0.93 <= rate <= 0.97, rate
+
+
+def test_bootstrap_intervals_of_ag_cover_the_noise_free_answer_95_percent_of_the_time():
+    region = Region("r", 40.0, -74.0, 2.0)
+    rng = np.random.default_rng(4)
+    x, y = rng.normal(0, 350, (2, 4000))
+    data = FitInput(x, y, region, "user", 5, public_total=4000.0)  # a public total: the same level-1 grid
+    probe = get_mechanism("ag").fit(data, 1.0, NoiseSource.seeded(0))
+    m1 = probe.extra_meta()["m1"]
+    edges = np.linspace(-1000, 1000, m1 + 1)
+    # boxes made of whole level-1 cells: their noise-free answer is the true count, whatever the leaves
+    cells = [(0, 0, m1, m1), (2, 1, 5, 6), (m1 // 2, m1 // 2, m1 // 2 + 1, m1 // 2 + 1), (1, 3, 4, 4)]
+    boxes = np.array([[edges[a], edges[b], edges[c], edges[d]] for a, b, c, d in cells])
+    truth = np.array([np.sum((x >= x0) & (x < x1) & (y >= y0) & (y < y1)) for x0, y0, x1, y1 in boxes], float)
+    rate, methods = _coverage("ag", {}, data, boxes, truth, releases=150)
+    assert methods == {"parametric bootstrap: fresh level noise through AG's constrained inference"}
+    assert 0.93 <= rate <= 0.97, rate
+
+
+def test_intervals_follow_autos_choice_and_stay_null_where_the_release_lacks_what_they_need():
+    region = Region("r", 40.0, -74.0, 2.0)
+    rng = np.random.default_rng(5)
+    x, y = rng.normal(0, 400, (2, 3000))
+    data = FitInput(x, y, region, "user", 5)
+    box = np.array([[-300.0, -300.0, 300.0, 300.0]])
+    auto = get_mechanism("auto", mechanisms=["ag"]).fit(data, 1.0, NoiseSource.seeded(2))
+    lo, hi, method = query_intervals(auto, box)
+    assert method.startswith("parametric bootstrap") and lo[0] <= auto.answer(box)[0] <= hi[0]
+    tree = get_mechanism("privtree").fit(data, 1.0, NoiseSource.seeded(2))
+    clamped = get_mechanism("ag", clamp_negative=True).fit(data, 1.0, NoiseSource.seeded(2))
+    for syn, word in ((tree, "raster"), (clamped, "clamped")):
+        lo, hi, method = query_intervals(syn, box)
+        assert np.isnan(lo).all() and np.isnan(hi).all() and method.startswith("none") and word in method

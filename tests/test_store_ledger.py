@@ -6,12 +6,12 @@ import json
 import numpy as np
 import pytest
 
-from dpcore.data.points import Points
+from dpcore.data.points import LoadResult, Points, ValidationReport
 from dpcore.privacy.accounting import BudgetRefused
 from dpcore.synopsis.base import load_synopsis
 from tasks.config import parse_period
 from tasks.ledger_tasks import PolicyRequest, charge_ledger, resolve_policy
-from tasks.release_tasks import bound_and_split, make_plans, persist_release, privatize
+from tasks.release_tasks import make_plans, persist_release, privatize, read_bound_count
 from tasks.storage.ledger import DatasetLedger
 from tasks.storage.store import IntegrityError, ReleaseRef, ReleaseStore, StoreError, fetch_to_temp
 
@@ -35,6 +35,11 @@ def _points(n_users=60, per_user=30, seed=0):
     return Points(user.astype(np.int64), ts.astype(np.int64), lat, lon)
 
 
+def _counted(plan, seed):
+    loaded = LoadResult(_points(), ValidationReport(), "synthetic", "v0")
+    return read_bound_count.fn(loaded, [plan], seed=seed).cities
+
+
 def _plan(store_url, epsilon=0.5, cities=("austin",), seed=1):
     return make_plans(dataset="synthetic", cities=list(cities), center=None, side_km=None,
                       period=parse_period("2010-05-02"), mechanism="identity", params={"cell_width_m": 1000},
@@ -50,7 +55,7 @@ def test_crash_between_data_and_manifest_then_rerun_commits_the_same_noise(store
     store = ReleaseStore(store_url)
     (plan,) = _plan(store_url)
     entries = _charge(store_url, [plan])
-    inputs = bound_and_split.fn(_points(), [plan], seed=1)
+    inputs = _counted(plan, seed=1)
     syn = privatize.fn(plan, inputs["austin"])
     # the storage dies right at the commit point
     real_commit = ReleaseStore.commit
@@ -66,7 +71,7 @@ def test_crash_between_data_and_manifest_then_rerun_commits_the_same_noise(store
     # the re-run is not charged again (the staged noise was paid for) and publishes that noise
     entries2 = _charge(store_url, [plan])
     assert entries2["austin"]["seq"] is None
-    other = privatize.fn(plan, bound_and_split.fn(_points(), [plan], seed=2)["austin"])
+    other = privatize.fn(plan, _counted(plan, seed=2)["austin"])
     m = persist_release.fn(store_url, plan, other, None, entries2["austin"], "test")
     assert m["resumed_staged_attempt"] is True and m["version"] == 1
     assert len(DatasetLedger(store, "synthetic").entries()) == 1
@@ -87,7 +92,7 @@ def test_incomplete_attempt_is_left_aside_and_invisible(store_url):
     ref = ReleaseRef(plan.dataset, plan.city, plan.period.label, version)
     store.create(f"{ref.rel}/a-crashed/grid.npz", b"half a file")  # died mid-upload: no _STAGED.json
     assert store.list_releases() == []
-    syn = privatize.fn(plan, bound_and_split.fn(_points(), [plan], seed=1)["austin"])
+    syn = privatize.fn(plan, _counted(plan, seed=1)["austin"])
     m = persist_release.fn(store_url, plan, syn, None, entries["austin"], "test")
     assert m["resumed_staged_attempt"] is False and m["version"] == version
     # the crashed upload is never deleted (it could be another run's upload in flight), never committed
@@ -99,7 +104,7 @@ def test_incomplete_attempt_is_left_aside_and_invisible(store_url):
 def test_manifest_contents_and_integrity_on_read(store_url):
     (plan,) = _plan(store_url)
     entries = _charge(store_url, [plan])
-    syn = privatize.fn(plan, bound_and_split.fn(_points(), [plan], seed=1)["austin"])
+    syn = privatize.fn(plan, _counted(plan, seed=1)["austin"])
     m = persist_release.fn(store_url, plan, syn, b"png", entries["austin"], "test")
     for key in ("mechanism", "params", "epsilon", "max_points_per_user", "privacy_unit", "noise_source",
                 "code_version", "config_hash", "ledger", "files", "privacy", "release_key"):

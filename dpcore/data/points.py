@@ -117,7 +117,7 @@ class LoadResult:
     n_pruned: int = 0  # partitions skipped by the time window, never opened
 
 
-def _check(part: Part) -> tuple[np.ndarray | None, ValidationReport]:
+def check_part(part: Part) -> tuple[np.ndarray | None, ValidationReport]:
     """Which rows of one file are valid (None: all), and its report. Each dropped row counts once,
     under the first failing check in this order."""
     report = ValidationReport(rows_read=part.n)
@@ -216,7 +216,7 @@ def _validated(parts_iter, strict: bool, source: str, names: list[str]) -> tuple
     report = ValidationReport()
     kept: list[Part] = []
     for name, part in zip(names, parts_iter, strict=True):
-        keep, rep = _check(part)
+        keep, rep = check_part(part)
         if rep.first_bad_row is not None and strict:
             row = part.raw_row(rep.first_bad_row - 1) if part.raw_row else {}
             raise DataError(f"{name}: row {rep.first_bad_row} is invalid ({rep.first_bad_reason}): {row}")

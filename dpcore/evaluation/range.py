@@ -304,7 +304,7 @@ def evaluate(points: Points, region: Region, config: EvalConfig, progress: Progr
                     "params": params,
                 })
     # Answering 0 to every query: with ψ = 0.1% of n a release on sparse data can do worse than
-    # that, and then it says less than a blank map (bench/README.md, SNH section).
+    # that, and then it says less than a blank map (docs/decisions/0003-snh-pyramid-loss-and-answer-blend.md).
     zero = answer_zero(workloads, psi)
     hindsight = [row for eps in config.epsilons for row in hindsight_grid(data, workloads, eps, config, psi)] \
         if config.hindsight else []

@@ -126,9 +126,10 @@ class AdaptiveGrid(Mechanism):
         m2 = np.clip(m2, 1, int(self.max_m2))
         n_leaves = m2 * m2
         offset = np.cumsum(n_leaves) - n_leaves
-        inside = ((data.x >= xmin) & (data.x < xmax) & (data.y >= ymin) & (data.y < ymax))
-        px, py = data.x[inside], data.y[inside]
-        pw = None if data.weights is None else data.weights[inside]
+        x, y, mass = data.point_masses()  # points, or a fine grid's cell centres with their counts
+        inside = ((x >= xmin) & (x < xmax) & (y >= ymin) & (y < ymax))
+        px, py = x[inside], y[inside]
+        pw = None if mass is None else mass[inside]
         ix = cell_index(px, xmin, xmax, m1)
         iy = cell_index(py, ymin, ymax, m1)
         cell = ix * m1 + iy
@@ -166,6 +167,8 @@ class AdaptiveGrid(Mechanism):
         x0 = cx0 + lx * (w1 / lm2)
         y0 = cy0 + ly * (h1 / lm2)
         raster = rasterise_rectangles(x0, y0, x0 + w1 / lm2, y0 + h1 / lm2, u, data.region, raster_size)
+        # m2 per level-1 cell (a function of the noisy level-1 counts: post-processing) lets a reader
+        # redo the linear inference on fresh noise: the release's 95% intervals (dpcore.uncertainty).
         extra = {"m1": m1, "m2_min": int(m2.min()), "m2_max": int(m2.max()), "n_leaves": int(u.size),
-                 "raster_size": raster_size}
+                 "raster_size": raster_size, "m2": m2.astype(int).tolist()}
         return GridSynopsis(raster, data.region, self.privacy_info(data, acct, noise, notes), extra)

@@ -18,7 +18,8 @@ import numpy as np
 
 from dpcore import GeoDPError
 from dpcore.geo import Region
-from dpcore.grid.histogram import grid_counts
+from dpcore.grid.countgrid import coarsen, fine_centres
+from dpcore.grid.histogram import grid_counts, grid_counts_3d
 from dpcore.privacy.bounding import WEIGHT_QUANTUM, check_privacy_unit, check_weights, count_sensitivity
 from dpcore.privacy.budget import Accountant, check_epsilon
 from dpcore.privacy.noise import NoiseSource, discrete_laplace_variance
@@ -27,6 +28,11 @@ from dpcore.synopsis.base import PrivacyInfo, Synopsis
 
 class MechanismError(GeoDPError, ValueError):
     pass
+
+
+#: Cells per side of the fine count grid a mechanism reads by default on a cluster (2048² int64 =
+#: 32 MB per region; a cell is 4.9 m of a 10 km region).
+DEFAULT_FINE_GRID = 2048
 
 
 @dataclass(frozen=True)
@@ -53,6 +59,12 @@ class FitInput:
     Mechanisms that support it (``Mechanism.supports_weights``) count through :meth:`grid_counts`,
     :attr:`mass` and :meth:`add_count_noise`, which are the plain counts and the integer discrete
     Laplace without weights.
+
+    ``fine`` (a release built on a cluster, tasks/dask_path): the points arrive as int64 counts on a
+    fine (R, R) grid over the region's bounds, or (R, R, n_slots) with time slots, summed over the
+    input's partitions; ``x`` and ``y`` are then empty. :meth:`grid_counts`, :meth:`grid_counts_3d`,
+    :attr:`n` and :meth:`point_masses` read it (dpcore.grid.countgrid says how a coarser grid is made).
+    A mechanism picks R through :meth:`Mechanism.fine_grid`.
     """
 
     x: np.ndarray
@@ -69,9 +81,17 @@ class FitInput:
     sample_size: float | None = None
     sample_size_variance: float | None = None
     weights: np.ndarray | None = None
+    fine: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         check_privacy_unit(self.privacy_unit)
+        if self.fine is not None:
+            if self.weights is not None or self.x.size:
+                raise MechanismError("give points or a fine count grid, not both")
+            if self.fine.ndim not in (2, 3) or self.fine.shape[0] != self.fine.shape[1]:
+                raise MechanismError("a fine count grid is (R, R) or (R, R, n_slots)")
+            if self.fine.ndim == 3 and self.fine.shape[2] != self.n_slots:
+                raise MechanismError("a spatio-temporal fine grid has one layer per slot")
         if self.x.shape != self.y.shape:
             raise MechanismError("x and y must have the same shape")
         if self.weights is not None:
@@ -92,7 +112,33 @@ class FitInput:
 
     def grid_counts(self, nx: int, ny: int | None = None) -> np.ndarray:
         """(nx, ny) counts over the region: int64 point counts, or weight sums on the lattice."""
+        if self.fine is not None:
+            fine = self.fine if self.fine.ndim == 2 else self.fine.sum(axis=2)
+            return coarsen(fine, nx, ny)
         return grid_counts(self.x, self.y, self.region.bounds_m, nx, ny, weights=self.weights)
+
+    def grid_counts_3d(self, m: int) -> np.ndarray:
+        """int64 (m, m, n_slots) counts of the points by cell and time slot (points outside are ignored)."""
+        if self.n_slots is None or int(self.n_slots) < 1:
+            raise MechanismError("a spatio-temporal count needs n_slots ≥ 1")
+        if self.fine is not None:
+            if self.fine.ndim != 3:
+                raise MechanismError("this fine count grid has no time slots")
+            return coarsen(self.fine, m, m)
+        if self.slot is None or np.asarray(self.slot).shape != self.x.shape:
+            raise MechanismError("a spatio-temporal count needs one slot index per point (FitInput.slot)")
+        return grid_counts_3d(self.x, self.y, self.slot, self.region.bounds_m, m, m, int(self.n_slots))
+
+    def point_masses(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """(x, y, mass) to count point by point: the points with their weights (None: 1 each), or the
+        centres of a fine grid's non-empty cells with their counts."""
+        if self.fine is None:
+            return self.x, self.y, self.weights
+        fine = self.fine if self.fine.ndim == 2 else self.fine.sum(axis=2)
+        cx, cy = fine_centres(fine.shape[0], self.region.bounds_m)
+        flat = fine.ravel()
+        nz = np.flatnonzero(flat)
+        return cx[nz], cy[nz], flat[nz].astype(np.float64)
 
     def add_count_noise(self, counts: np.ndarray, epsilon: float, noise: NoiseSource) -> np.ndarray:
         """counts + ε-DP noise of the count sensitivity: integer discrete Laplace on point counts, the
@@ -114,7 +160,7 @@ class FitInput:
 
     @property
     def n(self) -> int:
-        return int(self.x.size)
+        return int(self.x.size) if self.fine is None else int(self.fine.sum())
 
 
 class Mechanism(ABC):
@@ -132,6 +178,12 @@ class Mechanism(ABC):
     #: True when every count the mechanism reads goes through FitInput.grid_counts / mass /
     #: add_count_noise, so weighted bounding (FitInput.weights) keeps its sensitivity; others refuse it.
     supports_weights: ClassVar[bool] = False
+
+    def fine_grid(self, region: Region) -> int | None:
+        """Cells per side R of the fine count grid a cluster builds for this mechanism over ``region``
+        (public parameters only), or None when it must read the bounded points themselves. The default
+        serves every grid up to DEFAULT_FINE_GRID cells per side (exactly where m divides R)."""
+        return DEFAULT_FINE_GRID
 
     def get_params(self) -> dict[str, Any]:
         sig = inspect.signature(type(self).__init__)

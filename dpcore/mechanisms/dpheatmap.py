@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from dpcore.geo import Region
 from dpcore.heatmap.quadtree import (
     DEFAULT_QUANTUM,
     RECONSTRUCTION_METHODS,
@@ -122,6 +123,11 @@ class DPHeatmap(Mechanism):
     def charge_sensitivity(data: FitInput | None = None) -> float:
         """L1 sensitivity of every charge: 1 (one user's normalised mass per level), whatever k is."""
         return 1.0
+
+    def fine_grid(self, region: Region) -> int | None:
+        """None: the user-normalised grid spreads each person's unit mass over *their* points, so the
+        fit reads the bounded points with their users, not counts."""
+        return None
 
     def check_params(self) -> None:
         if self.normalisation not in NORMALISATIONS:

@@ -6,7 +6,7 @@ default 4, so every node has b² = 16 children). h is chosen so that the leaf gr
 b closest to the UG size at the per-level budget, sqrt(N·(ε/h)/(c·k)) (c = 10, N in units of k as in
 :mod:`dpcore.mechanisms.ug`), capped at ``max_leaf_grid``; ``levels`` fixes h instead (then N is not
 needed). In 2-D a hierarchy mostly helps large queries; Qardaji et al. (ICDE 2013) found UG/AG
-usually as good or better on city-scale data, and our benchmark agrees (bench/README.md).
+usually as good or better on city-scale data, and bench/uniform-centres.md agrees.
 There is no root node: the top level's b × b counts are measured directly.
 
 Budget: ``total_fraction`` of ε estimates N (unless ``FitInput.public_total`` is given or ``levels``
@@ -34,6 +34,7 @@ import math
 
 import numpy as np
 
+from dpcore.geo import Region
 from dpcore.grid.histogram import block_sum, expand
 from dpcore.mechanisms.base import FitInput, Mechanism, MechanismError
 from dpcore.mechanisms.ug import DEFAULT_C, MAX_RASTER, check_fraction, grid_size_rule, private_total
@@ -111,6 +112,11 @@ class HierarchicalGrid(Mechanism):
         """Deepest level allowed by the cap on the leaf grid (public parameters only)."""
         b = int(self.branching)
         return max(1, int(math.floor(math.log(max(int(self.max_leaf_grid), b)) / math.log(b) + 1e-9)))
+
+    def fine_grid(self, region: Region) -> int | None:
+        """b^h for the deepest level allowed: every leaf grid b^h' (h' ≤ h) divides it, so counts are exact."""
+        b = int(self.branching)
+        return b ** (int(self.levels) if self.levels is not None else self._level_cap())
 
     def check_params(self) -> None:
         for name in ("branching", "levels", "max_leaf_grid"):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dpcore.grid.histogram import grid_counts
+from dpcore.geo import Region
 from dpcore.mechanisms.base import FitInput, Mechanism, MechanismError, _jsonable
 from dpcore.privacy.budget import Accountant
 from dpcore.privacy.noise import NoiseSource
@@ -83,7 +83,7 @@ class IdentityGrid(Mechanism):
                                  "under zCDP")
         m = int(self.grid_size) if self.grid_size is not None else cells_for_width(data.region.side_m,
                                                                                   float(self.cell_width_m))
-        counts = grid_counts(data.x, data.y, data.region.bounds_m, m, m)
+        counts = data.grid_counts(m, m)
         l2 = float(data.sensitivity)
         noisy = noise.add_discrete_gaussian(counts, l2, rho).astype(np.float64)
         if self.clamp_negative:
@@ -95,6 +95,14 @@ class IdentityGrid(Mechanism):
                               data.max_points_per_user if data.privacy_unit == "user" else None,
                               noise.description, ["ρ-zCDP release (discrete Gaussian)"], rho=float(rho))
         return GridSynopsis(noisy, data.region, privacy, {"grid_size": m, "cell_width_m": data.region.side_m / m})
+
+    def fine_grid(self, region: Region) -> int | None:
+        """The release's own grid when the parameters fix it (the counts are then exact)."""
+        if self.grid_size is not None:
+            return int(self.grid_size)
+        if not self._width_from_paramselect() and not isinstance(self.cell_width_m, str):
+            return cells_for_width(region.side_m, float(self.cell_width_m))
+        return super().fine_grid(region)
 
     def _fit(self, data: FitInput, acct: Accountant, noise: NoiseSource) -> GridSynopsis:
         notes = []

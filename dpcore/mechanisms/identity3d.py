@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dpcore.grid.histogram import grid_counts_3d
+from dpcore.geo import Region
 from dpcore.mechanisms.base import FitInput, Mechanism, MechanismError
 from dpcore.privacy.budget import Accountant
 from dpcore.privacy.noise import NoiseSource
@@ -39,6 +39,11 @@ def check_st_grid(grid_size: int | None, cell_width_m: float | None) -> None:
 
 
 def st_grid_size(data: FitInput, grid_size: int | None, cell_width_m: float | None) -> int:
+    """Cells per side from public parameters only (see :func:`st_cells`)."""
+    return st_cells(data.region, grid_size, cell_width_m)
+
+
+def st_cells(region: Region, grid_size: int | None, cell_width_m: float | None) -> int:
     """Cells per side from public parameters only: grid size, else region side / cell width, else
     the default of 256 (so giving only a cell width is never silently overridden). The values are
     expected to have passed :func:`check_st_grid`."""
@@ -46,18 +51,16 @@ def st_grid_size(data: FitInput, grid_size: int | None, cell_width_m: float | No
         return int(grid_size)
     if cell_width_m is None:
         return DEFAULT_GRID_SIZE
-    return max(1, int(round(data.region.side_m / cell_width_m)))
+    return max(1, int(round(region.side_m / cell_width_m)))
 
 
 def st_counts(data: FitInput, m: int) -> np.ndarray:
     """int64 (m, m, T) histogram of the (bounded) points; needs ``slot`` and ``n_slots``."""
-    if data.slot is None or data.n_slots is None:
+    if (data.slot is None and data.fine is None) or data.n_slots is None:
         raise MechanismError("a spatio-temporal mechanism needs FitInput.slot and FitInput.n_slots")
     if int(data.n_slots) < 1:
         raise MechanismError(f"n_slots must be ≥ 1, got {data.n_slots}")
-    if np.asarray(data.slot).shape != data.x.shape:
-        raise MechanismError("FitInput.slot must have one slot index per point")
-    return grid_counts_3d(data.x, data.y, data.slot, data.region.bounds_m, m, m, int(data.n_slots))
+    return data.grid_counts_3d(m)
 
 
 @dataclass(frozen=True)
@@ -116,6 +119,10 @@ class IdentityGrid3D(Mechanism):
         self.cell_width_m = cell_width_m
         self.count_fraction = count_fraction
         self.clamp_negative = clamp_negative
+
+    def fine_grid(self, region: Region) -> int | None:
+        """The release's own m × m × T grid (public parameters): its counts are exact."""
+        return st_cells(region, self.grid_size, self.cell_width_m)
 
     def check_params(self) -> None:
         check_st_grid(self.grid_size, self.cell_width_m)

@@ -37,6 +37,7 @@ import math
 
 import numpy as np
 
+from dpcore.geo import Region
 from dpcore.grid.histogram import block_sum, expand
 from dpcore.mechanisms.base import FitInput, Mechanism, MechanismError
 from dpcore.mechanisms.ug import check_fraction
@@ -74,6 +75,10 @@ class PrivTree(Mechanism):
 
     def _laplace(self, noise: NoiseSource, scale: float, size: int) -> np.ndarray:
         return scale * (np.log(noise.uniform_open(size)) - np.log(noise.uniform_open(size)))
+
+    def fine_grid(self, region: Region) -> int | None:
+        """The deepest level's grid: the whole count pyramid is block sums of it, exactly."""
+        return 2 ** depth_cap(region.side_m, float(self.min_leaf_m))
 
     def check_params(self) -> None:
         check_fraction(self.tree_fraction, "tree_fraction")

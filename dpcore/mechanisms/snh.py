@@ -71,7 +71,6 @@ from dpcore.grid.histogram import (
     answer_boxes,
     block_sum,
     expand,
-    grid_counts,
     prefix_sums,
     shrink_factor,
     split_to_parent,
@@ -582,7 +581,7 @@ class SpatialNeuralHistogram(Mechanism):
                     "sensitivity = per-unit contribution bound")
             level_eps[g] = acct.spend_rest(f"pyramid_{g}", s, note=note) if i == len(levels) - 1 \
                 else acct.spend(f"pyramid_{g}", collection_eps * share, s, note=note)
-        counts = {g: grid_counts(data.x, data.y, data.region.bounds_m, g, g) for g in levels}
+        counts = {g: data.grid_counts(g, g) for g in levels}
         # Only the denoised path takes in a known total: ParamSelect's rows of the plain pyramid were
         # measured without it (their cache key does not name it).
         total, total_note = known_total(data) if denoiser is not None else (None, "")
@@ -680,7 +679,7 @@ class SpatialNeuralHistogram(Mechanism):
             collection = "grid" if self.cell_width_m is not None else "pyramid"
         if collection == "grid":
             m = max(1, int(round(side / rho)))
-            counts = grid_counts(data.x, data.y, data.region.bounds_m, m, m)
+            counts = data.grid_counts(m, m)
             eps = acct.spend_rest("cell_counts", data.sensitivity,
                                   note=f"{m}x{m} grid (ρ={side / m:.1f} m); disjoint cells, L1 sensitivity = "
                                        "per-unit contribution bound")

@@ -132,6 +132,10 @@ class UniformGrid(Mechanism):
     def tuned_band_parameter(self) -> str | None:
         return "query_sides_m" if self.size_rule == "data" and self.grid_size is None else None
 
+    def fine_grid(self, region: Region) -> int | None:
+        """The fixed grid, else the largest the rule may choose (max_grid): every size up to it is served."""
+        return int(self.grid_size) if self.grid_size is not None else int(self.max_grid)
+
     def check_params(self) -> None:
         if self.size_rule not in SIZE_RULES:
             raise MechanismError(f"size_rule must be one of {list(SIZE_RULES)}, got {self.size_rule!r}")

@@ -35,7 +35,7 @@ The charges add up to ε. Everything after is post-processing (no budget):
    (dpcore.models.vqvae.multiscale_consistency) takes the step-6 output as the prior and H̄'s block
    sums as unbiased data, and adds back each block's residual deviation H̄ − estimate with the
    weight max(0, 1 − κ·σ²/deviation²). At record level, where H̄'s block sums are accurate, this
-   reduces the denoiser's large-box bias (it does not remove all of it: bench/README); at user
+   reduces the denoiser's large-box bias (it does not remove all of it: docs/decisions/0008-vdr-output-stages.md); at user
    level the residuals mostly look like noise and the estimate is mostly kept (the few noise
    nodes that pass cost some accuracy there). Non-negative, keeps the total; post-processing of H̄ only (no budget).
    ``consistency_universal`` (default on) raises κ at a level of n nodes to max(κ, 2·ln n), so
@@ -45,7 +45,7 @@ The charges add up to ε. Everything after is post-processing (no budget):
    lets fewer noise nodes through than 2 (record-level hotspot regret 3.7 vs 6.2 at ε = 0.1 for
    ≤ 4% more range error); without ``universal`` user-level hotspot regret on synthetic-large rose
    from 13.0 (no stage) to 20.3 at ε = 0.1, with it 12.7, while record-level range errors are
-   4–20% higher with it than without (a trade-off; see bench/README).
+   4–20% higher with it than without (a trade-off; docs/decisions/0008-vdr-output-stages.md).
    In both steps the root's T per-slot totals are tested at ``slot_kappa`` (a Bonferroni-level
    threshold, α = 5% over all T): with only T tests the usual factors let a pure-noise slot through
    often, and a slot that passes carries a spike of the whole region.
@@ -57,8 +57,9 @@ import time
 
 import numpy as np
 
+from dpcore.geo import Region
 from dpcore.mechanisms.base import FitInput, Mechanism, MechanismError
-from dpcore.mechanisms.identity3d import check_st_grid, st_counts, st_grid_size
+from dpcore.mechanisms.identity3d import check_st_grid, st_cells, st_counts, st_grid_size
 from dpcore.privacy.budget import Accountant
 from dpcore.privacy.noise import NoiseSource, discrete_laplace_variance
 from dpcore.synopsis.spatiotemporal import SpatioTemporalSynopsis
@@ -128,6 +129,10 @@ class VDR(Mechanism):
         params = super().get_params()
         params["resolutions"] = list(self.resolutions)
         return params
+
+    def fine_grid(self, region: Region) -> int | None:
+        """The release's own m × m × T grid (public parameters): its counts are exact."""
+        return st_cells(region, self.grid_size, self.cell_width_m)
 
     def check_params(self) -> None:
         check_st_grid(self.grid_size, self.cell_width_m)

@@ -1,0 +1,181 @@
+"""The `geodp` command line: a noun-verb tree on typer.
+
+    geodp release run|backfill|list|show     geodp query range|hotspot|forecast
+    geodp eval range|st|heatmap|sparse1d     geodp paramselect predict|train    geodp denoiser train
+    geodp ledger    geodp dataset create|show|policy|void    geodp cities    geodp synth    geodp serve
+
+`geodp release DATA …` and `geodp query RELEASE --box …` (no verb) run `release run` and `query range`;
+the older command names (evaluate, evaluate-st, evaluate-heatmap, sparse1d, hotspot, forecast, backfill,
+releases, paramselect train-denoiser) still work and are hidden from the help.
+
+Bad input of any kind is one `error:` line on stderr and exit status 2. The modules of `eval`,
+`paramselect` and `denoiser` import Prefect or plotting libraries, so they load only when named.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import signal
+import sys
+
+import typer
+
+from flows.cli import ledger as ledger_cli
+from flows.cli import misc, query, release
+from flows.cli.common import STDOUT, validation_text
+
+#: Commands whose module loads when the command is named: name → (module, attribute, help, hidden).
+LAZY: dict[str, tuple[str, str, str, bool]] = {
+    "eval": ("flows.cli.heatmap", "app", "Accuracy of mechanisms on a dataset: range counts, spatio-temporal, "
+             "heatmaps, sparse 1-D.", False),
+    "paramselect": ("flows.cli.paramselect", "app", "Choose grid width ρ, k and mechanism from public data "
+                    "(spends no budget).", False),
+    "denoiser": ("flows.cli.paramselect", "denoiser_app", "SNH's pyramid denoiser, trained on public data.", False),
+    "evaluate": ("flows.cli.evaluate", "range_counts", "same as `geodp eval range`", True),
+    "evaluate-st": ("flows.cli.evaluate", "spatio_temporal", "same as `geodp eval st`", True),
+    "evaluate-heatmap": ("flows.cli.heatmap", "heatmap", "same as `geodp eval heatmap`", True),
+    "sparse1d": ("flows.cli.heatmap", "sparse1d", "same as `geodp eval sparse1d`", True),
+}
+
+
+#: The order of `geodp --help`: the two main commands first, then reading, accounting, tuning, helpers.
+ORDER = ["release", "query", "eval", "ledger", "dataset", "paramselect", "denoiser", "cities", "synth", "serve"]
+
+
+class RootGroup(typer.core.TyperGroup):
+    """The top of the tree, loading the LAZY commands on first use (help lists them without loading)."""
+
+    def list_commands(self, ctx: typer.Context) -> list[str]:
+        found = [*super().list_commands(ctx), *(n for n in LAZY if n not in self.commands)]
+        return sorted(found, key=lambda n: ORDER.index(n) if n in ORDER else len(ORDER))
+
+    def get_command(self, ctx: typer.Context, name: str):
+        if name in LAZY and name not in self.commands:
+            module, attr, help_text, hidden = LAZY[name]
+            if getattr(ctx, "_geodp_listing", False):  # `geodp --help`: a stub with the help line
+                return typer.core.TyperCommand(name=name, help=help_text, hidden=hidden)
+            target = getattr(importlib.import_module(module), attr)
+            if not isinstance(target, typer.Typer):
+                single = typer.Typer(rich_markup_mode=None, add_completion=False)
+                single.command(name, hidden=hidden)(target)
+                target = single
+            command = typer.main.get_command(target)
+            command.hidden = hidden
+            self.commands[name] = command
+        return super().get_command(ctx, name)
+
+    def format_commands(self, ctx: typer.Context, formatter) -> None:
+        ctx._geodp_listing = True
+        try:
+            super().format_commands(ctx, formatter)
+        finally:
+            ctx._geodp_listing = False
+
+
+app = typer.Typer(cls=RootGroup, rich_markup_mode=None, add_completion=False, no_args_is_help=True,
+                  help="Differentially private releases of location data with a user-level guarantee.")
+
+
+@app.callback(invoke_without_command=True)
+def _root(
+    ctx: typer.Context,
+    version: bool = typer.Option(False, "--version", help="print the version and exit"),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="show the Prefect and Dask logs of flows"),
+) -> None:
+    """Differentially private releases of location data with a user-level guarantee."""
+    if version:
+        from dpcore import __version__
+
+        print(__version__)
+        raise typer.Exit(0)
+    if ctx.invoked_subcommand is None:
+        print(ctx.get_help())
+        raise typer.Exit(2)
+
+
+app.add_typer(release.app)
+app.add_typer(release.releases_app)
+app.command("backfill", hidden=True, help="same as `geodp release backfill`")(release.backfill)
+app.add_typer(query.app)
+app.command("hotspot", hidden=True, help="same as `geodp query hotspot`")(query.hotspot)
+app.command("forecast", hidden=True, help="same as `geodp query forecast`")(query.forecast)
+app.command("ledger")(ledger_cli.ledger)
+app.add_typer(ledger_cli.app)
+app.command("cities")(misc.cities)
+app.command("synth")(misc.synth)
+app.command("serve")(misc.serve)
+
+
+def exit_on_sigterm() -> None:
+    """Turn SIGTERM (``kill PID``, a scheduler stopping a job) into SystemExit, so ``finally`` blocks run:
+    the local Prefect server and Dask cluster a command started are stopped instead of left orphaned."""
+
+    def _exit(signum: int, _frame) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, _exit)
+
+
+def _optional_json_value(argv: list[str]) -> list[str]:
+    """`--json` with no PATH after it (the end, or another option next) means stdout."""
+    out: list[str] = []
+    for i, token in enumerate(argv):
+        out.append(token)
+        if token == "--json":
+            nxt = argv[i + 1] if i + 1 < len(argv) else None
+            if nxt is None or (nxt.startswith("-") and nxt != STDOUT):
+                out.append(STDOUT)
+    return out
+
+
+def _quiet_flow_logs(argv: list[str]) -> None:
+    """Keep Prefect's console log (run states, tracebacks of failed tasks) off stderr unless --verbose is
+    given before the command: the command prints its own progress and one line per error. The logs still
+    reach the Prefect API, so the UI shows them."""
+    for token in argv:
+        if token in ("--verbose", "-v"):
+            return
+        if not token.startswith("-"):
+            break
+    os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "CRITICAL")
+    os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_FLOW_RUNS_LEVEL", "CRITICAL")
+    os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_TASK_RUNS_LEVEL", "CRITICAL")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run `geodp ARGV`; returns the exit status (0 ok, 2 bad input, 130 interrupted)."""
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    if __name__ == "__main__" or argv is None:  # the console script; not when a test calls main([...])
+        exit_on_sigterm()
+    from pydantic import ValidationError
+    from typer._click.exceptions import NoArgsIsHelpError, UsageError
+
+    from dpcore import GeoDPError
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    _quiet_flow_logs(args)
+    command = typer.main.get_command(app)
+    try:
+        rv = command.main(args=_optional_json_value(args), prog_name="geodp", standalone_mode=False)
+        return int(rv or 0)
+    except NoArgsIsHelpError as exc:
+        print(exc.ctx.get_help() if exc.ctx else "", file=sys.stderr)
+        return 2
+    except UsageError as exc:
+        where = f"{exc.ctx.command_path}: " if exc.ctx is not None else ""
+        return _error(where + exc.format_message())
+    except GeoDPError as exc:
+        return _error(str(exc))
+    except ValidationError as exc:
+        return _error(validation_text(exc))
+    except BrokenPipeError:  # e.g. `geodp cities | head`
+        return 0
+    except (KeyboardInterrupt, typer.Abort):
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def _error(message: str) -> int:
+    print("error: " + " ".join(str(message).split()), file=sys.stderr)
+    return 2

@@ -1,0 +1,7 @@
+"""`python -m flows.cli ARGS` is `geodp ARGS`."""
+
+import sys
+
+from flows.cli import main
+
+sys.exit(main())

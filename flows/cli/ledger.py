@@ -1,0 +1,261 @@
+"""`geodp ledger` (per dataset: the policy and the most one person can have lost) and `geodp dataset
+create|show|policy|void` (a dataset's privacy policy, and giving back a charge a killed run left)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from dpcore.privacy.accounting import budget_label
+from flows.cli.common import CLIError, emit_json, eprint, noun
+from flows.cli.inputs import Json, Store
+
+app = noun("dataset", "A dataset's privacy policy: create, show, change; give back a stale charge.")
+
+Dataset = Annotated[str, typer.Argument(metavar="DATASET", show_default=False, help="dataset name in the store")]
+K = Annotated[int | None, typer.Option("--max-points-per-user", metavar="K",
+                                       help="k: points kept per person per bound window (default 20)")]
+BoundWindow = Annotated[str | None, typer.Option(
+    "--bound-window", help="k applies per release or per UTC day (for daily schedules); default release")]
+WindowDays = Annotated[str | None, typer.Option(
+    "--window-days", metavar="W|lifetime", help="the window of the budget in UTC days, or lifetime (default)")]
+Accounting = Annotated[str | None, typer.Option(
+    "--accounting", help="pure: ε with sequential composition (default); zcdp: ρ-zCDP")]
+Delta = Annotated[float | None, typer.Option("--delta", help="δ of the (ε, δ) shown beside ρ (default 1e-9)")]
+MaxRecords = Annotated[int | None, typer.Option(
+    "--max-records-per-person", metavar="M",
+    help="public bound on records per person: lets record-level releases be charged m·ε")]
+Horizon = Annotated[str | None, typer.Option("--horizon", metavar="FIRST..LAST",
+                                             help="UTC days a release without a period covers")]
+
+
+def _choice(value: str | None, allowed: tuple[str, ...], what: str) -> None:
+    if value is not None and value not in allowed:
+        raise CLIError(f"{what} must be one of {', '.join(allowed)}, got {value!r}")
+
+
+def _policy(base: dict | None, **given) -> object:
+    from dpcore.privacy.accounting import PrivacyPolicy
+
+    _choice(given.get("privacy_unit"), ("user", "record"), "--privacy-unit")
+    _choice(given.get("bound_window"), ("release", "day"), "--bound-window")
+    _choice(given.get("accounting"), ("pure", "zcdp"), "--accounting")
+    window_days, horizon = given.pop("window_days"), given.pop("horizon")
+    d = dict(base or {})
+    d.update({k: v for k, v in given.items() if v is not None})
+    if window_days is not None:
+        text = str(window_days).strip().lower()
+        if text == "lifetime":
+            d["window_days"] = None
+        else:
+            try:
+                d["window_days"] = int(text)
+            except ValueError:
+                raise CLIError(f"--window-days must be a whole number of days or 'lifetime', got {text!r}") from None
+    if horizon is not None:
+        if ".." not in horizon:
+            raise CLIError("--horizon must be FIRST..LAST (UTC days)")
+        d["horizon"] = tuple(horizon.split("..", 1))
+    if d.get("privacy_unit") == "record":
+        d["max_points_per_user"] = None
+    elif d.get("max_points_per_user") is None:
+        d["max_points_per_user"] = 20
+    return PrivacyPolicy.from_dict(d)
+
+
+def _ledger(store: str, dataset: str, create: bool = False):
+    from tasks.storage.ledger import DatasetLedger
+    from tasks.storage.store import ReleaseStore
+
+    return DatasetLedger(ReleaseStore(store, create=create), dataset)
+
+
+@app.command("create")
+def create(
+    store: Store,
+    dataset: Dataset,
+    source: str = typer.Option(..., "--source", help="the input this dataset is released from (path or URL)"),
+    budget: float = typer.Option(..., "--budget", help="the most one person may lose over any window: ε, or ρ "
+                                 "with --accounting zcdp"),
+    privacy_unit: str = typer.Option("user", "--privacy-unit", help="user or record"),
+    max_points_per_user: K = None,
+    bound_window: BoundWindow = None,
+    window_days: WindowDays = None,
+    accounting: Accounting = None,
+    delta: Delta = None,
+    max_records_per_person: MaxRecords = None,
+    horizon: Horizon = None,
+) -> int:
+    """Create a dataset with an explicit policy (before its first release)."""
+    from tasks.release_tasks import public_locator
+
+    policy = _policy(None, privacy_unit=privacy_unit, max_points_per_user=max_points_per_user,
+                     bound_window=bound_window, budget=budget, accounting=accounting, delta=delta,
+                     max_records_per_person=max_records_per_person, window_days=window_days, horizon=horizon)
+    ledger = _ledger(store, dataset, create=True)
+    if ledger.policy() is not None:
+        raise CLIError(f"dataset {dataset!r} already has a policy; change it with `geodp dataset policy`")
+    ledger.bind_source(public_locator(source))
+    stored = ledger.create_policy(policy, reason="created with `geodp dataset create`")
+    if stored != policy:
+        raise CLIError(f"dataset {dataset!r} got a different policy from a concurrent command")
+    print(f"dataset {dataset}: {policy.describe()}")
+    return 0
+
+
+@app.command("show")
+def show(store: Store, dataset: Dataset, json_out: Json = None) -> int:
+    """The policy, its change log and the worst-case loss so far."""
+    ledger = _ledger(store, dataset)
+    if not ledger.policy_log():
+        raise CLIError(f"dataset {dataset!r} has no policy in {ledger.store.url}")
+    return _print_datasets(ledger.store, [dataset], json_out, entries=False, policy_log=True)
+
+
+@app.command("policy")
+def change_policy(
+    store: Store,
+    dataset: Dataset,
+    reason: str = typer.Option(..., "--reason", help="why (recorded in the policy log)"),
+    budget: float | None = typer.Option(None, "--budget", help="the most one person may lose over any window"),
+    privacy_unit: str | None = typer.Option(None, "--privacy-unit", help="user or record"),
+    max_points_per_user: K = None,
+    bound_window: BoundWindow = None,
+    window_days: WindowDays = None,
+    accounting: Accounting = None,
+    delta: Delta = None,
+    max_records_per_person: MaxRecords = None,
+    horizon: Horizon = None,
+) -> int:
+    """Change a dataset's policy (logged, with its reason)."""
+    ledger = _ledger(store, dataset)
+    current = ledger.policy()
+    if current is None:
+        raise CLIError(f"dataset {dataset!r} has no policy yet; create it with `geodp dataset create`")
+    policy = _policy(current.to_dict(), privacy_unit=privacy_unit, max_points_per_user=max_points_per_user,
+                     bound_window=bound_window, budget=budget, accounting=accounting, delta=delta,
+                     max_records_per_person=max_records_per_person, window_days=window_days, horizon=horizon)
+    if policy == current:
+        raise CLIError("the new policy equals the current one; nothing to change")
+    ledger.change_policy(policy, reason)
+    loss = ledger.loss(policy)
+    print(f"dataset {dataset}: {policy.describe()}")
+    print(f"  worst case so far: {policy.unit}={loss['window']:.4g} over {policy.window_label} "
+          f"(the change is logged with its reason)")
+    if loss["window"] > policy.budget:
+        eprint(f"warning: past releases already exceed the new budget ({loss['window']:.4g} > {policy.budget:g}); "
+               "no further release fits until the window moves on")
+    return 0
+
+
+@app.command("void")
+def void(
+    store: Store,
+    dataset: Dataset,
+    seq: int = typer.Option(..., "--seq", help="ledger entry number (see `geodp ledger --entries`)"),
+    reason: str = typer.Option(..., "--reason", help="why (recorded in the ledger)"),
+) -> int:
+    """Give back a charge whose release was never staged or published (a run killed between its charge
+    and its files)."""
+    from tasks.storage.store import ReleaseStore
+
+    ledger = _ledger(store, dataset)
+    entry = next((e for e in ledger.entries() if e["seq"] == seq and e["kind"] == "charge"), None)
+    if entry is None:
+        raise CLIError(f"dataset {dataset!r} has no charge entry #{seq}")
+    held = {h.charge.key for h in ledger.held() if h.seq == seq}
+    st = ReleaseStore(store, create=False)
+    published = []
+    for c in entry["charges"]:
+        if c["key"] not in held:
+            continue
+        for m in st.list_releases(dataset, c["city"], c["period"]):
+            if (m.get("ledger") or {}).get("seq") == seq:
+                published.append(f"{c['city']} {c['period']}")
+        if _staged_with(st, dataset, c, seq):
+            published.append(f"{c['city']} {c['period']} (staged)")
+    if published:
+        raise CLIError(f"entry #{seq} paid for noise that was staged or published ({', '.join(published)}); "
+                       "it cannot be given back")
+    if not held:
+        raise CLIError(f"every charge of entry #{seq} is already void")
+    ledger.void(seq, sorted(held), reason)
+    print(f"voided {len(held)} charge(s) of entry #{seq}: {reason}")
+    return 0
+
+
+def ledger(
+    store: Store,
+    dataset: str | None = typer.Option(None, "--dataset", help="one dataset (default: every dataset in the store)"),
+    entries: bool = typer.Option(False, "--entries", help="also list every ledger entry"),
+    json_out: Json = None,
+) -> int:
+    """Per dataset: the privacy policy and the most any one person can have lost."""
+    from tasks.storage.ledger import datasets
+    from tasks.storage.store import ReleaseStore
+
+    st = ReleaseStore(store, create=False)
+    found = [dataset] if dataset else datasets(st)
+    if not found:
+        eprint(f"the ledger of {st.url} is empty")
+    return _print_datasets(st, found, json_out, entries=entries, policy_log=False)
+
+
+def _staged_with(store, dataset: str, charge: dict, seq: int) -> bool:
+    prefix = f"releases/{dataset}/{charge['city']}/{charge['period']}"
+    for version in store.listdir(prefix):
+        for attempt in store.listdir(f"{prefix}/{version}"):
+            try:
+                paid = store.read_json(f"{prefix}/{version}/{attempt}/charge.json")
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            if paid.get("seq") == seq:
+                return True
+    return False
+
+
+def _print_datasets(store, names: list[str], json_out: str | None, entries: bool, policy_log: bool) -> int:
+    from tasks.storage.ledger import DatasetLedger
+
+    out = []
+    for name in names:
+        ledger = DatasetLedger(store, name)
+        policy = ledger.policy()
+        if policy is None:
+            raise CLIError(f"dataset {name!r} has no policy in {store.url}")
+        log = ledger.entries()
+        held = ledger.held(log)
+        row = {"dataset": name, "policy": policy.to_dict(), "guarantee": policy.describe(),
+               "loss": ledger.loss(policy), "charges": len(held),
+               "voided": sum(len(e["voids"]) for e in log if e["kind"] == "void")}
+        if entries:
+            row["entries"] = log
+        if policy_log:
+            row["policy_log"] = ledger.policy_log()
+        out.append(row)
+    if json_out is not None:
+        emit_json(out, json_out)
+        return 0
+    for row in out:
+        p, loss = row["policy"], row["loss"]
+        unit = "ρ" if p["accounting"] == "zcdp" else "ε"
+        window = "lifetime" if p["window_days"] is None else f"any {p['window_days']} days"
+        print(f"{row['dataset']}: {row['guarantee']}")
+        eps = ""
+        if p["accounting"] == "zcdp":
+            eps = f" (ε={loss['window_epsilon']:.3g} / {loss['lifetime_epsilon']:.3g} at δ={p['delta']:g})"
+        print(f"  worst case so far for one person: {unit}={loss['window']:.4g} of {p['budget']:g} over {window}; "
+              f"{unit}={loss['lifetime']:.4g} over the dataset's life{eps}")
+        print(f"  {row['charges']} charge(s) held, {row['voided']} given back")
+        for e in row.get("policy_log", []):
+            print(f"  policy #{e['seq']} {e['created_at']}: {e['reason']}")
+        for e in row.get("entries", []):
+            if e["kind"] == "charge":
+                for c in e["charges"]:
+                    what = budget_label(c.get("epsilon"), c.get("rho"))
+                    print(f"  #{e['seq']} {c['city']} {c['period']} {what} ×{c['multiplier']} {e['created_at']}")
+            else:
+                keys = ", ".join(f"#{v['seq']}" for v in e["voids"])
+                print(f"  #{e['seq']} void of {keys}: {e['reason']}")
+    return 0

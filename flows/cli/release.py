@@ -1,0 +1,339 @@
+"""`geodp release run|backfill|list|show`: make releases into a release store and read what it holds.
+
+`release run` has two forms that go through the same pipeline, ledger and exactly-once commit: with
+`--store URL` (or several `--cities`) it is the Prefect `release` flow, one Dask task per city; with
+`--out DIR` (or `--no-prefect`) the same steps run in this process, into DIR as a local release store."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+from dpcore.privacy.accounting import budget_label
+from flows.cli.common import (
+    CLIError,
+    check_mechanism,
+    emit_json,
+    eprint,
+    field_default,
+    model_option,
+    noun,
+    params_by_mechanism,
+    validated,
+    working,
+)
+from flows.cli.inputs import (
+    Center,
+    Columns,
+    Data,
+    Format,
+    Json,
+    Params,
+    PrivacyUnit,
+    Release,
+    SideKm,
+    Store,
+    Strict,
+    check_input_options,
+    fetch_release,
+)
+from tasks.config import BackfillParams, ReleaseParams
+
+app = noun("release", "Make DP releases into a release store; list and show committed ones.", default="run")
+
+R = ReleaseParams
+Cities = Annotated[str | None, typer.Option("--cities", help="catalog city slugs, comma-separated (one Dask "
+                                                              "task each in the Prefect form)")]
+OneCity = Annotated[str | None, typer.Option("--city", help="one catalog city slug (see `geodp cities`)")]
+Epsilon = Annotated[float | None, typer.Option("--epsilon", help=R.model_fields["epsilon"].description)]
+Rho = Annotated[float | None, typer.Option("--rho", help=R.model_fields["rho"].description +
+                                           " (mechanisms that support it, into a dataset accounted in ρ)")]
+K = Annotated[int | None, typer.Option("--max-points-per-user", metavar="K",
+                                       help=R.model_fields["max_points_per_user"].description)]
+ConfigFile = Annotated[str | None, typer.Option("--config", metavar="FILE",
+                                                help="platform config TOML (default: $GEODP_CONFIG, else the packaged tasks/geodp.toml)")]
+
+
+def _release_params(data: str, cities: str | None, city: str | None, center: str | None, out: str | None,
+                    store: str | None, period: str | None, epsilon: float | None, rho: float | None,
+                    mechanism: str, param: list[str] | None, **rest) -> ReleaseParams:
+    if sum(v is not None for v in (cities, city, center)) != 1:
+        raise CLIError("give exactly one of --cities A,B, --city NAME or --center LAT,LON")
+    if (store is None) == (out is None):
+        raise CLIError("give exactly one of --store URL and --out DIR")
+    if (epsilon is None) == (rho is None):
+        raise CLIError("give exactly one of --epsilon (pure ε-DP) and --rho (ρ-zCDP)")
+    for name, v in (("epsilon", epsilon), ("rho", rho)):
+        if v is not None and not v > 0:
+            raise CLIError(f"{name} must be > 0, got {v:g}")
+    check_input_options(rest["format"], rest["privacy_unit"])
+    mech_params = params_by_mechanism(param, [mechanism]).get(mechanism, {})
+    return validated(lambda: ReleaseParams(
+        data=str(data), cities=cities if cities is not None else (city or ""), period=period, epsilon=epsilon,
+        rho=rho, mechanism=mechanism, mechanism_params=mech_params, store=str(store or out), center=center,
+        **rest), "release parameters")
+
+
+def _prevalidate(params: ReleaseParams, open_store: bool = True) -> None:
+    """Names, windows and parameter values fail here, before Prefect starts, data is read or budget charged."""
+    from dpcore.data.inputs import resolve_input
+    from dpcore.geo import resolve_region
+    from tasks.config import parse_period
+    from tasks.storage.store import ReleaseStore
+
+    parse_period(params.period)
+    check_mechanism(params.mechanism, params.mechanism_params)
+    if params.center:
+        resolve_region(center=params.center, side_km=params.side_km)
+    for c in params.cities:
+        resolve_region(city=c, side_km=params.side_km)
+    if "://" not in params.data or params.data.startswith("s3"):
+        resolve_input(params.data, params.format)  # a missing, empty or mixed-format input fails here
+    if open_store:  # a run submitted to a served deployment opens the store on the serving side
+        ReleaseStore(params.store)
+
+
+def _check_settings(config: str | None) -> None:
+    """A bad config file is a one-line error before anything runs."""
+    from tasks.settings import load_settings
+
+    load_settings(config)
+
+
+@app.command("run")
+def run(
+    data: Data,
+    cities: Cities = None,
+    city: OneCity = None,
+    center: Center = None,
+    side_km: SideKm = None,
+    period: str | None = model_option(R, "period", "--period", metavar="P"),
+    epsilon: Epsilon = None,
+    rho: Rho = None,
+    mechanism: str = model_option(R, "mechanism", "--mechanism",
+                                  help="mechanism name (see README: which mechanism to use when), or auto"),
+    param: Params = None,
+    privacy_unit: PrivacyUnit = field_default(R, "privacy_unit"),
+    max_points_per_user: K = None,
+    data_version: str | None = model_option(R, "data_version", "--data-version"),
+    public_total: float | None = model_option(R, "public_total", "--public-total"),
+    seed: int | None = model_option(R, "seed", "--seed"),
+    store: str | None = typer.Option(None, "--store", help="release store URL: a folder, file:///path or "
+                                     "s3://bucket/prefix (the Prefect form)"),
+    out: str | None = typer.Option(None, "--out", metavar="DIR",
+                                   help="a local folder used as the release store (runs in this process)"),
+    dataset: str | None = model_option(R, "dataset", "--dataset"),
+    budget_cap: float | None = model_option(R, "budget_cap", "--budget-cap"),
+    config: ConfigFile = None,
+    dask_address: str | None = model_option(R, "dask_address", "--dask-address"),
+    workers: int = model_option(R, "n_workers", "--workers"),
+    slot: str = model_option(R, "slot", "--slot"),
+    columns: Columns = None,
+    format: Format = "auto",
+    strict: Strict = False,
+    no_prefect: bool = typer.Option(False, "--no-prefect", help="run in this process without Prefect or Dask "
+                                    "(what --out does)"),
+    json_out: Json = None,
+) -> int:
+    """Release one period of DATA for one or more regions (a manifest, noisy files and a ledger charge)."""
+    params = _release_params(
+        data, cities, city, center, out, store, period, epsilon, rho, mechanism, param, side_km=side_km,
+        privacy_unit=privacy_unit, max_points_per_user=max_points_per_user, data_version=data_version,
+        public_total=public_total, seed=seed, dataset=dataset, budget_cap=budget_cap, dask_address=dask_address,
+        n_workers=workers, slot=slot, columns=columns, format=format)
+    _check_settings(config)
+    _prevalidate(params)
+    if store is not None and not no_prefect:
+        summary = _run_flow(params, config)
+    else:
+        from flows.release import release_cities
+
+        summary = release_cities(params, config, in_process=True, strict=strict)
+    if json_out is not None:
+        emit_json(summary, json_out)
+        if json_out == "-":
+            return 0
+    _print_summary(summary)
+    return 0
+
+
+def _run_flow(params: ReleaseParams, config: str | None) -> dict:
+    from flows.release import run_release
+    from tasks.runtime import local_prefect
+    from tasks.storage.store import ReleaseStore
+
+    with local_prefect(), working(f"release flow: {len(params.cities) or 1} region(s) on Dask"):
+        summary = run_release(params, config)
+    store = ReleaseStore(params.store)
+    for r in summary["releases"]:
+        found = [m["region"] for m in store.list_releases(summary["dataset"], r["city"], summary["period"])
+                 if int(m["version"]) == int(r["version"])]
+        if not found:
+            raise CLIError(f"{r['city']}: the flow reported v{r['version']} but {store.url} holds no such "
+                           "committed version; re-run the release")
+        r["region"] = found[0]
+    return summary
+
+
+def _print_summary(summary: dict) -> None:
+    from flows.release import _loss_line
+
+    for r in summary["releases"]:
+        word = "release written to" if r["status"] == "committed" else "already committed (no-op):"
+        chose = f" ({r['mechanism']} chose {r['chosen_mechanism']})" if r.get("chosen_mechanism") else ""
+        print(f"{r['city']} {summary['period']} v{r['version']}: {word} {r['url']}{chose}")
+    print(f"dataset {summary['dataset']}: {summary['guarantee']}")
+    if summary["loss"] is not None:
+        print(f"  {_loss_line(summary['policy'], summary['loss'])}")
+    r = summary["releases"][0]
+    clat, clon = r["region"]["center_lat"], r["region"]["center_lon"]
+    print("query it with:\n  geodp query " + r["url"] +
+          f" --box {clat - 0.005:.4f},{clon - 0.005:.4f},{clat + 0.005:.4f},{clon + 0.005:.4f}")
+
+
+def _days(period: str | None, start: str | None, end: str | None) -> tuple[str, str]:
+    """First and last UTC day of a backfill, from --period A..B (or a month) or the older --start/--end."""
+    from datetime import UTC, datetime
+
+    from tasks.config import parse_period
+
+    if period is not None:
+        if start is not None or end is not None:
+            raise CLIError("give --period A..B or --start/--end, not both")
+        p = parse_period(period)
+        if p.start_s is None or p.end_s is None or period.strip().lower() in ("today", "yesterday"):
+            raise CLIError(f"--period of a backfill must be days A..B or a month, got {period!r}")
+        day = lambda s: datetime.fromtimestamp(s, UTC).date().isoformat()  # noqa: E731
+        return day(p.start_s), day(p.end_s - 1)
+    if start is None or end is None:
+        raise CLIError("a backfill needs --period FIRST..LAST (UTC days)")
+    eprint("note: --start/--end is the older form; write --period FIRST..LAST")
+    return start, end
+
+
+@app.command("backfill")
+def backfill(
+    data: Data,
+    cities: str = typer.Option(..., "--cities", help="catalog city slugs, comma-separated"),
+    period: str | None = typer.Option(None, "--period", metavar="FIRST..LAST",
+                                      help="UTC days to release, one release per day (inclusive)"),
+    start: str | None = typer.Option(None, "--start", hidden=True),
+    end: str | None = typer.Option(None, "--end", hidden=True),
+    side_km: SideKm = None,
+    epsilon: float = typer.Option(..., "--epsilon", help="ε per city and day"),
+    mechanism: str = model_option(R, "mechanism", "--mechanism", help="mechanism name"),
+    param: Params = None,
+    privacy_unit: PrivacyUnit = field_default(R, "privacy_unit"),
+    max_points_per_user: K = None,
+    seed: int | None = model_option(R, "seed", "--seed"),
+    store: str = typer.Option(..., "--store", help="release store URL"),
+    dataset: str | None = model_option(R, "dataset", "--dataset"),
+    budget_cap: float | None = model_option(R, "budget_cap", "--budget-cap"),
+    config: ConfigFile = None,
+    dask_address: str | None = model_option(R, "dask_address", "--dask-address"),
+    workers: int = model_option(R, "n_workers", "--workers"),
+    slot: str = model_option(R, "slot", "--slot"),
+    columns: Columns = None,
+    format: Format = "auto",
+    deployment: str | None = typer.Option(None, "--deployment", metavar="NAME",
+                                          help="submit one run per day to this served deployment "
+                                               "(e.g. release/release) instead of running here"),
+    json_out: Json = None,
+) -> int:
+    """One release per UTC day over a range of days; days already committed are skipped."""
+    from tasks.config import days_between
+
+    first, last = _days(period, start, end)
+    days = days_between(first, last)
+    params = _release_params(
+        data, cities, None, None, None, store, None, epsilon, None, mechanism, param, side_km=side_km,
+        privacy_unit=privacy_unit, max_points_per_user=max_points_per_user, seed=seed, dataset=dataset,
+        budget_cap=budget_cap, dask_address=dask_address, n_workers=workers, slot=slot, columns=columns,
+        format=format)
+    if not deployment:  # a served deployment uses the config its serving process was started with
+        _check_settings(config)
+    _prevalidate(params, open_store=not deployment)
+    if deployment:  # the serving process has its own working directory: send absolute local paths
+        from flows.backfill import submit_to_deployment
+        from tasks.release_tasks import public_locator
+
+        params = params.model_copy(update={"data": public_locator(params.data),
+                                           "store": public_locator(params.store)})
+        runs = submit_to_deployment(BackfillParams(release=params, start=first, end=last), deployment)
+        for r in runs:
+            print(f"{r['period']}: flow run {r['flow_run_id']} ({r['state']})")
+        return 0
+    from flows.backfill import run_backfill
+    from tasks.runtime import local_prefect
+
+    eprint(f"backfill of {len(days)} day(s) × {len(params.cities)} cities through Prefect")
+    with local_prefect(), working(f"backfill flow: {len(days)} day(s)"):
+        summary = run_backfill(BackfillParams(release=params, start=first, end=last), config)
+    if json_out is not None:
+        emit_json(summary, json_out)
+        if json_out == "-":
+            return 0
+    for day in summary["periods"]:
+        states = ", ".join(f"{r['city']} v{r['version']} {r['status']}" for r in day["releases"])
+        print(f"{day['period']}: {states}")
+    print(f"committed {summary['committed']} new version(s); {summary['skipped']} already committed")
+    return 0
+
+
+@app.command("list")
+def list_releases(
+    store: Store,
+    dataset: str | None = typer.Option(None, "--dataset", help="only this dataset"),
+    city: str | None = typer.Option(None, "--city", help="only this city"),
+    period: str | None = typer.Option(None, "--period", help="only this period label (e.g. 2010-05-01)"),
+    json_out: Json = None,
+) -> int:
+    """Committed versions in a store, one per line (JSON: dataset, city, period, version, epsilon, rho,
+    mechanism, url)."""
+    from tasks.storage.store import ReleaseStore
+
+    st = ReleaseStore(store, create=False)
+    rows = [{"dataset": m["dataset"], "city": m["city"], "period": m["period"], "version": m["version"],
+             "epsilon": m["epsilon"], "rho": m.get("rho"), "mechanism": m["mechanism"], "url": m["url"]}
+            for m in st.list_releases(dataset, city, period)]
+    if json_out is not None:
+        emit_json(rows, json_out)
+        return 0
+    for r in rows:
+        print(f"{r['dataset']}\t{r['city']}\t{r['period']}\tv{r['version']}\t"
+              f"{budget_label(r['epsilon'], r.get('rho'))}\t{r['mechanism']}\t{r['url']}")
+    if not rows:
+        eprint(f"no committed releases in {st.url}")
+    return 0
+
+
+@app.command("show")
+def show(release: Release, json_out: Json = None) -> int:
+    """A release's manifest, after checking every file's sha256."""
+    with fetch_release(release) as (manifest, _):
+        pass
+    if json_out is not None:
+        emit_json(manifest, json_out)
+        return 0
+    print(f"{manifest['dataset']}/{manifest['city']}/{manifest['period']} v{manifest['version']} "
+          f"(committed {manifest.get('committed_at')})")
+    print(f"  mechanism {manifest['mechanism']} {json.dumps(manifest['params'])}")
+    print(f"  {budget_label(manifest['epsilon'], manifest.get('rho'))}, privacy unit {manifest['privacy_unit']}, "
+          f"k={manifest['max_points_per_user']}")
+    print(f"  noise: {manifest['noise_source']}; code: {manifest['code_version']}")
+    for c in manifest["privacy"]["charges"]:
+        print(f"  charge {c['name']}: {budget_label(c.get('epsilon'), c.get('rho'))}, "
+              f"sensitivity {c['sensitivity']:g}")
+    print(f"  ledger entry #{manifest['ledger_entry']['seq']} ({manifest['ledger_entry']['created_at']})")
+    for f in manifest["files"]:
+        print(f"  {f['name']}\t{f['size']} bytes\tsha256 {f['sha256'][:16]}… ok")
+    return 0
+
+
+# `geodp releases list|show` and `geodp backfill` are the names scripts used before the noun-verb tree.
+releases_app = noun("releases", "Same as `geodp release list|show`.",
+                    hidden=True)
+releases_app.command("list")(list_releases)
+releases_app.command("show")(show)

@@ -1,0 +1,136 @@
+"""The platform configuration (budget caps, the served deployments) as a typed settings model.
+
+Sources, strongest first: ``GEODP_…`` environment variables (``__`` separates nested keys, e.g.
+``GEODP_NIGHTLY__RELEASE__STORE=s3://b/p`` or ``GEODP_BUDGET__CAPS__CHECKINS=4``), then the TOML file.
+The file is found the same way by the CLI, ``geodp serve`` and served runs: an explicit path, else the
+``GEODP_CONFIG`` environment variable, else the default packaged with geodp (tasks/geodp.toml).
+Unknown keys and bad values are refused with one line naming the key, before anything runs.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+from tasks.config import ConfigError, ReleaseParams
+
+DEFAULT_BUDGET_CAP = 10.0
+CONFIG_ENV = "GEODP_CONFIG"
+
+PositiveCap = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+
+
+class BudgetSettings(BaseModel):
+    """[budget]: the ε budget a NEW dataset's policy gets (an existing policy is never changed here)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    default_cap: PositiveCap = Field(default=DEFAULT_BUDGET_CAP,
+                                     description="ε one person may lose from a new dataset over its life")
+    caps: dict[str, PositiveCap] = Field(default_factory=dict, description="per-dataset budgets")
+
+
+class NightlySettings(BaseModel):
+    """[nightly]: the cron (UTC) and parameters of the scheduled release."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cron: str = "30 2 * * *"
+    release: ReleaseParams
+
+    @field_validator("cron")
+    @classmethod
+    def _cron(cls, v: str) -> str:
+        from prefect.client.schemas.schedules import CronSchedule
+
+        try:
+            CronSchedule(cron=v)
+        except ValueError as exc:
+            raise ValueError(f"not a cron string: {v!r}") from exc
+        return v
+
+
+class PlatformSettings(BaseSettings):
+    """The whole platform config. Build it with :func:`load_settings`, which picks the file."""
+
+    model_config = SettingsConfigDict(env_prefix="GEODP_", env_nested_delimiter="__", extra="forbid",
+                                      nested_model_default_partial_update=True)
+
+    budget: BudgetSettings = Field(default_factory=BudgetSettings)
+    nightly: NightlySettings | None = None
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+                                   env_settings: PydanticBaseSettingsSource,
+                                   dotenv_settings: PydanticBaseSettingsSource,
+                                   file_secret_settings: PydanticBaseSettingsSource) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        if settings_cls.model_config.get("toml_file"):
+            sources.append(TomlConfigSettingsSource(settings_cls))
+        return tuple(sources)
+
+    def budget_cap_for(self, dataset: str, override: float | None = None) -> float:
+        """The ε budget of a new dataset: an explicit override, else [budget.caps], else default_cap."""
+        cap = float(override) if override is not None else self.budget.caps.get(dataset, self.budget.default_cap)
+        if not math.isfinite(cap) or cap <= 0:
+            raise ConfigError(f"budget cap must be a positive number, got {cap}")
+        return cap
+
+    def explicit_budget_cap(self, dataset: str, override: float | None = None) -> float | None:
+        """A cap that was asked for explicitly (an override, or [budget.caps] naming the dataset): it must
+        match the dataset's stored policy. None when only the default applies."""
+        if override is not None or dataset in self.budget.caps:
+            return self.budget_cap_for(dataset, override)
+        return None
+
+
+def packaged_config() -> Path:
+    """The default config shipped inside the package (present in a non-editable install too)."""
+    return Path(str(resources.files("tasks").joinpath("geodp.toml")))
+
+
+def config_path(path: str | os.PathLike | None = None) -> Path:
+    """Which file configures this process: ``path``, else $GEODP_CONFIG, else the packaged default."""
+    chosen = path or os.environ.get(CONFIG_ENV) or packaged_config()
+    p = Path(chosen).expanduser().resolve()
+    if not p.is_file():
+        source = "--config" if path else CONFIG_ENV if os.environ.get(CONFIG_ENV) else "the packaged default"
+        raise ConfigError(f"config file {p} ({source}) not found")
+    return p
+
+
+def load_settings(path: str | os.PathLike | None = None) -> PlatformSettings:
+    """The platform settings from the file :func:`config_path` picks, with GEODP_ environment overrides.
+    A missing file, invalid TOML, an unknown key or a bad value is a one-line ConfigError."""
+    p = config_path(path)
+    bound = type("PlatformSettingsFromFile", (PlatformSettings,),
+                 {"model_config": {**PlatformSettings.model_config, "toml_file": p}})
+    try:
+        return bound()
+    except ValidationError as exc:
+        raise ConfigError(f"{p}: {describe_errors(exc)}") from None
+    except ValueError as exc:  # TOML syntax (tomllib.TOMLDecodeError is a ValueError)
+        raise ConfigError(f"{p} is not valid TOML: {exc}") from None
+
+
+def describe_errors(exc: ValidationError) -> str:
+    """A pydantic error list on one line: 'nightly.release.citys: unknown key; budget.default_cap: …'."""
+    parts = []
+    for e in exc.errors():
+        where = ".".join(str(x) for x in e["loc"]) or "(top level)"
+        msg = "unknown key (misspelled?)" if e["type"] == "extra_forbidden" else e["msg"]
+        value: Any = e.get("input")
+        shown = "" if e["type"] in ("extra_forbidden", "missing") or isinstance(value, dict) else f" (got {value!r})"
+        parts.append(f"{where}: {msg}{shown}")
+    return "; ".join(parts)

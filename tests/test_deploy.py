@@ -1,0 +1,72 @@
+"""The container deployment: the image is built from deploy/Dockerfile, compose waits for Postgres and
+tells the UI where the API is, the store lives on a volume; a non-editable install carries the default
+config. `docker compose config` validates the file where the compose plugin is installed."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+COMPOSE = ROOT / "deploy" / "docker-compose.yml"
+
+
+def _compose() -> dict:
+    return yaml.safe_load(COMPOSE.read_text())
+
+
+def test_compose_builds_geodp_from_the_repository_and_waits_for_its_dependencies():
+    services = _compose()["services"]
+    ours = {name: s for name, s in services.items() if s.get("image") == "geodp:latest"}
+    assert {"prefect-server", "serve", "dask-scheduler", "dask-worker"} <= set(ours)
+    for s in ours.values():  # every geodp service can build the image itself, from this repository
+        context = (COMPOSE.parent / s["build"]["context"]).resolve()
+        assert context == ROOT and (context / s["build"]["dockerfile"]).is_file()
+    dockerfile = (ROOT / "deploy" / "Dockerfile").read_text().splitlines()
+    assert dockerfile[[ln.startswith("FROM") for ln in dockerfile].index(True)].split()[1] == "python:3.11-slim"
+    runs = [ln for ln in dockerfile if ln.startswith("RUN pip install")]
+    assert "download.pytorch.org/whl/cpu" in runs[0] and "torch==2.13.0" in runs[0]
+    assert any("-c constraints.txt ." in r for r in runs[1:])
+    # Postgres is waited for, not just started
+    assert services["postgres"]["healthcheck"]["test"]
+    assert services["prefect-server"]["depends_on"]["postgres"]["condition"] == "service_healthy"
+    assert services["serve"]["depends_on"]["prefect-server"]["condition"] == "service_healthy"
+    assert services["prefect-server"]["environment"]["PREFECT_UI_API_URL"].endswith("/api}")
+    # the release store (MinIO's data) is on a named volume that outlives the containers
+    volumes = _compose()["volumes"]
+    assert any(v.split(":")[0] in volumes for v in services["minio"]["volumes"])
+    assert services["serve"]["environment"]["GEODP_NIGHTLY__RELEASE__STORE"].startswith("s3://")
+
+
+def test_docker_compose_config_validates_the_file():
+    if shutil.which("docker") is None:
+        pytest.skip("docker is not installed here")
+    probe = subprocess.run(["docker", "compose", "version"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        reason = (probe.stderr.strip() or probe.stdout.strip()).splitlines()[0]
+        pytest.skip(f"the docker compose plugin is not installed here ({reason})")
+    done = subprocess.run(["docker", "compose", "-f", str(COMPOSE), "config", "--quiet"], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.slow
+def test_a_built_wheel_carries_the_default_config(tmp_path):
+    src = tmp_path / "src"
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for name in ("dpcore", "tasks", "flows"):
+        shutil.copytree(ROOT / name, src / name, ignore=ignore)
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                           "-w", str(tmp_path / "dist"), str(src)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (wheel,) = (tmp_path / "dist").glob("geodp-*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        assert z.read("tasks/geodp.toml") == (ROOT / "tasks" / "geodp.toml").read_bytes()
