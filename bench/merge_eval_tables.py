@@ -1,4 +1,4 @@
-"""Merge `geodp evaluate --json` reports of one dataset and setting into one markdown table with the goals.
+"""Merge `geodp eval range --json` (or `geodp evaluate --json`) reports of one dataset and setting into one markdown table with the goals.
 
 Each argument is a report file, optionally followed by ``:OLD=NEW[,OLD=NEW]`` to rename mechanisms (two
 runs of ``ug`` with different parameters). The references (answer 0, hindsight grid) are taken from the
