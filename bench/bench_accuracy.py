@@ -280,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
             for bounding in (boundings if unit == "user" else ["sample"]):
                 mechs = list(args.mechanisms)
                 if bounding == "weight":
-                    mechs = [m for m in mechs if get_mechanism_class(m).supports_weights]
+                    mechs = [m for m in mechs if get_mechanism_class(m).tags.supports_weights]
                 config = EvalConfig(mechanisms=mechs, epsilons=eps, privacy_unit=unit, max_points_per_user=k,
                                     query_sides_m=sides, n_queries=args.queries, trials=args.trials, seed=args.seed,
                                     workload=args.workload, bounding=bounding)

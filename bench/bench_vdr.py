@@ -8,7 +8,7 @@ Prints a markdown table per dataset (and writes the JSON reports), e.g.
 
 Datasets (windows and slots are public configuration):
 - sf-cabs: ../shared/data/sf_cabs.parquet, San Francisco 20 km box, 2008-05-18 .. 2008-06-08
-  (3 weeks), daily slots, 256² cells (the default configuration);
+  (3 weeks), daily slots, 256² cells (the issue's default configuration);
 - gowalla-nyc: ../shared/data/gowalla_nyc_checkins.tsv.gz, New York 20 km box, 2010-06-01 ..
   2010-08-30 (13 weeks), weekly slots, k = 20 (35 k check-ins of 2.6 k users: daily slots would
   leave ~400 points per slot);
@@ -37,7 +37,7 @@ import pandas as pd
 from dpcore.data.points import load_points, validate_frame
 from dpcore.evaluation.spatiotemporal import STEvalConfig, evaluate_st
 from dpcore.geo import city_region, parse_slot
-from dpcore.mechanisms import Mechanism, register
+from dpcore.mechanisms import Mechanism, MechanismTags, SpatioTemporalInput, register
 from dpcore.synopsis.spatiotemporal import SpatioTemporalSynopsis
 
 
@@ -49,7 +49,7 @@ class UniformST(Mechanism):
     """
 
     name = "uniform3d"
-    spatio_temporal = True
+    tags = MechanismTags(input_type=SpatioTemporalInput, scales_to_public_total=True)
 
     def __init__(self, *, grid_size: int = 256):
         self.grid_size = grid_size
@@ -58,8 +58,8 @@ class UniformST(Mechanism):
         acct.spend_rest("none (data-independent)", data.sensitivity, note="reads nothing private")
         m, t = self.grid_size, int(data.n_slots)
         total = float(data.public_total if data.public_total is not None else 0.0)
-        return SpatioTemporalSynopsis(np.full((m, m, t), total / (m * m * t)), data.region,
-                                      self.privacy_info(data, acct, noise, ["uniform reference"]),
+        acct.describe(["uniform reference"])
+        return SpatioTemporalSynopsis(np.full((m, m, t), total / (m * m * t)), data.region, None,
                                       slot_seconds=data.slot_seconds, window_start_s=data.window_start_s)
 
 

@@ -19,7 +19,7 @@ import re
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ from dpcore import GeoDPError, __version__
 from dpcore.data.chunks import GridSpec
 from dpcore.data.points import LoadResult, load_points, parse_column_map
 from dpcore.geo import Region, parse_slot, resolve_region
-from dpcore.mechanisms import FitInput, get_mechanism, get_mechanism_class
+from dpcore.mechanisms import ZCDP, PrivacyUnit, PrivateSample, get_mechanism, get_mechanism_class, input_for
 from dpcore.privacy.accounting import budget_label
 from dpcore.privacy.noise import NoiseSource
 from dpcore.synopsis.base import Synopsis
@@ -126,7 +126,7 @@ def make_plans(*, dataset: str, cities: list[str], center: str | None, side_km: 
     The release key and config hash are functions of public configuration only: the dataset, the
     source's locator and its public data version (an operator-declared version or the files'
     modification time), the region, period, mechanism, parameters, ε and bounding."""
-    mech_cls = get_mechanism_class(mechanism)
+    tags = get_mechanism_class(mechanism).tags
     try:
         get_mechanism(mechanism, **params).check_params()  # bad parameters fail here, before the ledger
     except GeoDPError:
@@ -136,13 +136,13 @@ def make_plans(*, dataset: str, cities: list[str], center: str | None, side_km: 
     if (epsilon is None) == (rho is None):
         raise ReleaseError("give exactly one of epsilon (pure ε-DP) and rho (ρ-zCDP)")
     check_numbers(epsilon if rho is None else rho, max_points_per_user)
-    if rho is not None and not mech_cls.supports_zcdp:
+    if rho is not None and not tags.supports_zcdp:
         raise ReleaseError(f"{mechanism} spends pure ε only; a ρ-zCDP release needs a mechanism that supports "
                            "it (identity)")
     if rho is not None and public_total is not None:
         raise ReleaseError("--public-total scaling spends part of the budget in pure ε; not with --rho")
     slot_seconds = None
-    if mech_cls.spatio_temporal:
+    if tags.input_type.needs_time_slots:
         if period.start_s is None:
             raise ReleaseError(f"{mechanism} is spatio-temporal: give a --period (the time window is public "
                                "configuration, never read from the data)")
@@ -286,24 +286,25 @@ def privatize(plan: CityPlan, data: CityData) -> Synopsis:
     n_slots = None
     if plan.slot_seconds:
         n_slots = -(-plan.period.seconds // plan.slot_seconds)
+    mech = get_mechanism(plan.mechanism, **plan.params)
+    tags = mech.tags
     empty = np.empty(0, dtype=np.float64)
-    fit_input = FitInput(empty if data.x is None else data.x, empty if data.y is None else data.y, plan.region,
-                         plan.privacy_unit, plan.max_points_per_user if plan.privacy_unit == "user" else None,
-                         user=data.user, n_slots=n_slots, slot_seconds=plan.slot_seconds,
-                         window_start_s=plan.period.start_s, fine=data.fine)
+    # A mechanism that scales to a public full total itself (N / n̂ or γ) is handed it; others are
+    # scaled by dpcore.privacy.scaling below (user level) or need none (record level: nothing is bounded).
+    sample = PrivateSample(empty if data.x is None else data.x, empty if data.y is None else data.y, plan.region,
+                           PrivacyUnit.of(plan.privacy_unit, plan.max_points_per_user), user=data.user,
+                           n_slots=n_slots, slot_seconds=plan.slot_seconds, window_start_s=plan.period.start_s,
+                           public_total=plan.public_total if tags.scales_to_public_total else None, fine=data.fine)
+    fit_input = input_for(tags.input_type, sample)
     noise = _noise_for(plan)
     if plan.rho is not None:
-        return get_mechanism(plan.mechanism, **plan.params).fit_zcdp(fit_input, plan.rho, noise)
-    if plan.public_total is not None and get_mechanism_class(plan.mechanism).spatio_temporal:
-        # Spatio-temporal mechanisms scale to a public full total themselves (N / n̂ or γ).
-        fit_input = replace(fit_input, public_total=plan.public_total)
-        return get_mechanism(plan.mechanism, **plan.params).fit(fit_input, plan.epsilon, noise)
-    if plan.public_total is not None and plan.privacy_unit == "user":
+        return mech.fit(fit_input, ZCDP(plan.rho), noise)
+    if plan.public_total is not None and plan.privacy_unit == "user" and not tags.scales_to_public_total:
         from dpcore.privacy.scaling import fit_scaled
 
         return fit_scaled(plan.mechanism, plan.params, fit_input, plan.epsilon, noise, plan.public_total,
                           "public total declared by the releaser (--public-total)")
-    return get_mechanism(plan.mechanism, **plan.params).fit(fit_input, plan.epsilon, noise)
+    return mech.fit(fit_input, plan.epsilon, noise)
 
 
 def render_heatmap_png(synopsis: Synopsis, title: str, pixels: int = 128, note: str = "") -> bytes:

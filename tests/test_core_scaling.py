@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from dpcore.geo import Region
-from dpcore.mechanisms import FitInput
+from dpcore.mechanisms import FitInput, SpatioTemporalInput
 from dpcore.privacy.noise import NoiseSource
 from dpcore.privacy.scaling import fit_scaled
 from dpcore.synopsis.base import load_synopsis
@@ -65,7 +65,8 @@ def test_a_paid_sample_size_is_reused_not_mistaken_for_the_public_total():
     from dpcore.mechanisms import get_mechanism
 
     base = fit_input()
-    st = dataclasses.replace(base, slot=np.zeros(base.n, dtype=np.int64) % 3, n_slots=3, slot_seconds=3600,
+    st = SpatioTemporalInput(base.x, base.y, base.region, base.unit, user=base.user,
+                             slot=np.zeros(base.n, dtype=np.int64) % 3, n_slots=3, slot_seconds=3600,
                              window_start_s=0, public_total=20_000.0)
     paid = get_mechanism("identity3d", grid_size=8).fit(st, 1.0, NoiseSource.seeded(0))
     assert "sample_size" in [c["name"] for c in paid.privacy.charges]

@@ -1,10 +1,11 @@
 """The contract every registered mechanism keeps, checked for every name in ``mechanism_names()``.
 
-New mechanisms are picked up automatically. A mechanism whose training is expensive gets quick
-parameters from its class attribute ``fast_params`` (a dict) when it has one, else from
-``FAST_PARAMS`` below. A mechanism whose charges are calibrated to something other than the count
-sensitivity (k, or 1 at record level) declares it with ``charge_sensitivity(data)``; for every
-other mechanism each charge must be calibrated to exactly the count sensitivity.
+New mechanisms are picked up automatically, and everything the checks need is read from the class's
+tags (``MechanismTags``): the input shape to build (``input_type``), quick parameters for mechanisms
+that train (``fast_params``), and the sensitivity every charge must be calibrated to (``sensitivity``:
+the count sensitivity k, or 1 at record level; or 1 per person whatever k is). The ``check_*``
+functions are the contract itself; tests/test_mechanism_new_shape.py runs them on a mechanism of a
+data shape no built-in mechanism reads.
 """
 
 from __future__ import annotations
@@ -17,7 +18,16 @@ import numpy as np
 import pytest
 
 from dpcore.geo import Region
-from dpcore.mechanisms import FitInput, MechanismError, get_mechanism, get_mechanism_class, mechanism_names
+from dpcore.mechanisms import (
+    MechanismError,
+    MechanismInput,
+    PrivacyUnit,
+    PrivateSample,
+    get_mechanism,
+    get_mechanism_class,
+    input_for,
+    mechanism_names,
+)
 from dpcore.privacy.budget import BudgetError
 from dpcore.privacy.noise import NoiseSource
 from dpcore.synopsis.base import Synopsis, load_synopsis
@@ -27,27 +37,18 @@ EPSILON = 0.8
 N_SLOTS = 4
 SLOT_SECONDS = 3600
 
-#: Quick settings for mechanisms that train models (the defaults are for real releases).
-FAST_PARAMS: dict[str, dict] = {
-    "snh": {"n_sizes": 2, "hidden": 8, "depth": 1, "max_epochs": 1, "samples_per_epoch": 1024, "batch_size": 256},
-    "vdr": {"grid_size": 16, "steps": 2, "batch_size": 2, "crop": 16, "hidden": 8, "n_codes": 8, "code_dim": 4,
-            "max_train_seconds": 10.0},
-}
+
+def quick_params(name: str) -> dict:
+    return dict(get_mechanism_class(name).tags.fast_params)
 
 
-def _params(name: str) -> dict:
-    cls = get_mechanism_class(name)
-    return dict(getattr(cls, "fast_params", None) or FAST_PARAMS.get(name, {}))
-
-
-@pytest.fixture(scope="module")
-def region() -> Region:
+def contract_region() -> Region:
     return Region("contract", 40.7, -74.0, side_km=2.0)
 
 
-@pytest.fixture(scope="module")
-def fit_inputs(region: Region) -> dict[bool, FitInput]:
-    """Small synthetic user-level inputs: 300 users, ≤ K points each, a cluster plus background."""
+def contract_sample(region: Region) -> PrivateSample:
+    """Small synthetic user-level sample: 300 users, ≤ K points each, a cluster plus background, with
+    time slots, so every input shape can be built from it."""
     rng = np.random.default_rng(11)
     n_users = 300
     per_user = rng.integers(1, K + 1, n_users)
@@ -57,18 +58,15 @@ def fit_inputs(region: Region) -> dict[bool, FitInput]:
     clustered = rng.random(n) < 0.5
     x = np.where(clustered, rng.normal(200, 60, n), rng.uniform(-h, h, n)).clip(-h + 1e-6, h - 1e-6)
     y = np.where(clustered, rng.normal(-100, 60, n), rng.uniform(-h, h, n)).clip(-h + 1e-6, h - 1e-6)
-    slot = rng.integers(0, N_SLOTS, n)
-    spatial = FitInput(x, y, region, "user", K, user=user)
-    st = FitInput(x, y, region, "user", K, user=user, slot=slot, n_slots=N_SLOTS, slot_seconds=SLOT_SECONDS,
-                  window_start_s=1_700_000_000)
-    return {False: spatial, True: st}
+    return PrivateSample(x, y, region, PrivacyUnit.user(K), user=user, slot=rng.integers(0, N_SLOTS, n),
+                         n_slots=N_SLOTS, slot_seconds=SLOT_SECONDS, window_start_s=1_700_000_000)
 
 
-def _input_for(name: str, fit_inputs: dict[bool, FitInput]) -> FitInput:
-    return fit_inputs[bool(get_mechanism_class(name).spatio_temporal)]
+def input_of(name: str, sample: PrivateSample) -> MechanismInput:
+    return input_for(get_mechanism_class(name).tags.input_type, sample)
 
 
-def _boxes(region: Region) -> np.ndarray:
+def boxes_in(region: Region) -> np.ndarray:
     rng = np.random.default_rng(5)
     h = region.half_m
     c = rng.uniform(-h, h, (50, 2))
@@ -76,33 +74,13 @@ def _boxes(region: Region) -> np.ndarray:
     return np.c_[c - s[:, None] / 2, c + s[:, None] / 2]
 
 
-def _expected_sensitivity(name: str, data: FitInput) -> float:
-    cls = get_mechanism_class(name)
-    declared = getattr(cls, "charge_sensitivity", None)
-    return float(declared(data)) if declared is not None else float(data.sensitivity)
+# -- the contract ---------------------------------------------------------------------------------------
+def fit_quick(name: str, sample: PrivateSample) -> Synopsis:
+    return get_mechanism(name, **quick_params(name)).fit(input_of(name, sample), EPSILON, NoiseSource.seeded(123))
 
 
-@pytest.fixture(scope="module")
-def fitted(fit_inputs: dict[bool, FitInput]) -> dict[str, Synopsis]:
-    """One fit per mechanism, shared by the checks below (training mechanisms are the slow part)."""
-    return {}
-
-
-def _fit(name: str, fit_inputs: dict[bool, FitInput], fitted: dict[str, Synopsis]) -> Synopsis:
-    if name not in fitted:
-        mech = get_mechanism(name, **_params(name))
-        fitted[name] = mech.fit(_input_for(name, fit_inputs), EPSILON, NoiseSource.seeded(123))
-    return fitted[name]
-
-
-def test_registry_lists_the_classic_mechanisms() -> None:
-    assert {"identity", "ug", "ag", "hb", "privtree"} <= set(mechanism_names())
-
-
-@pytest.mark.parametrize("name", mechanism_names())
-def test_fit_returns_synopsis_and_charges_add_up(name: str, fit_inputs: dict[bool, FitInput],
-                                                 fitted: dict[str, Synopsis]) -> None:
-    syn = _fit(name, fit_inputs, fitted)
+def check_charges(name: str, syn: Synopsis, sample: PrivateSample) -> None:
+    """Charges are recorded, positive, add up to ε, and each is calibrated to the tagged sensitivity."""
     assert isinstance(syn, Synopsis)
     charges = syn.privacy.charges
     assert charges, f"{name} recorded no charge"
@@ -110,27 +88,19 @@ def test_fit_returns_synopsis_and_charges_add_up(name: str, fit_inputs: dict[boo
     assert 0.999 * EPSILON <= spent <= EPSILON * (1 + 1e-9), (name, spent)
     assert all(c["epsilon"] > 0 for c in charges)
     assert syn.privacy.epsilon == pytest.approx(EPSILON)
-    assert syn.privacy.privacy_unit == "user"
-
-
-@pytest.mark.parametrize("name", mechanism_names())
-def test_every_charge_is_calibrated_to_the_stated_sensitivity(name: str, fit_inputs: dict[bool, FitInput],
-                                                               fitted: dict[str, Synopsis]) -> None:
-    syn = _fit(name, fit_inputs, fitted)
-    expected = _expected_sensitivity(name, _input_for(name, fit_inputs))
-    for c in syn.privacy.charges:
+    assert syn.privacy.privacy_unit == sample.unit.kind
+    expected = get_mechanism_class(name).tags.charge_sensitivity(sample.unit)
+    assert syn.privacy.sensitivity == pytest.approx(expected)
+    for c in charges:
         assert c["sensitivity"] == pytest.approx(expected), (name, c)
 
 
-@pytest.mark.parametrize("name", mechanism_names())
-def test_save_load_round_trip_answers_identically(name: str, fit_inputs: dict[bool, FitInput],
-                                                  fitted: dict[str, Synopsis], tmp_path: Path,
-                                                  region: Region) -> None:
-    syn = _fit(name, fit_inputs, fitted)
-    syn.save(tmp_path / name)
-    back = load_synopsis(tmp_path / name)
+def check_round_trip(syn: Synopsis, directory: Path) -> None:
+    """Saved and loaded, a synopsis answers, renders and states its privacy exactly as before."""
+    syn.save(directory)
+    back = load_synopsis(directory)
     assert type(back) is type(syn)
-    boxes = _boxes(region)
+    boxes = boxes_in(syn.region)
     before = syn.answer(boxes)
     assert before.shape == (boxes.shape[0],) and np.all(np.isfinite(before))
     assert np.array_equal(back.answer(boxes), before)
@@ -140,17 +110,67 @@ def test_save_load_round_trip_answers_identically(name: str, fit_inputs: dict[bo
         json.dumps(syn.privacy.to_dict(), default=str))
 
 
+def check_bad_epsilon(name: str, epsilon: float, sample: PrivateSample) -> None:
+    noise = NoiseSource.seeded(0)
+    with pytest.raises(BudgetError):
+        get_mechanism(name, **quick_params(name)).fit(input_of(name, sample), epsilon, noise)
+    assert noise.rng.bit_generator.state == NoiseSource.seeded(0).rng.bit_generator.state
+
+
+def check_bad_params(name: str, bad: dict, sample: PrivateSample) -> None:
+    """A bad value is a one-line MechanismError without data (construction or ``check_params``, which is
+    what lets release planning refuse it before the ledger is charged), and a fit draws no noise."""
+    with pytest.raises(MechanismError) as refused:
+        get_mechanism(name, **{**quick_params(name), **bad}).check_params()
+    assert "\n" not in str(refused.value)
+    noise = NoiseSource.seeded(0)
+    with pytest.raises(MechanismError):
+        get_mechanism(name, **{**quick_params(name), **bad}).fit(input_of(name, sample), EPSILON, noise)
+    assert noise.rng.bit_generator.state == NoiseSource.seeded(0).rng.bit_generator.state
+
+
+# -- every registered mechanism -----------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def sample() -> PrivateSample:
+    return contract_sample(contract_region())
+
+
+@pytest.fixture(scope="module")
+def fitted() -> dict[str, Synopsis]:
+    """One fit per mechanism, shared by the checks below (training mechanisms are the slow part)."""
+    return {}
+
+
+def _fit(name: str, sample: PrivateSample, fitted: dict[str, Synopsis]) -> Synopsis:
+    if name not in fitted:
+        fitted[name] = fit_quick(name, sample)
+    return fitted[name]
+
+
+def test_registry_lists_the_classic_mechanisms() -> None:
+    assert {"identity", "ug", "ag", "hb", "privtree"} <= set(mechanism_names())
+
+
+@pytest.mark.parametrize("name", mechanism_names())
+def test_fit_records_charges_at_the_tagged_sensitivity(name: str, sample: PrivateSample,
+                                                       fitted: dict[str, Synopsis]) -> None:
+    check_charges(name, _fit(name, sample, fitted), sample)
+
+
+@pytest.mark.parametrize("name", mechanism_names())
+def test_save_load_round_trip_answers_identically(name: str, sample: PrivateSample, fitted: dict[str, Synopsis],
+                                                  tmp_path: Path) -> None:
+    check_round_trip(_fit(name, sample, fitted), tmp_path / name)
+
+
 @pytest.mark.parametrize("name", mechanism_names())
 @pytest.mark.parametrize("epsilon", [0.0, -1.0, float("nan")])
-def test_non_positive_epsilon_is_refused(name: str, epsilon: float, fit_inputs: dict[bool, FitInput]) -> None:
-    mech = get_mechanism(name, **_params(name))
-    with pytest.raises(BudgetError):
-        mech.fit(_input_for(name, fit_inputs), epsilon, NoiseSource.seeded(0))
+def test_non_positive_epsilon_is_refused(name: str, epsilon: float, sample: PrivateSample) -> None:
+    check_bad_epsilon(name, epsilon, sample)
 
 
-#: Parameter values no mechanism can work with, at least one per mechanism that checks values. Each must
-#: be refused by ``check_params`` alone (no data, no ε), which is what lets the platform refuse it while
-#: planning, before the ledger is charged.
+#: Parameter values no mechanism can work with, at least one per registered mechanism: ranges, wrong
+#: types (a list, a word, a fraction where a whole number is needed), and rules between parameters.
 BAD_PARAMS: list[tuple[str, dict]] = [
     ("ag", {"c": 0}),
     ("ag", {"alpha": 1.5}),
@@ -162,14 +182,19 @@ BAD_PARAMS: list[tuple[str, dict]] = [
     ("hb", {"level_split": "fibonacci"}),
     ("hb", {"levels": 6}),  # branching 4 and a 2048 leaf cap allow at most 5 levels
     ("hb", {"levels": 0}),
+    ("hb", {"levels": 2.5}),
+    ("hb", {"branching": True}),
     ("hb", {"total_fraction": 1.0}),
     ("privtree", {"min_leaf_m": 0.0}),
     ("privtree", {"tree_fraction": 1.0}),
     ("ug", {"c": 0}),
+    ("ug", {"c": "ten"}),
     ("ug", {"max_grid": 0}),
     ("ug", {"grid_size": 0}),
     ("ug", {"total_fraction": -0.1}),
     ("identity", {"cell_width_m": 0.0}),
+    ("identity", {"cell_width_m": [1, 2]}),
+    ("identity", {"cell_width_m": "wide"}),
     ("identity", {"grid_size": -3}),
     ("identity3d", {"grid_size": 0}),
     ("identity3d", {"cell_width_m": -5.0}),
@@ -190,7 +215,7 @@ BAD_PARAMS: list[tuple[str, dict]] = [
     ("laplace", {"resolution": 0}),
     ("laplace-top", {"top_percent": 0}),
     ("laplace-top", {"top_percent": 150}),
-    ("laplace-top", {"quantum": 0}),  # the base class's checks still apply
+    ("laplace-top", {"quantum": 0}),  # the base class's constraints still apply
     ("snh", {"loss": "huber"}),
     ("snh", {"cell_width_m": 0.0}),
     ("snh", {"data_collection": "octree"}),
@@ -200,7 +225,7 @@ BAD_PARAMS: list[tuple[str, dict]] = [
     ("snh", {"public_workload": "w.csv", "public_workload_boxes": [[0.0, 0.0, 10.0, 10.0]]}),
     ("snh", {"public_workload_boxes": [[10.0, 0.0, 0.0, 10.0]]}),  # xmin > xmax
     ("snh", {"public_workload": "/nonexistent/public-workload.csv"}),
-    ("snh", {"total_fraction": 0.0}),  # spent on n when ParamSelect picks ρ (no cell_width_m)
+    ("snh", {"total_fraction": 0.0}),
     ("auto", {"mechanisms": "identity,dawa"}),
     ("auto", {"mechanisms": ""}),
     ("auto", {"query_sides_m": (0.0, 100.0)}),
@@ -209,29 +234,57 @@ BAD_PARAMS: list[tuple[str, dict]] = [
 
 
 @pytest.mark.parametrize(("name", "bad"), BAD_PARAMS, ids=[f"{n}-{'-'.join(b)}" for n, b in BAD_PARAMS])
-def test_bad_parameter_values_are_refused_by_check_params_before_any_noise(
-        name: str, bad: dict, fit_inputs: dict[bool, FitInput]) -> None:
-    # The quick settings keep a wrongly accepted value from starting a long training run.
-    mech = get_mechanism(name, **{**_params(name), **bad})
-    with pytest.raises(MechanismError):
-        mech.check_params()
-    noise = NoiseSource.seeded(0)
-    untouched = NoiseSource.seeded(0)
-    with pytest.raises(MechanismError):
-        mech.fit(_input_for(name, fit_inputs), EPSILON, noise)
-    # Nothing was drawn: the generator is where a fresh one starts.
-    assert noise.rng.bit_generator.state == untouched.rng.bit_generator.state
-    assert noise.rng.random() == untouched.rng.random()
+def test_bad_parameter_values_are_refused_before_any_noise(name: str, bad: dict, sample: PrivateSample) -> None:
+    check_bad_params(name, bad, sample)
 
 
-def test_bad_params_table_covers_every_mechanism_with_value_checks() -> None:
-    covered = {name for name, _ in BAD_PARAMS}
-    assert covered == {"ag", "hb", "privtree", "ug", "identity", "identity3d", "vdr", "dpheatmap", "laplace",
-                       "laplace-top", "snh", "auto"}
-    assert covered <= set(mechanism_names())
+def test_bad_params_table_covers_every_registered_mechanism() -> None:
+    assert {name for name, _ in BAD_PARAMS} == set(mechanism_names())
 
 
 @pytest.mark.parametrize("name", mechanism_names())
-def test_default_and_quick_parameters_pass_check_params(name: str) -> None:
-    get_mechanism(name).check_params()
-    get_mechanism(name, **_params(name)).check_params()
+def test_default_and_quick_parameters_are_accepted_and_recorded_unchanged(name: str) -> None:
+    """Construction validates without converting: what the caller gave is what manifests record."""
+    for params in ({}, quick_params(name)):
+        mech = get_mechanism(name, **params)
+        mech.check_params()
+        recorded = mech.get_params()
+        for key, value in params.items():
+            assert recorded[key] == value and type(recorded[key]) is type(value), (name, key)
+
+
+def test_an_integer_for_a_float_parameter_is_kept_as_given() -> None:
+    """Manifests and release keys hash the parameters as given, so validation must not coerce 10 to 10.0."""
+    mech = get_mechanism("ug", c=10)
+    assert mech.get_params()["c"] == 10 and type(mech.get_params()["c"]) is int
+
+
+def test_a_mechanism_refuses_an_input_of_another_shape(sample: PrivateSample) -> None:
+    """A spatio-temporal mechanism given 2-D points (no time slots) refuses before any noise is drawn."""
+    points = input_of("identity", sample)
+    noise = NoiseSource.seeded(0)
+    with pytest.raises(MechanismError, match="time slots"):
+        get_mechanism("identity3d").fit(points, EPSILON, noise)
+    assert noise.rng.bit_generator.state == NoiseSource.seeded(0).rng.bit_generator.state
+
+
+def test_fit_refuses_a_mechanism_that_builds_its_own_privacy_record(sample: PrivateSample) -> None:
+    """``fit`` owns the privacy record; a ``_fit`` that sets one is a contract violation, not overwritten."""
+    from dpcore.mechanisms import Mechanism
+    from dpcore.mechanisms.contract import MechanismTags
+    from dpcore.synopsis.base import GridSynopsis, PrivacyInfo
+
+    class SelfRecording(Mechanism):
+        name = "self-recording"
+        tags = MechanismTags()
+
+        def __init__(self) -> None:
+            pass
+
+        def _fit(self, data, acct, noise):
+            acct.spend_rest("cells", data.sensitivity)
+            fake = PrivacyInfo(self.name, {}, acct.epsilon, [], "record", 1.0, None, "", [])
+            return GridSynopsis(np.zeros((2, 2)), data.region, fake, {})
+
+    with pytest.raises(MechanismError, match="privacy record"):
+        SelfRecording().fit(input_of("identity", sample), EPSILON, NoiseSource.seeded(0))

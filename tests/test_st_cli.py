@@ -65,10 +65,13 @@ def test_release_then_query_time_hotspot_forecast(synth_file, tmp_path):
     h = geodp("hotspot", out, "--at", "40.713,-74.006", "--at", "40.75,-73.99", "--threshold", "5",
               "--extent-km", "5", "--json")
     rows = json.loads(h.stdout)
-    assert len(rows) == 2
+    # Both points lie in the synthetic city's dense core: a 5-point cell is within 5 km of each.
+    assert [row["found"] for row in rows] == [True, True]
     for row in rows:
-        if row["found"]:
-            assert row["released_count"] >= 5 and row["distance_m"] <= 5000
+        assert row["released_count"] >= 5 and row["distance_m"] <= 5000
+    # A threshold above the whole release's count is never met: the answer says so instead of a cell.
+    never = geodp("hotspot", out, "--at", "40.713,-74.006", "--threshold", "1e12", "--extent-km", "5", "--json")
+    assert [row["found"] for row in json.loads(never.stdout)] == [False]
     f = geodp("forecast", out, "--box", "40.60,-74.10,40.80,-73.90", "--horizon", "3", "--json")
     fc = json.loads(f.stdout)
     assert len(fc["forecast"]) == 3 and len(fc["history"]) == 14 and all(np.isfinite(fc["forecast"]))

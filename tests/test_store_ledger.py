@@ -1,7 +1,6 @@
 """Release store and ledger: create-only writes, caps, parallel writers, exactly-once, crash windows,
 integrity on read; against a local folder and against a real S3 endpoint (moto's server over HTTP)."""
 
-import json
 
 import numpy as np
 import pytest
@@ -127,17 +126,51 @@ def test_manifest_contents_and_integrity_on_read(store_url):
         fetch_to_temp(m["url"])
 
 
+def _points_csv(path, points):
+    """Write points as the CSV a release reads (user_id, ISO timestamp, lat, lon)."""
+    import pandas as pd
+
+    pd.DataFrame({"user_id": [f"u{u}" for u in points.user],
+                  "timestamp": pd.to_datetime(points.ts, unit="s", utc=True).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                  "lat": points.lat, "lon": points.lon}).to_csv(path, index=False)
+    return path
+
+
 def test_over_budget_release_is_refused_before_noise(tmp_path, monkeypatch):
+    """The release pipeline itself (in-process form) refuses a run over the cap before any city is
+    privatized: no noise is drawn, nothing is staged or listed, and the ledger holds no charge."""
+    import flows.release as release
+    from dpcore.privacy.noise import NoiseSource
+    from tasks.config import ReleaseParams
+
     url = str(tmp_path / "store")
-    plans = _plan(url, epsilon=0.6, cities=("austin", "new-york"))  # disjoint: a person loses 0.6
+    data = _points_csv(tmp_path / "synthetic.csv", _points())
+    fits = []
+    real_fn = release.privatize.fn
+    monkeypatch.setattr(release.privatize, "fn", lambda *a, **k: fits.append(a) or real_fn(*a, **k))
+    params = ReleaseParams(data=str(data), cities=["austin", "new-york"], period="2010-05-02", epsilon=0.3,
+                           mechanism="identity", mechanism_params={"cell_width_m": 1000}, store=url,
+                           max_points_per_user=5, budget_cap=0.5)
+    first = release.release_cities(params, in_process=True)
+    assert [r["status"] for r in first["releases"]] == ["committed", "committed"] and len(fits) == 2
+    store = ReleaseStore(url)
+    before = sorted(store.listdir(f"releases/{first['dataset']}/austin/2010-05-02"))
 
     def no_noise(*a, **k):
         raise AssertionError("noise drawn for a refused release")
 
-    monkeypatch.setattr("dpcore.privacy.noise.NoiseSource.discrete_laplace", no_noise)
-    with pytest.raises(BudgetRefused, match=r"0\.5 left"):
-        _charge(url, plans, budget=0.5)  # 0.6 > 0.5: the whole run is refused up front
-    assert DatasetLedger(ReleaseStore(url), "synthetic").entries() == []
+    for method in ("discrete_laplace", "add_discrete_laplace", "add_lattice_laplace", "add_discrete_gaussian"):
+        monkeypatch.setattr(NoiseSource, method, no_noise)
+    fits.clear()
+    # Another configuration for the same day takes a person to 0.6 > 0.5: the whole run is refused.
+    with pytest.raises(BudgetRefused, match=r"0\.2 left"):
+        release.release_cities(params.model_copy(update={"mechanism_params": {"cell_width_m": 500}}),
+                               in_process=True)
+    assert fits == []
+    assert len(store.list_releases()) == 2
+    assert sorted(store.listdir(f"releases/{first['dataset']}/austin/2010-05-02")) == before  # no version claimed
+    ledger = DatasetLedger(store, first["dataset"])
+    assert len(ledger.entries()) == 1 and ledger.loss()["lifetime"] == pytest.approx(0.3)
 
 
 def test_unsafe_names_and_missing_release(tmp_path):
@@ -145,4 +178,3 @@ def test_unsafe_names_and_missing_release(tmp_path):
         DatasetLedger(ReleaseStore(str(tmp_path / "s")), "../x")
     with pytest.raises(StoreError, match="no committed release"):
         fetch_to_temp(str(tmp_path / "s" / "releases" / "d" / "c" / "p" / "v1"))
-    json.dumps({})  # keep json import used for readability of failures

@@ -135,7 +135,7 @@ def test_vdr_gamma_refinement_and_bad_params():
 
 
 def test_nonnegative_projection_keeps_tile_totals():
-    from dpcore.models.vqvae import nonnegative_keep_block_mass
+    from dpcore.models.st_statistics import nonnegative_keep_block_mass
 
     rng = np.random.default_rng(0)
     v = rng.normal(2.0, 3.0, (10, 12, 3))  # sizes not multiples of the tile: padded tiles
@@ -150,7 +150,7 @@ def test_nonnegative_projection_keeps_tile_totals():
 
 
 def test_multiscale_shrink_keeps_coarse_structure_and_flattens_noise():
-    from dpcore.models.vqvae import multiscale_shrink
+    from dpcore.models.st_statistics import multiscale_shrink
 
     rng = np.random.default_rng(1)
     sigma = 40.0
@@ -177,7 +177,8 @@ def test_multiscale_shrink_keeps_coarse_structure_and_flattens_noise():
 
 
 def test_multiscale_consistency_removes_planted_large_scale_bias():
-    from dpcore.models.vqvae import block_sum, multiscale_consistency
+    from dpcore.grid.histogram import block_sum
+    from dpcore.models.st_statistics import multiscale_consistency
 
     rng = np.random.default_rng(4)
     sigma = 2.0
@@ -213,7 +214,7 @@ def test_multiscale_consistency_removes_planted_large_scale_bias():
 
 
 def test_multiscale_consistency_keeps_estimate_where_noise_dominates():
-    from dpcore.models.vqvae import multiscale_consistency
+    from dpcore.models.st_statistics import multiscale_consistency
 
     rng = np.random.default_rng(5)
     sigma = 30.0
@@ -244,7 +245,7 @@ def test_slot_totals_of_pure_noise_stay_flat_but_real_slot_structure_passes():
     """The root's T slot-total tests use a Bonferroni-level threshold (slot_kappa): with 21 slots of
     pure noise neither quadtree stage should put a whole-region spike into one slot (it did with
     2·ln T), while a slot pattern far above its noise still comes through."""
-    from dpcore.models.vqvae import multiscale_consistency, multiscale_shrink, slot_kappa
+    from dpcore.models.st_statistics import multiscale_consistency, multiscale_shrink, slot_kappa
 
     nt, side, sigma = 21, 16, 50.0
     assert slot_kappa(4.0, nt) > 2.0 * np.log(nt) > 4.0

@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-import dpcore.mechanisms.base as base
+import dpcore.mechanisms.inputs as inputs
 from dpcore.evaluation.range import EvalConfig
 from dpcore.geo import Region
 from dpcore.grid.histogram import grid_counts
@@ -120,7 +120,7 @@ def test_weighted_identity_grid_passes_the_e_eps_test_and_unbounded_weights_fail
     assert worst_ratio(contribution_weights) <= bound
     # negative control: without the k/n_u factor every point weighs 1 and the heavy person's 20 points
     # move the cell by 20 = 10·k; FitInput would refuse such weights, so its check is switched off here
-    monkeypatch.setattr(base, "check_weights", lambda *a: None)
+    monkeypatch.setattr(inputs, "check_weights", lambda *a: None)
     assert worst_ratio(lambda user, k: np.ones(user.size)) > 2 * bound
     # and a milder break, weights doubled (a person's sum up to 2k), fails it too
     assert worst_ratio(lambda user, k: np.minimum(1.0, 2 * contribution_weights(user, k))) > bound

@@ -23,10 +23,13 @@ from dpcore.data.points import Points, clip_to_region
 from dpcore.geo import Region
 from dpcore.heatmap.metrics import DEFAULT_EMD_MAX_SIDE, emd, emd_coarsening_bound, kl_divergence, pearson
 from dpcore.heatmap.quadtree import user_normalised_grid
-from dpcore.mechanisms import FitInput, get_mechanism
+from dpcore.mechanisms import PointsInput, PrivacyUnit, get_mechanism, input_for, mechanism_names
 from dpcore.privacy.noise import NoiseSource
 
-HEATMAP_MECHANISMS = ("dpheatmap", "laplace", "laplace-top")
+
+def heatmap_mechanisms() -> list[str]:
+    """Every registered mechanism tagged as a heatmap (``MechanismTags.heatmap``)."""
+    return mechanism_names(lambda tags: tags.heatmap)
 
 
 class HeatmapEvalError(GeoDPError, ValueError):
@@ -52,7 +55,7 @@ def parse_mechanism_spec(spec: str) -> tuple[str, str, dict]:
 
 @dataclass
 class HeatmapEvalConfig:
-    mechanisms: list[str] = field(default_factory=lambda: list(HEATMAP_MECHANISMS))
+    mechanisms: list[str] = field(default_factory=heatmap_mechanisms)
     epsilons: list[float] = field(default_factory=lambda: [0.2, 1.0, 5.0])
     resolutions: list[int] = field(default_factory=lambda: [64, 128, 256])
     users: list[int] = field(default_factory=lambda: [50, 200, 500])
@@ -106,8 +109,8 @@ def evaluate_heatmap(points: Points, region: Region, config: HeatmapEvalConfig,
         for trial in range(config.trials):
             chosen = rng.choice(users_in_region, size=n_users, replace=False)
             sel = np.isin(user, chosen)
-            data = FitInput(x[sel], y[sel], region, config.privacy_unit, None,
-                            user=user[sel] if config.privacy_unit == "user" else None)
+            data = PointsInput(x[sel], y[sel], region, PrivacyUnit.of(config.privacy_unit),
+                               user=user[sel] if config.privacy_unit == "user" else None)
             for res in config.resolutions:
                 truth = user_normalised_grid(data.x, data.y, data.user, region.bounds_m, res, quantum=None)
                 for eps in config.epsilons:
@@ -116,7 +119,7 @@ def evaluate_heatmap(points: Points, region: Region, config: HeatmapEvalConfig,
                         mech = get_mechanism(name, **params)
                         noise = NoiseSource.seeded(_seed_for(config.seed, trial, n_users, res, eps, label))
                         t0 = time.perf_counter()
-                        syn = mech.fit(data, eps, noise)
+                        syn = mech.fit(input_for(mech.tags.input_type, data), eps, noise)
                         fit_s = time.perf_counter() - t0
                         released = syn.density(res)
                         scores.setdefault((label, eps, res, n_users), []).append(

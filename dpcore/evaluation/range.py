@@ -36,7 +36,7 @@ import numpy as np
 from dpcore.data.points import Points, clip_to_region
 from dpcore.evaluation.metrics import psi_for, relative_error
 from dpcore.geo import Region
-from dpcore.mechanisms import FitInput, get_mechanism
+from dpcore.mechanisms import PointsInput, PrivacyUnit, get_mechanism, input_for
 from dpcore.privacy.bounding import (
     bound_contributions,
     check_privacy_unit,
@@ -126,24 +126,28 @@ def region_data(points: Points, region: Region) -> RegionData:
 
 
 def make_fit_input(data: RegionData, privacy_unit: str, max_points_per_user: int,
-                   rng: np.random.Generator, bounding: str = "sample") -> FitInput:
+                   rng: np.random.Generator, bounding: str = "sample") -> PointsInput:
     """Bound (user-level: a k-sample, or every point weighted min(1, k/n_u)) and wrap a region's points
     for a mechanism."""
-    if privacy_unit == "user" and bounding == "weight":
-        return FitInput(data.x, data.y, data.region, "user", max_points_per_user, user=data.user,
-                        weights=contribution_weights(data.user, max_points_per_user))
     if privacy_unit == "user":
+        unit = PrivacyUnit.user(max_points_per_user)
+        if bounding == "weight":
+            return PointsInput(data.x, data.y, data.region, unit, user=data.user,
+                               weights=contribution_weights(data.user, max_points_per_user))
         keep = bound_contributions(data.user, max_points_per_user, rng).keep
-        return FitInput(data.x[keep], data.y[keep], data.region, "user", max_points_per_user, user=data.user[keep])
-    return FitInput(data.x, data.y, data.region, "record", None, user=data.user)
+        return PointsInput(data.x[keep], data.y[keep], data.region, unit, user=data.user[keep])
+    return PointsInput(data.x, data.y, data.region, PrivacyUnit.of(privacy_unit), user=data.user)
 
 
-def fit_and_scale(mechanism: str, params: dict, fit_input: FitInput, epsilon: float, noise: NoiseSource,
+def fit_and_scale(mechanism: str, params: dict, fit_input: PointsInput, epsilon: float, noise: NoiseSource,
                   total_points: int) -> Synopsis:
+    """Fit on the region's points in the shape the mechanism reads (its ``tags.input_type``), scaled to
+    the protocol's public total at user level."""
+    mech = get_mechanism(mechanism, **params)
     if fit_input.privacy_unit == "user":
         return fit_scaled(mechanism, params, fit_input, epsilon, noise, total_points,
                           "public input of the evaluation protocol")
-    return get_mechanism(mechanism, **params).fit(fit_input, epsilon, noise)
+    return mech.fit(input_for(mech.tags.input_type, fit_input), epsilon, noise)
 
 
 def band_runs(mechanism: str, params: dict, query_sides_m: list[tuple[float, float]],
@@ -249,7 +253,7 @@ def evaluate(points: Points, region: Region, config: EvalConfig, progress: Progr
     if config.bounding == "weight" and config.privacy_unit == "user":
         from dpcore.mechanisms import MechanismError, get_mechanism_class
 
-        unsupported = [m for m in config.mechanisms if not get_mechanism_class(m).supports_weights]
+        unsupported = [m for m in config.mechanisms if not get_mechanism_class(m).tags.supports_weights]
         if unsupported:  # before any fit, not halfway through the table
             raise MechanismError(f"weighted bounding is not supported by {', '.join(unsupported)}")
     psi = psi_for(data.n_points)
@@ -304,7 +308,7 @@ def evaluate(points: Points, region: Region, config: EvalConfig, progress: Progr
                     "params": params,
                 })
     # Answering 0 to every query: with ψ = 0.1% of n a release on sparse data can do worse than
-    # that, and then it says less than a blank map (docs/decisions/0003-snh-pyramid-loss-and-answer-blend.md).
+    # that, and then it says less than a blank map (bench/README.md, SNH section).
     zero = answer_zero(workloads, psi)
     hindsight = [row for eps in config.epsilons for row in hindsight_grid(data, workloads, eps, config, psi)] \
         if config.hindsight else []

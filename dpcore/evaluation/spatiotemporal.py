@@ -34,7 +34,7 @@ from dpcore.data.points import DataError, Points, clip_to_region
 from dpcore.evaluation.metrics import psi_for, relative_error
 from dpcore.geo import Region, time_slots
 from dpcore.grid.histogram import grid_counts_3d
-from dpcore.mechanisms import FitInput, get_mechanism, get_mechanism_class
+from dpcore.mechanisms import PrivacyUnit, PrivateSample, get_mechanism, get_mechanism_class, input_for
 from dpcore.privacy.bounding import bound_contributions, check_privacy_unit
 from dpcore.privacy.budget import check_epsilon
 from dpcore.privacy.noise import NoiseSource
@@ -115,7 +115,7 @@ class STEvalConfig:
             raise STEvalError("at least one mechanism is needed")
         self.workload = str(parse_workload(self.workload))
         for m in self.mechanisms:
-            if not get_mechanism_class(m).spatio_temporal:
+            if not get_mechanism_class(m).tags.input_type.needs_time_slots:
                 raise STEvalError(f"mechanism {m!r} is not spatio-temporal; use e.g. identity3d or vdr")
         if self.window_end_s <= self.window_start_s:
             raise STEvalError("the window's end must be after its start")
@@ -209,10 +209,11 @@ def evaluate_st(points: Points, region: Region, config: STEvalConfig, progress: 
                 else:
                     keep = np.arange(n_points)
                     k = None
-                data = FitInput(x[keep], y[keep], region, config.privacy_unit, k, user=user[keep], slot=slot[keep],
-                                n_slots=t, slot_seconds=config.slot_seconds, window_start_s=config.window_start_s,
-                                public_total=float(n_points))
+                sample = PrivateSample(x[keep], y[keep], region, PrivacyUnit.of(config.privacy_unit, k),
+                                       user=user[keep], slot=slot[keep], n_slots=t, slot_seconds=config.slot_seconds,
+                                       window_start_s=config.window_start_s, public_total=float(n_points))
                 mechanism = get_mechanism(mech, **params)
+                data = input_for(mechanism.tags.input_type, sample)
                 if hasattr(mechanism, "progress"):
                     mechanism.progress = train_progress
                 t0 = time.perf_counter()

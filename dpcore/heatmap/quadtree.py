@@ -48,7 +48,7 @@ from dpcore import GeoDPError
 from dpcore.grid.histogram import flat_cell_index
 from dpcore.privacy.budget import Accountant, split_epsilon
 from dpcore.privacy.noise import NoiseSource
-from dpcore.synopsis.base import GridSynopsis, PrivacyInfo
+from dpcore.synopsis.base import GridSynopsis
 
 DEFAULT_QUANTUM = 1 << 20
 LEVEL_SPLITS = ("uniform", "geometric")
@@ -439,13 +439,6 @@ def normalise(grid: np.ndarray) -> np.ndarray:
     if s <= 0:
         return np.full(g.shape, 1.0 / g.size)
     return g / s
-
-
-def heatmap_privacy(name: str, params: dict, acct: Accountant, privacy_unit: str,
-                    max_points_per_user: int | None, noise: NoiseSource, notes: list[str]) -> PrivacyInfo:
-    """Privacy statement of a heatmap release: sensitivity 1 (user mass per level), not k."""
-    return PrivacyInfo(name, params, acct.epsilon, acct.to_list(), privacy_unit, 1.0,
-                       max_points_per_user if privacy_unit == "user" else None, noise.description, list(notes))
 
 
 # ---------------------------------------------------------------------------------------------

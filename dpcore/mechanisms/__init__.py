@@ -1,4 +1,6 @@
-"""Mechanism registry. Adding a method = one module + one line in ``_BUILTIN``.
+"""Mechanism registry. Adding a method = one module + one line in ``_BUILTIN`` (or :func:`register`).
+
+What a mechanism can do is read from its class's ``tags`` (:class:`MechanismTags`), never from its name.
 
 Modules are imported on first use so that e.g. the CLI does not import torch for a grid release.
 """
@@ -6,8 +8,17 @@ Modules are imported on first use so that e.g. the CLI does not import torch for
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 
 from dpcore.mechanisms.base import FitInput, Mechanism, MechanismError
+from dpcore.mechanisms.contract import ZCDP, Budget, MechanismTags, PrivacyUnit, PureDP
+from dpcore.mechanisms.inputs import (
+    MechanismInput,
+    PointsInput,
+    PrivateSample,
+    SpatioTemporalInput,
+    input_for,
+)
 
 _BUILTIN: dict[str, str] = {
     "identity": "dpcore.mechanisms.identity:IdentityGrid",
@@ -42,11 +53,17 @@ def _available() -> dict[str, str]:
     return out
 
 
-def mechanism_names(spatio_temporal: bool | None = None) -> list[str]:
+def mechanism_names(where: Callable[[MechanismTags], bool] | None = None) -> list[str]:
+    """Registered names (sorted), those whose tags satisfy ``where`` when given."""
     names = sorted({*_available(), *_EXTRA})
-    if spatio_temporal is None:
+    if where is None:
         return names
-    return [n for n in names if get_mechanism_class(n).spatio_temporal == spatio_temporal]
+    return [n for n in names if where(get_mechanism_class(n).tags)]
+
+
+def builtin_order() -> list[str]:
+    """Built-in names in registry order, then registered ones: the stable order of ParamSelect's columns."""
+    return [*_available(), *(n for n in _EXTRA if n not in _BUILTIN)]
 
 
 def get_mechanism_class(name: str) -> type[Mechanism]:
@@ -67,5 +84,6 @@ def get_mechanism(name: str, **params) -> Mechanism:
         raise MechanismError(f"bad parameters for {name}: {exc}") from exc
 
 
-__all__ = ["FitInput", "Mechanism", "MechanismError", "get_mechanism", "get_mechanism_class",
-           "mechanism_names", "register"]
+__all__ = ["ZCDP", "Budget", "FitInput", "Mechanism", "MechanismError", "MechanismInput", "MechanismTags",
+           "PointsInput", "PrivacyUnit", "PrivateSample", "PureDP", "SpatioTemporalInput", "builtin_order",
+           "get_mechanism", "get_mechanism_class", "input_for", "mechanism_names", "register"]

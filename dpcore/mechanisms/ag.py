@@ -33,16 +33,17 @@ import math
 import numpy as np
 
 from dpcore.grid.histogram import cell_index
-from dpcore.mechanisms.base import FitInput, Mechanism, MechanismError
+from dpcore.mechanisms.base import Mechanism
+from dpcore.mechanisms.contract import FitRecord, MechanismTags
+from dpcore.mechanisms.inputs import PointsInput
+from dpcore.mechanisms.params import Fraction, Positive, PositiveInt
 from dpcore.mechanisms.ug import (
     DEFAULT_C,
     MAX_RASTER,
-    check_fraction,
     grid_size_rule,
     private_total,
     rasterise_rectangles,
 )
-from dpcore.privacy.budget import Accountant
 from dpcore.privacy.noise import NoiseSource
 from dpcore.synopsis.base import GridSynopsis
 
@@ -75,10 +76,10 @@ class AdaptiveGrid(Mechanism):
     """Two-level adaptive grid; see the module docstring for sizes, budget split and inference."""
 
     name = "ag"
-    supports_weights = True
+    tags = MechanismTags(supports_weights=True, auto_role="fixed")
 
-    def __init__(self, *, alpha: float = 0.5, c: float = DEFAULT_C, total_fraction: float = 0.05,
-                 min_m1: int = 10, max_m2: int = 256, raster_size: int | None = None,
+    def __init__(self, *, alpha: Fraction = 0.5, c: Positive = DEFAULT_C, total_fraction: Fraction = 0.05,
+                 min_m1: PositiveInt = 10, max_m2: PositiveInt = 256, raster_size: PositiveInt | None = None,
                  clamp_negative: bool = False):
         self.alpha = alpha
         self.min_m1 = min_m1
@@ -88,17 +89,7 @@ class AdaptiveGrid(Mechanism):
         self.raster_size = raster_size
         self.clamp_negative = clamp_negative
 
-    def check_params(self) -> None:
-        check_fraction(self.alpha, "alpha")
-        check_fraction(self.total_fraction, "total_fraction")
-        if not self.c > 0:
-            raise MechanismError(f"c must be > 0, got {self.c}")
-        # raster_size=None takes default_raster, which is ≥ 16 whatever the region.
-        sizes = [self.min_m1, self.max_m2] + ([self.raster_size] if self.raster_size is not None else [])
-        if min(int(v) for v in sizes) < 1:
-            raise MechanismError("min_m1, max_m2 and raster_size must be ≥ 1")
-
-    def _fit(self, data: FitInput, acct: Accountant, noise: NoiseSource) -> GridSynopsis:
+    def _fit(self, data: PointsInput, acct: FitRecord, noise: NoiseSource) -> GridSynopsis:
         # Parameter values were checked by check_params (fit calls it before any budget is spent).
         alpha = float(self.alpha)
         raster_size = int(self.raster_size) if self.raster_size is not None else default_raster(data.region.side_m)
@@ -171,4 +162,5 @@ class AdaptiveGrid(Mechanism):
         # redo the linear inference on fresh noise: the release's 95% intervals (dpcore.uncertainty).
         extra = {"m1": m1, "m2_min": int(m2.min()), "m2_max": int(m2.max()), "n_leaves": int(u.size),
                  "raster_size": raster_size, "m2": m2.astype(int).tolist()}
-        return GridSynopsis(raster, data.region, self.privacy_info(data, acct, noise, notes), extra)
+        acct.describe(notes)
+        return GridSynopsis(raster, data.region, None, extra)

@@ -5,7 +5,7 @@ Privacy accounting:
   shipped model trained on public data, and n. n is ``public_total`` when the caller declares one
   (free), or the caller's already-paid sample-size estimate (free); otherwise a noisy count is paid:
   1% of ε first (step ``total_count``), and only when that is not within 10% relative std, the rest
-  of ``total_fraction`` (step ``total_count_refine``), see dpcore.paramselect.public_n_for_fit.
+  of ``total_fraction`` (step ``total_count_refine``), see dpcore.mechanisms.sample_size.public_n_for_fit.
   Sensitivity k user-level / 1 record-level.
 - The chosen mechanism then runs on the rest of the budget, given that n as ``public_total`` (the
   noisy count is already released, so re-using it is post-processing: nothing is paid twice); its
@@ -32,12 +32,14 @@ whole release), so ``auto`` does not change it; ``geodp paramselect predict`` re
 from __future__ import annotations
 
 import dataclasses
+from typing import Literal
 
-from dpcore.mechanisms.auto_rule import CHOOSERS, band_choice
-from dpcore.mechanisms.base import FitInput, Mechanism, MechanismError
-from dpcore.mechanisms.identity import check_band
-from dpcore.mechanisms.ug import check_fraction
-from dpcore.privacy.budget import Accountant
+from dpcore.mechanisms.auto_rule import band_choice
+from dpcore.mechanisms.base import Mechanism, MechanismError
+from dpcore.mechanisms.contract import FitRecord, MechanismTags
+from dpcore.mechanisms.inputs import PointsInput
+from dpcore.mechanisms.params import Band, Fraction
+from dpcore.mechanisms.sample_size import public_n_for_fit
 from dpcore.privacy.noise import NoiseSource
 from dpcore.synopsis.base import Synopsis
 
@@ -48,11 +50,11 @@ RULE_SIZED = ("identity", "ug")
 class AutoMechanism(Mechanism):
     name = "auto"
     #: under weighted bounding auto chooses only among candidates that support it (not SNH)
-    supports_weights = True
+    tags = MechanismTags(supports_weights=True, tunes_band="query_sides_m")
 
     def __init__(self, *, mechanisms: tuple[str, ...] | str | None = None,
-                 query_sides_m: tuple[float, float] = (100.0, 1000.0), total_fraction: float = 0.05,
-                 model_path: str | None = None, choose: str = "band"):
+                 query_sides_m: Band = (100.0, 1000.0), total_fraction: Fraction = 0.05,
+                 model_path: str | None = None, choose: Literal["band", "model"] = "band"):
         self.choose = choose
         self.mechanisms = mechanisms
         self.query_sides_m = query_sides_m
@@ -60,7 +62,7 @@ class AutoMechanism(Mechanism):
         self.model_path = model_path
 
     def _candidates(self) -> tuple[str, ...]:
-        from dpcore.paramselect import ALL_MECHANISMS, trained_mechanisms
+        from dpcore.paramselect import auto_candidates, trained_mechanisms
 
         if self.mechanisms is None:
             # Default: every mechanism the ParamSelect model has error rows for, so auto weighs exactly
@@ -68,28 +70,22 @@ class AutoMechanism(Mechanism):
             return trained_mechanisms(self.model_path)
         cands = tuple(m.strip() for m in self.mechanisms.split(",")) if isinstance(self.mechanisms, str) \
             else tuple(self.mechanisms)
-        bad = [m for m in cands if m not in ALL_MECHANISMS]
+        known = auto_candidates()
+        bad = [m for m in cands if m not in known]
         if not cands or bad:
-            raise MechanismError(f"auto chooses among {list(ALL_MECHANISMS)}; got {list(cands)}")
+            raise MechanismError(f"auto chooses among {list(known)}; got {list(cands)}")
         return cands
-
-    def tuned_band_parameter(self) -> str | None:
-        return "query_sides_m"
 
     def check_params(self) -> None:
         self._candidates()
-        check_band(self.query_sides_m)
-        check_fraction(self.total_fraction, "total_fraction")
-        if self.choose not in CHOOSERS:
-            raise MechanismError(f"choose must be one of {list(CHOOSERS)}, got {self.choose!r}")
 
-    def _fit(self, data: FitInput, acct: Accountant, noise: NoiseSource) -> Synopsis:
+    def _fit(self, data: PointsInput, acct: FitRecord, noise: NoiseSource) -> Synopsis:
         from dpcore.mechanisms import get_mechanism, get_mechanism_class
-        from dpcore.paramselect import public_n_for_fit, rho_extrapolation_note, select_params
+        from dpcore.paramselect import rho_extrapolation_note, select_params
 
         cands = self._candidates()
         if data.weighted:
-            cands = tuple(c for c in cands if get_mechanism_class(c).supports_weights)
+            cands = tuple(c for c in cands if get_mechanism_class(c).tags.supports_weights)
             if not cands:
                 raise MechanismError("none of auto's candidates supports weighted bounding")
         lo, hi = (float(v) for v in self.query_sides_m)
@@ -113,7 +109,7 @@ class AutoMechanism(Mechanism):
             rule = {**rule_record((lo, hi), data.privacy_unit), "n": n_noised, "epsilon": acct.remaining, "grid_size": m}
         inner = get_mechanism(choice.mechanism, **inner_params)
         # The inner mechanism splits its own (smaller) budget; its charges are copied into ours.
-        sub = Accountant(acct.remaining)
+        sub = FitRecord(acct.remaining)
         # A paid estimate of the bounded sample's size is reused by the inner mechanism; a declared
         # public total stays what it is (the full count) and is not mistaken for the sample size.
         inner_data = (dataclasses.replace(data, sample_size=n, sample_size_variance=n_var)
@@ -139,6 +135,5 @@ class AutoMechanism(Mechanism):
         if choice.inputs.get("beyond_training_reach"):
             notes.append(f"not weighed: {', '.join(choice.inputs['beyond_training_reach'])} (this release's n·ε/s "
                          "is far beyond the training rows the cost model has for them)")
-        notes += synopsis.privacy.notes
-        synopsis.privacy = self.privacy_info(data, acct, noise, notes, params=params)
+        acct.describe([*notes, *sub.notes], params=params)
         return synopsis

@@ -4,8 +4,8 @@ Privacy (user level, or record level with every record its own user):
 - input: each user's points in the region → a distribution over the Δ × Δ grid with mass 1;
 - one Laplace step per quadtree level j = 1..L (L = log2 Δ), each of **L1 sensitivity 1** (a user
   adds a non-negative vector of mass ≤ 1 to every level) — *not* k: the per-user normalisation, not
-  the contribution bound, limits a user's influence, so this mechanism's charges declare 1
-  (:meth:`DPHeatmap.charge_sensitivity`);
+  the contribution bound, limits a user's influence, so this mechanism's tags declare
+  ``sensitivity="unit"`` (every charge calibrated to 1 per user);
 - with ``depth="auto"`` (default) a first step spends ``root_fraction``·ε on the total user mass
   (sensitivity 1) to pick how many levels D ≤ L the remaining budget can carry;
 - budget split over the D levels: ``level_split="uniform"`` gives ε/D per level (the paper's), a
@@ -31,30 +31,37 @@ The root mass (= number of users, private) is only used through its noisy, paid-
 
 from __future__ import annotations
 
+from typing import Annotated, Literal
+
 import numpy as np
+from pydantic import Field
 
 from dpcore.geo import Region
 from dpcore.heatmap.quadtree import (
     DEFAULT_QUANTUM,
-    RECONSTRUCTION_METHODS,
     HeatmapError,
     HeatmapSynopsis,
     check_resolution,
     choose_depth,
-    heatmap_privacy,
     level_epsilons,
     measure_quadtree,
     reconstruct,
     user_normalised_grid,
 )
-from dpcore.mechanisms.base import FitInput, Mechanism, MechanismError, _jsonable
+from dpcore.mechanisms.base import Mechanism, MechanismError
+from dpcore.mechanisms.contract import FitRecord, MechanismTags
+from dpcore.mechanisms.inputs import PointsInput
+from dpcore.mechanisms.params import NonNegative, OptionalFraction, Positive, PositiveInt
 from dpcore.privacy.budget import Accountant
 from dpcore.privacy.noise import NoiseSource
 
 NORMALISATIONS = ("user", "bound")
+Normalisation = Literal["user", "bound"]
+#: A share of the cells in percent: (0, 100].
+Percent = Annotated[float, Field(gt=0, le=100)]
 
 
-def heatmap_units(data: FitInput, resolution: int, quantum: int, normalisation: str = "user") -> np.ndarray:
+def heatmap_units(data: PointsInput, resolution: int, quantum: int, normalisation: str = "user") -> np.ndarray:
     """Integer masses (units of 1/Q) of the heatmap input, each privacy unit adding at most Q.
 
     ``"user"`` (the paper's): each user's points *in this region* share mass 1. A user present in
@@ -84,24 +91,25 @@ class DPHeatmap(Mechanism):
     """Quadtree of user-normalised mass, Laplace per level, top-``w`` nodes kept per level,
     non-negative reconstruction. ``resolution`` Δ is a power of two; ``w`` the nodes kept per level.
 
-    Defaults (w=30, threshold_factor=1, level_split=1.3, root_fraction=0.1, signal_to_noise=0.25) were
-    chosen (8 trials per setting, n = 200, Δ = 256, ε ∈ {0.2, 1, 5}) on the
-    Austin and San Francisco boxes of the public Gowalla sample, not on the New York evaluation data.
+    Defaults (w=30, threshold_factor=1, level_split=1.3, root_fraction=0.1, signal_to_noise=0.25) come
+    from public held-out data, not the evaluation data (docs/decisions/0009-dpheatmap-plans.md).
     ``depth="auto"`` spends ``root_fraction`` of ε on the noisy user count n̂ and measures only the
     levels whose noise that count can carry (:func:`dpcore.heatmap.quadtree.choose_depth`); ``depth=L,
     level_split="uniform", threshold_factor=0`` is the paper's fixed-depth algorithm. The large-ε
-    plan's defaults (pixel_fraction=0.85, pixel_jump=4, pixel_w=10, pixel_top=0.03) were chosen the
-    same way (16–24 trials at ε = 5 on Austin / San Francisco); ``pixel_fraction=0`` turns it off.
+    plan's defaults (pixel_fraction=0.85, pixel_jump=4, pixel_w=10, pixel_top=0.03) come from the same
+    data; ``pixel_fraction=0`` turns it off.
     """
 
     name = "dpheatmap"
+    tags = MechanismTags(sensitivity="unit", heatmap=True)
 
-    def __init__(self, *, resolution: int = 256, w: int = 30, threshold_factor: float = 1.0,
-                 level_split: str | float = 1.3, depth: str | int = "auto", root_fraction: float = 0.1,
-                 signal_to_noise: float = 0.25, remeasure_fraction: float = 0.0, reconstruction: str = "lp",
-                 normalisation: str = "user", quantum: int = DEFAULT_QUANTUM,
-                 pixel_fraction: float = 0.85, pixel_jump: int = 4, pixel_top: float = 0.03, pixel_w: int = 10,
-                 background: float = 1.0):
+    def __init__(self, *, resolution: PositiveInt = 256, w: PositiveInt = 30, threshold_factor: NonNegative = 1.0,
+                 level_split: str | float | list[float] = 1.3, depth: Literal["auto"] | PositiveInt = "auto",
+                 root_fraction: Annotated[float, Field(gt=0, lt=1)] = 0.1, signal_to_noise: Positive = 0.25,
+                 remeasure_fraction: OptionalFraction = 0.0, reconstruction: Literal["lp", "nnls"] = "lp",
+                 normalisation: Normalisation = "user", quantum: PositiveInt = DEFAULT_QUANTUM,
+                 pixel_fraction: OptionalFraction = 0.85, pixel_jump: PositiveInt = 4, pixel_top: Percent = 0.03,
+                 pixel_w: PositiveInt = 10, background: NonNegative = 1.0):
         self.pixel_w = pixel_w
         self.background = background
         self.pixel_fraction = pixel_fraction
@@ -119,46 +127,24 @@ class DPHeatmap(Mechanism):
         self.reconstruction = reconstruction
         self.quantum = quantum
 
-    @staticmethod
-    def charge_sensitivity(data: FitInput | None = None) -> float:
-        """L1 sensitivity of every charge: 1 (one user's normalised mass per level), whatever k is."""
-        return 1.0
-
     def fine_grid(self, region: Region) -> int | None:
         """None: the user-normalised grid spreads each person's unit mass over *their* points, so the
         fit reads the bounded points with their users, not counts."""
         return None
 
     def check_params(self) -> None:
-        if self.normalisation not in NORMALISATIONS:
-            raise MechanismError(f"normalisation must be one of {NORMALISATIONS}, got {self.normalisation!r}")
+        # Rules that tie parameters together (single values are declared in __init__'s annotations).
         try:
             d = check_resolution(self.resolution)
-            if self.reconstruction not in RECONSTRUCTION_METHODS:
-                raise HeatmapError(f"reconstruction must be one of {RECONSTRUCTION_METHODS}")
-            if int(self.quantum) < 1:
-                raise HeatmapError("quantum must be ≥ 1")
             max_levels = d.bit_length() - 1
-            if self.depth != "auto":
-                depth = int(self.depth)
-                if not 1 <= depth <= max_levels:
-                    raise HeatmapError(f"depth must be 'auto' or an integer in [1, {max_levels}], got {self.depth!r}")
-            elif not 0 < float(self.root_fraction) < 1:
-                raise HeatmapError(f"root_fraction must be in (0, 1), got {self.root_fraction!r}")
-            if not 0 <= float(self.remeasure_fraction) < 1:
-                raise HeatmapError(f"remeasure_fraction must be in [0, 1), got {self.remeasure_fraction!r}")
-            if (not 0 <= float(self.pixel_fraction) < 1 or int(self.pixel_jump) < 1
-                    or not 0 < float(self.pixel_top) <= 100 or int(self.pixel_w) < 1 or float(self.background) < 0):
-                raise HeatmapError("need pixel_fraction in [0, 1), pixel_jump ≥ 1, pixel_top in (0, 100], pixel_w ≥ 1 "
-                                   "and background ≥ 0")
-            if int(self.w) < 1 or float(self.threshold_factor) < 0 or not float(self.signal_to_noise) > 0:
-                raise HeatmapError("need w ≥ 1, threshold_factor ≥ 0 and signal_to_noise > 0")
+            if self.depth != "auto" and not int(self.depth) <= max_levels:
+                raise HeatmapError(f"depth must be 'auto' or an integer in [1, {max_levels}], got {self.depth!r}")
             # The split's validity does not depend on ε (only its shape is checked), so any ε > 0 does.
             level_epsilons(1.0, max_levels, self.level_split)
         except (HeatmapError, ValueError, TypeError) as exc:
             raise MechanismError(f"bad {self.name} parameter: {exc}") from exc
 
-    def _fit(self, data: FitInput, acct: Accountant, noise: NoiseSource) -> HeatmapSynopsis:
+    def _fit(self, data: PointsInput, acct: FitRecord, noise: NoiseSource) -> HeatmapSynopsis:
         # Parameter values were checked by check_params (fit calls it before any budget is spent).
         d = int(self.resolution)
         max_levels = d.bit_length() - 1
@@ -214,9 +200,8 @@ class DPHeatmap(Mechanism):
         if pixel_phase:
             notes.append(f"large-ε plan: all of level {level} measured with ε={eps_levels[0]:.4g}, the pixels under its "
                          f"{kept_nodes} kept nodes with ε={eps_levels[1]:.4g}; the {n_pixels} heaviest pixels released")
-        privacy = heatmap_privacy(self.name, _jsonable(self.get_params()), acct, data.privacy_unit,
-                                  data.max_points_per_user, noise, notes)
-        return HeatmapSynopsis(grid, data.region, privacy, {
+        acct.describe(notes)
+        return HeatmapSynopsis(grid, data.region, None, {
             "resolution": d, "w": int(self.w), "depth": depth, "level_epsilons": eps_levels, "units": "user_mass",
             "kept_leaves": kept_leaves, "large_epsilon_plan": bool(pixel_phase)})
 

@@ -31,14 +31,18 @@ consistent leaf grid.
 from __future__ import annotations
 
 import math
+from typing import Annotated, Literal
 
 import numpy as np
+from pydantic import Field
 
 from dpcore.geo import Region
 from dpcore.grid.histogram import block_sum, expand
-from dpcore.mechanisms.base import FitInput, Mechanism, MechanismError
-from dpcore.mechanisms.ug import DEFAULT_C, MAX_RASTER, check_fraction, grid_size_rule, private_total
-from dpcore.privacy.budget import Accountant
+from dpcore.mechanisms.base import Mechanism, MechanismError
+from dpcore.mechanisms.contract import FitRecord, MechanismTags
+from dpcore.mechanisms.inputs import PointsInput
+from dpcore.mechanisms.params import Fraction, Positive, PositiveInt, Whole
+from dpcore.mechanisms.ug import DEFAULT_C, MAX_RASTER, grid_size_rule, private_total
 from dpcore.privacy.noise import NoiseSource
 from dpcore.synopsis.base import GridSynopsis
 
@@ -95,11 +99,11 @@ class HierarchicalGrid(Mechanism):
     """Grid hierarchy with uniform per-level budget and least-squares consistency (module docstring)."""
 
     name = "hb"
-    supports_weights = True
+    tags = MechanismTags(supports_weights=True)
 
-    def __init__(self, *, branching: int = 4, levels: int | None = None, c: float = DEFAULT_C,
-                 total_fraction: float = 0.05, max_leaf_grid: int = MAX_RASTER, level_split: str = "uniform",
-                 clamp_negative: bool = False):
+    def __init__(self, *, branching: Annotated[Whole, Field(ge=2)] = 4, levels: PositiveInt | None = None,
+                 c: Positive = DEFAULT_C, total_fraction: Fraction = 0.05, max_leaf_grid: PositiveInt = MAX_RASTER,
+                 level_split: Literal["uniform", "geometric"] = "uniform", clamp_negative: bool = False):
         self.branching = branching
         self.level_split = level_split
         self.levels = levels
@@ -119,27 +123,14 @@ class HierarchicalGrid(Mechanism):
         return b ** (int(self.levels) if self.levels is not None else self._level_cap())
 
     def check_params(self) -> None:
-        for name in ("branching", "levels", "max_leaf_grid"):
-            v = getattr(self, name, None)
-            if v is not None and (isinstance(v, bool) or not float(v).is_integer()):
-                raise MechanismError(f"{name} must be a whole number, got {v!r}")
-        b = int(self.branching)
-        if b < 2:
-            raise MechanismError(f"branching must be ≥ 2, got {self.branching}")
-        if not self.c > 0:
-            raise MechanismError(f"c must be > 0, got {self.c}")
-        if self.level_split not in LEVEL_SPLITS:
-            raise MechanismError(f"level_split must be one of {LEVEL_SPLITS}, got {self.level_split!r}")
         if self.levels is not None:
             # The cap depends on branching and max_leaf_grid only, so it is known before any data.
             h_cap = self._level_cap()
-            if not (1 <= int(self.levels) <= h_cap):
-                raise MechanismError(f"levels must be in [1, {h_cap}] for branching {b}, got {self.levels}")
-        else:
-            # total_fraction is only spent when levels must be chosen from N.
-            check_fraction(self.total_fraction, "total_fraction")
+            if not int(self.levels) <= h_cap:
+                raise MechanismError(f"levels must be in [1, {h_cap}] for branching {self.branching}, "
+                                     f"got {self.levels}")
 
-    def _fit(self, data: FitInput, acct: Accountant, noise: NoiseSource) -> GridSynopsis:
+    def _fit(self, data: PointsInput, acct: FitRecord, noise: NoiseSource) -> GridSynopsis:
         # Parameter values were checked by check_params (fit calls it before any budget is spent).
         b = int(self.branching)
         k = data.sensitivity
@@ -181,5 +172,6 @@ class HierarchicalGrid(Mechanism):
             notes.append("negative leaves clamped to 0 after consistency")
         else:
             notes.append("negative leaves kept after consistency (unbiased range sums)")
-        return GridSynopsis(values, data.region, self.privacy_info(data, acct, noise, notes),
+        acct.describe(notes)
+        return GridSynopsis(values, data.region, None,
                             {"branching": b, "levels": h, "leaf_grid": leaf})

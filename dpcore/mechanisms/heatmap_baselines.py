@@ -1,7 +1,7 @@
 """Heatmap baselines of Ghazi et al. (AAAI 2023): Laplace on every cell, optionally keeping the top t%.
 
 Input is the same user-normalised grid as ``dpheatmap`` (each user has mass 1 over the Δ × Δ
-grid), so the cell vector has **L1 sensitivity 1** whatever k is (:meth:`charge_sensitivity`).
+grid), so the cell vector has **L1 sensitivity 1** whatever k is (``tags.sensitivity == "unit"``).
 The whole ε goes to one step: discrete Laplace of scale Q/ε on integer masses in units of 1/Q
 (see dpcore.heatmap.quadtree). Post-processing: negatives are zeroed (``laplace``), and ``laplace-top``
 further keeps only the ``top_percent`` % of cells with the largest noisy mass, zeroing the rest.
@@ -17,11 +17,12 @@ from dpcore.heatmap.quadtree import (
     HeatmapError,
     HeatmapSynopsis,
     check_resolution,
-    heatmap_privacy,
 )
-from dpcore.mechanisms.base import FitInput, Mechanism, MechanismError, _jsonable
-from dpcore.mechanisms.dpheatmap import NORMALISATIONS, heatmap_units
-from dpcore.privacy.budget import Accountant
+from dpcore.mechanisms.base import Mechanism, MechanismError
+from dpcore.mechanisms.contract import FitRecord, MechanismTags
+from dpcore.mechanisms.dpheatmap import Normalisation, Percent, heatmap_units
+from dpcore.mechanisms.inputs import PointsInput
+from dpcore.mechanisms.params import PositiveInt
 from dpcore.privacy.noise import NoiseSource
 
 
@@ -29,16 +30,13 @@ class LaplaceHeatmap(Mechanism):
     """Discrete Laplace on every cell of the user-normalised Δ × Δ grid, negatives zeroed."""
 
     name = "laplace"
+    tags = MechanismTags(sensitivity="unit", heatmap=True)
 
-    def __init__(self, *, resolution: int = 256, normalisation: str = "user", quantum: int = DEFAULT_QUANTUM):
+    def __init__(self, *, resolution: PositiveInt = 256, normalisation: Normalisation = "user",
+                 quantum: PositiveInt = DEFAULT_QUANTUM):
         self.resolution = resolution
         self.normalisation = normalisation
         self.quantum = quantum
-
-    @staticmethod
-    def charge_sensitivity(data: FitInput | None = None) -> float:
-        """L1 sensitivity of the charge: 1 (one user's normalised mass), whatever k is."""
-        return 1.0
 
     def fine_grid(self, region: Region) -> int | None:
         """None: the user-normalised grid spreads each person's unit mass over *their* points, so the
@@ -46,16 +44,12 @@ class LaplaceHeatmap(Mechanism):
         return None
 
     def check_params(self) -> None:
-        if self.normalisation not in NORMALISATIONS:
-            raise MechanismError(f"normalisation must be one of {NORMALISATIONS}, got {self.normalisation!r}")
         try:
             check_resolution(self.resolution, power_of_two=False)
-            if int(self.quantum) < 1:
-                raise HeatmapError("quantum must be ≥ 1")
         except (HeatmapError, ValueError, TypeError) as exc:
             raise MechanismError(f"bad {self.name} parameter: {exc}") from exc
 
-    def _noisy_cells(self, data: FitInput, acct: Accountant, noise: NoiseSource) -> tuple[np.ndarray, int]:
+    def _noisy_cells(self, data: PointsInput, acct: FitRecord, noise: NoiseSource) -> tuple[np.ndarray, int]:
         # Parameter values were checked by check_params (fit calls it before any budget is spent).
         d = int(self.resolution)
         q = int(self.quantum)
@@ -69,15 +63,14 @@ class LaplaceHeatmap(Mechanism):
     def _post(self, noisy: np.ndarray) -> tuple[np.ndarray, list[str]]:
         return noisy, ["negatives zeroed"]
 
-    def _fit(self, data: FitInput, acct: Accountant, noise: NoiseSource) -> HeatmapSynopsis:
+    def _fit(self, data: PointsInput, acct: FitRecord, noise: NoiseSource) -> HeatmapSynopsis:
         noisy, d = self._noisy_cells(data, acct, noise)
         grid, notes = self._post(noisy)
         notes = [(f"input: each {data.privacy_unit} has mass 1 over the {d}x{d} grid" if self.normalisation == "user"
                   else f"input: each point has mass 1/k (k = {data.max_points_per_user}), ≤ 1 per user"),
                  "charge has L1 sensitivity 1 (user mass), independent of k", *notes, "values are user mass"]
-        privacy = heatmap_privacy(self.name, _jsonable(self.get_params()), acct, data.privacy_unit,
-                                  data.max_points_per_user, noise, notes)
-        return HeatmapSynopsis(grid, data.region, privacy, {"resolution": d, "units": "user_mass"})
+        acct.describe(notes)
+        return HeatmapSynopsis(grid, data.region, None, {"resolution": d, "units": "user_mass"})
 
 
 class LaplaceTopHeatmap(LaplaceHeatmap):
@@ -85,19 +78,10 @@ class LaplaceTopHeatmap(LaplaceHeatmap):
 
     name = "laplace-top"
 
-    def __init__(self, *, resolution: int = 256, top_percent: float = 1.0, normalisation: str = "user",
-                 quantum: int = DEFAULT_QUANTUM):
+    def __init__(self, *, resolution: PositiveInt = 256, top_percent: Percent = 1.0,
+                 normalisation: Normalisation = "user", quantum: PositiveInt = DEFAULT_QUANTUM):
         super().__init__(resolution=resolution, normalisation=normalisation, quantum=quantum)
         self.top_percent = top_percent
-
-    def check_params(self) -> None:
-        super().check_params()
-        try:
-            ok = 0 < float(self.top_percent) <= 100
-        except (TypeError, ValueError):
-            ok = False
-        if not ok:
-            raise MechanismError(f"top_percent must be in (0, 100], got {self.top_percent!r}")
 
     def _post(self, noisy: np.ndarray) -> tuple[np.ndarray, list[str]]:
         t = float(self.top_percent)

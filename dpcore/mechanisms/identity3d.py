@@ -21,7 +21,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from dpcore.geo import Region
-from dpcore.mechanisms.base import FitInput, Mechanism, MechanismError
+from dpcore.mechanisms.base import Mechanism, MechanismError
+from dpcore.mechanisms.contract import FitRecord, MechanismTags
+from dpcore.mechanisms.inputs import SpatioTemporalInput
+from dpcore.mechanisms.params import Fraction, Positive, PositiveInt
 from dpcore.privacy.budget import Accountant
 from dpcore.privacy.noise import NoiseSource
 from dpcore.synopsis.spatiotemporal import SpatioTemporalSynopsis
@@ -29,24 +32,15 @@ from dpcore.synopsis.spatiotemporal import SpatioTemporalSynopsis
 DEFAULT_GRID_SIZE = 256
 
 
-def check_st_grid(grid_size: int | None, cell_width_m: float | None) -> None:
-    """Refuse grid parameters :func:`st_grid_size` cannot use (parameters only, for ``check_params``)."""
-    if grid_size is not None:
-        if int(grid_size) < 1:
-            raise MechanismError(f"grid_size must be ≥ 1, got {grid_size}")
-    elif cell_width_m is not None and not cell_width_m > 0:
-        raise MechanismError("give grid_size or a positive cell_width_m")
-
-
-def st_grid_size(data: FitInput, grid_size: int | None, cell_width_m: float | None) -> int:
+def st_grid_size(data: SpatioTemporalInput, grid_size: int | None, cell_width_m: float | None) -> int:
     """Cells per side from public parameters only (see :func:`st_cells`)."""
     return st_cells(data.region, grid_size, cell_width_m)
 
 
 def st_cells(region: Region, grid_size: int | None, cell_width_m: float | None) -> int:
     """Cells per side from public parameters only: grid size, else region side / cell width, else
-    the default of 256 (so giving only a cell width is never silently overridden). The values are
-    expected to have passed :func:`check_st_grid`."""
+    the default of 256 (so giving only a cell width is never silently overridden). The values have
+    passed the mechanism's declared constraints (positive)."""
     if grid_size is not None:
         return int(grid_size)
     if cell_width_m is None:
@@ -54,12 +48,8 @@ def st_cells(region: Region, grid_size: int | None, cell_width_m: float | None) 
     return max(1, int(round(region.side_m / cell_width_m)))
 
 
-def st_counts(data: FitInput, m: int) -> np.ndarray:
-    """int64 (m, m, T) histogram of the (bounded) points; needs ``slot`` and ``n_slots``."""
-    if (data.slot is None and data.fine is None) or data.n_slots is None:
-        raise MechanismError("a spatio-temporal mechanism needs FitInput.slot and FitInput.n_slots")
-    if int(data.n_slots) < 1:
-        raise MechanismError(f"n_slots must be ≥ 1, got {data.n_slots}")
+def st_counts(data: SpatioTemporalInput, m: int) -> np.ndarray:
+    """int64 (m, m, T) histogram of the (bounded) points, or of their fine count grid."""
     return data.grid_counts_3d(m)
 
 
@@ -73,7 +63,7 @@ class FullScale:
     note: str
 
 
-def full_scale(data: FitInput, n_exact: int, acct: Accountant, noise: NoiseSource,
+def full_scale(data: SpatioTemporalInput, n_exact: int, acct: Accountant, noise: NoiseSource,
                count_fraction: float) -> FullScale:
     """N / n̂ when N is declared public (n̂ paid with ``count_fraction`` of ε), else 1 (sample scale).
 
@@ -97,7 +87,7 @@ def full_scale(data: FitInput, n_exact: int, acct: Accountant, noise: NoiseSourc
                      f"scaled by public total N={total:g} / noisy sample size n̂={n_hat:g}")
 
 
-def st_extra(data: FitInput, m: int, scale: FullScale) -> dict:
+def st_extra(data: SpatioTemporalInput, m: int, scale: FullScale) -> dict:
     return {"grid_size": m, "cell_width_m": data.region.side_m / m, "n_slots": int(data.n_slots or 0),
             "scale_factor": scale.factor, "n_estimate": scale.n_estimate, "public_total": scale.public_total}
 
@@ -111,10 +101,10 @@ class IdentityGrid3D(Mechanism):
     """
 
     name = "identity3d"
-    spatio_temporal = True
+    tags = MechanismTags(input_type=SpatioTemporalInput, scales_to_public_total=True)
 
-    def __init__(self, *, grid_size: int | None = None, cell_width_m: float | None = None,
-                 count_fraction: float = 0.05, clamp_negative: bool = False):
+    def __init__(self, *, grid_size: PositiveInt | None = None, cell_width_m: Positive | None = None,
+                 count_fraction: Fraction = 0.05, clamp_negative: bool = False):
         self.grid_size = grid_size
         self.cell_width_m = cell_width_m
         self.count_fraction = count_fraction
@@ -124,13 +114,7 @@ class IdentityGrid3D(Mechanism):
         """The release's own m × m × T grid (public parameters): its counts are exact."""
         return st_cells(region, self.grid_size, self.cell_width_m)
 
-    def check_params(self) -> None:
-        check_st_grid(self.grid_size, self.cell_width_m)
-        # Only spent with a public total under user-level privacy, but no value outside (0, 1) is usable.
-        if not 0 < float(self.count_fraction) < 1:
-            raise MechanismError(f"count_fraction must be in (0, 1), got {self.count_fraction}")
-
-    def _fit(self, data: FitInput, acct: Accountant, noise: NoiseSource) -> SpatioTemporalSynopsis:
+    def _fit(self, data: SpatioTemporalInput, acct: FitRecord, noise: NoiseSource) -> SpatioTemporalSynopsis:
         # Parameter values were checked by check_params (fit calls it before any budget is spent).
         m = st_grid_size(data, self.grid_size, self.cell_width_m)
         counts = st_counts(data, m)
@@ -142,6 +126,7 @@ class IdentityGrid3D(Mechanism):
         notes = [scale.note, "negatives clamped to 0" if self.clamp_negative else "negatives kept (unbiased)"]
         if self.clamp_negative:
             noisy = np.maximum(noisy, 0.0)
-        return SpatioTemporalSynopsis(noisy, data.region, self.privacy_info(data, acct, noise, notes),
+        acct.describe(notes)
+        return SpatioTemporalSynopsis(noisy, data.region, None,
                                       slot_seconds=data.slot_seconds, window_start_s=data.window_start_s,
                                       extra=st_extra(data, m, scale))

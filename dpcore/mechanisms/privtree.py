@@ -39,9 +39,10 @@ import numpy as np
 
 from dpcore.geo import Region
 from dpcore.grid.histogram import block_sum, expand
-from dpcore.mechanisms.base import FitInput, Mechanism, MechanismError
-from dpcore.mechanisms.ug import check_fraction
-from dpcore.privacy.budget import Accountant
+from dpcore.mechanisms.base import Mechanism
+from dpcore.mechanisms.contract import FitRecord, MechanismTags
+from dpcore.mechanisms.inputs import PointsInput
+from dpcore.mechanisms.params import Fraction, Number, Positive
 from dpcore.privacy.noise import NoiseSource
 from dpcore.synopsis.base import GridSynopsis
 
@@ -64,9 +65,9 @@ class PrivTree(Mechanism):
     """PrivTree with fanout 4; see the module docstring for the privacy argument and budget split."""
 
     name = "privtree"
-    supports_weights = True
+    tags = MechanismTags(supports_weights=True, auto_role="fixed")
 
-    def __init__(self, *, tree_fraction: float = 0.5, theta: float = 0.0, min_leaf_m: float = 10.0,
+    def __init__(self, *, tree_fraction: Fraction = 0.5, theta: Number = 0.0, min_leaf_m: Positive = 10.0,
                  clamp_negative: bool = False):
         self.tree_fraction = tree_fraction
         self.theta = theta
@@ -80,12 +81,7 @@ class PrivTree(Mechanism):
         """The deepest level's grid: the whole count pyramid is block sums of it, exactly."""
         return 2 ** depth_cap(region.side_m, float(self.min_leaf_m))
 
-    def check_params(self) -> None:
-        check_fraction(self.tree_fraction, "tree_fraction")
-        if not (self.min_leaf_m > 0):
-            raise MechanismError(f"min_leaf_m must be > 0, got {self.min_leaf_m}")
-
-    def _fit(self, data: FitInput, acct: Accountant, noise: NoiseSource) -> GridSynopsis:
+    def _fit(self, data: PointsInput, acct: FitRecord, noise: NoiseSource) -> GridSynopsis:
         # Parameter values were checked by check_params (fit calls it before any budget is spent).
         fraction = float(self.tree_fraction)
         theta = float(self.theta)
@@ -142,4 +138,5 @@ class PrivTree(Mechanism):
                 np.add.at(flat, leaf_index[sel], noisy[sel])
         extra = {"fanout": FANOUT, "max_depth": depth_max, "n_leaves": int(leaf_index.size),
                  "lambda": lam, "delta": delta, "theta": theta}
-        return GridSynopsis(raster, data.region, self.privacy_info(data, acct, noise, notes), extra)
+        acct.describe(notes)
+        return GridSynopsis(raster, data.region, None, extra)

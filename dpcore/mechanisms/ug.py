@@ -21,12 +21,16 @@ Negative cells are kept (unbiased range sums); ``clamp_negative=True`` zeroes th
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 import numpy as np
 from scipy import sparse
 
 from dpcore.geo import Region
-from dpcore.mechanisms.base import FitInput, Mechanism, MechanismError
+from dpcore.mechanisms.base import Mechanism, MechanismError
+from dpcore.mechanisms.contract import FitRecord, MechanismTags
+from dpcore.mechanisms.inputs import PointsInput
+from dpcore.mechanisms.params import Band, Fraction, Positive, PositiveInt
 from dpcore.privacy.budget import Accountant
 from dpcore.privacy.noise import NoiseSource
 from dpcore.synopsis.base import GridSynopsis
@@ -35,18 +39,12 @@ from dpcore.synopsis.base import GridSynopsis
 DEFAULT_C = 10.0
 #: Grid-size rules: Qardaji et al.'s (uniform query centres) and the data-centred one (dpcore.grid.size_rule).
 SIZE_RULES = ("qardaji", "data")
+SizeRule = Literal["qardaji", "data"]
 #: Largest raster any classic mechanism publishes (2048² float64 = 32 MiB; ~10 m cells on 20 km).
 MAX_RASTER = 2048
 
 
-def check_fraction(value: float, what: str) -> float:
-    v = float(value)
-    if not (0.0 < v < 1.0):
-        raise MechanismError(f"{what} must be in (0, 1), got {value!r}")
-    return v
-
-
-def private_total(data: FitInput, acct: Accountant, noise: NoiseSource, fraction: float,
+def private_total(data: PointsInput, acct: Accountant, noise: NoiseSource, fraction: float,
                   notes: list[str]) -> float:
     """N for a grid-size rule: the declared public total, or a paid, noisy estimate of it.
 
@@ -116,11 +114,12 @@ class UniformGrid(Mechanism):
     """
 
     name = "ug"
-    supports_weights = True
+    tags = MechanismTags(supports_weights=True, auto_role="fixed")
 
-    def __init__(self, *, c: float = DEFAULT_C, total_fraction: float = 0.05, grid_size: int | None = None,
-                 max_grid: int = MAX_RASTER, clamp_negative: bool = False, size_rule: str = "qardaji",
-                 query_sides_m: tuple[float, float] = (100.0, 1000.0)):
+    def __init__(self, *, c: Positive = DEFAULT_C, total_fraction: Fraction = 0.05,
+                 grid_size: PositiveInt | None = None, max_grid: PositiveInt = MAX_RASTER,
+                 clamp_negative: bool = False, size_rule: SizeRule = "qardaji",
+                 query_sides_m: Band = (100.0, 1000.0)):
         self.c = c
         self.size_rule = size_rule
         self.query_sides_m = query_sides_m
@@ -136,25 +135,7 @@ class UniformGrid(Mechanism):
         """The fixed grid, else the largest the rule may choose (max_grid): every size up to it is served."""
         return int(self.grid_size) if self.grid_size is not None else int(self.max_grid)
 
-    def check_params(self) -> None:
-        if self.size_rule not in SIZE_RULES:
-            raise MechanismError(f"size_rule must be one of {list(SIZE_RULES)}, got {self.size_rule!r}")
-        if self.size_rule == "data":
-            from dpcore.mechanisms.identity import check_band
-
-            check_band(self.query_sides_m)
-        if not self.c > 0:
-            raise MechanismError(f"c must be > 0, got {self.c}")
-        if int(self.max_grid) < 1:
-            raise MechanismError(f"max_grid must be ≥ 1, got {self.max_grid}")
-        if self.grid_size is not None:
-            if int(self.grid_size) < 1:
-                raise MechanismError(f"grid_size must be ≥ 1, got {self.grid_size}")
-        else:
-            # total_fraction is only spent when the size rule needs N.
-            check_fraction(self.total_fraction, "total_fraction")
-
-    def _fit(self, data: FitInput, acct: Accountant, noise: NoiseSource) -> GridSynopsis:
+    def _fit(self, data: PointsInput, acct: FitRecord, noise: NoiseSource) -> GridSynopsis:
         # Parameter values were checked by check_params (fit calls it before any budget is spent).
         notes: list[str] = []
         extra: dict = {}
@@ -187,6 +168,6 @@ class UniformGrid(Mechanism):
             notes.append("negative cells clamped to 0")
         else:
             notes.append("negative cells kept (unbiased range sums)")
-        params = {**self.get_params(), **extra} if extra else None
-        return GridSynopsis(noisy, data.region, self.privacy_info(data, acct, noise, notes, params=params),
+        acct.describe(notes, params={**self.get_params(), **extra} if extra else None)
+        return GridSynopsis(noisy, data.region, None,
                             {"grid_size": m, "cell_width_m": data.region.side_m / m})

@@ -26,26 +26,21 @@ The charges add up to ε. Everything after is post-processing (no budget):
      counts suffer. Kept for fidelity and comparison.
    - ``refinement="none"``: Ĥ · N / n̂.
 6. Output is non-negative (the paper's code leaves negative cells). Default (``multiscale_kappa``):
-   a coarse-to-fine quadtree shrinkage (dpcore.models.vqvae.multiscale_shrink) keeps a block's
+   a coarse-to-fine quadtree shrinkage (dpcore.models.st_statistics.multiscale_shrink) keeps a block's
    deviation from its siblings only where it stands out from H̄'s noise (window-summed and per-slot
    parts separately) and splits the rest evenly, so at user level, where single cells are noise,
    the counts follow the heavy coarse blocks instead of noise peaks. ``multiscale_kappa=None``: the
    old projection, negatives zeroed and each ``nonneg_block``² tile rescaled to its signed total.
 7. Consistency (``consistency_kappa``, default 4; None = off): a second quadtree pass
-   (dpcore.models.vqvae.multiscale_consistency) takes the step-6 output as the prior and H̄'s block
+   (dpcore.models.st_statistics.multiscale_consistency) takes the step-6 output as the prior and H̄'s block
    sums as unbiased data, and adds back each block's residual deviation H̄ − estimate with the
    weight max(0, 1 − κ·σ²/deviation²). At record level, where H̄'s block sums are accurate, this
-   reduces the denoiser's large-box bias (it does not remove all of it: docs/decisions/0008-vdr-output-stages.md); at user
-   level the residuals mostly look like noise and the estimate is mostly kept (the few noise
-   nodes that pass cost some accuracy there). Non-negative, keeps the total; post-processing of H̄ only (no budget).
-   ``consistency_universal`` (default on) raises κ at a level of n nodes to max(κ, 2·ln n), so
-   almost no pure-noise node passes. The knobs (κ = 2 for step 6; κ = 4 and universal here) were
-   chosen on held-out data only (bench/tune_vdr.py on synthetic-large record- and user-level and
-   the Gowalla sample's Austin), never on the SF cabs or Gowalla New York evaluation sets: κ = 4
-   lets fewer noise nodes through than 2 (record-level hotspot regret 3.7 vs 6.2 at ε = 0.1 for
-   ≤ 4% more range error); without ``universal`` user-level hotspot regret on synthetic-large rose
-   from 13.0 (no stage) to 20.3 at ε = 0.1, with it 12.7, while record-level range errors are
-   4–20% higher with it than without (a trade-off; docs/decisions/0008-vdr-output-stages.md).
+   reduces the denoiser's large-box bias (not all of it); at user level the residuals mostly look like
+   noise and the estimate is mostly kept. Non-negative, keeps the total; post-processing of H̄ only (no
+   budget). ``consistency_universal`` (default on) raises κ at a level of n nodes to max(κ, 2·ln n), so
+   almost no pure-noise node passes. The knobs (κ = 2 for step 6; κ = 4 and universal here) come from
+   held-out data only, never the evaluation sets; the trade-off they make between record-level range
+   error and user-level hotspot regret is in docs/decisions/0008-vdr-output-stages.md.
    In both steps the root's T per-slot totals are tested at ``slot_kappa`` (a Bonferroni-level
    threshold, α = 5% over all T): with only T tests the usual factors let a pure-noise slot through
    often, and a slot that passes carries a spike of the whole region.
@@ -54,17 +49,31 @@ The charges add up to ε. Everything after is post-processing (no budget):
 from __future__ import annotations
 
 import time
+from typing import Annotated, Literal
 
 import numpy as np
+from pydantic import AfterValidator, Field
 
 from dpcore.geo import Region
-from dpcore.mechanisms.base import FitInput, Mechanism, MechanismError
-from dpcore.mechanisms.identity3d import check_st_grid, st_cells, st_counts, st_grid_size
-from dpcore.privacy.budget import Accountant
+from dpcore.mechanisms.base import Mechanism
+from dpcore.mechanisms.contract import FitRecord, MechanismTags
+from dpcore.mechanisms.identity3d import st_cells, st_counts, st_grid_size
+from dpcore.mechanisms.inputs import SpatioTemporalInput
+from dpcore.mechanisms.params import Fraction, NonNegativeInt, Positive, PositiveInt
 from dpcore.privacy.noise import NoiseSource, discrete_laplace_variance
 from dpcore.synopsis.spatiotemporal import SpatioTemporalSynopsis
 
 REFINEMENTS = ("mass", "gamma", "none")
+
+
+def _block_sizes(v: tuple[int, ...]) -> tuple[int, ...]:
+    if 1 not in v:
+        raise ValueError(f"block sizes must include 1, got {list(v)}")
+    return v
+
+
+#: Block sizes of the multi-resolution release: whole numbers ≥ 1, including 1 (the cells themselves).
+BlockSizes = Annotated[tuple[PositiveInt, ...], AfterValidator(_block_sizes)]
 
 
 def gamma_factor(n: float, total: float, c: float, m: int, k: float, epsilon: float,
@@ -88,14 +97,17 @@ class VDR(Mechanism):
     """
 
     name = "vdr"
-    spatio_temporal = True
+    tags = MechanismTags(input_type=SpatioTemporalInput, scales_to_public_total=True, fast_params={
+        "grid_size": 16, "steps": 2, "batch_size": 2, "crop": 16, "hidden": 8, "n_codes": 8, "code_dim": 4,
+        "max_train_seconds": 10.0})
 
-    def __init__(self, *, grid_size: int | None = None, cell_width_m: float | None = None,
-                 count_fraction: float = 0.05, refinement: str = "mass", n_codes: int = 128,
-                 alpha: float = 1.0, steps: int = 300, batch_size: int = 16, crop: int = 64,
-                 hidden: int = 32, code_dim: int = 16, levels: int = 2, temporal_context: int = 1,
+    def __init__(self, *, grid_size: PositiveInt | None = None, cell_width_m: Positive | None = None,
+                 count_fraction: Fraction = 0.05, refinement: Literal["mass", "gamma", "none"] = "mass",
+                 n_codes: Annotated[int, Field(ge=2)] = 128,
+                 alpha: float = 1.0, steps: PositiveInt = 300, batch_size: int = 16, crop: int = 64,
+                 hidden: int = 32, code_dim: int = 16, levels: int = 2, temporal_context: NonNegativeInt = 1,
                  window_mean: bool = True, residual_window: int = 5, nonneg_block: int = 16,
-                 resolutions: tuple[int, ...] = (1, 2, 4), lr: float = 2e-3, multiscale_kappa: float | None = 2.0,
+                 resolutions: BlockSizes = (1, 2, 4), lr: float = 2e-3, multiscale_kappa: float | None = 2.0,
                  consistency_kappa: float | None = 4.0, consistency_universal: bool = True,
                  max_train_seconds: float | None = 150.0, device: str | None = None, train_seed: int = 0):
         self.grid_size = grid_size
@@ -125,34 +137,22 @@ class VDR(Mechanism):
         #: optional callback (done, total, message) for training progress; not a release parameter
         self.progress = None
 
+    def fine_grid(self, region: Region) -> int | None:
+        """The release's own m × m × T grid (public parameters): its counts are exact."""
+        return st_cells(region, self.grid_size, self.cell_width_m)
+
     def get_params(self) -> dict:
         params = super().get_params()
         params["resolutions"] = list(self.resolutions)
         return params
 
-    def fine_grid(self, region: Region) -> int | None:
-        """The release's own m × m × T grid (public parameters): its counts are exact."""
-        return st_cells(region, self.grid_size, self.cell_width_m)
-
-    def check_params(self) -> None:
-        check_st_grid(self.grid_size, self.cell_width_m)
-        if self.refinement not in REFINEMENTS:
-            raise MechanismError(f"refinement must be one of {REFINEMENTS}, got {self.refinement!r}")
-        if not (0 < self.count_fraction < 1):
-            raise MechanismError(f"count_fraction must be in (0, 1), got {self.count_fraction}")
-        if self.steps < 1 or self.n_codes < 2 or self.temporal_context < 0:
-            raise MechanismError("steps ≥ 1, n_codes ≥ 2 and temporal_context ≥ 0 are required")
-        if any(int(s) < 1 for s in self.resolutions) or 1 not in self.resolutions:
-            raise MechanismError(f"resolutions must be block sizes ≥ 1 including 1, got {self.resolutions}")
-
-    def _fit(self, data: FitInput, acct: Accountant, noise: NoiseSource) -> SpatioTemporalSynopsis:
-        from dpcore.models.vqvae import (
-            DenoiserConfig,
-            SliceDenoiser,
+    def _fit(self, data: SpatioTemporalInput, acct: FitRecord, noise: NoiseSource) -> SpatioTemporalSynopsis:
+        from dpcore.models.st_statistics import (
             multiscale_consistency,
             multiscale_shrink,
             nonnegative_keep_block_mass,
         )
+        from dpcore.models.vqvae import DenoiserConfig, SliceDenoiser
 
         # Parameter values were checked by check_params (fit calls it before any budget is spent).
         m = st_grid_size(data, self.grid_size, self.cell_width_m)
@@ -227,6 +227,7 @@ class VDR(Mechanism):
                  "n_estimate": n_hat, "public_total": data.public_total, "gamma": gamma, "C_estimate": c_hat,
                  "train_steps": report.steps, "train_seconds": report.seconds, "train_loss": report.final_loss,
                  "codes_used": report.codes_used, "inference_seconds": infer_s, "device": report.device}
-        return SpatioTemporalSynopsis(released, data.region, self.privacy_info(data, acct, noise, notes),
+        acct.describe(notes)
+        return SpatioTemporalSynopsis(released, data.region, None,
                                       slot_seconds=data.slot_seconds, window_start_s=data.window_start_s,
                                       extra=extra, attachments=denoiser.state_arrays())

@@ -34,20 +34,22 @@ from torch import nn
 
 from dpcore.geo import Region
 from dpcore.grid.histogram import answer_boxes, prefix_sums
+from dpcore.mechanisms.snh.pyramid import LEVEL_DIVISORS, LEVEL_WEIGHTS, release_pyramid
+from dpcore.models.denoiser_meta import (  # noqa: F401 - re-exported: the denoiser's files and metadata
+    BAND_DENOISER_PATH,
+    DEFAULT_DENOISER_PATH,
+    DENOISER_GRID,
+    load_meta,
+    model_fingerprint,
+    region_record,
+    regions_overlap,
+    shipped_denoiser_usable,
+    trained_band,
+    usable_for,
+)
 
-#: The denoiser's grid: the finest pyramid level it works on (156 m cells on a 20 km city).
-DENOISER_GRID = 128
-#: Pyramid levels as divisors of the grid, coarse → fine, and their budget shares (SNH's).
-LEVEL_DIVISORS = (16, 4, 1)
-LEVEL_WEIGHTS = (1.0, 2.0, 2.0)
 #: Resolution of the true counts used for training targets (20 m cells on a 20 km city).
 TRUTH_GRID = 1024
-#: Where the shipped model lives (weights .npz + metadata .json).
-DEFAULT_DENOISER_PATH = Path(__file__).with_name("snh_denoiser.npz")
-#: A specialist shipped beside it: trained on record-level releases whose signal n·ε/s lies in one band
-#: (``train-denoiser --record-only --signal-range``); snh's default applies it in place of the general
-#: model to exactly those releases (:func:`trained_band`).
-BAND_DENOISER_PATH = Path(__file__).with_name("snh_denoiser_band.npz")
 _N_CHANNELS = 2 + 2 + 3  # estimate, finest level, two coarser levels upsampled, three noise scales
 
 
@@ -185,10 +187,8 @@ class DenoiserTrainConfig:
     record_only: bool = False
     #: Draw each simulated release's signal n·ε/s log-uniformly from this range (ε follows from the
     #: released sample's n and s) instead of drawing ε from ``epsilon_range``. A denoiser for a band of
-    #: signals: one trained on record level at 3,000–40,000 cut snh's 100–1000 m error on Gowalla NYC
-    #: by 5–10% at record ε ≤ 0.2 and on Kansas City by 6–18% at signal 1,800–7,000, but was 31% worse
-    #: at signal 440 (bench/README.md, session 11). It ships as :data:`BAND_DENOISER_PATH`,
-    #: which snh applies only to the releases inside its band.
+    #: signals helps inside it and hurts far below it (docs/decisions/0004-snh-public-denoiser.md); it
+    #: ships as :data:`BAND_DENOISER_PATH`, which snh applies only to the releases inside its band.
     signal_range: tuple[float, float] | None = None
     query_sides_m: tuple[float, float] = (25.0, 1000.0)
     seed: int = 0
@@ -205,7 +205,6 @@ def _dihedral(a: np.ndarray, t: int) -> np.ndarray:
 def simulate_release(counts: dict[int, np.ndarray], sensitivity: float, epsilon: float,
                      rng: np.random.Generator) -> tuple[np.ndarray, dict[int, np.ndarray], dict[int, float]]:
     """SNH's pyramid release of public counts (the same levels, shares and combination)."""
-    from dpcore.mechanisms.snh import release_pyramid
     from dpcore.privacy.noise import NoiseSource
 
     shares = np.asarray(LEVEL_WEIGHTS) / sum(LEVEL_WEIGHTS)
@@ -295,43 +294,12 @@ def train_denoiser(datasets: list[PublicDataset], cfg: DenoiserTrainConfig | Non
     return model, report
 
 
-def region_record(region: Region) -> dict:
-    return {"name": region.name, "center_lat": region.center_lat, "center_lon": region.center_lon,
-            "side_km": region.side_km}
-
-
-def regions_overlap(a: dict, b: dict) -> bool:
-    """Whether two square regions (centre + side) overlap (equirectangular; fine at city scale)."""
-    half = (float(a["side_km"]) + float(b["side_km"])) / 2.0
-    dy = abs(float(a["center_lat"]) - float(b["center_lat"])) * 111.32
-    dx = abs(float(a["center_lon"]) - float(b["center_lon"])) * 111.32 * math.cos(
-        math.radians((float(a["center_lat"]) + float(b["center_lat"])) / 2.0))
-    return dx < half and dy < half
-
-
-def model_fingerprint(path: str | Path = DEFAULT_DENOISER_PATH) -> str:
-    """A short hash of a denoiser's weights ("none" without one): cached results that used it key on it."""
-    import hashlib
-
-    path = Path(path)
-    return hashlib.sha256(path.read_bytes()).hexdigest()[:16] if path.exists() else "none"
-
-
 def save_denoiser(path: str | Path, model: PyramidDenoiser, meta: dict) -> None:
     """Weights as .npz (no pickle) + metadata (training regions, report) as .json beside it."""
     path = Path(path)
     np.savez(path, **{k: v.detach().cpu().numpy() for k, v in model.state_dict().items()})
     path.with_suffix(".json").write_text(json.dumps({**meta, "channels": model.channels,
                                                       "grid": DENOISER_GRID}, indent=1))
-
-
-def load_meta(path: str | Path) -> dict:
-    """A denoiser's metadata (training regions, report) without its weights."""
-    path = Path(path)
-    meta = json.loads(path.with_suffix(".json").read_text())
-    if int(meta.get("grid", -1)) != DENOISER_GRID:
-        raise ValueError(f"denoiser {path} was trained on a {meta.get('grid')} grid, this code uses {DENOISER_GRID}")
-    return meta
 
 
 def load_denoiser(path: str | Path) -> tuple[PyramidDenoiser, dict]:
@@ -341,31 +309,3 @@ def load_denoiser(path: str | Path) -> tuple[PyramidDenoiser, dict]:
         model.load_state_dict({k: torch.from_numpy(z[k]) for k in z.files})
     model.eval()
     return model, meta
-
-
-def trained_band(meta: dict) -> tuple[float, float, bool] | None:
-    """(lowest signal, highest signal, record level only) of the releases a band denoiser was trained on,
-    from its metadata; None for a general one (trained on ε drawn from a range, not on a signal band)."""
-    config = meta.get("report", {}).get("config", {})
-    band = config.get("signal_range")
-    if band is None:
-        return None
-    return float(band[0]), float(band[1]), bool(config.get("record_only", False))
-
-
-def shipped_denoiser_usable(region: Region, path: str | Path = DEFAULT_DENOISER_PATH) -> tuple[bool, str]:
-    """Whether snh's default (``denoiser="auto"``) applies the shipped model to ``region``, and why:
-    the file is installed and none of its training regions overlaps the region."""
-    path = Path(path)
-    if not path.exists():
-        return False, f"{path.name} is not installed"
-    return usable_for(load_meta(path), region)
-
-
-def usable_for(meta: dict, region: Region) -> tuple[bool, str]:
-    """A model may denoise ``region`` only if none of its training regions overlaps it."""
-    here = region_record(region)
-    for r in meta.get("training_regions", []):
-        if regions_overlap(here, r):
-            return False, f"the public denoiser was trained on data of {r['name']}, which overlaps {region.name}"
-    return True, f"public denoiser trained on {', '.join(sorted({r['name'] for r in meta['training_regions']}))}"

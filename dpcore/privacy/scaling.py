@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from dpcore.geo import Region
-from dpcore.mechanisms import FitInput, get_mechanism
+from dpcore.mechanisms import PointsInput, get_mechanism, input_for
 from dpcore.privacy.budget import Accountant, check_epsilon
 from dpcore.privacy.noise import NoiseSource
 from dpcore.synopsis.base import PrivacyInfo, Synopsis, load_synopsis
@@ -84,7 +84,7 @@ class ScaledSynopsis(Synopsis):
                    extra["total_source"], privacy)
 
 
-def fit_scaled(mechanism_name: str, params: dict, data: FitInput, epsilon: float, noise: NoiseSource,
+def fit_scaled(mechanism_name: str, params: dict, data: PointsInput, epsilon: float, noise: NoiseSource,
                total_points: float, total_source: str,
                scale_fraction: float = DEFAULT_SCALE_FRACTION) -> ScaledSynopsis:
     """Fit a user-level release with (1 − f)·ε and spend f·ε on n̂; the charges add up to ε."""
@@ -105,7 +105,8 @@ def fit_scaled(mechanism_name: str, params: dict, data: FitInput, epsilon: float
     # n̂ is already a paid DP estimate of the sample size, so the mechanism may reuse it instead of
     # spending a second share of ε on the same count.
     data = dataclasses.replace(data, sample_size=n_hat, sample_size_variance=data.count_noise_variance(eps_n))
-    inner = get_mechanism(mechanism_name, **params).fit(data, acct.remaining, noise)
+    mech = get_mechanism(mechanism_name, **params)
+    inner = mech.fit(input_for(mech.tags.input_type, data), acct.remaining, noise)
     charges = acct.to_list() + inner.privacy.charges
     p = inner.privacy
     privacy = PrivacyInfo(p.mechanism, p.params, eps, charges, p.privacy_unit, p.sensitivity,

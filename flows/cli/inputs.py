@@ -103,4 +103,6 @@ def fetch_release(target: str) -> Iterator[tuple[dict, object]]:
 
 def is_spatio_temporal(synopsis) -> bool:
     """Whether a synopsis answers time-window queries (the one place the CLI asks)."""
-    return hasattr(synopsis, "answer_st_time")
+    from dpcore.synopsis.spatiotemporal import SpatioTemporalSynopsis
+
+    return isinstance(synopsis, SpatioTemporalSynopsis)

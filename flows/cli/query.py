@@ -90,12 +90,16 @@ def _note_odd_boxes(boxes_ll: np.ndarray, region_bbox: tuple[float, float, float
 
 def _spatio_temporal(synopsis):
     """(inner spatio-temporal synopsis, count factor) of a release, through wrappers such as scaling."""
+    from dpcore.mechanisms import mechanism_names
+    from dpcore.privacy.scaling import ScaledSynopsis
+
     inner, factor = synopsis, 1.0
-    while not hasattr(inner, "density_st") and hasattr(inner, "inner"):
-        factor *= float(getattr(inner, "factor", 1.0))
+    while isinstance(inner, ScaledSynopsis):  # scaled to a public total: unwrap, keep the factor
+        factor *= float(inner.factor)
         inner = inner.inner
-    if not hasattr(inner, "density_st"):
-        raise CLIError("this command needs a spatio-temporal release (mechanism identity3d or vdr)")
+    if not is_spatio_temporal(inner):
+        st = ", ".join(mechanism_names(lambda tags: tags.input_type.needs_time_slots))
+        raise CLIError(f"this command needs a spatio-temporal release (mechanism {st})")
     return inner, factor
 
 
