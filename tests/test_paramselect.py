@@ -192,7 +192,8 @@ def test_paramselect_never_reads_the_private_dataset(small_model, mechanism):
 def test_auto_pays_for_a_private_n_and_spends_exactly_epsilon(small_model, tmp_path):
     path, _, _ = small_model
     region, x, y, user = _synthetic("chicago", seed=5)
-    mech = get_mechanism("auto", mechanisms=("identity", "ug"), model_path=str(path))
+    # choose="model": the cost model's own pick is what this test checks against its candidate list
+    mech = get_mechanism("auto", mechanisms=("identity", "ug"), model_path=str(path), choose="model")
     syn = mech.fit(FitInput(x, y, region, "user", 5, user=user), 0.3, NoiseSource.seeded(2))
     names = [c["name"] for c in syn.privacy.charges]
     # n·ε/k is small here, so the 1% first look is too coarse and the second look is paid too.

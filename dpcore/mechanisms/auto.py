@@ -17,6 +17,14 @@ is weighed as the variant it would run here (with the public denoiser where that
 predicted better than the others by ``SELF_TUNED_MARGIN``; a candidate whose training rows stop far
 below this release's n·ε/s is not weighed (see dpcore.paramselect.pick_candidate). The release's
 parameters list every candidate's predicted error.
+By default (``choose="band"``) the query band picks the mechanism (dpcore.mechanisms.auto_rule: a
+rule-sized uniform grid under 1 km, AG from 1 km, measured on public data with queries where people
+are); the cost model still scores every candidate for the manifest, and chooses alone with
+``choose="model"`` or when the band's pick is not among the candidates.
+When the choice is a uniform grid (identity or ug), its side comes from the data-centred grid-size rule
+(dpcore.grid.size_rule) for the band ``query_sides_m``, from the same public n and the ε left for the
+grid, instead of ParamSelect's ρ or the ICDE rule: both were tuned on queries placed uniformly over the
+region, and cells sized for them are several times too wide where people are (bench/README.md).
 k (``max_points_per_user``) is fixed before a mechanism sees the data (bounding happens upstream for the
 whole release), so ``auto`` does not change it; ``geodp paramselect predict`` recommends k.
 """
@@ -24,7 +32,9 @@ whole release), so ``auto`` does not change it; ``geodp paramselect predict`` re
 from __future__ import annotations
 
 import dataclasses
+from typing import Literal
 
+from dpcore.mechanisms.auto_rule import band_choice
 from dpcore.mechanisms.base import Mechanism, MechanismError
 from dpcore.mechanisms.contract import FitRecord, MechanismTags
 from dpcore.mechanisms.inputs import PointsInput
@@ -32,6 +42,9 @@ from dpcore.mechanisms.params import Band, Fraction
 from dpcore.mechanisms.sample_size import public_n_for_fit
 from dpcore.privacy.noise import NoiseSource
 from dpcore.synopsis.base import Synopsis
+
+#: Choices whose grid side the data-centred rule sets (they are one uniform grid of noisy counts).
+RULE_SIZED = ("identity", "ug")
 
 
 class AutoMechanism(Mechanism):
@@ -41,7 +54,8 @@ class AutoMechanism(Mechanism):
 
     def __init__(self, *, mechanisms: tuple[str, ...] | str | None = None,
                  query_sides_m: Band = (100.0, 1000.0), total_fraction: Fraction = 0.05,
-                 model_path: str | None = None):
+                 model_path: str | None = None, choose: Literal["band", "model"] = "band"):
+        self.choose = choose
         self.mechanisms = mechanisms
         self.query_sides_m = query_sides_m
         self.total_fraction = total_fraction
@@ -79,7 +93,20 @@ class AutoMechanism(Mechanism):
         choice = select_params(region=data.region, n=n, epsilon=acct.remaining, sensitivity=float(data.sensitivity),
                                privacy_unit=data.privacy_unit, max_points_per_user=data.max_points_per_user,
                                band=(lo, hi), mechanisms=cands, n_is_bounded=bounded, model_path=self.model_path)
+        by_band = band_choice((lo, hi), cands) if self.choose == "band" else None
+        if by_band is not None and by_band != choice.mechanism:
+            predicted = {c["mechanism"]: c["predicted_error"] for c in choice.inputs["candidates"]}
+            choice = dataclasses.replace(choice, mechanism=by_band, predicted_error=predicted.get(by_band))
         inner_params = choice.mechanism_params()
+        rule = None
+        if choice.mechanism in RULE_SIZED:
+            from dpcore.grid.size_rule import data_grid_size, rule_record
+
+            # n as ParamSelect's features count it: the points the grid noises (the bounded sample).
+            n_noised = 10 ** choice.inputs["features"]["log_n"]
+            m = data_grid_size(n_noised, acct.remaining, float(data.sensitivity), (lo, hi), data.privacy_unit)
+            inner_params = {"grid_size": m}
+            rule = {**rule_record((lo, hi), data.privacy_unit), "n": n_noised, "epsilon": acct.remaining, "grid_size": m}
         inner = get_mechanism(choice.mechanism, **inner_params)
         # The inner mechanism splits its own (smaller) budget; its charges are copied into ours.
         sub = FitRecord(acct.remaining)
@@ -97,8 +124,13 @@ class AutoMechanism(Mechanism):
                   "candidates": [{"mechanism": c["mechanism"], "predicted_error": c["predicted_error"],
                                   "within_reach": c["within_reach"]} for c in choice.inputs["candidates"]],
                   "self_tuned_margin": choice.inputs["self_tuned_margin"]}
+        if rule is not None:
+            params["grid_size_rule"] = rule
+        chooser = ("the data-centred band rule (dpcore.mechanisms.auto_rule)" if by_band is not None
+                   else "ParamSelect's cost model")
+        params["chosen_by"] = "band" if by_band is not None else "model"
         notes = ["; ".join(filter(None, (
-            f"ParamSelect chose {choice.mechanism} {inner_params} from public inputs; n from {how}",
+            f"{chooser} chose {choice.mechanism} {inner_params} from public inputs; n from {how}",
             rho_extrapolation_note(choice))))]
         if choice.inputs.get("beyond_training_reach"):
             notes.append(f"not weighed: {', '.join(choice.inputs['beyond_training_reach'])} (this release's n·ε/s "

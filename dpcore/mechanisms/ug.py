@@ -11,12 +11,17 @@ caller declares public; free, and recorded in the notes), or estimated with a st
 (``total_fraction``, default 5%) as n + DLap(k/ε_N), which is a charge of its own. The grid counts
 use the rest of ε: one Laplace step on disjoint cells, L1 sensitivity k (user) or 1 (record).
 
+``size_rule="data"`` replaces the ICDE rule by the data-centred rule of dpcore.grid.size_rule (fitted on
+public data for queries centred where people are), for the query band ``query_sides_m``; N comes from
+the same place and costs the same. The release's parameters record the rule's constants.
+
 Negative cells are kept (unbiased range sums); ``clamp_negative=True`` zeroes them instead.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 import numpy as np
 from scipy import sparse
@@ -25,13 +30,16 @@ from dpcore.geo import Region
 from dpcore.mechanisms.base import Mechanism, MechanismError
 from dpcore.mechanisms.contract import FitRecord, MechanismTags
 from dpcore.mechanisms.inputs import PointsInput
-from dpcore.mechanisms.params import Fraction, Positive, PositiveInt
+from dpcore.mechanisms.params import Band, Fraction, Positive, PositiveInt
 from dpcore.privacy.budget import Accountant
 from dpcore.privacy.noise import NoiseSource
 from dpcore.synopsis.base import GridSynopsis
 
 #: The constant of the UG/AG grid-size rule (Qardaji et al. 2013 found c = 10 works across datasets).
 DEFAULT_C = 10.0
+#: Grid-size rules: Qardaji et al.'s (uniform query centres) and the data-centred one (dpcore.grid.size_rule).
+SIZE_RULES = ("qardaji", "data")
+SizeRule = Literal["qardaji", "data"]
 #: Largest raster any classic mechanism publishes (2048² float64 = 32 MiB; ~10 m cells on 20 km).
 MAX_RASTER = 2048
 
@@ -101,6 +109,8 @@ class UniformGrid(Mechanism):
     """Uniform grid with the ICDE 2013 size rule; see the module docstring for the budget split.
 
     ``grid_size`` overrides the rule (then N is not needed and all of ε goes to the cells).
+    ``size_rule``: ``"qardaji"`` (the ICDE 2013 rule, default) or ``"data"`` (dpcore.grid.size_rule for
+    the band ``query_sides_m``).
     """
 
     name = "ug"
@@ -108,12 +118,18 @@ class UniformGrid(Mechanism):
 
     def __init__(self, *, c: Positive = DEFAULT_C, total_fraction: Fraction = 0.05,
                  grid_size: PositiveInt | None = None, max_grid: PositiveInt = MAX_RASTER,
-                 clamp_negative: bool = False):
+                 clamp_negative: bool = False, size_rule: SizeRule = "qardaji",
+                 query_sides_m: Band = (100.0, 1000.0)):
         self.c = c
+        self.size_rule = size_rule
+        self.query_sides_m = query_sides_m
         self.total_fraction = total_fraction
         self.grid_size = grid_size
         self.max_grid = max_grid
         self.clamp_negative = clamp_negative
+
+    def tuned_band_parameter(self) -> str | None:
+        return "query_sides_m" if self.size_rule == "data" and self.grid_size is None else None
 
     def fine_grid(self, region: Region) -> int | None:
         """The fixed grid, else the largest the rule may choose (max_grid): every size up to it is served."""
@@ -122,15 +138,27 @@ class UniformGrid(Mechanism):
     def _fit(self, data: PointsInput, acct: FitRecord, noise: NoiseSource) -> GridSynopsis:
         # Parameter values were checked by check_params (fit calls it before any budget is spent).
         notes: list[str] = []
+        extra: dict = {}
         if self.grid_size is not None:
             m = int(self.grid_size)
             notes.append(f"grid size {m} fixed by parameter (public)")
         else:
             total = private_total(data, acct, noise, float(self.total_fraction), notes)
             eps_cells = acct.epsilon - acct.spent
-            m = int(math.ceil(grid_size_rule(total, eps_cells, data.sensitivity, self.c)))
-            m = min(max(m, 1), int(self.max_grid))
-            notes.append(f"m = ceil(sqrt(N·ε_cells/(c·k))) = {m} with c = {self.c:g}, capped at {self.max_grid}")
+            if self.size_rule == "data":
+                from dpcore.grid.size_rule import data_grid_size, rule_record
+
+                band = tuple(float(v) for v in self.query_sides_m)
+                m = data_grid_size(total, eps_cells, data.sensitivity, band, data.privacy_unit,
+                                   max_size=int(self.max_grid))
+                rec = rule_record(band, data.privacy_unit)
+                extra["size_rule_constants"] = rec
+                notes.append(f"m = {m} by the data-centred rule a·(N·ε_cells/k)^b with a = {rec['a']:.4g}, "
+                             f"b = {rec['b']:.4g} for {band[0]:g}–{band[1]:g} m queries, capped at {self.max_grid}")
+            else:
+                m = int(math.ceil(grid_size_rule(total, eps_cells, data.sensitivity, self.c)))
+                m = min(max(m, 1), int(self.max_grid))
+                notes.append(f"m = ceil(sqrt(N·ε_cells/(c·k))) = {m} with c = {self.c:g}, capped at {self.max_grid}")
         counts = data.grid_counts(m, m)
         eps = acct.spend_rest("cell_counts", data.sensitivity,
                               note=f"{m}x{m} uniform grid; disjoint cells, L1 sensitivity = contribution bound")
@@ -140,6 +168,6 @@ class UniformGrid(Mechanism):
             notes.append("negative cells clamped to 0")
         else:
             notes.append("negative cells kept (unbiased range sums)")
-        acct.describe(notes)
+        acct.describe(notes, params={**self.get_params(), **extra} if extra else None)
         return GridSynopsis(noisy, data.region, None,
                             {"grid_size": m, "cell_width_m": data.region.side_m / m})
