@@ -111,7 +111,7 @@ def test_training_datasets_group_by_city(tmp_path):
 def test_paramselect_train_flow_runs_on_a_real_server_and_caches(prefect_harness, tmp_path):
     """The `paramselect-train` flow on Prefect + a Dask LocalCluster, tiny search on two synthetic cities:
     it writes model, table and a CV report, the model predicts, and a second run reads every row from
-    the cache. (The real run, with the Gowalla data and SNH rows, takes 2–2.5 hours from an empty cache: README.md.)"""
+    the cache. (The real run, with the Gowalla data and SNH rows, takes 2–2.5 hours from an empty cache: docs/mechanisms.md.)"""
     from dpcore.geo import city_region
     from dpcore.paramselect import PublicProfile, select_params
     from flows.paramselect_flow import run_paramselect_train

@@ -57,9 +57,16 @@ def test_query_json_carries_intervals_and_never_bare_nan(data_file, tmp_path):
     r = run_geodp("query", tree, "--box", "40.72,-74.00,40.70,-74.02", "--json")  # typed inverted
     assert "NaN" not in r.stdout and "min above max" in r.stderr
     (row,) = json.loads(r.stdout)
-    assert row["lower"] is None and row["interval_method"].startswith("none")
+    assert row["lower"] <= row["estimate"] <= row["upper"] and "PrivTree's leaves" in row["interval_method"]
     r = run_geodp("query", tree, "--box", "41.5,-74.02,41.6,-74.00")
     assert "outside the released region" in r.stderr
+    clamped = tmp_path / "clamped"  # no interval: null in JSON, never a bare NaN
+    run_geodp("release", data_file, "--city", "new-york", "--epsilon", "1", "--mechanism", "privtree",
+              "--param", "clamp_negative=true", "--out", clamped)
+    r = run_geodp("query", clamped, "--box", "40.70,-74.02,40.72,-74.00", "--json")
+    assert "NaN" not in r.stdout
+    (row,) = json.loads(r.stdout)
+    assert row["lower"] is None and row["interval_method"].startswith("none") and "clamped" in row["interval_method"]
 
 
 def test_release_quality_follows_the_noise_law_and_says_when_a_map_is_blank():
@@ -137,8 +144,94 @@ def test_intervals_follow_autos_choice_and_stay_null_where_the_release_lacks_wha
     auto = get_mechanism("auto", mechanisms=["ag"]).fit(data, 1.0, NoiseSource.seeded(2))
     lo, hi, method = query_intervals(auto, box)
     assert method.startswith("parametric bootstrap") and lo[0] <= auto.answer(box)[0] <= hi[0]
-    tree = get_mechanism("privtree").fit(data, 1.0, NoiseSource.seeded(2))
+    auto_tree = get_mechanism("auto", mechanisms=["privtree"]).fit(data, 1.0, NoiseSource.seeded(2))
+    lo, hi, method = query_intervals(auto_tree, box)
+    assert "PrivTree's leaves" in method and lo[0] <= auto_tree.answer(box)[0] <= hi[0]
     clamped = get_mechanism("ag", clamp_negative=True).fit(data, 1.0, NoiseSource.seeded(2))
-    for syn, word in ((tree, "raster"), (clamped, "clamped")):
+    clamped_tree = get_mechanism("privtree", clamp_negative=True).fit(data, 1.0, NoiseSource.seeded(2))
+    for syn, word in ((clamped, "clamped"), (clamped_tree, "clamped")):
         lo, hi, method = query_intervals(syn, box)
         assert np.isnan(lo).all() and np.isnan(hi).all() and method.startswith("none") and word in method
+
+
+def _leaf_boxes(syn) -> np.ndarray:
+    """The stored PrivTree leaves as (n, 4) boxes in metres (depth d, x-major index in the 2^d grid)."""
+    d, i = syn.arrays["leaf_depth"].astype(np.int64), syn.arrays["leaf_index"].astype(np.int64)
+    n = 2 ** d
+    xmin, ymin, xmax, ymax = syn.region.bounds_m
+    w, h = (xmax - xmin) / n, (ymax - ymin) / n
+    x0, y0 = xmin + (i // n) * w, ymin + (i % n) * h
+    return np.stack([x0, y0, x0 + w, y0 + h], axis=1)
+
+
+def _tree_noise_free_answer(syn, data: FitInput, boxes: np.ndarray) -> np.ndarray:
+    """What this release's tree answers without leaf noise: Σ f_leaf · true leaf count (or weight sum)."""
+    from dpcore.grid.histogram import answer_boxes, prefix_sums
+
+    leaves = _leaf_boxes(syn)
+    fine = 2 ** int(syn.extra_meta()["max_depth"])  # leaves are unions of these cells: exact counts
+    true_leaf = answer_boxes(prefix_sums(data.grid_counts(fine, fine).astype(float)), syn.region.bounds_m, leaves)
+    lx0, ly0, lx1, ly1 = leaves.T
+    f = (np.clip(np.minimum(lx1, boxes[:, 2:3]) - np.maximum(lx0, boxes[:, 0:1]), 0, None) / (lx1 - lx0)
+         * np.clip(np.minimum(ly1, boxes[:, 3:4]) - np.maximum(ly0, boxes[:, 1:2]), 0, None) / (ly1 - ly0))
+    return f @ true_leaf
+
+
+_BOXES = np.array([[-430, -270, 130, 310], [-990, -990, 990, 990], [205, -615, 515, -5],
+                   [-120, 60, 40, 230], [-800, 300, -100, 900]], dtype=np.float64)
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_privtree_intervals_cover_the_trees_noise_free_answer_95_percent_of_the_time(weighted):
+    region = Region("r", 40.0, -74.0, 2.0)
+    rng = np.random.default_rng(6)
+    x, y = rng.normal(0, 350, (2, 3000))
+    user = np.repeat(np.arange(300), 10)
+    kw = {"user": user, "weights": np.full(3000, 0.5)} if weighted else {}  # 10 points each, k = 5
+    data = FitInput(x, y, region, "user", 5, **kw)
+    hits, n, methods = 0, 0, set()
+    for s in range(300):  # whole releases: a fresh tree (noisy splits) and fresh leaf noise each time
+        syn = get_mechanism("privtree").fit(data, 1.0, NoiseSource.seeded(900 + s))
+        truth = _tree_noise_free_answer(syn, data, _BOXES)
+        lo, hi, method = query_intervals(syn, _BOXES, draws=2000, seed=s)
+        methods.add(method)
+        hits += int(np.sum((lo <= truth) & (truth <= hi)))
+        n += len(_BOXES)
+    lattice = " on the 2^-20 lattice" if weighted else ""
+    assert methods == {f"exact noise law (discrete Laplace{lattice}) over PrivTree's leaves, Monte Carlo quantiles"}
+    assert 0.93 <= hits / n <= 0.97, hits / n
+
+
+def test_privtree_release_keeps_its_leaves_when_saved_and_an_old_one_answers_null_with_why(tmp_path):
+    from dpcore.synopsis.base import load_synopsis
+
+    region = Region("r", 40.0, -74.0, 2.0)
+    rng = np.random.default_rng(7)
+    x, y = rng.normal(100, 300, (2, 3000))
+    data = FitInput(1.5 * x, y, region, "user", 5)  # anisotropic: a swapped x/y in the leaves would show
+    syn = get_mechanism("privtree").fit(data, 1.0, NoiseSource.seeded(3))
+    leaves = _leaf_boxes(syn)
+    leaf_counts = syn.answer(leaves)  # each stored leaf holds exactly one noisy integer count
+    assert len(leaves) == syn.extra_meta()["n_leaves"] > 4
+    assert np.allclose(leaf_counts, np.round(leaf_counts), atol=1e-6)
+    assert leaf_counts.sum() == pytest.approx(syn.values.sum())
+    assert syn.extra_meta()["leaf_noise_scale"] == pytest.approx(5 / 0.5)
+    syn.save(tmp_path / "new")
+    back = load_synopsis(tmp_path / "new")
+    for k in ("leaf_depth", "leaf_index"):
+        assert np.array_equal(back.arrays[k], syn.arrays[k])
+    a, b = query_intervals(syn, _BOXES), query_intervals(back, _BOXES)
+    assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1]) and a[2] == b[2]
+    assert np.all((a[0] <= syn.answer(_BOXES)) & (syn.answer(_BOXES) <= a[1]))
+    # a release in the old format: grid.npz holds only the raster, synopsis.json no leaf noise
+    old = tmp_path / "old"
+    syn.save(old)
+    np.savez_compressed(old / "grid.npz", values=syn.values)
+    meta = json.loads((old / "synopsis.json").read_text())
+    meta["extra"] = {k: v for k, v in meta["extra"].items() if not k.startswith("leaf_noise")}
+    (old / "synopsis.json").write_text(json.dumps(meta))
+    loaded = load_synopsis(old)
+    assert loaded.arrays == {} and np.array_equal(loaded.values, syn.values)
+    lo, hi, method = query_intervals(loaded, _BOXES)
+    assert np.isnan(lo).all() and np.isnan(hi).all()
+    assert method.startswith("none") and "raster" in method and "leaves" in method

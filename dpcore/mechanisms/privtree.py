@@ -28,7 +28,8 @@ Laplace). Nothing else reads the data: PrivTree needs no N.
 
 Negative leaf counts are kept (unbiased range sums); ``clamp_negative=True`` zeroes them. Each leaf's
 count is spread uniformly over its quadrant of a 2^D raster (D = the depth cap), vectorised level
-by level: the whole frontier of a level is decided in one array operation.
+by level: the whole frontier of a level is decided in one array operation. The leaves themselves
+(depth and quadrant index per leaf) are saved with the raster, for the release's 95% intervals.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from dpcore.mechanisms.base import Mechanism
 from dpcore.mechanisms.contract import FitRecord, MechanismTags
 from dpcore.mechanisms.inputs import PointsInput
 from dpcore.mechanisms.params import Fraction, Number, Positive
+from dpcore.privacy.bounding import WEIGHT_QUANTUM
 from dpcore.privacy.noise import NoiseSource
 from dpcore.synopsis.base import GridSynopsis
 
@@ -136,7 +138,14 @@ class PrivTree(Mechanism):
             if sel.any():
                 flat = raster.ravel()
                 np.add.at(flat, leaf_index[sel], noisy[sel])
+        # The leaves (depth, flat index in that depth's 2^d × 2^d grid, x-major) are the tree's shape,
+        # public already (noisy split decisions), and the leaf noise law is public (s/ε_leaf, on the
+        # weights' lattice when weighted): with them a reader gets exact-law 95% intervals
+        # (dpcore.synopsis.uncertainty), since every range answer is linear in the leaf noise.
         extra = {"fanout": FANOUT, "max_depth": depth_max, "n_leaves": int(leaf_index.size),
-                 "lambda": lam, "delta": delta, "theta": theta}
+                 "lambda": lam, "delta": delta, "theta": theta,
+                 "leaf_noise_scale": float(k) / float(eps_leaf),
+                 "leaf_noise_quantum": WEIGHT_QUANTUM if data.weighted else 1.0}
+        arrays = {"leaf_depth": leaf_depth.astype(np.uint8), "leaf_index": leaf_index.astype(np.uint32)}
         acct.describe(notes)
-        return GridSynopsis(raster, data.region, None, extra)
+        return GridSynopsis(raster, data.region, None, extra, arrays)

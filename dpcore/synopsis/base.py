@@ -141,17 +141,23 @@ class GridSynopsis(Synopsis):
     """A 2-D grid of (post-processed, noisy) counts over the region; the common output of grid methods.
 
     Range queries use prefix sums with the uniformity assumption inside partly covered cells.
+    ``arrays`` holds public structure a mechanism releases beside the grid (e.g. PrivTree's leaves);
+    it is saved in the same grid.npz, and a release saved without any loads with none.
     """
 
     kind = "grid"
 
-    def __init__(self, values: np.ndarray, region: Region, privacy: PrivacyInfo, extra: dict | None = None):
+    def __init__(self, values: np.ndarray, region: Region, privacy: PrivacyInfo, extra: dict | None = None,
+                 arrays: dict[str, np.ndarray] | None = None):
         self.values = np.asarray(values, dtype=np.float64)
         if self.values.ndim != 2:
             raise SynopsisError("GridSynopsis values must be 2-D")
+        if arrays and "values" in arrays:
+            raise SynopsisError("'values' is the grid itself, not an extra array name")
         self.region = region
         self.privacy = privacy
         self._extra = dict(extra or {})
+        self.arrays = {k: np.asarray(v) for k, v in (arrays or {}).items()}
         self._prefix = prefix_sums(self.values)
 
     @property
@@ -171,13 +177,14 @@ class GridSynopsis(Synopsis):
         return {**self._extra, "shape": list(self.values.shape)}
 
     def _save_arrays(self, directory: Path) -> list[str]:
-        np.savez_compressed(directory / "grid.npz", values=self.values)
+        np.savez_compressed(directory / "grid.npz", values=self.values, **self.arrays)
         return ["grid.npz"]
 
     @classmethod
     def _load_arrays(cls, directory: Path, meta: dict, region: Region, privacy: PrivacyInfo) -> GridSynopsis:
         with np.load(directory / "grid.npz") as z:
             values = z["values"]
+            arrays = {k: z[k] for k in z.files if k != "values"}
         extra = {k: v for k, v in meta.get("extra", {}).items() if k != "shape"}
-        return cls(values, region, privacy, extra)
+        return cls(values, region, privacy, extra, arrays)
 

@@ -9,11 +9,16 @@ one by one). This reads only the released synopsis and public noise parameters: 
 
 Post-processed releases whose post-processing is linear in the noise (HB's least-squares consistency,
 AG's constrained inference, and auto when it chose one of them or a linear grid) get intervals by a
-parametric bootstrap (:func:`bootstrap_intervals`); the others (privtree, snh, clamped releases) get
-none, with the reason.
+parametric bootstrap (:func:`bootstrap_intervals`). A PrivTree release is linear in its leaf noise
+(each noisy leaf count spread uniformly over its quadrant; the tree's shape is public), so it gets the
+same exact-law Monte Carlo over the leaves a box touches, where the release stores its leaves. The
+others (snh, clamped releases, PrivTree releases saved before their leaves were) get none, with the
+reason.
 """
 
 from __future__ import annotations
+
+from statistics import NormalDist
 
 import numpy as np
 
@@ -60,40 +65,100 @@ def _cover(lo: float, hi: float, n: int, extent: tuple[float, float]) -> np.ndar
     return np.clip(np.minimum(edges[1:], hi) - np.maximum(edges[:-1], lo), 0, None) / (edges[1] - edges[0])
 
 
+def _noise_quantiles(rng: np.random.Generator, w: np.ndarray, kind: str, param: float, draws: int,
+                     level: float, quantum: float = 1.0) -> np.ndarray:
+    """The (1 − level)/2 and (1 + level)/2 quantiles of Σ w_i·N_i over independent cells or leaves.
+
+    ``kind`` 'gaussian': N_i discrete Gaussian of variance ``param`` (normal, with the exact variance).
+    'laplace': N_i discrete Laplace of scale ``param`` on the lattice quantum·ℤ (quantum 1: integers),
+    by Monte Carlo from the exact law: the w = 1 terms add up to a difference of two negative
+    binomials, the others are drawn one by one.
+    """
+    a = (1.0 - level) / 2.0
+    if kind == "gaussian":
+        sd = np.sqrt(param * float(np.sum(w * w)))
+        return np.array([-1.0, 1.0]) * NormalDist().inv_cdf(1.0 - a) * sd
+    p = -np.expm1(-quantum / param)  # 1 − t, t = exp(−quantum/scale): the law in units of quantum
+    full = w >= 1.0 - 1e-12
+    n_full = int(full.sum())
+    total = (rng.negative_binomial(n_full, p, draws) - rng.negative_binomial(n_full, p, draws)).astype(np.float64) \
+        if n_full else np.zeros(draws)
+    partial = w[~full]
+    if partial.size:
+        g = rng.geometric(p, (draws, partial.size)) - rng.geometric(p, (draws, partial.size))
+        total = total + g @ partial
+    return np.quantile(total * quantum, [a, 1 - a])
+
+
+def _privtree_leaves(synopsis: Synopsis):
+    """None unless the synopsis is a PrivTree release; else its leaves' boxes and noise law,
+    ((x0, y0, width, height) per leaf, scale, quantum), or the reason ('none: …') it has none."""
+    mechanism, params, charges = _effective(synopsis)
+    if mechanism != "privtree":
+        return None
+    if type(synopsis) is not GridSynopsis:
+        return f"none: unexpected {type(synopsis).__name__} for privtree"
+    if params.get("clamp_negative"):
+        return "none: negative counts were clamped to 0 (not linear in the noise)"
+    depth, index = synopsis.arrays.get("leaf_depth"), synopsis.arrays.get("leaf_index")
+    if depth is None or index is None:
+        return ("none: this PrivTree release stores its tree only as a raster (released before its "
+                "leaves were stored), not the leaves its noise law needs")
+    scales = _laplace_scales(charges, ["leaf_counts"])
+    if scales is None:
+        return "none: PrivTree leaf noise other than discrete Laplace is not modelled"
+    quantum = float(synopsis._extra.get("leaf_noise_quantum", 1.0))
+    n = 2 ** depth.astype(np.int64)
+    index = index.astype(np.int64)
+    xmin, ymin, xmax, ymax = synopsis.region.bounds_m
+    wx, wy = (xmax - xmin) / n, (ymax - ymin) / n
+    return (xmin + (index // n) * wx, ymin + (index % n) * wy, wx, wy), scales[0], quantum
+
+
 def query_intervals(synopsis: Synopsis, boxes_m: np.ndarray, level: float = 0.95, draws: int = 4000,
                     seed: int = 0) -> tuple[np.ndarray, np.ndarray, str]:
-    """(lower, upper, method) for each box's true count; NaN bounds where no interval is known."""
+    """(lower, upper, method) for each box's true count; NaN bounds where no interval is known.
+
+    A linear grid's answer is the truth plus Σ f·noise over the cells a box covers; a PrivTree
+    release's is the same over its leaves (each leaf's noisy count is spread uniformly over its
+    quadrant). Both take the exact noise law's Monte Carlo quantiles (:func:`_noise_quantiles`)."""
     boxes = np.atleast_2d(np.asarray(boxes_m, dtype=np.float64))
     est = synopsis.answer(boxes)
     law = linear_noise(synopsis)
-    if law is None:
-        return bootstrap_intervals(synopsis, boxes, est, level, seed=seed)
-    kind, param = law
+    quantum = 1.0
+    if law is not None:
+        kind, param = law
+        xmin, ymin, xmax, ymax = synopsis.region.bounds_m
+        nx, ny = synopsis.shape
+
+        def weights(box: np.ndarray) -> np.ndarray:
+            fx, fy = _cover(box[0], box[2], nx, (xmin, xmax)), _cover(box[1], box[3], ny, (ymin, ymax))
+            return np.outer(fx[fx > 0], fy[fy > 0]).ravel()
+
+        method = ("exact noise law (discrete Laplace), Monte Carlo quantiles" if kind == "laplace"
+                  else "discrete Gaussian noise, normal quantiles with the exact variance")
+    else:
+        tree = _privtree_leaves(synopsis)
+        if tree is None:
+            return bootstrap_intervals(synopsis, boxes, est, level, seed=seed)
+        if isinstance(tree, str):
+            nan = np.full(len(boxes), np.nan)
+            return nan, nan.copy(), tree
+        (x0, y0, wx, wy), param, quantum = tree
+        kind = "laplace"
+
+        def weights(box: np.ndarray) -> np.ndarray:  # the fraction of each leaf's quadrant in the box
+            f = (np.clip(np.minimum(x0 + wx, box[2]) - np.maximum(x0, box[0]), 0, None) / wx
+                 * np.clip(np.minimum(y0 + wy, box[3]) - np.maximum(y0, box[1]), 0, None) / wy)
+            return f[f > 0]
+
+        lattice = "" if quantum == 1.0 else f" on the 2^{np.log2(quantum):g} lattice"
+        method = f"exact noise law (discrete Laplace{lattice}) over PrivTree's leaves, Monte Carlo quantiles"
     rng = np.random.default_rng(seed)
-    xmin, ymin, xmax, ymax = synopsis.region.bounds_m
-    nx, ny = synopsis.shape
-    a = (1.0 - level) / 2.0
     lower, upper = np.empty(len(boxes)), np.empty(len(boxes))
-    for q, (x0, y0, x1, y1) in enumerate(boxes):
-        fx, fy = _cover(x0, x1, nx, (xmin, xmax)), _cover(y0, y1, ny, (ymin, ymax))
-        w = np.outer(fx[fx > 0], fy[fy > 0]).ravel()
-        if kind == "gaussian":  # a sum of independent discrete Gaussians: normal with the exact variance
-            sd = np.sqrt(param * float(np.sum(w * w)))
-            noise_q = np.array([-1.959963984540054, 1.959963984540054]) * sd
-        else:
-            t = np.exp(-1.0 / param)
-            full = w >= 1.0 - 1e-12
-            n_full = int(full.sum())
-            total = rng.negative_binomial(n_full, 1 - t, draws) - rng.negative_binomial(n_full, 1 - t, draws) \
-                if n_full else np.zeros(draws)
-            partial = w[~full]
-            if partial.size:
-                g = rng.geometric(1 - t, (draws, partial.size)) - rng.geometric(1 - t, (draws, partial.size))
-                total = total + g @ partial
-            noise_q = np.quantile(total, [a, 1 - a])
+    for q, box in enumerate(boxes):
+        noise_q = _noise_quantiles(rng, weights(box), kind, param, draws, level, quantum)
         lower[q], upper[q] = est[q] - noise_q[1], est[q] - noise_q[0]
-    method = ("exact noise law (discrete Laplace), Monte Carlo quantiles" if kind == "laplace"
-              else "discrete Gaussian noise, normal quantiles with the exact variance")
     return lower, upper, method
 
 
@@ -196,7 +261,7 @@ def bootstrap_intervals(synopsis: Synopsis, boxes: np.ndarray, est: np.ndarray, 
     mechanism, params, charges = _effective(synopsis)
     samplers = {"hb": _hb_sampler, "ag": _ag_sampler}
     if mechanism not in samplers:
-        why = {"privtree": "the release stores its tree only as a raster, not the leaves a bootstrap re-noises",
+        why = {"privtree": "PrivTree's intervals come from its leaves' exact noise law (query_intervals)",
                "snh": "SNH's neural denoiser is not linear in the noise; its bootstrap is not implemented",
                }.get(mechanism, f"{mechanism} has no noise model for intervals")
         return nan, nan.copy(), f"none: {why}"
