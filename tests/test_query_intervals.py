@@ -235,3 +235,51 @@ def test_privtree_release_keeps_its_leaves_when_saved_and_an_old_one_answers_nul
     lo, hi, method = query_intervals(loaded, _BOXES)
     assert np.isnan(lo).all() and np.isnan(hi).all()
     assert method.startswith("none") and "raster" in method and "leaves" in method
+
+
+def test_intervals_of_a_release_scaled_to_full_counts_cover_the_scaled_noise_free_answer():
+    """N·û/n̂ carries two noises, the grid's and the sample size's; the bootstrap over both covers
+    N·u/n (the bounded sample's count scaled by its true size) at its rate, and an interval that
+    ignored n̂'s noise would be too narrow on large boxes."""
+    from dpcore.privacy.scaling import fit_scaled
+
+    region = Region("r", 40.0, -74.0, 2.0)
+    rng = np.random.default_rng(3)
+    x, y = rng.uniform(-1000, 1000, (2, 3000))
+    data = FitInput(x, y, region, "user", 5)
+    total = 3.0 * data.n  # the public full count
+    boxes = np.array([[-990, -990, 990, 990], [-430, -270, 130, 310], [-800, 300, -100, 900],
+                      [205, -615, 515, -5], [-120, 60, 40, 230]], dtype=np.float64)
+    exact = get_mechanism("identity", grid_size=20).fit(data, 1e9, NoiseSource.seeded(1))
+    target = total * exact.answer(boxes) / data.n
+    hits, n, method = 0, 0, ""
+    region_hits = naive_region_hits = 0
+    for s in range(300):
+        # 3% of ε on n̂: its noise (about 16% of n) is a large part of the whole region's error
+        syn = fit_scaled("identity", {"grid_size": 20}, data, 0.5, NoiseSource.seeded(500 + s), total, "test",
+                         scale_fraction=0.03)
+        lo, hi, method = query_intervals(syn, boxes, draws=2000, seed=s)
+        inside = (lo <= target) & (target <= hi)
+        hits += int(inside.sum())
+        n += len(boxes)
+        region_hits += int(inside[0])
+        # what an interval blind to n̂'s noise would say: the grid's exact interval times the factor
+        inner_lo, inner_hi, _ = query_intervals(syn.inner, boxes[:1], draws=2000, seed=s)
+        naive_region_hits += int(syn.factor * inner_lo[0] <= target[0] <= syn.factor * inner_hi[0])
+    assert method.startswith("parametric bootstrap of the scaled answer")
+    assert 0.93 <= hits / n <= 0.97, hits / n
+    assert region_hits / 300 >= 0.92, region_hits / 300
+    assert naive_region_hits / 300 < 0.85, naive_region_hits / 300
+
+
+def test_scaled_release_of_a_post_processed_mechanism_says_why_it_has_no_interval():
+    from dpcore.privacy.scaling import fit_scaled
+
+    region = Region("r", 40.0, -74.0, 2.0)
+    rng = np.random.default_rng(4)
+    x, y = rng.uniform(-1000, 1000, (2, 2000))
+    syn = fit_scaled("privtree", {"clamp_negative": True}, FitInput(x, y, region, "user", 5), 1.0,
+                     NoiseSource.seeded(2), 6000.0, "test")
+    lo, hi, method = query_intervals(syn, np.array([[-500.0, -500.0, 500.0, 500.0]]))
+    assert np.isnan(lo).all() and np.isnan(hi).all()
+    assert method.startswith("none: a release scaled to full counts") and "clamped" in method

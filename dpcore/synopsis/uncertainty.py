@@ -65,19 +65,17 @@ def _cover(lo: float, hi: float, n: int, extent: tuple[float, float]) -> np.ndar
     return np.clip(np.minimum(edges[1:], hi) - np.maximum(edges[:-1], lo), 0, None) / (edges[1] - edges[0])
 
 
-def _noise_quantiles(rng: np.random.Generator, w: np.ndarray, kind: str, param: float, draws: int,
-                     level: float, quantum: float = 1.0) -> np.ndarray:
-    """The (1 − level)/2 and (1 + level)/2 quantiles of Σ w_i·N_i over independent cells or leaves.
+def _noise_draws(rng: np.random.Generator, w: np.ndarray, kind: str, param: float, draws: int,
+                 quantum: float = 1.0) -> np.ndarray:
+    """``draws`` samples of Σ w_i·N_i over independent cells or leaves.
 
-    ``kind`` 'gaussian': N_i discrete Gaussian of variance ``param`` (normal, with the exact variance).
-    'laplace': N_i discrete Laplace of scale ``param`` on the lattice quantum·ℤ (quantum 1: integers),
-    by Monte Carlo from the exact law: the w = 1 terms add up to a difference of two negative
-    binomials, the others are drawn one by one.
+    ``kind`` 'gaussian': N_i discrete Gaussian of variance ``param`` (drawn as a normal with the exact
+    variance). 'laplace': N_i discrete Laplace of scale ``param`` on the lattice quantum·ℤ (quantum 1:
+    integers), from the exact law: the w = 1 terms add up to a difference of two negative binomials,
+    the others are drawn one by one.
     """
-    a = (1.0 - level) / 2.0
     if kind == "gaussian":
-        sd = np.sqrt(param * float(np.sum(w * w)))
-        return np.array([-1.0, 1.0]) * NormalDist().inv_cdf(1.0 - a) * sd
+        return rng.normal(0.0, np.sqrt(param * float(np.sum(w * w))), draws)
     p = -np.expm1(-quantum / param)  # 1 − t, t = exp(−quantum/scale): the law in units of quantum
     full = w >= 1.0 - 1e-12
     n_full = int(full.sum())
@@ -87,7 +85,18 @@ def _noise_quantiles(rng: np.random.Generator, w: np.ndarray, kind: str, param: 
     if partial.size:
         g = rng.geometric(p, (draws, partial.size)) - rng.geometric(p, (draws, partial.size))
         total = total + g @ partial
-    return np.quantile(total * quantum, [a, 1 - a])
+    return total * quantum
+
+
+def _noise_quantiles(rng: np.random.Generator, w: np.ndarray, kind: str, param: float, draws: int,
+                     level: float, quantum: float = 1.0) -> np.ndarray:
+    """The (1 − level)/2 and (1 + level)/2 quantiles of Σ w_i·N_i (:func:`_noise_draws`); exact normal
+    quantiles for Gaussian noise."""
+    a = (1.0 - level) / 2.0
+    if kind == "gaussian":
+        sd = np.sqrt(param * float(np.sum(w * w)))
+        return np.array([-1.0, 1.0]) * NormalDist().inv_cdf(1.0 - a) * sd
+    return np.quantile(_noise_draws(rng, w, kind, param, draws, quantum), [a, 1 - a])
 
 
 def _privtree_leaves(synopsis: Synopsis):
@@ -115,17 +124,11 @@ def _privtree_leaves(synopsis: Synopsis):
     return (xmin + (index // n) * wx, ymin + (index % n) * wy, wx, wy), scales[0], quantum
 
 
-def query_intervals(synopsis: Synopsis, boxes_m: np.ndarray, level: float = 0.95, draws: int = 4000,
-                    seed: int = 0) -> tuple[np.ndarray, np.ndarray, str]:
-    """(lower, upper, method) for each box's true count; NaN bounds where no interval is known.
-
-    A linear grid's answer is the truth plus Σ f·noise over the cells a box covers; a PrivTree
-    release's is the same over its leaves (each leaf's noisy count is spread uniformly over its
-    quadrant). Both take the exact noise law's Monte Carlo quantiles (:func:`_noise_quantiles`)."""
-    boxes = np.atleast_2d(np.asarray(boxes_m, dtype=np.float64))
-    est = synopsis.answer(boxes)
+def _noise_model(synopsis: Synopsis):
+    """How a release's range answers carry noise: (weights, kind, param, quantum, method) where
+    ``weights(box)`` are the fractions of the noisy cells or leaves the box covers; or a reason string
+    ('none: …'); or None when only a bootstrap through the post-processing can tell."""
     law = linear_noise(synopsis)
-    quantum = 1.0
     if law is not None:
         kind, param = law
         xmin, ymin, xmax, ymax = synopsis.region.bounds_m
@@ -137,29 +140,82 @@ def query_intervals(synopsis: Synopsis, boxes_m: np.ndarray, level: float = 0.95
 
         method = ("exact noise law (discrete Laplace), Monte Carlo quantiles" if kind == "laplace"
                   else "discrete Gaussian noise, normal quantiles with the exact variance")
-    else:
-        tree = _privtree_leaves(synopsis)
-        if tree is None:
-            return bootstrap_intervals(synopsis, boxes, est, level, seed=seed)
-        if isinstance(tree, str):
-            nan = np.full(len(boxes), np.nan)
-            return nan, nan.copy(), tree
-        (x0, y0, wx, wy), param, quantum = tree
-        kind = "laplace"
+        return weights, kind, param, 1.0, method
+    tree = _privtree_leaves(synopsis)
+    if tree is None or isinstance(tree, str):
+        return tree
+    (x0, y0, wx, wy), param, quantum = tree
 
-        def weights(box: np.ndarray) -> np.ndarray:  # the fraction of each leaf's quadrant in the box
-            f = (np.clip(np.minimum(x0 + wx, box[2]) - np.maximum(x0, box[0]), 0, None) / wx
-                 * np.clip(np.minimum(y0 + wy, box[3]) - np.maximum(y0, box[1]), 0, None) / wy)
-            return f[f > 0]
+    def leaf_weights(box: np.ndarray) -> np.ndarray:  # the fraction of each leaf's quadrant in the box
+        f = (np.clip(np.minimum(x0 + wx, box[2]) - np.maximum(x0, box[0]), 0, None) / wx
+             * np.clip(np.minimum(y0 + wy, box[3]) - np.maximum(y0, box[1]), 0, None) / wy)
+        return f[f > 0]
 
-        lattice = "" if quantum == 1.0 else f" on the 2^{np.log2(quantum):g} lattice"
-        method = f"exact noise law (discrete Laplace{lattice}) over PrivTree's leaves, Monte Carlo quantiles"
+    lattice = "" if quantum == 1.0 else f" on the 2^{np.log2(quantum):g} lattice"
+    return (leaf_weights, "laplace", param, quantum,
+            f"exact noise law (discrete Laplace{lattice}) over PrivTree's leaves, Monte Carlo quantiles")
+
+
+def query_intervals(synopsis: Synopsis, boxes_m: np.ndarray, level: float = 0.95, draws: int = 4000,
+                    seed: int = 0) -> tuple[np.ndarray, np.ndarray, str]:
+    """(lower, upper, method) for each box's true count; NaN bounds where no interval is known.
+
+    A linear grid's answer is the truth plus Σ f·noise over the cells a box covers; a PrivTree
+    release's is the same over its leaves (each leaf's noisy count is spread uniformly over its
+    quadrant). Both take the exact noise law's Monte Carlo quantiles (:func:`_noise_quantiles`).
+    A release scaled to full counts gets :func:`scaled_intervals`."""
+    boxes = np.atleast_2d(np.asarray(boxes_m, dtype=np.float64))
+    if getattr(synopsis, "kind", None) == "scaled":
+        return scaled_intervals(synopsis, boxes, level, draws, seed)
+    est = synopsis.answer(boxes)
+    model = _noise_model(synopsis)
+    if model is None:
+        return bootstrap_intervals(synopsis, boxes, est, level, seed=seed)
+    if isinstance(model, str):
+        nan = np.full(len(boxes), np.nan)
+        return nan, nan.copy(), model
+    weights, kind, param, quantum, method = model
     rng = np.random.default_rng(seed)
     lower, upper = np.empty(len(boxes)), np.empty(len(boxes))
     for q, box in enumerate(boxes):
         noise_q = _noise_quantiles(rng, weights(box), kind, param, draws, level, quantum)
         lower[q], upper[q] = est[q] - noise_q[1], est[q] - noise_q[0]
     return lower, upper, method
+
+
+def scaled_intervals(synopsis: Synopsis, boxes: np.ndarray, level: float = 0.95, draws: int = 4000,
+                     seed: int = 0) -> tuple[np.ndarray, np.ndarray, str]:
+    """Intervals of a release scaled to full counts, ŷ = N·û/n̂ (dpcore.privacy.scaling), by a
+    parametric bootstrap over both noises: û's (the inner release's exact law) and n̂'s (discrete
+    Laplace of the recorded ``sample_total_for_scaling`` charge, clamped as the fit clamps it). The
+    interval is for N·u/n, the bounded sample's count scaled by its true size: it covers the noise,
+    not the bias of bounding each person to k points (post-processing: it reads only the release)."""
+    nan = np.full(len(boxes), np.nan)
+    inner = synopsis.inner
+    model = _noise_model(inner)
+    if model is None or isinstance(model, str):
+        why = model[len("none: "):] if isinstance(model, str) else \
+            f"{_effective(inner)[0]}'s post-processing has no scaled bootstrap"
+        return nan, nan.copy(), f"none: a release scaled to full counts whose inner release has no exact law ({why})"
+    scales = _laplace_scales(synopsis.privacy.charges, ["sample_total_for_scaling"])
+    if scales is None:
+        return nan, nan.copy(), "none: the scale factor's noise (sample_total_for_scaling) is not recorded"
+    weights, kind, param, quantum, _ = model
+    total = float(synopsis.total_points)
+    n_hat = total / float(synopsis.factor)
+    floor = max(scales[0], 1.0)
+    rng = np.random.default_rng(seed)
+    inner_est = inner.answer(boxes)
+    est = synopsis.answer(boxes)
+    n_star = np.clip(n_hat + _dlap(rng, scales[0], draws), floor, total)
+    a = (1.0 - level) / 2.0
+    lower, upper = np.empty(len(boxes)), np.empty(len(boxes))
+    for q, box in enumerate(boxes):
+        y_star = total * (inner_est[q] + _noise_draws(rng, weights(box), kind, param, draws, quantum)) / n_star
+        dev = np.quantile(y_star - est[q], [a, 1 - a])
+        lower[q], upper[q] = est[q] - dev[1], est[q] - dev[0]
+    return lower, upper, ("parametric bootstrap of the scaled answer N·û/n̂ over û's exact noise law and n̂'s; "
+                          "covers the noise, not the bias of bounding each person to k points")
 
 
 #: Re-draws of a post-processed release's noise per query batch (its quantiles' Monte Carlo error at
