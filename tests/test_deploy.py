@@ -7,6 +7,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -44,16 +45,31 @@ def test_compose_builds_geodp_from_the_repository_and_waits_for_its_dependencies
     assert services["serve"]["environment"]["GEODP_NIGHTLY__RELEASE__STORE"].startswith("s3://")
 
 
+def _compose_command() -> list[str] | None:
+    """`docker compose` (the plugin) where it works, else the standalone `docker-compose`, else None."""
+    if shutil.which("docker") is not None:
+        probe = subprocess.run(["docker", "compose", "version"], capture_output=True, text=True)
+        if probe.returncode == 0:
+            return ["docker", "compose"]
+    if shutil.which("docker-compose") is not None:
+        return ["docker-compose"]
+    return None
+
+
 def test_docker_compose_config_validates_the_file():
-    if shutil.which("docker") is None:
-        pytest.skip("docker is not installed here")
-    probe = subprocess.run(["docker", "compose", "version"], capture_output=True, text=True)
-    if probe.returncode != 0:
-        reason = (probe.stderr.strip() or probe.stdout.strip()).splitlines()[0]
-        pytest.skip(f"the docker compose plugin is not installed here ({reason})")
-    done = subprocess.run(["docker", "compose", "-f", str(COMPOSE), "config", "--quiet"], capture_output=True,
+    command = _compose_command()
+    if command is None:
+        pytest.skip("neither the docker compose plugin nor docker-compose is installed here")
+    done = subprocess.run([*command, "-f", str(COMPOSE), "config", "--quiet"], capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 0, done.stderr
+    # a broken file is refused: the check is real
+    broken = COMPOSE.read_text().replace("services:", "services:\n  broken: {image: [not, a, string]}", 1)
+    bad = Path(tempfile.mkdtemp()) / "docker-compose.yml"
+    bad.write_text(broken)
+    refused = subprocess.run([*command, "-f", str(bad), "config", "--quiet"], capture_output=True, text=True,
+                             timeout=60, cwd=COMPOSE.parent)
+    assert refused.returncode != 0
 
 
 @pytest.mark.slow
