@@ -1,7 +1,8 @@
 """The `backfill` flow: one release per day over a date range, skipping days already committed with
 the same config (the release key; nothing is noised or charged for them).
 
-Locally every day runs inside one flow run on one Dask cluster and the input is read once. With a
+Locally every day runs inside one flow run on one Dask cluster; a day-partitioned input is read
+day by day on the workers, any other input once, for the backfill's days only. With a
 served deployment, ``submit_to_deployment`` starts one `release` flow run per day instead, each with
 an idempotency key (dataset, day, config), so the UI shows one run per day and a repeated submission
 does not start a second run.
@@ -12,9 +13,10 @@ from __future__ import annotations
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 
+from dpcore.data.inputs import partition_day, resolve_input
 from dpcore.privacy.accounting import budget_label
 from flows.release import _artifact_key, release_cities
-from tasks.config import BackfillParams, canonical_hash, days_between
+from tasks.config import BackfillParams, canonical_hash, days_between, parse_period
 from tasks.release_tasks import dataset_name, load_and_validate
 from tasks.runtime import dask_for_run
 
@@ -29,7 +31,7 @@ def _backfill(params: BackfillParams, config_path: str | None) -> dict:
     logger = get_run_logger()
     days = days_between(params.start, params.end)
     rp = params.release
-    loaded = load_and_validate(rp.data, rp.columns, rp.format)
+    loaded = _load_unless_partitioned(rp, days)
     dataset = dataset_name(rp.data, rp.dataset)
     progress = create_progress_artifact(0.0, key=_artifact_key(f"backfill-progress-{dataset}"),
                                         description=f"days of {dataset} {params.start}..{params.end} done")
@@ -53,6 +55,18 @@ def _backfill(params: BackfillParams, config_path: str | None) -> dict:
     create_markdown_artifact("\n".join(lines), key=_artifact_key(f"backfill-{dataset}"),
                              description="backfill summary")
     return result
+
+
+def _load_unless_partitioned(rp, days: list[str]):
+    """The backfill's input, read once here for all its days, or None when every file is a day
+    partition: each day's release then runs its own data pass on the workers, over that day's files
+    only, and nothing of the input passes through this process. Either way only the files whose
+    partition lies in the backfill's days are opened."""
+    window = (parse_period(days[0]).start_s, parse_period(days[-1]).end_s)
+    files = resolve_input(rp.data, rp.format, window).files
+    if files and all(partition_day(f.partition) is not None for f in files):
+        return None
+    return load_and_validate(rp.data, rp.columns, rp.format, window=window)
 
 
 def run_backfill(params: BackfillParams, config_path: str | None = None) -> dict:

@@ -66,3 +66,29 @@ def test_a_store_made_again_at_the_same_url_gets_a_real_release(prefect_harness,
     assert store.instance_id() != first_id
     assert [r["status"] for r in summary["releases"]] == ["committed"]
     assert len(store.list_releases()) == 1 and len(DatasetLedger(store, summary["dataset"]).held()) == 1
+
+
+def test_backfill_of_a_day_partitioned_input_reads_each_day_on_the_workers(prefect_harness, tmp_path, monkeypatch):
+    """A hive folder of days: the backfill opens no file in its own process (each day's release reads its
+    own partition on the workers), and a partition outside the backfill's days is never opened, even an
+    unreadable one."""
+    import flows.backfill
+    from tests.cli_runner import run_geodp
+
+    data = tmp_path / "days"
+    run_geodp("synth", data, "--city", "new-york", "--users", "300", "--days", "4", "--start", "2024-03-01",
+              "--partitions", "day")
+    stray = data / "date=2024-02-01"
+    stray.mkdir()
+    (stray / "part-0.parquet").write_bytes(b"not a parquet file")
+
+    def no_preload(*args, **kwargs):
+        raise AssertionError("the backfill loaded a day-partitioned input in the flow process")
+
+    monkeypatch.setattr(flows.backfill, "load_and_validate", no_preload)
+    store_url = str(tmp_path / "store")
+    rp = ReleaseParams(data=str(data), cities=["new-york"], epsilon=0.5, store=store_url,
+                       max_points_per_user=10, n_workers=1, budget_cap=5.0)
+    result = run_backfill(BackfillParams(release=rp, start="2024-03-02", end="2024-03-03"))
+    assert result["committed"] == 2
+    assert {r["period"] for r in ReleaseStore(store_url).list_releases()} == {"2024-03-02", "2024-03-03"}
