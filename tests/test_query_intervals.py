@@ -283,3 +283,38 @@ def test_scaled_release_of_a_post_processed_mechanism_says_why_it_has_no_interva
     lo, hi, method = query_intervals(syn, np.array([[-500.0, -500.0, 500.0, 500.0]]))
     assert np.isnan(lo).all() and np.isnan(hi).all()
     assert method.startswith("none: a release scaled to full counts") and "clamped" in method
+
+
+def _st_input(public_total: float | None = None):
+    from dpcore.mechanisms import SpatioTemporalInput
+
+    base = FitInput(*np.random.default_rng(5).uniform(-1000, 1000, (2, 4000)), Region("r", 40.0, -74.0, 2.0),
+                    "user", 5)
+    slot = np.random.default_rng(6).integers(0, 6, base.n)
+    return SpatioTemporalInput(base.x, base.y, base.region, base.unit, user=base.user, slot=slot, n_slots=6,
+                               slot_seconds=3600, window_start_s=0, public_total=public_total)
+
+
+@pytest.mark.parametrize("public_total", [None, 12_000.0])
+def test_intervals_of_identity3d_window_queries_cover_their_noise_free_answer(public_total):
+    """Box × time-window counts of an identity3d release (cells and slots covered pro rata) carry Σ f·noise
+    of the cells' exact law, and when scaled to a public total also n̂'s noise: the intervals cover the
+    noise-free answer about 95% of the time."""
+    from dpcore.synopsis.uncertainty import spatio_temporal_intervals
+
+    data = _st_input(public_total)
+    boxes = np.array([[-990, -990, 990, 990], [-430, -270, 130, 310], [205, -615, 515, -5]], dtype=np.float64)
+    start = np.array([0.0, 1800.0, 5400.0])
+    end = np.array([21600.0, 9000.0, 12600.0])
+    # noise-free: at this ε n̂ = n, so a scaled release answers N·u/n
+    truth = get_mechanism("identity3d", grid_size=10).fit(data, 1e9, NoiseSource.seeded(1)).answer_st_time(
+        boxes, start, end)
+    hits, n, method = 0, 0, ""
+    for s in range(300):
+        syn = get_mechanism("identity3d", grid_size=10).fit(data, 0.5, NoiseSource.seeded(700 + s))
+        lo, hi, method = spatio_temporal_intervals(syn, boxes, start, end, draws=2000, seed=s)
+        hits += int(np.sum((lo <= truth) & (truth <= hi)))
+        n += len(boxes)
+    expected = "exact noise law" if public_total is None else "parametric bootstrap of the scaled answer"
+    assert method.startswith(expected), method
+    assert 0.93 <= hits / n <= 0.97, hits / n

@@ -46,13 +46,14 @@ def range_counts(
     times = parse_window(window) if window is not None else None
     with fetch_release(release) as (_, synopsis):
         boxes_m = synopsis.region.box_latlon_to_m(boxes_ll)
-        lower = upper = np.full(len(boxes_m), np.nan)
-        method = "none: spatio-temporal window queries have no interval yet"
         if times is not None:
+            from dpcore.synopsis.uncertainty import spatio_temporal_intervals
+
             if not is_spatio_temporal(synopsis):
                 raise CLIError("--period needs a spatio-temporal release (e.g. mechanism identity3d or vdr)")
-            t0, t1 = times
-            est = synopsis.answer_st_time(boxes_m, np.full(len(boxes_m), t0), np.full(len(boxes_m), t1))
+            t0, t1 = np.full(len(boxes_m), times[0]), np.full(len(boxes_m), times[1])
+            est = synopsis.answer_st_time(boxes_m, t0, t1)
+            lower, upper, method = spatio_temporal_intervals(synopsis, boxes_m, t0, t1)
         else:
             from dpcore.synopsis.uncertainty import query_intervals
 
