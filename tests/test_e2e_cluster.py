@@ -126,37 +126,52 @@ def _set_on_workers(cluster, name: str, value: str | None) -> None:
     """Set (or with None, clear) an environment variable in every worker process of the cluster."""
     from distributed import Client
 
+    def set_here() -> str | None:  # a local function travels by value and runs on the worker's environ
+        import os
+
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+        return os.environ.get(name)
+
     with Client(cluster["address"], timeout=60) as c:
         c.wait_for_workers(2, timeout=60)  # a worker an earlier test killed is back under its nanny
-        if value is None:
-            c.run(os.environ.pop, name, None)
-        else:
-            c.run(os.environ.__setitem__, name, value)
+        assert set(c.run(set_here).values()) == {value}
 
 
-def test_killing_a_worker_mid_release_still_commits_exactly_once(cluster, gowalla_sample_path):
+def _release_killing_a_worker(cluster, cmd: list[str], fault: str, seconds: str, task_name: str):
+    """Run ``cmd`` with its ``task_name`` tasks slowed by the ``fault`` hook in the worker processes, and
+    SIGKILL the first worker seen running one. Returns (killed worker or None, the finished process,
+    its stdout, its stderr)."""
     from distributed import Client
 
-    store = _bucket(cluster)
-    cmd = [sys.executable, "-m", "flows.cli", "release", str(gowalla_sample_path), "--cities",
-           "austin,new-york", "--period", "2010-06", "--epsilon", "0.5", "--store", store,
-           "--dask-address", cluster["address"], "--json"]
     # the slow step runs in the worker processes, so the fault injection is set there
-    _set_on_workers(cluster, "GEODP_FAULT_PRIVATIZE_SLEEP_S", "6")
-    release = subprocess.Popen(cmd, env=cluster["env"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _set_on_workers(cluster, fault, seconds)
+    release = subprocess.Popen(cmd, env=cluster["env"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
     killed = None
     with Client(cluster["address"], timeout=60) as c:
         deadline = time.time() + 180
         while killed is None and time.time() < deadline and release.poll() is None:
-            busy = {w: ts for w, ts in c.processing().items() if any("privatize" in str(t) for t in ts)}
+            busy = [w for w, ts in c.processing().items() if any(task_name in str(t) for t in ts)]
             if busy:
-                addr = next(iter(busy))
-                pid = c.run(os.getpid, workers=[addr])[addr]  # the worker process under our `dask worker`
+                pid = c.run(os.getpid, workers=[busy[0]])[busy[0]]  # the worker process under `dask worker`
                 os.kill(pid, signal.SIGKILL)
-                killed = addr
+                killed = busy[0]
             time.sleep(0.2)
     out, err = release.communicate(timeout=400)
-    _set_on_workers(cluster, "GEODP_FAULT_PRIVATIZE_SLEEP_S", None)
+    _set_on_workers(cluster, fault, None)
+    return killed, release, out, err
+
+
+def test_killing_a_worker_mid_release_still_commits_exactly_once(cluster, gowalla_sample_path):
+    store = _bucket(cluster)
+    cmd = [sys.executable, "-m", "flows.cli", "release", str(gowalla_sample_path), "--cities",
+           "austin,new-york", "--period", "2010-06", "--epsilon", "0.5", "--store", store,
+           "--dask-address", cluster["address"], "--json"]
+    killed, release, out, err = _release_killing_a_worker(cluster, cmd, "GEODP_FAULT_PRIVATIZE_SLEEP_S", "6",
+                                                          "privatize")
     assert killed is not None, f"no privatize task was seen running on a worker; release said: {err[-2000:]}"
     assert release.returncode == 0, err[-3000:]
     summary = json.loads(out)
@@ -171,7 +186,6 @@ def test_killing_a_worker_mid_read_of_s3_files_still_commits_once(cluster, gowal
     recomputed where needed, and the release commits once with one charge."""
     import boto3
     import pandas as pd
-    from distributed import Client
 
     store = _bucket(cluster)
     bucket = store.split("/")[2]
@@ -184,21 +198,7 @@ def test_killing_a_worker_mid_read_of_s3_files_still_commits_once(cluster, gowal
     cmd = [sys.executable, "-m", "flows.cli", "release", f"s3://{bucket}/input/", "--cities", "new-york",
            "--period", "2010-06", "--epsilon", "0.5", "--store", store, "--dataset", "gowalla-s3",
            "--dask-address", cluster["address"], "--json"]
-    # the slow step runs in the worker processes, so the fault injection is set there
-    _set_on_workers(cluster, "GEODP_FAULT_READ_SLEEP_S", "3")
-    release = subprocess.Popen(cmd, env=cluster["env"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    killed = None
-    with Client(cluster["address"], timeout=60) as c:
-        deadline = time.time() + 180
-        while killed is None and time.time() < deadline and release.poll() is None:
-            busy = [w for w, ts in c.processing().items() if any("_read" in str(t) for t in ts)]
-            if busy:
-                pid = c.run(os.getpid, workers=[busy[0]])[busy[0]]
-                os.kill(pid, signal.SIGKILL)
-                killed = busy[0]
-            time.sleep(0.2)
-    out, err = release.communicate(timeout=400)
-    _set_on_workers(cluster, "GEODP_FAULT_READ_SLEEP_S", None)
+    killed, release, out, err = _release_killing_a_worker(cluster, cmd, "GEODP_FAULT_READ_SLEEP_S", "3", "_read")
     assert killed is not None, f"no read task was seen running on a worker; release said: {err[-2000:]} {out[-1500:]}"
     assert release.returncode == 0, err[-3000:]
     listed = json.loads(geodp(cluster, "releases", "list", store, "--json").stdout)
