@@ -23,6 +23,7 @@ from statistics import NormalDist
 import numpy as np
 
 from dpcore.synopsis.base import GridSynopsis, Synopsis
+from dpcore.synopsis.spatiotemporal import SpatioTemporalSynopsis
 
 #: Mechanisms whose released grid is the noisy histogram itself (linear in the noise).
 LINEAR_MECHANISMS = ("identity", "ug")
@@ -167,7 +168,7 @@ def query_intervals(synopsis: Synopsis, boxes_m: np.ndarray, level: float = 0.95
     boxes = np.atleast_2d(np.asarray(boxes_m, dtype=np.float64))
     if getattr(synopsis, "kind", None) == "scaled":
         return scaled_intervals(synopsis, boxes, level, draws, seed)
-    if hasattr(synopsis, "answer_st_time") and getattr(synopsis, "window_start_s", None) is not None:
+    if isinstance(synopsis, SpatioTemporalSynopsis) and synopsis.window_start_s is not None:
         start = float(synopsis.window_start_s)
         end = start + float(synopsis.slot_seconds) * synopsis.n_slots
         return spatio_temporal_intervals(synopsis, boxes, np.full(len(boxes), start), np.full(len(boxes), end),
@@ -216,11 +217,17 @@ def scaled_intervals(synopsis: Synopsis, boxes: np.ndarray, level: float = 0.95,
     a = (1.0 - level) / 2.0
     lower, upper = np.empty(len(boxes)), np.empty(len(boxes))
     for q, box in enumerate(boxes):
-        y_star = total * (inner_est[q] + _noise_draws(rng, weights(box), kind, param, draws, quantum)) / n_star
-        dev = np.quantile(y_star - est[q], [a, 1 - a])
+        noise = _noise_draws(rng, weights(box), kind, param, draws, quantum)
+        dev = _scaled_deviation(total, inner_est[q], noise, n_star, est[q], a)
         lower[q], upper[q] = est[q] - dev[1], est[q] - dev[0]
     return lower, upper, ("parametric bootstrap of the scaled answer N·û/n̂ over û's exact noise law and n̂'s; "
                           "covers the noise, not the bias of bounding each person to k points")
+
+
+def _scaled_deviation(total: float, inner: float, noise: np.ndarray, n_star: np.ndarray, est: float,
+                      a: float) -> np.ndarray:
+    """Quantiles a, 1 − a of N·(û + e*)/n̂* − ŷ: a scaled answer's re-drawn error, both noises at once."""
+    return np.quantile(total * (inner + noise) / n_star - est, [a, 1 - a])
 
 
 def spatio_temporal_intervals(synopsis: Synopsis, boxes: np.ndarray, start_s: np.ndarray, end_s: np.ndarray,
@@ -266,7 +273,7 @@ def spatio_temporal_intervals(synopsis: Synopsis, boxes: np.ndarray, start_s: np
         if factor == 1.0:
             dev = np.quantile(noise, [a, 1 - a])
         else:  # ŷ = N·(u + e)/n̂: re-draw both noises around the released values
-            dev = np.quantile(total * (est[q] / factor + noise) / n_star - est[q], [a, 1 - a])
+            dev = _scaled_deviation(total, est[q] / factor, noise, n_star, est[q], a)
         lower[q], upper[q] = est[q] - dev[1], est[q] - dev[0]
     if factor == 1.0:
         return lower, upper, "exact noise law (discrete Laplace) over the cells and slots, Monte Carlo quantiles"
