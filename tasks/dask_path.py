@@ -7,8 +7,9 @@ keep the period's points inside any release region, and under user-level privacy
 shuffled on the user key (dask.dataframe's shuffle), so each person's rows from every file, city and
 slot meet in one partition, where one uniform k-sample per person (or per person and day) is drawn
 for the whole release. Each partition is then counted on every region's fine grid in one task (so a
-person's sample is the same for all regions), and the sparse counts are summed in a tree. Only those
-sums — never points, except for the fits that read points (Mechanism.fine_grid is None) — come back.
+person's sample is the same for all regions), or, for a heatmap, spreads each of its people's mass
+over their own points on the heatmap's grid (Mechanism.fine_mass), and the sparse sums are added in a
+tree. Only those sums come back; a release's fits never receive points.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from dpcore.data.chunks import (
 )
 from dpcore.data.inputs import InputFile, InputSet, resolve_input
 from dpcore.data.points import DataError, LoadResult, ValidationReport
+from dpcore.heatmap.mass import MassGrid
 from dpcore.privacy.noise import NoiseSource
 
 #: Rows per partition when an in-memory table (a backfill's one read) goes through the graph.
@@ -44,13 +46,15 @@ MEMORY_PARTITION_ROWS = 4_000_000
 
 @dataclass
 class CityData:
-    """What one city's fit reads: the fine count grid, or (for fits that read points) the bounded
-    points in metres with their users. Private; it goes to the privatize task only."""
+    """What one city's fit reads: the fine count grid, the heatmap's mass grid, or (only for a
+    GridSpec with ``cells`` None, which a release never plans) the bounded points in metres with their
+    users. Private; it goes to the privatize task only."""
 
     fine: np.ndarray | None = None
     x: np.ndarray | None = None
     y: np.ndarray | None = None
     user: np.ndarray | None = None
+    mass: MassGrid | None = None
 
 
 @dataclass
@@ -150,6 +154,8 @@ def release_counts(source: str | LoadResult, specs: list[GridSpec], window: tupl
         got = total[spec.city]
         if got[0] == "points":
             cities[spec.city] = CityData(x=got[1], y=got[2], user=got[3])
+        elif spec.mass is not None:
+            cities[spec.city] = CityData(mass=MassGrid(spec.mass, dense_counts(spec, got)))
         else:
             cities[spec.city] = CityData(fine=dense_counts(spec, got))
     if isinstance(source, LoadResult):

@@ -31,6 +31,7 @@ from dpcore import GeoDPError, __version__
 from dpcore.data.chunks import GridSpec
 from dpcore.data.points import LoadResult, load_points, parse_column_map
 from dpcore.geo import Region, parse_slot, resolve_region
+from dpcore.heatmap.mass import MassSpec
 from dpcore.mechanisms import ZCDP, PrivacyUnit, PrivateSample, get_mechanism, get_mechanism_class, input_for
 from dpcore.privacy.accounting import budget_label
 from dpcore.privacy.noise import NoiseSource
@@ -157,9 +158,13 @@ def make_plans(*, dataset: str, cities: list[str], center: str | None, side_km: 
         raise ReleaseError("a city is listed twice")
     if public_total is not None and len(regions) != 1:
         raise ReleaseError("--public-total applies to a single-region release")
+    if public_total is not None and tags.heatmap:
+        raise ReleaseError(f"{mechanism} releases user mass (each person adds at most 1), not point counts: "
+                           "--public-total scaling does not apply")
+    unit = PrivacyUnit.of(privacy_unit, int(max_points_per_user))
     for region in regions:
         check_grid_fits(mechanism, params, region, period, slot_seconds)
-        check_fine_grid_fits(mechanism, params, region, period, slot_seconds)
+        check_fine_grid_fits(mechanism, params, region, period, slot_seconds, unit)
     plans = []
     for region in regions:
         city = re.sub(r"[^A-Za-z0-9._+-]", "-", region.name)
@@ -190,12 +195,25 @@ def check_numbers(epsilon: float, max_points_per_user: int) -> None:
         raise ReleaseError(f"max points per user must be a whole number in [1, 1000000], got {max_points_per_user!r}")
 
 
-def check_fine_grid_fits(mechanism: str, params: dict, region: Region, period: Period,
-                         slot_seconds: int | None) -> None:
-    """Refuse, before the ledger, a fine count grid (Mechanism.fine_grid) that cannot fit in memory."""
-    cells = get_mechanism(mechanism, **params).fine_grid(region)
+def fine_cells(mechanism: str, params: dict, region: Region, unit: PrivacyUnit) -> tuple[int, MassSpec | None]:
+    """Cells per side of the grid a release's data pass builds for this fit, and the mass it holds
+    (Mechanism.fine_mass) or None for counts (Mechanism.fine_grid). A fit that declares neither is
+    refused: a release hands fits grids, never points."""
+    mech = get_mechanism(mechanism, **params)
+    mass = mech.fine_mass(region, unit)
+    if mass is not None:
+        return int(mass.resolution), mass
+    cells = mech.fine_grid(region)
     if cells is None:
-        return
+        raise ReleaseError(f"{mechanism} declares neither a fine count grid (Mechanism.fine_grid) nor a mass grid "
+                           "(Mechanism.fine_mass): a release hands a fit one of them, never points")
+    return int(cells), None
+
+
+def check_fine_grid_fits(mechanism: str, params: dict, region: Region, period: Period,
+                         slot_seconds: int | None, unit: PrivacyUnit) -> None:
+    """Refuse, before the ledger, a fit without a fine grid, or one that cannot fit in memory."""
+    cells, _ = fine_cells(mechanism, params, region, unit)
     total = cells * cells * (-(-period.seconds // slot_seconds) if slot_seconds and period.seconds else 1)
     if total > MAX_GRID_CELLS:
         raise ReleaseError(f"{mechanism}: its count grid of {total:,} cells over {region.name} does not fit (at "
@@ -240,13 +258,14 @@ def check_committed(store_url: str, plans: list[CityPlan]) -> dict[str, dict | N
 
 
 def grid_specs(plans: list[CityPlan]) -> list[GridSpec]:
-    """What each city's fit reads, from public configuration: its mechanism's fine grid over the
-    region (× the period's time slots for a spatio-temporal one), or its bounded points."""
+    """What each city's fit reads, from public configuration: its mechanism's fine count grid over the
+    region (× the period's time slots for a spatio-temporal one), or a heatmap's mass grid."""
     specs = []
     for p in plans:
-        cells = get_mechanism(p.mechanism, **p.params).fine_grid(p.region)
-        n_slots = -(-p.period.seconds // p.slot_seconds) if p.slot_seconds else None
-        specs.append(GridSpec(p.city, p.region, cells, p.period.start_s, p.slot_seconds, n_slots))
+        unit = PrivacyUnit.of(p.privacy_unit, p.max_points_per_user)
+        cells, mass = fine_cells(p.mechanism, p.params, p.region, unit)
+        n_slots = -(-p.period.seconds // p.slot_seconds) if p.slot_seconds and mass is None else None
+        specs.append(GridSpec(p.city, p.region, cells, p.period.start_s, p.slot_seconds, n_slots, mass=mass))
     return specs
 
 
@@ -279,7 +298,7 @@ def _noise_for(plan: CityPlan) -> NoiseSource:
 
 @task(name="privatize", cache_policy=NO_CACHE)
 def privatize(plan: CityPlan, data: CityData) -> Synopsis:
-    """Mechanism fit on the city's summed fine counts (or bounded points): the only step that draws noise."""
+    """Mechanism fit on the city's summed fine counts (or mass grid): the only step that draws noise."""
     delay = os.environ.get("GEODP_FAULT_PRIVATIZE_SLEEP_S")
     if delay:  # fault injection for the worker-kill test: hold the task on its worker for a while
         time.sleep(float(delay))
@@ -294,7 +313,8 @@ def privatize(plan: CityPlan, data: CityData) -> Synopsis:
     sample = PrivateSample(empty if data.x is None else data.x, empty if data.y is None else data.y, plan.region,
                            PrivacyUnit.of(plan.privacy_unit, plan.max_points_per_user), user=data.user,
                            n_slots=n_slots, slot_seconds=plan.slot_seconds, window_start_s=plan.period.start_s,
-                           public_total=plan.public_total if tags.scales_to_public_total else None, fine=data.fine)
+                           public_total=plan.public_total if tags.scales_to_public_total else None, fine=data.fine,
+                           fine_mass=data.mass)
     fit_input = input_for(tags.input_type, sample)
     noise = _noise_for(plan)
     if plan.rho is not None:

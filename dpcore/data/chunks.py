@@ -25,6 +25,7 @@ from dpcore.data.points import DataError, Points, ValidationReport, check_part
 from dpcore.data.readers import read_part
 from dpcore.geo import Region, time_slots
 from dpcore.grid.histogram import flat_cell_index
+from dpcore.heatmap.mass import MassSpec, mass_cells
 from dpcore.privacy.accounting import DAY_S
 from dpcore.privacy.bounding import bound_contributions
 
@@ -115,7 +116,8 @@ def bound_chunk(df: pd.DataFrame, max_points_per_user: int, rng: np.random.Gener
 @dataclass(frozen=True)
 class GridSpec:
     """What one region's fit reads: counts on a ``cells`` × ``cells`` grid over its bounds (× time
-    slots when ``n_slots`` is set), or, with ``cells`` None, the bounded points themselves."""
+    slots when ``n_slots`` is set); with ``mass``, a heatmap's mass on that grid (``cells`` is then
+    ``mass.resolution``); with ``cells`` None, the bounded points themselves."""
 
     city: str
     region: Region
@@ -123,6 +125,7 @@ class GridSpec:
     start_s: int | None = None
     slot_seconds: int | None = None
     n_slots: int | None = None
+    mass: MassSpec | None = None
 
     @property
     def size(self) -> int:
@@ -155,6 +158,9 @@ def chunk_counts(df: pd.DataFrame, specs: list[GridSpec]) -> dict[str, tuple]:
             m = spec.region.contains_m(x, y)
             out[spec.city] = ("points", x[m], y[m], df["user"].to_numpy()[m])
             continue
+        if spec.mass is not None:
+            out[spec.city] = chunk_mass(df, x, y, spec)
+            continue
         flat = _flat_cells(spec, x, y, ts)
         if spec.size <= max(1 << 22, 8 * flat.size):  # a dense count is cheaper than sorting
             dense = np.bincount(flat, minlength=spec.size)
@@ -164,6 +170,16 @@ def chunk_counts(df: pd.DataFrame, specs: list[GridSpec]) -> dict[str, tuple]:
             idx, cnt = np.unique(flat, return_counts=True)
             out[spec.city] = ("counts", idx, cnt.astype(np.int64))
     return out
+
+
+def chunk_mass(df: pd.DataFrame, x: np.ndarray, y: np.ndarray, spec: GridSpec) -> tuple:
+    """("counts", cell indices, units) of the chunk's mass on a heatmap's grid (dpcore.heatmap.mass),
+    from its points inside the region (``x``, ``y`` projected). Under user normalisation every
+    person's rows must be in ``df`` (the shuffle on ``user`` puts them there), so each person's mass
+    is spread over all of their points in the region; the partitions' units then add up exactly."""
+    m = spec.region.contains_m(x, y)
+    cells, units = mass_cells(x[m], y[m], df["user"].to_numpy()[m], spec.region.bounds_m, spec.mass)
+    return ("counts", cells, units)
 
 
 def merge_counts(a: dict[str, tuple], b: dict[str, tuple]) -> dict[str, tuple]:
@@ -177,7 +193,7 @@ def merge_counts(a: dict[str, tuple], b: dict[str, tuple]) -> dict[str, tuple]:
         idx = np.concatenate([pa[1], pb[1]])
         cnt = np.concatenate([pa[2], pb[2]])
         uniq, inv = np.unique(idx, return_inverse=True)
-        # float64 sums of integer counts are exact below 2⁵³ points
+        # float64 sums of integer counts (or mass units) are exact below 2⁵³
         out[city] = ("counts", uniq, np.bincount(inv, weights=cnt, minlength=uniq.size).astype(np.int64))
     return out
 

@@ -23,6 +23,7 @@ import numpy as np
 import pydantic
 
 from dpcore.geo import Region
+from dpcore.heatmap.mass import MassSpec
 from dpcore.mechanisms.contract import (
     ZCDP,
     Budget,
@@ -99,9 +100,16 @@ class Mechanism(ABC):
 
     def fine_grid(self, region: Region) -> int | None:
         """Cells per side R of the fine count grid a cluster builds for this mechanism over ``region``
-        (public parameters only), or None when it must read the bounded points themselves. The default
-        serves every grid up to DEFAULT_FINE_GRID cells per side (exactly where m divides R)."""
+        (public parameters only), or None when it reads the mass grid of :meth:`fine_mass` instead.
+        The default serves every grid up to DEFAULT_FINE_GRID cells per side (exactly where m divides R).
+        A release never hands a fit points: a mechanism reads one of these two grids."""
         return DEFAULT_FINE_GRID
+
+    def fine_mass(self, region: Region, unit: PrivacyUnit) -> MassSpec | None:
+        """The user-normalised mass grid (dpcore.heatmap.mass) a cluster builds for this mechanism under
+        ``unit`` instead of a count grid, or None (the default: it reads :meth:`fine_grid`'s counts).
+        It arrives as ``PointsInput.fine_mass``."""
+        return None
 
     def get_params(self) -> dict[str, Any]:
         sig = inspect.signature(type(self).__init__)

@@ -37,6 +37,7 @@ import numpy as np
 from pydantic import Field
 
 from dpcore.geo import Region
+from dpcore.heatmap.mass import MassError, MassSpec, heatmap_mass_spec
 from dpcore.heatmap.quadtree import (
     DEFAULT_QUANTUM,
     HeatmapError,
@@ -49,7 +50,7 @@ from dpcore.heatmap.quadtree import (
     user_normalised_grid,
 )
 from dpcore.mechanisms.base import Mechanism, MechanismError
-from dpcore.mechanisms.contract import FitRecord, MechanismTags
+from dpcore.mechanisms.contract import FitRecord, MechanismTags, PrivacyUnit
 from dpcore.mechanisms.inputs import PointsInput
 from dpcore.mechanisms.params import NonNegative, OptionalFraction, Positive, PositiveInt
 from dpcore.privacy.budget import Accountant
@@ -70,21 +71,33 @@ def heatmap_units(data: PointsInput, resolution: int, quantum: int, normalisatio
     the release-wide bound k (≤ k points per user over all regions), so a user's mass over the whole
     multi-region release is ≤ 1 and the regions compose in parallel. Record level: each record is
     its own unit with mass 1 (both normalisations agree).
+
+    A release's input is the mass grid its data pass summed over the workers' partitions
+    (``data.fine_mass``, declared by :func:`mass_spec`); it must hold exactly this mass. Points (an
+    evaluation, a notebook) are spread here.
     """
     if normalisation not in NORMALISATIONS:
         raise MechanismError(f"normalisation must be one of {NORMALISATIONS}, got {normalisation!r}")
+    spec = mass_spec(resolution, quantum, normalisation, data.unit)
+    if data.fine_mass is not None:
+        if data.fine_mass.spec != spec:
+            raise MechanismError(f"the input's mass grid holds {data.fine_mass.spec}; this fit reads {spec}")
+        return data.fine_mass.units
     bounds = data.region.bounds_m
-    if data.privacy_unit == "record":
-        return user_normalised_grid(data.x, data.y, None, bounds, resolution, quantum)
-    if normalisation == "bound":
-        k = data.max_points_per_user
-        if k is None or int(k) < 1:
-            raise MechanismError("normalisation='bound' needs the release-wide bound max_points_per_user (k)")
+    if spec.point_units is not None:  # Q per record, or ⌊Q/k⌋ per point
         unit = user_normalised_grid(data.x, data.y, None, bounds, resolution, quantum)  # Q per point
-        return (unit // quantum) * (quantum // int(k))  # ⌊Q/k⌋ units per point: ≤ Q per user
+        return (unit // quantum) * spec.point_units
     if data.user is None:
         raise MechanismError("a user-level heatmap needs the user of every point (FitInput.user)")
     return user_normalised_grid(data.x, data.y, data.user, bounds, resolution, quantum)
+
+
+def mass_spec(resolution: int, quantum: int, normalisation: str, unit: PrivacyUnit) -> MassSpec:
+    """The mass grid a heatmap with these parameters reads under ``unit`` (Mechanism.fine_mass)."""
+    try:
+        return heatmap_mass_spec(resolution, quantum, normalisation, unit.kind, unit.recorded_k)
+    except MassError as exc:
+        raise MechanismError(str(exc)) from exc
 
 
 class DPHeatmap(Mechanism):
@@ -128,9 +141,13 @@ class DPHeatmap(Mechanism):
         self.quantum = quantum
 
     def fine_grid(self, region: Region) -> int | None:
-        """None: the user-normalised grid spreads each person's unit mass over *their* points, so the
-        fit reads the bounded points with their users, not counts."""
+        """None: no count grid; the fit reads the mass grid of :meth:`fine_mass`."""
         return None
+
+    def fine_mass(self, region: Region, unit: PrivacyUnit) -> MassSpec | None:
+        """The user-normalised mass on the Δ × Δ grid: a cluster's workers spread each person's mass
+        over their own points and sum the partitions (dpcore.heatmap.mass)."""
+        return mass_spec(self.resolution, self.quantum, self.normalisation, unit)
 
     def check_params(self) -> None:
         # Rules that tie parameters together (single values are declared in __init__'s annotations).

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from dpcore.geo import Region
+from dpcore.heatmap.mass import MassSpec
 from dpcore.heatmap.quadtree import (
     DEFAULT_QUANTUM,
     HeatmapError,
@@ -19,8 +20,8 @@ from dpcore.heatmap.quadtree import (
     check_resolution,
 )
 from dpcore.mechanisms.base import Mechanism, MechanismError
-from dpcore.mechanisms.contract import FitRecord, MechanismTags
-from dpcore.mechanisms.dpheatmap import Normalisation, Percent, heatmap_units
+from dpcore.mechanisms.contract import FitRecord, MechanismTags, PrivacyUnit
+from dpcore.mechanisms.dpheatmap import Normalisation, Percent, heatmap_units, mass_spec
 from dpcore.mechanisms.inputs import PointsInput
 from dpcore.mechanisms.params import PositiveInt
 from dpcore.privacy.noise import NoiseSource
@@ -39,9 +40,12 @@ class LaplaceHeatmap(Mechanism):
         self.quantum = quantum
 
     def fine_grid(self, region: Region) -> int | None:
-        """None: the user-normalised grid spreads each person's unit mass over *their* points, so the
-        fit reads the bounded points with their users, not counts."""
+        """None: no count grid; the fit reads the mass grid of :meth:`fine_mass`."""
         return None
+
+    def fine_mass(self, region: Region, unit: PrivacyUnit) -> MassSpec | None:
+        """The same user-normalised mass grid as ``dpheatmap``'s, built by a cluster's workers."""
+        return mass_spec(self.resolution, self.quantum, self.normalisation, unit)
 
     def check_params(self) -> None:
         try:

@@ -17,6 +17,7 @@ import numpy as np
 from dpcore.geo import Region
 from dpcore.grid.countgrid import coarsen, fine_centres
 from dpcore.grid.histogram import grid_counts, grid_counts_3d
+from dpcore.heatmap.mass import MassGrid
 from dpcore.mechanisms.contract import MechanismError, PrivacyUnit
 from dpcore.privacy.bounding import WEIGHT_QUANTUM, check_weights
 from dpcore.privacy.noise import NoiseSource, discrete_laplace_variance
@@ -46,6 +47,8 @@ class PrivateSample:
     #: The points as int64 counts on a fine (R, R) or (R, R, n_slots) grid (a cluster's data pass,
     #: tasks/dask_path.py); ``x`` and ``y`` are then empty.
     fine: np.ndarray | None = None
+    #: The points as a heatmap's user-normalised mass grid (Mechanism.fine_mass), built the same way.
+    fine_mass: MassGrid | None = None
 
 
 class MechanismInput(ABC):
@@ -108,6 +111,10 @@ class PointsInput(MechanismInput):
     input's partitions; ``x`` and ``y`` are then empty. :meth:`grid_counts`, :meth:`grid_counts_3d`,
     :attr:`n` and :meth:`point_masses` read it (dpcore.grid.countgrid says how a coarser grid is made).
     A mechanism picks R through :meth:`Mechanism.fine_grid`.
+
+    ``fine_mass`` (the user-normalised heatmaps, :meth:`Mechanism.fine_mass`): instead of counts, the
+    heatmap's input mass grid (dpcore.heatmap.mass), summed the same way; ``x`` and ``y`` are empty and
+    only the heatmaps read it (the counts and :attr:`n` are refused: a mass grid holds no point count).
     """
 
     x: np.ndarray
@@ -120,12 +127,15 @@ class PointsInput(MechanismInput):
     sample_size_variance: float | None = None
     weights: np.ndarray | None = None
     fine: np.ndarray | None = None
+    fine_mass: MassGrid | None = None
 
     shape: ClassVar[str] = "2-D points"
 
     def __post_init__(self) -> None:
         if not isinstance(self.unit, PrivacyUnit):
             raise InputError(f"unit must be a PrivacyUnit, got {self.unit!r}")
+        if self.fine_mass is not None and (self.fine is not None or self.weights is not None or np.size(self.x)):
+            raise InputError("give points, a fine count grid or a mass grid, only one")
         if self.fine is not None:
             if self.weights is not None or np.size(self.x):
                 raise InputError("give points or a fine count grid, not both")
@@ -146,7 +156,7 @@ class PointsInput(MechanismInput):
         if fine is not None and fine.ndim == 3:  # a 2-D mechanism reads the slots' sum
             fine = fine.sum(axis=2)
         return cls(sample.x, sample.y, sample.region, sample.unit, user=sample.user, weights=sample.weights,
-                   public_total=sample.public_total, fine=fine)
+                   public_total=sample.public_total, fine=fine, fine_mass=sample.fine_mass)
 
     @property
     def weighted(self) -> bool:
@@ -155,10 +165,15 @@ class PointsInput(MechanismInput):
     def to_sample(self) -> PrivateSample:
         """The points as a pipeline's sample, for mechanisms that read another shape of them."""
         return PrivateSample(self.x, self.y, self.region, self.unit, user=self.user, public_total=self.public_total,
-                             weights=self.weights, fine=self.fine)
+                             weights=self.weights, fine=self.fine, fine_mass=self.fine_mass)
+
+    def _counts_only(self) -> None:
+        if self.fine_mass is not None:
+            raise InputError("this input is a heatmap's mass grid: it holds no point counts")
 
     @property
     def n(self) -> int:
+        self._counts_only()
         return int(self.x.size) if self.fine is None else int(self.fine.sum())
 
     @property
@@ -168,6 +183,7 @@ class PointsInput(MechanismInput):
 
     def grid_counts(self, nx: int, ny: int | None = None) -> np.ndarray:
         """(nx, ny) counts over the region: int64 point counts, or weight sums on the lattice."""
+        self._counts_only()
         if self.fine is not None:
             fine = self.fine if self.fine.ndim == 2 else self.fine.sum(axis=2)
             return coarsen(fine, nx, ny)
@@ -176,6 +192,7 @@ class PointsInput(MechanismInput):
     def point_masses(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """(x, y, mass) to count point by point: the points with their weights (None: 1 each), or the
         centres of a fine grid's non-empty cells with their counts."""
+        self._counts_only()
         if self.fine is None:
             return self.x, self.y, self.weights
         fine = self.fine if self.fine.ndim == 2 else self.fine.sum(axis=2)
@@ -260,12 +277,13 @@ def FitInput(x: np.ndarray, y: np.ndarray, region: Region, privacy_unit: str | P
              slot: np.ndarray | None = None, n_slots: int | None = None, slot_seconds: int | None = None,
              window_start_s: int | None = None, public_total: float | None = None,
              sample_size: float | None = None, sample_size_variance: float | None = None,
-             weights: np.ndarray | None = None, fine: np.ndarray | None = None) -> PointsInput:
+             weights: np.ndarray | None = None, fine: np.ndarray | None = None,
+             fine_mass: MassGrid | None = None) -> PointsInput:
     """The input of a points mechanism from the classic argument list: a :class:`SpatioTemporalInput`
     when time slots are given, else a :class:`PointsInput`."""
     unit = PrivacyUnit.of(privacy_unit, max_points_per_user)
     common = {"user": user, "public_total": public_total, "sample_size": sample_size,
-              "sample_size_variance": sample_size_variance, "weights": weights, "fine": fine}
+              "sample_size_variance": sample_size_variance, "weights": weights, "fine": fine, "fine_mass": fine_mass}
     if slot is not None or (fine is not None and fine.ndim == 3):
         return SpatioTemporalInput(x, y, region, unit, slot=slot, n_slots=n_slots, slot_seconds=slot_seconds,
                                    window_start_s=window_start_s, **common)
