@@ -14,8 +14,6 @@ tree. Only those sums come back; a release's fits never receive points.
 
 from __future__ import annotations
 
-import os
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -35,7 +33,7 @@ from dpcore.data.chunks import (
     read_chunk,
     select_rows,
 )
-from dpcore.data.inputs import InputFile, InputSet, resolve_input
+from dpcore.data.inputs import InputSet, resolve_input
 from dpcore.data.points import DataError, LoadResult, ValidationReport
 from dpcore.heatmap.mass import MassGrid
 from dpcore.privacy.noise import NoiseSource
@@ -64,13 +62,6 @@ class DataPass:
     source: str
     n_files: int
     n_pruned: int
-
-
-def _read(inp: InputSet, f: InputFile, columns: dict[str, str] | None, strict: bool):
-    delay = os.environ.get("GEODP_FAULT_READ_SLEEP_S")
-    if delay:  # fault injection for the worker-kill test: hold each read on its worker a while
-        time.sleep(float(delay))
-    return read_chunk(inp, f, columns, strict)
 
 
 def _bound(df: pd.DataFrame, k: int, per_day: bool, seed: int | None,
@@ -102,7 +93,7 @@ def release_frame(source: str | LoadResult, regions: Sequence, window: tuple[int
         if not inp.files:
             raise DataError(f"no partition of {inp.source} lies in the time window "
                             f"({inp.n_pruned} partition file(s) outside it)")
-        reads = [dask.delayed(_read, nout=2)(inp, f, columns, strict) for f in inp.files]
+        reads = [dask.delayed(read_chunk, nout=2)(inp, f, columns, strict) for f in inp.files]
         ddf = dd.from_delayed([r[0] for r in reads], meta=empty_chunk(), verify_meta=False)
         reports = [r[1] for r in reads]
     if privacy_unit == "user":

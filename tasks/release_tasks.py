@@ -14,11 +14,9 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import re
 import subprocess
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -299,9 +297,6 @@ def _noise_for(plan: CityPlan) -> NoiseSource:
 @task(name="privatize", cache_policy=NO_CACHE)
 def privatize(plan: CityPlan, data: CityData) -> Synopsis:
     """Mechanism fit on the city's summed fine counts (or mass grid): the only step that draws noise."""
-    delay = os.environ.get("GEODP_FAULT_PRIVATIZE_SLEEP_S")
-    if delay:  # fault injection for the worker-kill test: hold the task on its worker for a while
-        time.sleep(float(delay))
     n_slots = None
     if plan.slot_seconds:
         n_slots = -(-plan.period.seconds // plan.slot_seconds)

@@ -1,13 +1,15 @@
 """End to end with separate processes on loopback, each stopped by its PID: `prefect server start`,
 a Dask scheduler and two workers, and moto's S3 server. A release of two cities from ../shared/data
 goes through the CLI to S3, is read back through the CLI, and the ledger is checked. Then a worker is
-killed in the middle of a release: the release still completes, exactly once."""
+killed in the middle of a release (while it sleeps in a step tests/faults.py slowed in the worker
+processes): the release still completes, exactly once."""
 
 import json
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 import uuid
@@ -16,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests import faults
 from tests.cli_runner import run_geodp
 from tests.conftest import _free_port
 
@@ -122,46 +125,33 @@ def test_release_two_cities_to_s3_then_read_back(cluster, gowalla_sample_path):
     assert json.loads(geodp(cluster, "ledger", store, "--json").stdout)[0]["charges"] == 2
 
 
-def _set_on_workers(cluster, name: str, value: str | None) -> None:
-    """Set (or with None, clear) an environment variable in every worker process of the cluster."""
+def _release_killing_a_worker(cluster, cmd: list[str], target: tuple[str, str], seconds: float):
+    """Run ``cmd`` with ``target`` (tests/faults.py) slowed in every worker process, and SIGKILL the first
+    worker process seen inside a slowed call. Returns (killed pid or None, the finished process, its
+    stdout, its stderr)."""
     from distributed import Client
 
-    def set_here() -> str | None:  # a local function travels by value and runs on the worker's environ
-        import os
-
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
-        return os.environ.get(name)
-
+    module, name = target
+    marks = Path(tempfile.mkdtemp(dir=cluster["tmp"]))
     with Client(cluster["address"], timeout=60) as c:
         c.wait_for_workers(2, timeout=60)  # a worker an earlier test killed is back under its nanny
-        assert set(c.run(set_here).values()) == {value}
-
-
-def _release_killing_a_worker(cluster, cmd: list[str], fault: str, seconds: str, task_name: str):
-    """Run ``cmd`` with its ``task_name`` tasks slowed by the ``fault`` hook in the worker processes, and
-    SIGKILL the first worker seen running one. Returns (killed worker or None, the finished process,
-    its stdout, its stderr)."""
-    from distributed import Client
-
-    # the slow step runs in the worker processes, so the fault injection is set there
-    _set_on_workers(cluster, fault, seconds)
+        # the slow step runs in the worker processes, so the patch goes there, and is checked there
+        pids = set(c.run(faults.slow_down, module, name, seconds, str(marks)).values())
+        assert len(pids) == 2 and set(c.run(faults.is_slowed, module, name).values()) == {True}
     release = subprocess.Popen(cmd, env=cluster["env"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True)
     killed = None
-    with Client(cluster["address"], timeout=60) as c:
-        deadline = time.time() + 180
-        while killed is None and time.time() < deadline and release.poll() is None:
-            busy = [w for w, ts in c.processing().items() if any(task_name in str(t) for t in ts)]
-            if busy:
-                pid = c.run(os.getpid, workers=[busy[0]])[busy[0]]  # the worker process under `dask worker`
-                os.kill(pid, signal.SIGKILL)
-                killed = busy[0]
-            time.sleep(0.2)
+    deadline = time.time() + 180
+    while killed is None and time.time() < deadline and release.poll() is None:
+        inside = faults.marked_pids(marks, name)  # a worker process that is sleeping in the slowed call now
+        if inside:
+            assert inside[0] in pids, (inside, pids)
+            os.kill(inside[0], signal.SIGKILL)
+            killed = inside[0]
+        time.sleep(0.2)
     out, err = release.communicate(timeout=400)
-    _set_on_workers(cluster, fault, None)
+    with Client(cluster["address"], timeout=60) as c:
+        c.run(faults.restore, module, name)
     return killed, release, out, err
 
 
@@ -170,9 +160,8 @@ def test_killing_a_worker_mid_release_still_commits_exactly_once(cluster, gowall
     cmd = [sys.executable, "-m", "flows.cli", "release", str(gowalla_sample_path), "--cities",
            "austin,new-york", "--period", "2010-06", "--epsilon", "0.5", "--store", store,
            "--dask-address", cluster["address"], "--json"]
-    killed, release, out, err = _release_killing_a_worker(cluster, cmd, "GEODP_FAULT_PRIVATIZE_SLEEP_S", "6",
-                                                          "privatize")
-    assert killed is not None, f"no privatize task was seen running on a worker; release said: {err[-2000:]}"
+    killed, release, out, err = _release_killing_a_worker(cluster, cmd, faults.PRIVATIZE, 6)
+    assert killed is not None, f"no worker entered the slowed privatize step; release said: {err[-2000:]}"
     assert release.returncode == 0, err[-3000:]
     summary = json.loads(out)
     assert sorted(r["city"] for r in summary["releases"]) == ["austin", "new-york"]
@@ -198,8 +187,8 @@ def test_killing_a_worker_mid_read_of_s3_files_still_commits_once(cluster, gowal
     cmd = [sys.executable, "-m", "flows.cli", "release", f"s3://{bucket}/input/", "--cities", "new-york",
            "--period", "2010-06", "--epsilon", "0.5", "--store", store, "--dataset", "gowalla-s3",
            "--dask-address", cluster["address"], "--json"]
-    killed, release, out, err = _release_killing_a_worker(cluster, cmd, "GEODP_FAULT_READ_SLEEP_S", "3", "_read")
-    assert killed is not None, f"no read task was seen running on a worker; release said: {err[-2000:]} {out[-1500:]}"
+    killed, release, out, err = _release_killing_a_worker(cluster, cmd, faults.READ, 3)
+    assert killed is not None, f"no worker entered the slowed read; release said: {err[-2000:]} {out[-1500:]}"
     assert release.returncode == 0, err[-3000:]
     listed = json.loads(geodp(cluster, "releases", "list", store, "--json").stdout)
     assert [(x["city"], x["version"]) for x in listed] == [("new-york", 1)]

@@ -13,6 +13,7 @@ from tasks.storage.ledger import DatasetLedger
 from tasks.storage.store import IntegrityError, ReleaseStore, fetch_to_temp
 from tests.cli_runner import run_geodp
 from tests.conftest import new_s3_store
+from tests.faults import kill_at_write_env
 
 
 @pytest.fixture(scope="module")
@@ -70,12 +71,19 @@ def test_a_kill_at_any_store_write_never_shows_a_partial_release(small, tmp_path
     n = 0
     while True:
         n += 1
+        log = tmp_path / f"writes-{n}.log"
         r = run_geodp("release", small, "--city", "new-york", "--epsilon", "0.1", "--mechanism", "identity",
                       "--param", "cell_width_m=2000", "--period", "2024-01-01", "--out", store, ok=False,
-                      env={"GEODP_FAULT_KILL_AT_WRITE": str(n)})
+                      env=kill_at_write_env(n, log))
+        # the hook ran in the CLI process: it counted that process's writes (and fired at the n-th)
+        lines = log.read_text().splitlines() if log.exists() else []
+        counted = [ln for ln in lines if ln.split()[1] == "write"]
+        assert len({ln.split()[0] for ln in lines}) <= 1, lines
         if r.returncode == 0:
+            assert 0 < len(counted) < n and not any("kill" in ln for ln in lines), lines
             break
         assert r.returncode == -9, r.stderr[-2000:]
+        assert len(counted) == n and lines[-1].endswith(f"kill at write {n}"), lines
         assert len(_readable_releases(store)) <= 1
         assert n < 40, "the release never completed"
     assert n > 8  # the kills really hit the ledger, the claim, the files and the manifest

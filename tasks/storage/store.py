@@ -132,7 +132,6 @@ class ReleaseStore:
 
     def create(self, rel: str, data: bytes) -> None:
         """Write an object that must not exist yet; FileExistsError if it does (create-only)."""
-        _fault_before_write()
         p = self.path(rel)
         if self.local:
             # Write a private temporary file, then hard-link it to the final name: link() fails if the
@@ -391,22 +390,6 @@ class ReleaseStore:
             (d / name).parent.mkdir(parents=True, exist_ok=True)
             (d / name).write_bytes(data)
         return manifest, d
-
-
-_WRITES = [0]
-
-
-def _fault_before_write() -> None:
-    """Fault injection for the crash tests: GEODP_FAULT_KILL_AT_WRITE=N kills this process with
-    SIGKILL right before its N-th store write, as a power cut or `kill -9` would."""
-    at = os.environ.get("GEODP_FAULT_KILL_AT_WRITE")
-    if not at:
-        return
-    _WRITES[0] += 1
-    if _WRITES[0] == int(at):
-        import signal
-
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def open_store(url: str, storage_options: dict[str, Any] | None = None) -> ReleaseStore:

@@ -1,0 +1,10 @@
+"""Test-only start-up hook: Python imports ``sitecustomize`` when this folder is on PYTHONPATH
+(tests/faults.py puts it there for the crash tests' CLI subprocesses). It patches nothing unless
+GEODP_TEST_KILL_AT_WRITE is set."""
+
+import os
+
+if os.environ.get("GEODP_TEST_KILL_AT_WRITE"):
+    from tests.faults import FAULT_LOG, KILL_AT_WRITE, kill_at_store_write
+
+    kill_at_store_write(int(os.environ[KILL_AT_WRITE]), os.environ[FAULT_LOG])

@@ -1,0 +1,99 @@
+"""Test-only fault injection: production modules carry no fault hooks; these patch them in the process
+where the fault must happen, and leave evidence there that it did.
+
+- :func:`slow_down` makes a module-level function sleep before each call, in the process it runs in (a
+  Dask worker, through ``client.run``). Each slowed call first creates a mark file named after the
+  function and the process id, so a test knows which worker process is inside the slowed step right
+  now and can check that the patch reached the workers at all.
+- :func:`kill_at_store_write` SIGKILLs the process right before its N-th store write
+  (``ReleaseStore.create``), as a power cut or ``kill -9`` would. A CLI subprocess gets it through
+  ``fault_site/sitecustomize.py`` (see :func:`kill_at_write_env`), and logs every write it counted.
+
+Patch targets are functions looked up in their module's namespace at call time, so a task whose
+function was pickled elsewhere and unpickled on the worker still calls the patched one.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+import signal
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FAULT_SITE = Path(__file__).resolve().parent / "fault_site"
+
+#: (module, function) that each step of a release calls while it runs on a worker: a file read inside
+#: the data pass, and the privatize task's noise set-up (before any noise is drawn).
+READ = ("dpcore.data.chunks", "read_part")
+PRIVATIZE = ("tasks.release_tasks", "_noise_for")
+
+KILL_AT_WRITE = "GEODP_TEST_KILL_AT_WRITE"
+FAULT_LOG = "GEODP_TEST_FAULT_LOG"
+
+
+def slow_down(module: str, name: str, seconds: float, marks: str) -> int:
+    """In this process, make ``module.name`` sleep ``seconds`` before each call, creating
+    ``marks/<name>-<pid>-<id>`` first. Returns this process's id. Patching twice keeps one wrapper."""
+    mod = importlib.import_module(module)
+    original = getattr(getattr(mod, name), "__fault_original__", getattr(mod, name))
+
+    @functools.wraps(original)
+    def slowed(*args, **kwargs):
+        (Path(marks) / f"{name}-{os.getpid()}-{uuid.uuid4().hex[:8]}").touch()
+        time.sleep(seconds)
+        return original(*args, **kwargs)
+
+    slowed.__fault_original__ = original
+    setattr(mod, name, slowed)
+    return os.getpid()
+
+
+def is_slowed(module: str, name: str) -> bool:
+    return hasattr(getattr(importlib.import_module(module), name), "__fault_original__")
+
+
+def restore(module: str, name: str) -> bool:
+    """Undo :func:`slow_down` in this process; False when it was not patched here."""
+    mod = importlib.import_module(module)
+    original = getattr(getattr(mod, name), "__fault_original__", None)
+    if original is None:
+        return False
+    setattr(mod, name, original)
+    return True
+
+
+def marked_pids(marks: str | Path, name: str) -> list[int]:
+    """Process ids that entered the slowed ``name``, in the order the marks were made."""
+    files = sorted(Path(marks).glob(f"{name}-*"), key=lambda p: p.stat().st_mtime_ns)
+    return [int(p.name.split("-")[-2]) for p in files]
+
+
+def kill_at_store_write(n: int, log: str) -> None:
+    """SIGKILL this process right before its ``n``-th ``ReleaseStore.create``; every counted write
+    (and the kill) is appended to ``log`` first."""
+    from tasks.storage.store import ReleaseStore
+
+    original = ReleaseStore.create
+    count = [0]
+
+    def create(self, rel: str, data: bytes) -> None:
+        count[0] += 1
+        with open(log, "a") as f:
+            f.write(f"{os.getpid()} write {count[0]} {rel}\n")
+            if count[0] == n:
+                f.write(f"{os.getpid()} kill at write {n}\n")
+        if count[0] == n:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return original(self, rel, data)
+
+    ReleaseStore.create = create
+
+
+def kill_at_write_env(n: int, log: Path) -> dict[str, str]:
+    """The environment that makes a Python subprocess (a CLI run) die at its ``n``-th store write."""
+    path = os.pathsep.join(p for p in (str(FAULT_SITE), str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    return {KILL_AT_WRITE: str(n), FAULT_LOG: str(log), "PYTHONPATH": path}
