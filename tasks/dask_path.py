@@ -35,7 +35,7 @@ from dpcore.data.chunks import (
     select_rows,
 )
 from dpcore.data.inputs import InputFile, InputSet, resolve_input
-from dpcore.data.points import DataError, LoadResult, ValidationReport
+from dpcore.data.points import DataError, LoadResult, ValidationReport, check_some_valid
 from dpcore.privacy.noise import NoiseSource
 
 #: Rows per partition when an in-memory table (a backfill's one read) goes through the graph.
@@ -163,9 +163,5 @@ def _sum_reports(reps: list[ValidationReport], source) -> ValidationReport:
     report = ValidationReport()
     for rep in reps:
         report.add(rep, rep.first_bad_source if len(reps) > 1 else None)
-    name = str(source)
-    if report.rows_read == 0:
-        raise DataError(f"{name or 'input'} holds no rows")
-    if report.rows_kept == 0:
-        raise DataError(f"{name or 'input'} has no valid rows ({report.summary()})")
+    check_some_valid(report, str(source))
     return report
