@@ -66,7 +66,25 @@ def _read(inp: InputSet, f: InputFile, columns: dict[str, str] | None, strict: b
     delay = os.environ.get("GEODP_FAULT_READ_SLEEP_S")
     if delay:  # fault injection for the worker-kill test: hold each read on its worker a while
         time.sleep(float(delay))
-    return read_chunk(inp, f, columns, strict)
+    try:
+        return read_chunk(inp, f, columns, strict)
+    except DataError as exc:
+        if not _on_cluster_worker():
+            raise  # the local threaded scheduler: the in-process form shows the detail to its operator
+        failed = exc
+    # A cluster worker logs a failed task's exception and its scheduler keeps it for the dashboard,
+    # which the run's summary links: only the public part (no row number or values) leaves the worker.
+    raise DataError(failed.public or f"reading {inp.source} failed on the data's content", public=failed.public)
+
+
+def _on_cluster_worker() -> bool:
+    try:
+        from distributed import get_worker
+
+        get_worker()
+    except (ImportError, ValueError):
+        return False
+    return True
 
 
 def _bound(df: pd.DataFrame, k: int, per_day: bool, seed: int | None,

@@ -225,7 +225,9 @@ def check_grid_fits(mechanism: str, params: dict, region: Region, period: Period
 
 
 # -- tasks --------------------------------------------------------------------------------------
-@task(name="load-and-validate", retries=2, retry_delay_seconds=1, cache_policy=NO_CACHE,
+# Tasks whose return value is private (points, counts, the validation report) never persist it,
+# whatever PREFECT_RESULTS_PERSIST_BY_DEFAULT says: result storage is readable through the Prefect API.
+@task(name="load-and-validate", retries=2, retry_delay_seconds=1, cache_policy=NO_CACHE, persist_result=False,
       retry_condition_fn=_retry_unless_refused)
 def load_and_validate(path: str, columns: str | None = None, fmt: str = "auto", strict: bool = False,
                       window: tuple[int | None, int | None] | None = None) -> LoadResult:
@@ -255,7 +257,7 @@ def grid_specs(plans: list[CityPlan]) -> list[GridSpec]:
     return specs
 
 
-@task(name="read-bound-count", retries=2, retry_delay_seconds=1, cache_policy=NO_CACHE,
+@task(name="read-bound-count", retries=2, retry_delay_seconds=1, cache_policy=NO_CACHE, persist_result=False,
       retry_condition_fn=_retry_unless_refused)
 def read_bound_count(data: str | LoadResult, plans: list[CityPlan], seed: int | None, per_day: bool = False,
                      columns: str | None = None, fmt: str = "auto", strict: bool = False) -> DataPass:

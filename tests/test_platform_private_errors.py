@@ -21,11 +21,11 @@ from tests.cli_runner import run_geodp
 NYC = city_region("new-york")
 
 
-def _frame(n: int, user0: int = 0) -> pd.DataFrame:
-    """n valid check-ins inside New York's region, one hour apart from 2024-01-01."""
+def _frame(n: int, users: int = 997) -> pd.DataFrame:
+    """n valid check-ins of ``users`` people inside New York's region, over the hours of 2024-01-01."""
     rng = np.random.default_rng(n)
     return pd.DataFrame({
-        "user_id": (user0 + np.arange(n) % 997).astype("int64"),
+        "user_id": (np.arange(n) % users).astype("int64"),
         "timestamp": pd.Timestamp("2024-01-01", tz="UTC") + pd.to_timedelta(np.arange(n) % 24, unit="h"),
         "lat": NYC.center_lat + rng.uniform(-0.05, 0.05, n),
         "lon": NYC.center_lon + rng.uniform(-0.05, 0.05, n),
@@ -165,9 +165,96 @@ def test_a_release_with_some_bad_rows_shows_no_counts_in_prefect(prefect_harness
 
     state = _run_flow(_params(path, tmp_path / "store"))
     assert state.is_completed(), state.message
+    # the run's wall time grows with the private row count: the summary artifact leaves it out
+    secrets.append(str(state.result()["seconds"]))
     shown = _shown_in_prefect(state.state_details.flow_run_id, "to release")
     assert "release-" in shown  # the summary artifacts were read
     assert not _leaks(shown, secrets), _leaks(shown, secrets)
 
     proc = run_geodp("release", "run", path, "--city", "new-york", "--epsilon", "1", "--out", tmp_path / "out")
     assert set(_leaks(proc.stderr, secrets)) >= {f"{v:,}" for v in (good, bad, good + bad)}, proc.stderr
+
+
+def test_a_cluster_worker_keeps_the_row_of_a_strict_failure_to_itself(tmp_path):
+    """The worker logs a failed Dask task's exception and the scheduler shows it on the dashboard the
+    run links: on a worker only the public part is raised; the local threaded scheduler (the
+    in-process form) keeps the detail."""
+    from distributed import Client, LocalCluster
+
+    from dpcore.data.inputs import resolve_input
+    from tasks.dask_path import _read
+
+    df = _frame(5_000)
+    df.loc[4_321, ["user_id", "lat"]] = (987_654_321, 123.456)
+    path = tmp_path / "one_bad.parquet"
+    df.to_parquet(path)
+    inp = resolve_input(str(path), "auto", (None, None))
+    secrets = ["4322", "987654321", "123.456"]
+    with pytest.raises(DataError) as local:
+        _read(inp, inp.files[0], None, True)
+    assert set(_leaks(str(local.value), secrets)) == set(secrets)
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        with pytest.raises(DataError, match="--strict") as remote:
+            client.submit(_read, inp, inp.files[0], None, True).result()
+    assert not _leaks(repr(remote.value), secrets) and not _leaks(str(remote.value), secrets)
+
+
+def test_the_evaluate_flow_shows_no_n_users_or_psi_in_prefect(prefect_harness, tmp_path):
+    from flows.evaluate_flow import run_evaluate
+    from tasks.config import EvaluateParams, STEvaluateOptions
+
+    n, users = 54_321, 12_345
+    path = tmp_path / "eval.parquet"
+    _frame(n, users).to_parquet(path)
+    st = STEvaluateOptions(window="2024-01-01/2024-01-02", slot="1h", mechanisms=["identity3d"], epsilons=[1.0],
+                           max_points_per_user=5, queries=50, hotspot_queries=10, hotspot_grid=16,
+                           forecast_queries=2, image_slots=2, forecast_plots=1, image_cells=16)
+    out = run_evaluate(EvaluateParams(
+        data=str(path), cities=["new-york"], mechanisms=["identity"], epsilons=[1.0], queries=50, trials=1,
+        query_sides_m=[(1000, 5000)], spatio_temporal=st, n_workers=1,
+        mechanism_params={"identity": {"cell_width_m": 1000}, "identity3d": {"grid_size": 16}}))
+    # the operator's side (the flow's return value) has the truth; the UI does not
+    city = out["cities"]["new-york"]
+    st_city = out["spatio_temporal"]["cities"]["new-york"]
+    assert (city["n_points"], city["n_users"], st_city["n_points"]) == (n, users, n)
+    secrets = [*_forms(n), *_forms(users), f"{city['psi']:g}", repr(city["psi"]), f"{st_city['psi']:g}"]
+    shown = _shown_in_prefect(out["flow_run_id"], "evaluate-st")
+    assert "OPERATOR ONLY" in shown and not _leaks(shown, secrets), _leaks(shown, secrets)
+
+
+def test_tasks_that_return_private_data_never_persist_it(prefect_harness, tmp_path):
+    """Even where a deployment turns result persistence on by default, the data pass's result (counts,
+    the validation report) is not written to result storage, which the Prefect API serves."""
+    from prefect import flow, task
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+    from prefect.settings import (
+        PREFECT_LOCAL_STORAGE_PATH,
+        PREFECT_RESULTS_PERSIST_BY_DEFAULT,
+        temporary_settings,
+    )
+
+    from tasks.release_tasks import load_and_validate
+
+    path = tmp_path / "d.parquet"
+    _frame(1_234).to_parquet(path)
+
+    @task
+    def control() -> int:  # an ordinary task: persisted under this setting, so the check can fail
+        return 1
+
+    @flow
+    def reads() -> None:
+        control()
+        load_and_validate(str(path))
+
+    with temporary_settings({PREFECT_RESULTS_PERSIST_BY_DEFAULT: True,
+                             PREFECT_LOCAL_STORAGE_PATH: tmp_path / "results"}):
+        state = reads(return_state=True)
+    assert state.is_completed()
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(
+            id=FlowRunFilterId(any_=[state.state_details.flow_run_id])))
+    persisted = {r.name.rsplit("-", 1)[0]: r.state.data is not None for r in runs}
+    assert persisted == {"control": True, "load-and-validate": False}
