@@ -114,8 +114,8 @@ def release_frame(source: str | LoadResult, regions: Sequence, window: tuple[int
     else:
         inp = resolve_input(source, fmt, window)
         if not inp.files:
-            raise DataError(f"no partition of {inp.source} lies in the time window "
-                            f"({inp.n_pruned} partition file(s) outside it)")
+            msg = f"no partition of {inp.source} lies in the time window ({inp.n_pruned} file(s) outside it)"
+            raise DataError(msg, public=msg)  # file names and counts are public listing metadata
         reads = [dask.delayed(_read, nout=2)(inp, f, columns, strict) for f in inp.files]
         ddf = dd.from_delayed([r[0] for r in reads], meta=empty_chunk(), verify_meta=False)
         reports = [r[1] for r in reads]

@@ -284,8 +284,8 @@ def load_points(path: str | os.PathLike, columns: dict[str, str] | None = None, 
     """
     inp = resolve_input(path, fmt, window)
     if not inp.files:
-        raise DataError(f"no partition of {inp.source} lies in the time window "
-                        f"({inp.n_pruned} partition file(s) outside it)")
+        msg = f"no partition of {inp.source} lies in the time window ({inp.n_pruned} file(s) outside it)"
+        raise DataError(msg, public=msg)  # file names and counts are public listing metadata
     names = [inp.display(f) for f in inp.files]
     parts = (read_part(inp, f, columns) for f in inp.files)  # one file in memory at a time
     pts, report = _validated(parts, strict, inp.source, names)
