@@ -38,7 +38,7 @@ def _backfill(params: BackfillParams, config_path: str | None) -> dict:
     periods = []
     for i, day in enumerate(days):
         summary = release_cities(rp.model_copy(update={"period": day}), config_path, loaded=loaded,
-                                 artifacts=False)
+                                 artifacts=False, strict=rp.strict)
         periods.append(summary)
         update_progress_artifact(progress, 100.0 * (i + 1) / len(days))
         logger.info("%s: %s", day, ", ".join(f"{r['city']} v{r['version']} {r['status']}"
@@ -66,7 +66,7 @@ def _load_unless_partitioned(rp, days: list[str]):
     files = resolve_input(rp.data, rp.format, window).files
     if files and all(partition_day(f.partition) is not None for f in files):
         return None
-    return load_and_validate(rp.data, rp.columns, rp.format, window=window)
+    return load_and_validate(rp.data, rp.columns, rp.format, rp.strict, window=window)
 
 
 def run_backfill(params: BackfillParams, config_path: str | None = None) -> dict:

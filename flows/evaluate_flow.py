@@ -68,7 +68,10 @@ def _slug(text: str) -> str:
     return "".join(c if c.isalnum() or c in ".-" else "-" for c in text)
 
 
-@flow(name="evaluate", log_prints=True)
+@flow(name="evaluate", log_prints=True, persist_result=False,
+      description="OPERATOR ONLY: reads the private data for its ground truth; its artifacts show errors "
+                  "against true counts and images of true counts, never n, user counts or ψ "
+                  "(docs/decisions/0014-what-the-prefect-ui-shows.md)")
 def evaluate_flow(params: EvaluateParams) -> dict:
     with dask_for_run(params.dask_address, params.n_workers):
         return _evaluate(params)
@@ -152,11 +155,14 @@ def _publish_2d(params: EvaluateParams, data_version: str, rows: list[dict], tra
             "query sides (m)": sides(r), "mean rel. error": round(r["mean_relative_error"], 4),
             "median rel. error": round(r["median_relative_error"], 4), "× answer 0": "-", "× hindsight grid": "-"}
            for r in hindsight],
-        key=_artifact_key(f"evaluate-{data_version}"), description="range-count relative error")
+        key=_artifact_key(f"evaluate-{data_version}"),
+        description="OPERATOR ONLY: range-count relative error against the true counts")
     png = error_plot_png(rows, references)
     files["error-vs-epsilon.png"] = png
     create_markdown_artifact(
-        f"# Evaluation of {', '.join(params.mechanisms)} on {', '.join(params.cities)}\n\n"
+        f"# Evaluation of {', '.join(params.mechanisms)} on {', '.join(params.cities)} (OPERATOR ONLY)\n\n"
+        "Errors are measured against the true counts of the private data: operator diagnostics, not a "
+        "publication.\n\n"
         f"{len(rows)} result rows, privacy unit {params.privacy_unit}, k={params.max_points_per_user}, "
         f"bounding {params.bounding}, query centres: {params.workload}.\n\n"
         "Dashed lines: answering 0 to every query (no data, no noise). A mechanism above its line "
@@ -164,7 +170,7 @@ def _publish_2d(params: EvaluateParams, data_version: str, rows: list[dict], tra
         "hindsight grid: the identity grid whose size was picked with the true answers (a yardstick, "
         "not a DP mechanism).\n\n"
         f"![error vs epsilon]({_data_uri(png)})\n",
-        key=_artifact_key(f"evaluate-summary-{data_version}"), description="evaluation summary")
+        key=_artifact_key(f"evaluate-summary-{data_version}"), description="OPERATOR ONLY: evaluation summary")
     if not training:
         return
     lines = ["# Training curves (2-D evaluation)", "",
@@ -216,12 +222,13 @@ def _publish_st(params: EvaluateParams, data_version: str, st_outs: list[dict], 
               "hotspot regret": round(r["hotspot_regret"], 3), "forecast sMAPE": round(r["forecast_smape"], 4),
               "fit s": round(r["fit_seconds"], 1)} for r in report["results"]]
             + _st_reference_rows(report),
-            key=key, description=f"spatio-temporal evaluation of {city}")
+            key=key, description=f"OPERATOR ONLY: spatio-temporal evaluation of {city} against the true counts")
         w = report["window"]
+        # n and ψ (a fraction of n) stay out of the UI: they are in the flow's return value and
+        # output_dir's evaluate.json, on the operator's side (docs/decisions/0014)
         lines = [f"# Spatio-temporal evaluation: {city} (OPERATOR ONLY)", "", f"> {OPERATOR_ONLY}", "",
-                 f"{report['n_points']:,} points (raw, internal), {w['n_slots']} slots of {w['slot_seconds']} s, "
-                 f"privacy unit {report['privacy_unit']}, k={st.max_points_per_user}, ψ={report['psi']:g}. "
-                 f"Images at ε={drawn_eps:g} (first trial).", ""]
+                 f"{w['n_slots']} slots of {w['slot_seconds']} s, privacy unit {report['privacy_unit']}, "
+                 f"k={st.max_points_per_user}. Images at ε={drawn_eps:g} (first trial).", ""]
         for o in mine:
             img = o["images"]
             if img is None:

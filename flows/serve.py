@@ -40,8 +40,10 @@ def build_deployments(settings: PlatformSettings, path: str | os.PathLike | None
     deployments.append(backfill_flow.to_deployment(name="backfill", parameters=dict(extra),
                                                    description="one release per day; skips committed days"))
     deployments.append(evaluate_flow.to_deployment(
-        name="evaluate", description="evaluation harness, one task per (city, mechanism, ε); with "
-        "spatio_temporal also the spatio-temporal harness (slot images, forecast plots); training curves"))
+        name="evaluate", tags=["operator-only"],
+        description="OPERATOR ONLY (errors against the true counts, images of true counts): evaluation harness, "
+        "one task per (city, mechanism, ε); with spatio_temporal also the spatio-temporal harness (slot "
+        "images, forecast plots); training curves"))
     return deployments
 
 

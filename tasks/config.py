@@ -136,6 +136,8 @@ class ReleaseParams(BaseModel):
     seed: int | None = Field(default=None, description="seeded noise for experiments (NOT for publication)")
     columns: str | None = None
     format: str = "auto"
+    strict: bool = Field(default=False, description="fail on the first invalid row instead of dropping it (the "
+                         "run's message names the option only; `geodp data check DATA --strict` shows the row)")
     dask_address: str | None = Field(default=None, description="Dask scheduler address; empty = LocalCluster")
     n_workers: int = Field(default=2, ge=1, le=64, description="LocalCluster workers when no address is given")
 

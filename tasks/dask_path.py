@@ -33,8 +33,8 @@ from dpcore.data.chunks import (
     read_chunk,
     select_rows,
 )
-from dpcore.data.inputs import InputSet, resolve_input
-from dpcore.data.points import DataError, LoadResult, ValidationReport
+from dpcore.data.inputs import InputFile, InputSet, resolve_input
+from dpcore.data.points import DataError, LoadResult, ValidationReport, check_some_valid
 from dpcore.heatmap.mass import MassGrid
 from dpcore.privacy.noise import NoiseSource
 
@@ -64,6 +64,28 @@ class DataPass:
     n_pruned: int
 
 
+def _read(inp: InputSet, f: InputFile, columns: dict[str, str] | None, strict: bool):
+    try:
+        return read_chunk(inp, f, columns, strict)
+    except DataError as exc:
+        if not _on_cluster_worker():
+            raise  # the local threaded scheduler: the in-process form shows the detail to its operator
+        failed = exc
+    # A cluster worker logs a failed task's exception and its scheduler keeps it for the dashboard,
+    # which the run's summary links: only the public part (no row number or values) leaves the worker.
+    raise DataError(failed.public or f"reading {inp.source} failed on the data's content", public=failed.public)
+
+
+def _on_cluster_worker() -> bool:
+    try:
+        from distributed import get_worker
+
+        get_worker()
+    except (ImportError, ValueError):
+        return False
+    return True
+
+
 def _bound(df: pd.DataFrame, k: int, per_day: bool, seed: int | None,
            partition_info: dict | None = None) -> pd.DataFrame:
     if seed is None:
@@ -91,9 +113,9 @@ def release_frame(source: str | LoadResult, regions: Sequence, window: tuple[int
     else:
         inp = resolve_input(source, fmt, window)
         if not inp.files:
-            raise DataError(f"no partition of {inp.source} lies in the time window "
-                            f"({inp.n_pruned} partition file(s) outside it)")
-        reads = [dask.delayed(read_chunk, nout=2)(inp, f, columns, strict) for f in inp.files]
+            msg = f"no partition of {inp.source} lies in the time window ({inp.n_pruned} file(s) outside it)"
+            raise DataError(msg, public=msg)  # file names and counts are public listing metadata
+        reads = [dask.delayed(_read, nout=2)(inp, f, columns, strict) for f in inp.files]
         ddf = dd.from_delayed([r[0] for r in reads], meta=empty_chunk(), verify_meta=False)
         reports = [r[1] for r in reads]
     if privacy_unit == "user":
@@ -160,9 +182,5 @@ def _sum_reports(reps: list[ValidationReport], source) -> ValidationReport:
     report = ValidationReport()
     for rep in reps:
         report.add(rep, rep.first_bad_source if len(reps) > 1 else None)
-    name = str(source)
-    if report.rows_read == 0:
-        raise DataError(f"{name or 'input'} holds no rows")
-    if report.rows_kept == 0:
-        raise DataError(f"{name or 'input'} has no valid rows ({report.summary()})")
+    check_some_valid(report, str(source))
     return report

@@ -32,7 +32,7 @@ OPERATOR_ONLY = ("Operator diagnostics: these images show TRUE counts of the pri
                  "released ones. Not a publication; never copy them into a release.")
 
 
-@task(name="evaluate-one", cache_policy=NO_CACHE)
+@task(name="evaluate-one", cache_policy=NO_CACHE, persist_result=False)  # n, ψ and errors vs the truth
 def evaluate_one(points: Points, city: str, mechanism: str, epsilon: float, privacy_unit: str,
                  max_points_per_user: int, query_sides_m: list[tuple[float, float]], queries: int, trials: int,
                  seed: int, mechanism_params: dict | None = None, workload: str = "data",
@@ -96,7 +96,7 @@ def forward_logs(name: str, target: logging.Logger | logging.LoggerAdapter) -> I
 _LOSS = re.compile(r"loss\s+([-+0-9.eE]+|nan)")
 
 
-@task(name="evaluate-st-one", cache_policy=NO_CACHE)
+@task(name="evaluate-st-one", cache_policy=NO_CACHE, persist_result=False)  # true counts of slots
 def evaluate_st_one(points: Points, city: str, mechanism: str, epsilon: float, options: STEvaluateOptions,
                     privacy_unit: str, seed: int, mechanism_params: dict | None = None,
                     draw: bool = False, workload: str = "data") -> dict:

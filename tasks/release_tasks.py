@@ -37,6 +37,7 @@ from dpcore.synopsis.base import Synopsis
 from dpcore.synopsis.uncertainty import release_quality
 from tasks.config import Period, canonical_hash
 from tasks.dask_path import CityData, DataPass, release_counts
+from tasks.public_errors import without_private_detail
 from tasks.storage.store import ReleaseRef, ReleaseStore, check_slug
 
 PREVIEW = "preview.png"
@@ -240,11 +241,17 @@ def check_grid_fits(mechanism: str, params: dict, region: Region, period: Period
 
 
 # -- tasks --------------------------------------------------------------------------------------
-@task(name="load-and-validate", retries=2, retry_delay_seconds=1, cache_policy=NO_CACHE,
+# Tasks whose return value is private (points, counts, the validation report) never persist it,
+# whatever PREFECT_RESULTS_PERSIST_BY_DEFAULT says: result storage is readable through the Prefect API.
+@task(name="load-and-validate", retries=2, retry_delay_seconds=1, cache_policy=NO_CACHE, persist_result=False,
       retry_condition_fn=_retry_unless_refused)
 def load_and_validate(path: str, columns: str | None = None, fmt: str = "auto", strict: bool = False,
                       window: tuple[int | None, int | None] | None = None) -> LoadResult:
-    return load_points(path, columns=parse_column_map(columns), fmt=fmt, strict=strict, window=window)
+    """The whole input, read and validated in the flow's process. A data error names what is wrong
+    from public facts only (tasks/public_errors.py): this runs under Prefect, whose UI shows it."""
+    return without_private_detail(
+        lambda: load_points(path, columns=parse_column_map(columns), fmt=fmt, strict=strict, window=window),
+        path, columns, fmt, strict)
 
 
 @task(name="check-committed", retries=3, retry_delay_seconds=1, cache_policy=NO_CACHE,
@@ -267,10 +274,20 @@ def grid_specs(plans: list[CityPlan]) -> list[GridSpec]:
     return specs
 
 
-@task(name="read-bound-count", retries=2, retry_delay_seconds=1, cache_policy=NO_CACHE,
+@task(name="read-bound-count", retries=2, retry_delay_seconds=1, cache_policy=NO_CACHE, persist_result=False,
       retry_condition_fn=_retry_unless_refused)
 def read_bound_count(data: str | LoadResult, plans: list[CityPlan], seed: int | None, per_day: bool = False,
                      columns: str | None = None, fmt: str = "auto", strict: bool = False) -> DataPass:
+    """:func:`count_release_data` as a Prefect task: a data error names what is wrong from public
+    facts only (tasks/public_errors.py), since the Prefect UI shows a failed task's message and
+    traceback; the in-process form calls :func:`count_release_data` and shows the detail."""
+    return without_private_detail(
+        lambda: count_release_data(data, plans, seed, per_day, columns, fmt, strict),
+        data, columns, fmt, strict)
+
+
+def count_release_data(data: str | LoadResult, plans: list[CityPlan], seed: int | None, per_day: bool = False,
+                       columns: str | None = None, fmt: str = "auto", strict: bool = False) -> DataPass:
     """The release's data pass on the Dask cluster it runs on (tasks/dask_path.py): read and validate
     the period's files, keep points inside any release region, bound each user to k points once over
     all of them together (or per UTC day with ``per_day``), and sum each city's fine count grid.

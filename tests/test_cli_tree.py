@@ -19,7 +19,7 @@ from tests.cli_runner import ROOT, run_geodp
 VERBS = ["release run", "release backfill", "release list", "release show", "query range", "query hotspot",
          "query forecast", "eval range", "eval st", "eval heatmap", "eval sparse1d", "paramselect predict",
          "paramselect train", "denoiser train", "ledger", "dataset create", "dataset show", "dataset policy",
-         "dataset void", "cities", "synth", "serve"]
+         "dataset void", "data check", "cities", "synth", "serve"]
 OLD_NAMES = ["evaluate", "evaluate-st", "evaluate-heatmap", "sparse1d", "hotspot", "forecast", "backfill",
              "releases list", "releases show", "paramselect train-denoiser"]
 

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from dpcore.data.inputs import InputFile, InputSet
-from dpcore.data.points import DataError, Points, ValidationReport, check_part
+from dpcore.data.points import DataError, Points, ValidationReport, check_part, strict_public
 from dpcore.data.readers import read_part
 from dpcore.geo import Region, time_slots
 from dpcore.grid.histogram import flat_cell_index
@@ -58,7 +58,8 @@ def read_chunk(inp: InputSet, f: InputFile, columns: dict[str, str] | None,
     keep, report = check_part(part)
     if report.first_bad_row is not None and strict:
         row = part.raw_row(report.first_bad_row - 1) if part.raw_row else {}
-        raise DataError(f"{inp.display(f)}: row {report.first_bad_row} is invalid ({report.first_bad_reason}): {row}")
+        raise DataError(f"{inp.display(f)}: row {report.first_bad_row} is invalid ({report.first_bad_reason}): {row}",
+                        public=strict_public(inp.source))
     if report.first_bad_row is not None:
         report.first_bad_source = inp.display(f)
     part.raw_row = None

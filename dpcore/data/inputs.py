@@ -21,7 +21,18 @@ from dpcore import GeoDPError
 
 
 class DataError(GeoDPError, ValueError):
-    pass
+    """Bad input data. The message may describe private rows (counts, a row's number or values): it
+    is for the operator's own terminal. ``public`` says what is wrong from public facts only (the
+    input's locator, an option, the kind of problem), or is None where nothing can be said without
+    private detail; what a Prefect run shows is built from it (tasks/public_errors.py)."""
+
+    def __init__(self, message: str, public: str | None = None):
+        super().__init__(message)
+        self.public = public
+
+    def __reduce__(self):
+        # a Dask worker pickles the error back to the client: ``public`` must travel with it
+        return (type(self), (str(self), self.public))
 
 
 FORMATS = ("parquet", "csv", "tsv", "snap")

@@ -38,7 +38,8 @@ class Points:
     def __post_init__(self) -> None:
         n = self.user.size
         if not (self.ts.size == self.lat.size == self.lon.size == n):
-            raise DataError("user, ts, lat and lon must have the same length")
+            raise DataError("user, ts, lat and lon must have the same length",
+                            public="user, ts, lat and lon must have the same length")
 
     def __len__(self) -> int:
         return int(self.user.size)
@@ -219,17 +220,29 @@ def _validated(parts_iter, strict: bool, source: str, names: list[str]) -> tuple
         keep, rep = check_part(part)
         if rep.first_bad_row is not None and strict:
             row = part.raw_row(rep.first_bad_row - 1) if part.raw_row else {}
-            raise DataError(f"{name}: row {rep.first_bad_row} is invalid ({rep.first_bad_reason}): {row}")
+            raise DataError(f"{name}: row {rep.first_bad_row} is invalid ({rep.first_bad_reason}): {row}",
+                            public=strict_public(source))
         report.add(rep, name if len(names) > 1 else None)
         part.raw_row = None  # it holds the file's table; only its arrays go on
         _release_arrow_memory()
         if rep.rows_kept:
             kept.append(part if keep is None else part.take(keep))
-    if report.rows_read == 0:
-        raise DataError(f"{source or 'input'} holds no rows")
-    if report.rows_kept == 0:
-        raise DataError(f"{source or 'input'} has no valid rows ({report.summary()})")
+    check_some_valid(report, source)
     return _merge(kept), report
+
+
+def strict_public(source: str) -> str:
+    """What a --strict failure may say in public: which row failed, and why, are private."""
+    return f"--strict: a row of {source or 'the input'} failed validation"
+
+
+def check_some_valid(report: ValidationReport, source: str) -> None:
+    """Refuse an input with no (valid) rows; the counts go into the message, never into ``public``."""
+    name = source or "input"
+    if report.rows_read == 0:
+        raise DataError(f"{name} holds no rows", public=f"{name} holds no rows")
+    if report.rows_kept == 0:
+        raise DataError(f"{name} has no valid rows ({report.summary()})", public=f"{name} has no valid rows")
 
 
 def validate_frame(df: pd.DataFrame, strict: bool = False, source: str = "") -> tuple[Points, ValidationReport]:
@@ -238,7 +251,8 @@ def validate_frame(df: pd.DataFrame, strict: bool = False, source: str = "") -> 
     if missing:
         raise DataError(
             f"{source or 'input'} is missing column(s) {missing}; it has {list(df.columns)}. "
-            "Map other names with --columns user_id=NAME,timestamp=NAME,lat=NAME,lon=NAME"
+            "Map other names with --columns user_id=NAME,timestamp=NAME,lat=NAME,lon=NAME",
+            public=f"{source or 'input'} is missing column(s) {missing}; map names with --columns",
         )
     return _validated([part_from_frame(df)], strict, source, [source or "input"])
 
@@ -270,8 +284,8 @@ def load_points(path: str | os.PathLike, columns: dict[str, str] | None = None, 
     """
     inp = resolve_input(path, fmt, window)
     if not inp.files:
-        raise DataError(f"no partition of {inp.source} lies in the time window "
-                        f"({inp.n_pruned} partition file(s) outside it)")
+        msg = f"no partition of {inp.source} lies in the time window ({inp.n_pruned} file(s) outside it)"
+        raise DataError(msg, public=msg)  # file names and counts are public listing metadata
     names = [inp.display(f) for f in inp.files]
     parts = (read_part(inp, f, columns) for f in inp.files)  # one file in memory at a time
     pts, report = _validated(parts, strict, inp.source, names)

@@ -199,8 +199,10 @@ def sources_for(columns: dict[str, str] | None) -> dict[str, str]:
 
 
 def _missing(shown: str, missing: list[str], has: list[str]) -> DataError:
+    # a headerless file's "columns" are its first row: only the missing standard names are public
     return DataError(f"{shown} is missing column(s) {missing}; it has {has}. "
-                     "Map other names with --columns user_id=NAME,timestamp=NAME,lat=NAME,lon=NAME")
+                     "Map other names with --columns user_id=NAME,timestamp=NAME,lat=NAME,lon=NAME",
+                     public=f"{shown} is missing column(s) {missing}; map names with --columns")
 
 
 def _read_parquet(inp: InputSet, f: InputFile, columns: dict[str, str] | None, shown: str) -> Part:
@@ -261,7 +263,8 @@ def _read_text(inp: InputSet, f: InputFile, columns: dict[str, str] | None, show
             raise DataError(
                 f"{shown} is a headerless table with {df.shape[1]} columns, not the 5-column SNAP layout "
                 "(user, time, lat, lon, location_id); map columns by position, e.g. "
-                "--columns user_id=0,timestamp=7,lat=4,lon=5"
+                "--columns user_id=0,timestamp=7,lat=4,lon=5",
+                public=f"{shown} is not in the 5-column SNAP layout; map columns by position with --columns",
             )
         df.columns = list(SNAP_COLUMNS)
     for key, value in f.partition.items():
@@ -278,7 +281,7 @@ def read_part(inp: InputSet, f: InputFile, columns: dict[str, str] | None) -> Pa
     """Read one file of an input into a :class:`Part`; every failure is a one-line DataError."""
     shown = inp.display(f)
     if f.size == 0:
-        raise DataError(f"input file is empty: {shown}")
+        raise DataError(f"input file is empty: {shown}", public=f"input file is empty: {shown}")
     try:
         if f.fmt == "parquet":
             return _read_parquet(inp, f, columns, shown)
@@ -286,7 +289,9 @@ def read_part(inp: InputSet, f: InputFile, columns: dict[str, str] | None) -> Pa
     except DataError:
         raise
     except FileNotFoundError as exc:
-        raise DataError(f"input file not found: {shown}") from exc
+        raise DataError(f"input file not found: {shown}", public=f"input file not found: {shown}") from exc
     except Exception as exc:  # pyarrow / parser / network errors vary by format; all mean "unreadable"
         msg = " ".join(str(exc).split())[:300]
-        raise DataError(f"cannot read {shown} as {f.fmt}: {type(exc).__name__}: {msg}") from exc
+        # a parser's message may quote a line of the file or its number: public names only the file
+        raise DataError(f"cannot read {shown} as {f.fmt}: {type(exc).__name__}: {msg}",
+                        public=f"cannot read {shown} as {f.fmt}") from exc

@@ -2,7 +2,8 @@
 
     geodp release run|backfill|list|show     geodp query range|hotspot|forecast
     geodp eval range|st|heatmap|sparse1d     geodp paramselect predict|train    geodp denoiser train
-    geodp ledger    geodp dataset create|show|policy|void    geodp cities    geodp synth    geodp serve
+    geodp ledger    geodp dataset create|show|policy|void    geodp data check    geodp cities    geodp synth
+    geodp serve
 
 `geodp release DATA …` and `geodp query RELEASE --box …` (no verb) run `release run` and `query range`;
 the older command names (evaluate, evaluate-st, evaluate-heatmap, sparse1d, hotspot, forecast, backfill,
@@ -21,6 +22,7 @@ import sys
 
 import typer
 
+from flows.cli import data as data_cli
 from flows.cli import ledger as ledger_cli
 from flows.cli import misc, query, release
 from flows.cli.common import STDOUT, validation_text
@@ -40,7 +42,8 @@ LAZY: dict[str, tuple[str, str, str, bool]] = {
 
 
 #: The order of `geodp --help`: the two main commands first, then reading, accounting, tuning, helpers.
-ORDER = ["release", "query", "eval", "ledger", "dataset", "paramselect", "denoiser", "cities", "synth", "serve"]
+ORDER = ["release", "query", "eval", "ledger", "dataset", "paramselect", "denoiser", "data", "cities", "synth",
+         "serve"]
 
 
 class RootGroup(typer.core.TyperGroup):
@@ -102,6 +105,7 @@ app.command("hotspot", hidden=True, help="same as `geodp query hotspot`")(query.
 app.command("forecast", hidden=True, help="same as `geodp query forecast`")(query.forecast)
 app.command("ledger")(ledger_cli.ledger)
 app.add_typer(ledger_cli.app)
+app.add_typer(data_cli.app)
 app.command("cities")(misc.cities)
 app.command("synth")(misc.synth)
 app.command("serve")(misc.serve)

@@ -142,7 +142,7 @@ def run(
         data, cities, city, center, out, store, period, epsilon, rho, mechanism, param, side_km=side_km,
         privacy_unit=privacy_unit, max_points_per_user=max_points_per_user, data_version=data_version,
         public_total=public_total, seed=seed, dataset=dataset, budget_cap=budget_cap, dask_address=dask_address,
-        n_workers=workers, slot=slot, columns=columns, format=format)
+        n_workers=workers, slot=slot, columns=columns, format=format, strict=strict)
     _check_settings(config)
     _prevalidate(params)
     if store is not None and not no_prefect:
