@@ -60,6 +60,7 @@ from dpcore.mechanisms.contract import FitRecord, MechanismTags
 from dpcore.mechanisms.identity3d import st_cells, st_counts, st_grid_size
 from dpcore.mechanisms.inputs import SpatioTemporalInput
 from dpcore.mechanisms.params import Fraction, NonNegativeInt, Positive, PositiveInt
+from dpcore.mechanisms.st_resolution import MAX_CELLS, SLOT_SIGNAL, merge_slots, paid_resolution, spread_slots
 from dpcore.privacy.noise import NoiseSource, discrete_laplace_variance
 from dpcore.synopsis.spatiotemporal import SpatioTemporalSynopsis
 
@@ -109,7 +110,8 @@ class VDR(Mechanism):
                  window_mean: bool = True, residual_window: int = 5, nonneg_block: int = 16,
                  resolutions: BlockSizes = (1, 2, 4), lr: float = 2e-3, multiscale_kappa: float | None = 2.0,
                  consistency_kappa: float | None = 4.0, consistency_universal: bool = True,
-                 max_train_seconds: float | None = 150.0, device: str | None = None, train_seed: int = 0):
+                 max_train_seconds: float | None = 150.0, device: str | None = None, train_seed: int = 0,
+                 resolution: Literal["fixed", "rule"] = "fixed", slot_signal: Positive = SLOT_SIGNAL):
         self.grid_size = grid_size
         self.cell_width_m = cell_width_m
         self.count_fraction = count_fraction
@@ -134,12 +136,21 @@ class VDR(Mechanism):
         self.max_train_seconds = max_train_seconds
         self.device = device
         self.train_seed = train_seed
+        self.resolution = resolution
+        self.slot_signal = slot_signal
         #: optional callback (done, total, message) for training progress; not a release parameter
         self.progress = None
 
     def fine_grid(self, region: Region) -> int | None:
-        """The release's own m × m × T grid (public parameters): its counts are exact."""
+        """The release's own m × m × T grid (public parameters): its counts are exact. Under the
+        resolution rule, the largest grid the rule may pick (every choice is a power of two dividing it)."""
+        if self.resolution == "rule":
+            return self._max_cells(region)
         return st_cells(region, self.grid_size, self.cell_width_m)
+
+    def _max_cells(self, region: Region) -> int:
+        given = self.grid_size is not None or self.cell_width_m is not None
+        return min(st_cells(region, self.grid_size, self.cell_width_m), MAX_CELLS) if given else MAX_CELLS
 
     def get_params(self) -> dict:
         params = super().get_params()
@@ -155,19 +166,26 @@ class VDR(Mechanism):
         from dpcore.models.vqvae import DenoiserConfig, SliceDenoiser
 
         # Parameter values were checked by check_params (fit calls it before any budget is spent).
-        m = st_grid_size(data, self.grid_size, self.cell_width_m)
-        counts = st_counts(data, m)
         k = data.sensitivity
-        # --- the private steps -------------------------------------------------------------------
         public = data.public_total is not None
         n_hat = None
-        if data.sample_size is not None:  # already paid by the caller: reuse it
-            n_hat = float(max(1.0, data.sample_size))
-        elif not (public and self.refinement == "mass"):  # mass refinement to a public N needs no n̂
-            eps_n = acct.spend_fraction("sample_size", self.count_fraction, k,
-                                        note="n = points kept after bounding; one unit changes it by ≤ k")
-            n_hat = float(max(1, int(counts.sum()) + int(noise.discrete_laplace(k / eps_n, 1)[0])))
-        eps_c = acct.spend_rest("cell_counts", k, note=f"{m}x{m}x{data.n_slots} disjoint cells; L1 sensitivity "
+        res = None
+        if self.resolution == "rule":
+            # n̂ is paid first; the grid and slot length follow from it and other public inputs only
+            n_hat, res = paid_resolution(data, acct, noise, self.count_fraction, float(self.slot_signal),
+                                         self._max_cells(data.region))
+            m = res.cells
+            counts = merge_slots(st_counts(data, m), res.slot_factor)
+        else:
+            m = st_grid_size(data, self.grid_size, self.cell_width_m)
+            counts = st_counts(data, m)
+            if data.sample_size is not None:  # already paid by the caller: reuse it
+                n_hat = float(max(1.0, data.sample_size))
+            elif not (public and self.refinement == "mass"):  # mass refinement to a public N needs no n̂
+                eps_n = acct.spend_fraction("sample_size", self.count_fraction, k,
+                                            note="n = points kept after bounding; one unit changes it by ≤ k")
+                n_hat = float(max(1, int(counts.sum()) + int(noise.discrete_laplace(k / eps_n, 1)[0])))
+        eps_c = acct.spend_rest("cell_counts", k, note=f"{m}x{m}x{counts.shape[2]} disjoint cells; L1 sensitivity "
                                                        "= per-unit bound over the whole window")
         noisy = noise.add_discrete_laplace(counts, k, eps_c).astype(np.float64)
         del counts  # nothing below reads the private histogram
@@ -211,6 +229,8 @@ class VDR(Mechanism):
             released = mu * n_hat * gamma
         else:
             released = denoised * (total / n_hat)
+        if res is not None:
+            released = spread_slots(released, res.slot_factor, res.n_slots)
         notes = [
             f"N = {'public total ' + format(total, 'g') if public else 'n̂ (no public total: bounded-sample scale)'}",
             f"refinement {self.refinement}" + (f": γ={gamma:.4g}, C estimated from the denoised histogram={c_hat:.3g}"
@@ -223,10 +243,14 @@ class VDR(Mechanism):
             f"denoiser trained {report.steps} steps in {report.seconds:.1f}s on {report.device}"
             + (" (stopped by max_train_seconds)" if report.stopped_early else ""),
         ]
+        if res is not None:
+            notes.append(f"resolution rule (public inputs: n̂, ε, k, T): {m}² cells, slots merged by "
+                         f"{res.slot_factor} and spread evenly back over the {res.n_slots} slots")
         extra = {"grid_size": m, "cell_width_m": data.region.side_m / m, "n_slots": int(data.n_slots or 0),
                  "n_estimate": n_hat, "public_total": data.public_total, "gamma": gamma, "C_estimate": c_hat,
                  "train_steps": report.steps, "train_seconds": report.seconds, "train_loss": report.final_loss,
-                 "codes_used": report.codes_used, "inference_seconds": infer_s, "device": report.device}
+                 "codes_used": report.codes_used, "inference_seconds": infer_s, "device": report.device,
+                 "resolution": res.record() if res is not None else None}
         acct.describe(notes)
         return SpatioTemporalSynopsis(released, data.region, None,
                                       slot_seconds=data.slot_seconds, window_start_s=data.window_start_s,
