@@ -70,8 +70,14 @@ class IdentityRule(IdentityGrid3D):
 
     name = "identity3d-rule"
 
-    def __init__(self, *, grid_size: int = 256, slot_signal: float | None = None):
-        IdentityGrid3D.__init__(self, grid_size=grid_size, resolution="rule", slot_signal=slot_signal)
+    def __init__(self, *, grid_size: int = 256, slot_signal: float | None = None,
+                 rule_query_sides_m: tuple[float, float] = (100.0, 5000.0)):
+        IdentityGrid3D.__init__(self, grid_size=grid_size, resolution="rule", slot_signal=slot_signal,
+                                rule_query_sides_m=rule_query_sides_m)
+
+    def get_params(self) -> dict:
+        return {"grid_size": self.grid_size, "slot_signal": self.slot_signal,
+                "rule_query_sides_m": list(self.rule_query_sides_m)}
 
 
 register(UniformST)
@@ -110,7 +116,7 @@ def _ts(text: str) -> int:
     return int(pd.Timestamp(text, tz="UTC").timestamp())
 
 
-def rule_cells(points, region, start: int, end: int, preset: dict, args) -> int:
+def rule_cells(points, region, start: int, end: int, preset: dict, args, sides: tuple[float, float]) -> int:
     """The resolution rule's cells per side for the run's one ε: n̂ = the bounded sample's size plus the
     discrete Laplace noise a release adds with 5% of ε (seeded), so every mechanism's hotspots are asked
     on the grid the rule picks."""
@@ -131,7 +137,7 @@ def rule_cells(points, region, start: int, end: int, preset: dict, args) -> int:
     noise = NoiseSource.seeded(7)
     n = bound_contributions(points.user[idx][inside], k, noise.rng).keep.size
     n_hat = n + int(noise.discrete_laplace(k / (0.05 * eps[0]), 1)[0])
-    res = st_resolution(n_hat, 0.95 * eps[0], k, n_slots)
+    res = st_resolution(n_hat, 0.95 * eps[0], k, n_slots, sides)
     print(f"resolution rule at ε={eps[0]:g}: {res.record()}", file=sys.stderr)
     return res.cells
 
@@ -168,10 +174,6 @@ def main() -> int:
     points = load_preset_points(preset).between(start, end)
     print(f"loaded {len(points):,} points in the window ({time.perf_counter() - t0:.1f}s)", file=sys.stderr)
 
-    hot_grid = args.grid if args.hotspot_grid is None else args.hotspot_grid
-    if hot_grid == "rule":
-        hot_grid = rule_cells(points, region, start, end, preset, args)
-    hot_grid = int(hot_grid)
     vdr_params: dict = {"grid_size": args.grid}
     for item in args.vdr_param:
         key, value = item.split("=", 1)
@@ -179,6 +181,11 @@ def main() -> int:
             vdr_params[key] = json.loads(value)
         except json.JSONDecodeError:
             vdr_params[key] = value
+    hot_grid = args.grid if args.hotspot_grid is None else args.hotspot_grid
+    if hot_grid == "rule":
+        hot_grid = rule_cells(points, region, start, end, preset, args,
+                              tuple(vdr_params.get("rule_query_sides_m", (100.0, 5000.0))))
+    hot_grid = int(hot_grid)
     config = STEvalConfig(
         mechanisms=args.mechanisms.split(","), epsilons=[float(e) for e in args.epsilon.split(",")],
         window_start_s=start, window_end_s=end, slot_seconds=parse_slot(preset.get("slot", "1d")),
@@ -186,7 +193,9 @@ def main() -> int:
         trials=args.trials, mechanism_params={"identity3d": {"grid_size": args.grid}, "vdr": vdr_params,
                                               "uniform3d": {"grid_size": args.grid},
                                               "identity3d-rule": {"grid_size": args.grid,
-                                                                  "slot_signal": vdr_params.get("slot_signal")}},
+                                                                  "slot_signal": vdr_params.get("slot_signal"),
+                                                                  **({"rule_query_sides_m": vdr_params["rule_query_sides_m"]}
+                                                                     if "rule_query_sides_m" in vdr_params else {})}},
         workload=args.workload)
 
     def progress(done: int, total: int, what: str) -> None:

@@ -26,7 +26,14 @@ from dpcore.mechanisms.base import Mechanism, MechanismError
 from dpcore.mechanisms.contract import FitRecord, MechanismTags
 from dpcore.mechanisms.inputs import SpatioTemporalInput
 from dpcore.mechanisms.params import Fraction, Positive, PositiveInt
-from dpcore.mechanisms.st_resolution import MAX_CELLS, SLOT_SIGNAL, merge_slots, paid_resolution, spread_slots
+from dpcore.mechanisms.st_resolution import (
+    DEFAULT_QUERY_SIDES_M,
+    MAX_CELLS,
+    SLOT_SIGNAL,
+    merge_slots,
+    paid_resolution,
+    spread_slots,
+)
 from dpcore.privacy.budget import Accountant
 from dpcore.privacy.noise import NoiseSource
 from dpcore.synopsis.spatiotemporal import SpatioTemporalSynopsis
@@ -107,13 +114,20 @@ class IdentityGrid3D(Mechanism):
 
     def __init__(self, *, grid_size: PositiveInt | None = None, cell_width_m: Positive | None = None,
                  count_fraction: Fraction = 0.05, clamp_negative: bool = False,
-                 resolution: Literal["fixed", "rule"] = "fixed", slot_signal: Positive | None = None):
+                 resolution: Literal["fixed", "rule"] = "fixed", slot_signal: Positive | None = None,
+                 rule_query_sides_m: tuple[Positive, Positive] = DEFAULT_QUERY_SIDES_M):
         self.grid_size = grid_size
         self.cell_width_m = cell_width_m
         self.count_fraction = count_fraction
         self.clamp_negative = clamp_negative
         self.resolution = resolution
         self.slot_signal = slot_signal
+        self.rule_query_sides_m = tuple(rule_query_sides_m)
+
+    def get_params(self) -> dict:
+        params = super().get_params()
+        params["rule_query_sides_m"] = list(self.rule_query_sides_m)
+        return params
 
     def fine_grid(self, region: Region) -> int | None:
         """The release's own m × m × T grid (public parameters): its counts are exact. Under the
@@ -129,7 +143,8 @@ class IdentityGrid3D(Mechanism):
         if self.resolution == "rule":
             # n̂ is paid first (even without a public total); grid and slot length follow from public inputs
             n_hat, res = paid_resolution(data, acct, noise, self.count_fraction,
-                                         float(self.slot_signal or SLOT_SIGNAL), self.fine_grid(data.region))
+                                         float(self.slot_signal or SLOT_SIGNAL), self.fine_grid(data.region),
+                                         self.rule_query_sides_m)
             m = res.cells
             counts = merge_slots(st_counts(data, m), res.slot_factor)
             total = data.public_total

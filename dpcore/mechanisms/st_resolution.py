@@ -5,7 +5,7 @@ a k-bounded sample of n points spreads over M²·T cells. On the public Gowalla 
 13 weekly slots, ε = 0.5) a 256² × 13 grid holds 0.001–0.004 points per cell against a noise std of 60,
 no cell is above 2σ, and the noise summed over the grid (std 55 k) is 20× the whole sample (2.7 k
 points): no denoiser can find structure there. Coarser cells and longer slots add signal linearly and
-noise only as the square root (bench/st_resolution.py prints the measurement).
+noise only as the square root (``bench/st_resolution.py`` prints the measurement).
 
 The rule, every input public (n̂ is a paid noisy count or the caller's already-paid estimate):
 - signal s = n̂·ε_cells/k (as the 2-D rule, dpcore.grid.size_rule);
@@ -102,7 +102,8 @@ def spread_slots(values: np.ndarray, factor: int, n_slots: int) -> np.ndarray:
 
 
 def paid_resolution(data: SpatioTemporalInput, acct: Accountant, noise: NoiseSource, count_fraction: float,
-                    slot_signal: float, max_cells: int) -> tuple[float, STResolution]:
+                    slot_signal: float, max_cells: int,
+                    query_sides_m: tuple[float, float] = DEFAULT_QUERY_SIDES_M) -> tuple[float, STResolution]:
     """n̂ (the caller's already-paid estimate, else ``count_fraction`` of ε at sensitivity k, a recorded
     charge) and the rule's resolution for the ε left to the cells. Nothing private reaches the rule
     except through n̂."""
@@ -115,6 +116,6 @@ def paid_resolution(data: SpatioTemporalInput, acct: Accountant, noise: NoiseSou
                                          "sets the grid and slot length (resolution rule) and the scale")
         n_exact = int(data.grid_counts_3d(1).sum())
         n_hat = float(max(1, n_exact + int(noise.discrete_laplace(k / eps_n, 1)[0])))
-    res = st_resolution(n_hat, acct.remaining, k, int(data.n_slots), privacy_unit=data.unit.kind,
+    res = st_resolution(n_hat, acct.remaining, k, int(data.n_slots), tuple(query_sides_m), data.unit.kind,
                         slot_signal=slot_signal, max_cells=max_cells)
     return n_hat, res

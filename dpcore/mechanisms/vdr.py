@@ -60,7 +60,14 @@ from dpcore.mechanisms.contract import FitRecord, MechanismTags
 from dpcore.mechanisms.identity3d import st_cells, st_counts, st_grid_size
 from dpcore.mechanisms.inputs import SpatioTemporalInput
 from dpcore.mechanisms.params import Fraction, NonNegativeInt, Positive, PositiveInt
-from dpcore.mechanisms.st_resolution import MAX_CELLS, SLOT_SIGNAL, merge_slots, paid_resolution, spread_slots
+from dpcore.mechanisms.st_resolution import (
+    DEFAULT_QUERY_SIDES_M,
+    MAX_CELLS,
+    SLOT_SIGNAL,
+    merge_slots,
+    paid_resolution,
+    spread_slots,
+)
 from dpcore.privacy.noise import NoiseSource, discrete_laplace_variance
 from dpcore.synopsis.spatiotemporal import SpatioTemporalSynopsis
 
@@ -111,7 +118,8 @@ class VDR(Mechanism):
                  resolutions: BlockSizes = (1, 2, 4), lr: float = 2e-3, multiscale_kappa: float | None = 2.0,
                  consistency_kappa: float | None = 4.0, consistency_universal: bool = True,
                  max_train_seconds: float | None = 150.0, device: str | None = None, train_seed: int = 0,
-                 resolution: Literal["fixed", "rule"] = "fixed", slot_signal: Positive = SLOT_SIGNAL):
+                 resolution: Literal["fixed", "rule"] = "fixed", slot_signal: Positive = SLOT_SIGNAL,
+                 rule_query_sides_m: tuple[Positive, Positive] = DEFAULT_QUERY_SIDES_M):
         self.grid_size = grid_size
         self.cell_width_m = cell_width_m
         self.count_fraction = count_fraction
@@ -138,6 +146,7 @@ class VDR(Mechanism):
         self.train_seed = train_seed
         self.resolution = resolution
         self.slot_signal = slot_signal
+        self.rule_query_sides_m = tuple(rule_query_sides_m)
         #: optional callback (done, total, message) for training progress; not a release parameter
         self.progress = None
 
@@ -155,6 +164,7 @@ class VDR(Mechanism):
     def get_params(self) -> dict:
         params = super().get_params()
         params["resolutions"] = list(self.resolutions)
+        params["rule_query_sides_m"] = list(self.rule_query_sides_m)
         return params
 
     def _fit(self, data: SpatioTemporalInput, acct: FitRecord, noise: NoiseSource) -> SpatioTemporalSynopsis:
@@ -173,7 +183,7 @@ class VDR(Mechanism):
         if self.resolution == "rule":
             # n̂ is paid first; the grid and slot length follow from it and other public inputs only
             n_hat, res = paid_resolution(data, acct, noise, self.count_fraction, float(self.slot_signal),
-                                         self._max_cells(data.region))
+                                         self._max_cells(data.region), self.rule_query_sides_m)
             m = res.cells
             counts = merge_slots(st_counts(data, m), res.slot_factor)
         else:
