@@ -151,7 +151,9 @@ def main() -> int:
                          "identity3d-rule: identity3d at the resolution rule's grid and slots")
     ap.add_argument("--privacy-unit", choices=["user", "record"], default="user")
     ap.add_argument("--k", type=int, default=None, help="max points per user (default: the preset's)")
-    ap.add_argument("--grid", type=int, default=256)
+    ap.add_argument("--grid", type=int, default=None,
+                    help="cells per side of identity3d, uniform3d and the hotspot grid (default 256); given, "
+                         "also vdr's grid_size (a fixed grid); not given, vdr keeps its default resolution")
     ap.add_argument("--hotspot-grid", default=None,
                     help="cells per side of the hotspot queries' grid (default --grid), or 'rule': the resolution "
                          "rule's cells for one ε, from a noisy n̂ drawn as a release draws it")
@@ -174,7 +176,8 @@ def main() -> int:
     points = load_preset_points(preset).between(start, end)
     print(f"loaded {len(points):,} points in the window ({time.perf_counter() - t0:.1f}s)", file=sys.stderr)
 
-    vdr_params: dict = {"grid_size": args.grid}
+    vdr_params: dict = {} if args.grid is None else {"grid_size": args.grid}
+    args.grid = args.grid or 256
     for item in args.vdr_param:
         key, value = item.split("=", 1)
         try:

@@ -94,3 +94,23 @@ def test_rule_pays_for_n_hat_and_the_manifest_says_so():
     paid = _data(3, 8_000, public_total=30_000.0, sample_size=7_900.0)
     again = get_mechanism("vdr", **FAST_VDR).fit(paid, 1.0, NoiseSource.seeded(0)).privacy.charges
     assert [c["name"] for c in again] == ["cell_counts"]
+
+
+def test_auto_resolution_uses_the_rule_only_at_user_level_without_a_grid():
+    fast = {k: v for k, v in FAST_VDR.items() if k != "resolution"}
+    user = _data(4, 6_000, public_total=20_000.0)
+    default = get_mechanism("vdr", **fast)
+    assert default.resolution == "auto" and default.uses_rule(user)
+    assert default.fine_grid(REGION) == 256
+    syn = default.fit(user, 1.0, NoiseSource.seeded(0))
+    assert syn.extra_meta()["resolution"] is not None
+    assert [c["name"] for c in syn.privacy.charges] == ["sample_size", "cell_counts"]
+    # an explicit grid, or record-level privacy, keeps the fixed grid and its charges
+    given = get_mechanism("vdr", grid_size=16, **fast)
+    assert not given.uses_rule(user)
+    assert given.fine_grid(REGION) == 16
+    record = FitInput(user.x, user.y, REGION, "record", slot=user.slot, n_slots=13, slot_seconds=7 * 86400,
+                      window_start_s=1_275_000_000, public_total=20_000.0)
+    assert not default.uses_rule(record)
+    rec = default.fit(record, 1.0, NoiseSource.seeded(0))
+    assert rec.extra_meta()["resolution"] is None and rec.values.shape == (256, 256, 13)

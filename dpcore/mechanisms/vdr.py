@@ -7,8 +7,12 @@ Privacy (the only steps that read private data):
 1. The caller bounds every user to ≤ k points over the whole window (dpcore.privacy.bounding); one user then
    changes the M × M × T histogram's L1 norm by ≤ k (1 under record-level privacy).
 2. ``sample_size``: n̂ = n + DLap(k / ε_n), ε_n = ``count_fraction``·ε; n changes by ≤ k per user.
-   Skipped (no charge) when a public total is given and ``refinement="mass"``, which needs no n̂.
-3. ``cell_counts``: H̄ = H + DLap(k / ε_c) on every cell, ε_c = the rest of ε.
+   Skipped (no charge) when a public total is given, ``refinement="mass"`` (which needs no n̂) and the
+   resolution is fixed. Under the resolution rule (``resolution="rule"``, and ``"auto"``, the default,
+   at user level with no grid given) n̂ also sets the grid and slot length: cells per side and the number
+   of consecutive slots merged follow from n̂, ε, k and T only (dpcore.mechanisms.st_resolution,
+   decision 0015); the merged slots are spread evenly back over the input's slots at the end.
+3. ``cell_counts``: H̄ = H + DLap(k / ε_c) on every cell of the chosen grid, ε_c = the rest of ε.
 The charges add up to ε. Everything after is post-processing (no budget):
 4. Denoising: a VQ-VAE (dpcore.models.vqvae) trained on H̄'s slices and their 2×2 and 4×4 aggregates,
    with neighbouring slices and the window's mean slice as input channels; Ĥ = its reconstruction
@@ -118,7 +122,7 @@ class VDR(Mechanism):
                  resolutions: BlockSizes = (1, 2, 4), lr: float = 2e-3, multiscale_kappa: float | None = 2.0,
                  consistency_kappa: float | None = 4.0, consistency_universal: bool = True,
                  max_train_seconds: float | None = 150.0, device: str | None = None, train_seed: int = 0,
-                 resolution: Literal["fixed", "rule"] = "fixed", slot_signal: Positive = SLOT_SIGNAL,
+                 resolution: Literal["auto", "fixed", "rule"] = "auto", slot_signal: Positive = SLOT_SIGNAL,
                  rule_query_sides_m: tuple[Positive, Positive] = DEFAULT_QUERY_SIDES_M):
         self.grid_size = grid_size
         self.cell_width_m = cell_width_m
@@ -155,11 +159,21 @@ class VDR(Mechanism):
         resolution rule, the largest grid the rule may pick (every choice is a power of two dividing it)."""
         if self.resolution == "rule":
             return self._max_cells(region)
-        return st_cells(region, self.grid_size, self.cell_width_m)
+        return st_cells(region, self.grid_size, self.cell_width_m)  # fixed, and auto (≥ any rule choice)
+
+    def _grid_given(self) -> bool:
+        return self.grid_size is not None or self.cell_width_m is not None
 
     def _max_cells(self, region: Region) -> int:
-        given = self.grid_size is not None or self.cell_width_m is not None
-        return min(st_cells(region, self.grid_size, self.cell_width_m), MAX_CELLS) if given else MAX_CELLS
+        return min(st_cells(region, self.grid_size, self.cell_width_m), MAX_CELLS) if self._grid_given() else MAX_CELLS
+
+    def uses_rule(self, data: SpatioTemporalInput) -> bool:
+        """Whether this fit picks its resolution by the rule: ``rule``, or ``auto`` under user-level
+        privacy with no grid given (a fixed fine grid drowns a k-bounded sample in noise, decision 0015).
+        Reads only public facts: parameters and the privacy unit."""
+        if self.resolution == "auto":
+            return data.unit.kind == "user" and not self._grid_given()
+        return self.resolution == "rule"
 
     def get_params(self) -> dict:
         params = super().get_params()
@@ -180,7 +194,7 @@ class VDR(Mechanism):
         public = data.public_total is not None
         n_hat = None
         res = None
-        if self.resolution == "rule":
+        if self.uses_rule(data):
             # n̂ is paid first; the grid and slot length follow from it and other public inputs only
             n_hat, res = paid_resolution(data, acct, noise, self.count_fraction, float(self.slot_signal),
                                          self._max_cells(data.region), self.rule_query_sides_m)
