@@ -10,6 +10,7 @@ from dpcore.mechanisms import get_mechanism
 from dpcore.mechanisms.inputs import FitInput
 from dpcore.mechanisms.st_resolution import merge_slots, spread_slots, st_resolution
 from dpcore.privacy.noise import NoiseSource
+from dpcore.synopsis.base import load_synopsis
 
 REGION = Region("toy", 37.76, -122.43, 20.0)
 FAST_VDR = {"steps": 5, "batch_size": 2, "crop": 16, "hidden": 8, "code_dim": 4, "n_codes": 8,
@@ -68,7 +69,7 @@ def test_resolution_depends_on_public_inputs_only(mechanism):
     assert (rc["cells"], rc["coarse_slots"]) != (ra["cells"], ra["coarse_slots"])
 
 
-def test_rule_pays_for_n_hat_and_the_manifest_says_so():
+def test_rule_pays_for_n_hat_and_the_manifest_says_so(tmp_path):
     data = _data(3, 8_000, public_total=30_000.0)
     fixed = get_mechanism("vdr", grid_size=16, **{k: v for k, v in FAST_VDR.items() if k != "resolution"})
     assert [c["name"] for c in fixed.fit(data, 1.0, NoiseSource.seeded(0)).privacy.charges] == ["cell_counts"]
@@ -90,6 +91,9 @@ def test_rule_pays_for_n_hat_and_the_manifest_says_so():
     f = res["slot_factor"]
     if f > 1:
         np.testing.assert_allclose(syn.values[:, :, 0], syn.values[:, :, f - 1])
+    syn.save(tmp_path)  # the choice travels with the saved release
+    back = load_synopsis(tmp_path)
+    assert back.extra_meta()["resolution"] == res and back.values.shape == syn.values.shape
     # an already-paid n̂ is reused, not paid twice
     paid = _data(3, 8_000, public_total=30_000.0, sample_size=7_900.0)
     again = get_mechanism("vdr", **FAST_VDR).fit(paid, 1.0, NoiseSource.seeded(0)).privacy.charges
