@@ -38,6 +38,7 @@ from dpcore.data.points import load_points, validate_frame
 from dpcore.evaluation.spatiotemporal import STEvalConfig, evaluate_st
 from dpcore.geo import city_region, parse_slot
 from dpcore.mechanisms import Mechanism, MechanismTags, SpatioTemporalInput, register
+from dpcore.mechanisms.identity3d import IdentityGrid3D
 from dpcore.synopsis.spatiotemporal import SpatioTemporalSynopsis
 
 
@@ -63,7 +64,24 @@ class UniformST(Mechanism):
                                       slot_seconds=data.slot_seconds, window_start_s=data.window_start_s)
 
 
+class IdentityRule(IdentityGrid3D):
+    """Bench-only name for identity3d at the resolution rule's grid and slots (resolution="rule"), so a
+    run can hold it beside identity3d at the fixed grid."""
+
+    name = "identity3d-rule"
+
+    def __init__(self, *, grid_size: int = 256, slot_signal: float | None = None,
+                 rule_query_sides_m: tuple[float, float] = (100.0, 5000.0)):
+        IdentityGrid3D.__init__(self, grid_size=grid_size, resolution="rule", slot_signal=slot_signal,
+                                rule_query_sides_m=rule_query_sides_m)
+
+    def get_params(self) -> dict:
+        return {"grid_size": self.grid_size, "slot_signal": self.slot_signal,
+                "rule_query_sides_m": list(self.rule_query_sides_m)}
+
+
 register(UniformST)
+register(IdentityRule)
 
 SHARED = Path(os.environ.get("GEODP_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 
@@ -98,15 +116,47 @@ def _ts(text: str) -> int:
     return int(pd.Timestamp(text, tz="UTC").timestamp())
 
 
+def rule_cells(points, region, start: int, end: int, preset: dict, args, sides: tuple[float, float]) -> int:
+    """The resolution rule's cells per side for the run's one ε: n̂ = the bounded sample's size plus the
+    discrete Laplace noise a release adds with 5% of ε (seeded), so every mechanism's hotspots are asked
+    on the grid the rule picks."""
+    from dpcore.data.points import clip_to_region
+    from dpcore.geo import time_slots
+    from dpcore.mechanisms.st_resolution import st_resolution
+    from dpcore.privacy.bounding import bound_contributions
+    from dpcore.privacy.noise import NoiseSource
+
+    eps = [float(e) for e in args.epsilon.split(",")]
+    if len(eps) != 1:
+        raise SystemExit("--hotspot-grid rule needs one --epsilon")
+    k = args.k or preset["k"]
+    slot_s = parse_slot(preset.get("slot", "1d"))
+    n_slots = -(-(end - start) // slot_s)
+    idx, _, _ = clip_to_region(points, region)
+    inside = time_slots(points.ts[idx], start, slot_s, n_slots) >= 0
+    noise = NoiseSource.seeded(7)
+    n = bound_contributions(points.user[idx][inside], k, noise.rng).keep.size
+    n_hat = n + int(noise.discrete_laplace(k / (0.05 * eps[0]), 1)[0])
+    res = st_resolution(n_hat, 0.95 * eps[0], k, n_slots, sides)
+    print(f"resolution rule at ε={eps[0]:g}: {res.record()}", file=sys.stderr)
+    return res.cells
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dataset", choices=sorted(PRESETS), default="sf-cabs")
     ap.add_argument("--epsilon", default="0.1,0.2,0.5,1")
     ap.add_argument("--mechanisms", default="identity3d,vdr",
-                    help="also uniform3d: a data-independent reference (public N spread evenly)")
+                    help="also uniform3d: a data-independent reference (public N spread evenly), and "
+                         "identity3d-rule: identity3d at the resolution rule's grid and slots")
     ap.add_argument("--privacy-unit", choices=["user", "record"], default="user")
     ap.add_argument("--k", type=int, default=None, help="max points per user (default: the preset's)")
-    ap.add_argument("--grid", type=int, default=256)
+    ap.add_argument("--grid", type=int, default=None,
+                    help="cells per side of identity3d, uniform3d and the hotspot grid (default 256); given, "
+                         "also vdr's grid_size (a fixed grid); not given, vdr keeps its default resolution")
+    ap.add_argument("--hotspot-grid", default=None,
+                    help="cells per side of the hotspot queries' grid (default --grid), or 'rule': the resolution "
+                         "rule's cells for one ε, from a noisy n̂ drawn as a release draws it")
     ap.add_argument("--queries", type=int, default=1000)
     ap.add_argument("--trials", type=int, default=1)
     ap.add_argument("--vdr-param", action="append", default=[], metavar="KEY=VALUE")
@@ -126,19 +176,30 @@ def main() -> int:
     points = load_preset_points(preset).between(start, end)
     print(f"loaded {len(points):,} points in the window ({time.perf_counter() - t0:.1f}s)", file=sys.stderr)
 
-    vdr_params: dict = {"grid_size": args.grid}
+    vdr_params: dict = {} if args.grid is None else {"grid_size": args.grid}
+    args.grid = args.grid or 256
     for item in args.vdr_param:
         key, value = item.split("=", 1)
         try:
             vdr_params[key] = json.loads(value)
         except json.JSONDecodeError:
             vdr_params[key] = value
+    hot_grid = args.grid if args.hotspot_grid is None else args.hotspot_grid
+    if hot_grid == "rule":
+        hot_grid = rule_cells(points, region, start, end, preset, args,
+                              tuple(vdr_params.get("rule_query_sides_m", (100.0, 5000.0))))
+    hot_grid = int(hot_grid)
     config = STEvalConfig(
         mechanisms=args.mechanisms.split(","), epsilons=[float(e) for e in args.epsilon.split(",")],
         window_start_s=start, window_end_s=end, slot_seconds=parse_slot(preset.get("slot", "1d")),
-        privacy_unit=args.privacy_unit, max_points_per_user=args.k or preset["k"], n_queries=args.queries, hotspot_grid=args.grid,
+        privacy_unit=args.privacy_unit, max_points_per_user=args.k or preset["k"], n_queries=args.queries, hotspot_grid=hot_grid,
         trials=args.trials, mechanism_params={"identity3d": {"grid_size": args.grid}, "vdr": vdr_params,
-                                              "uniform3d": {"grid_size": args.grid}}, workload=args.workload)
+                                              "uniform3d": {"grid_size": args.grid},
+                                              "identity3d-rule": {"grid_size": args.grid,
+                                                                  "slot_signal": vdr_params.get("slot_signal"),
+                                                                  **({"rule_query_sides_m": vdr_params["rule_query_sides_m"]}
+                                                                     if "rule_query_sides_m" in vdr_params else {})}},
+        workload=args.workload)
 
     def progress(done: int, total: int, what: str) -> None:
         print(f"[bench] {done}/{total} {what} ({time.perf_counter() - t0:.0f}s)", file=sys.stderr, flush=True)
@@ -155,7 +216,7 @@ def main() -> int:
 
     w = report["window"]
     print(f"\n### {args.dataset}: {report['n_points']:,} points, {report['n_users']:,} users, "
-          f"{w['n_slots']} slots of {preset.get('slot', '1d')}, {args.grid}² cells, "
+          f"{w['n_slots']} slots of {preset.get('slot', '1d')}, {args.grid}² cells, hotspot grid {hot_grid}², "
           f"{'k = ' + str(config.max_points_per_user) if args.privacy_unit == 'user' else 'record-level'}, ψ = {report['psi']:g}, "
           f"query locations: {report['workload']['centres']}\n")
     print("| mechanism | ε | range rel. err (mean) | 100–1000 m | 1–5 km | hotspot dist (m) | regret | "

@@ -238,7 +238,8 @@ def evaluate_st(points: Points, region: Region, config: STEvalConfig, progress: 
                     on_fit(STFitDiagnostics(mech, eps, trial, syn, true_grid, rel_grid, f_boxes, f_truth,
                                             released_series, fc, horizon))
                 extra_info = {k2: v2 for k2, v2 in syn.extra_meta().items()
-                              if k2 in ("train_seconds", "train_steps", "inference_seconds", "device", "codes_used")}
+                              if k2 in ("train_seconds", "train_steps", "inference_seconds", "device", "codes_used",
+                                        "grid_size", "resolution")}
                 done += 1
                 if progress:
                     progress(done, total, f"{mech} ε={eps:g} trial {trial + 1}/{config.trials}")

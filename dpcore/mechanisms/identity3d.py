@@ -17,6 +17,7 @@ This module also holds the helpers the other spatio-temporal mechanisms (vdr) sh
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
@@ -25,6 +26,14 @@ from dpcore.mechanisms.base import Mechanism, MechanismError
 from dpcore.mechanisms.contract import FitRecord, MechanismTags
 from dpcore.mechanisms.inputs import SpatioTemporalInput
 from dpcore.mechanisms.params import Fraction, Positive, PositiveInt
+from dpcore.mechanisms.st_resolution import (
+    DEFAULT_QUERY_SIDES_M,
+    MAX_CELLS,
+    SLOT_SIGNAL,
+    merge_slots,
+    paid_resolution,
+    spread_slots,
+)
 from dpcore.privacy.budget import Accountant
 from dpcore.privacy.noise import NoiseSource
 from dpcore.synopsis.spatiotemporal import SpatioTemporalSynopsis
@@ -104,29 +113,62 @@ class IdentityGrid3D(Mechanism):
     tags = MechanismTags(input_type=SpatioTemporalInput, scales_to_public_total=True)
 
     def __init__(self, *, grid_size: PositiveInt | None = None, cell_width_m: Positive | None = None,
-                 count_fraction: Fraction = 0.05, clamp_negative: bool = False):
+                 count_fraction: Fraction = 0.05, clamp_negative: bool = False,
+                 resolution: Literal["fixed", "rule"] = "fixed", slot_signal: Positive | None = None,
+                 rule_query_sides_m: tuple[Positive, Positive] = DEFAULT_QUERY_SIDES_M):
         self.grid_size = grid_size
         self.cell_width_m = cell_width_m
         self.count_fraction = count_fraction
         self.clamp_negative = clamp_negative
+        self.resolution = resolution
+        self.slot_signal = slot_signal
+        self.rule_query_sides_m = tuple(rule_query_sides_m)
+
+    def get_params(self) -> dict:
+        params = super().get_params()
+        params["rule_query_sides_m"] = list(self.rule_query_sides_m)
+        return params
 
     def fine_grid(self, region: Region) -> int | None:
-        """The release's own m × m × T grid (public parameters): its counts are exact."""
+        """The release's own m × m × T grid (public parameters): its counts are exact. Under the
+        resolution rule (dpcore.mechanisms.st_resolution), the largest grid the rule may pick."""
+        if self.resolution == "rule":
+            given = self.grid_size is not None or self.cell_width_m is not None
+            return min(st_cells(region, self.grid_size, self.cell_width_m), MAX_CELLS) if given else MAX_CELLS
         return st_cells(region, self.grid_size, self.cell_width_m)
 
     def _fit(self, data: SpatioTemporalInput, acct: FitRecord, noise: NoiseSource) -> SpatioTemporalSynopsis:
         # Parameter values were checked by check_params (fit calls it before any budget is spent).
-        m = st_grid_size(data, self.grid_size, self.cell_width_m)
-        counts = st_counts(data, m)
-        scale = full_scale(data, int(counts.sum()), acct, noise, self.count_fraction)
+        res = None
+        if self.resolution == "rule":
+            # n̂ is paid first (even without a public total); grid and slot length follow from public inputs
+            n_hat, res = paid_resolution(data, acct, noise, self.count_fraction,
+                                         float(self.slot_signal or SLOT_SIGNAL), self.fine_grid(data.region),
+                                         self.rule_query_sides_m)
+            m = res.cells
+            counts = merge_slots(st_counts(data, m), res.slot_factor)
+            total = data.public_total
+            scale = FullScale(1.0, n_hat, None, "no public total given: counts are at the bounded-sample scale") \
+                if total is None else FullScale(float(total) / n_hat, n_hat, float(total),
+                                                f"scaled by public total N={float(total):g} / noisy sample size n̂={n_hat:g}")
+        else:
+            m = st_grid_size(data, self.grid_size, self.cell_width_m)
+            counts = st_counts(data, m)
+            scale = full_scale(data, int(counts.sum()), acct, noise, self.count_fraction)
         eps = acct.spend_rest("cell_counts", data.sensitivity,
-                              note=f"{m}x{m}x{data.n_slots} disjoint cells; L1 sensitivity = per-unit bound "
+                              note=f"{m}x{m}x{counts.shape[2]} disjoint cells; L1 sensitivity = per-unit bound "
                                    "over the whole window")
         noisy = noise.add_discrete_laplace(counts, data.sensitivity, eps).astype(np.float64) * scale.factor
         notes = [scale.note, "negatives clamped to 0" if self.clamp_negative else "negatives kept (unbiased)"]
         if self.clamp_negative:
             noisy = np.maximum(noisy, 0.0)
+        extra = st_extra(data, m, scale)
+        if res is not None:
+            noisy = spread_slots(noisy, res.slot_factor, res.n_slots)
+            notes.append(f"resolution rule (public inputs: n̂, ε, k, T): {m}² cells, slots merged by "
+                         f"{res.slot_factor} and spread evenly back")
+            extra["resolution"] = res.record()
         acct.describe(notes)
         return SpatioTemporalSynopsis(noisy, data.region, None,
                                       slot_seconds=data.slot_seconds, window_start_s=data.window_start_s,
-                                      extra=st_extra(data, m, scale))
+                                      extra=extra)

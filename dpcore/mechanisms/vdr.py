@@ -7,8 +7,12 @@ Privacy (the only steps that read private data):
 1. The caller bounds every user to ≤ k points over the whole window (dpcore.privacy.bounding); one user then
    changes the M × M × T histogram's L1 norm by ≤ k (1 under record-level privacy).
 2. ``sample_size``: n̂ = n + DLap(k / ε_n), ε_n = ``count_fraction``·ε; n changes by ≤ k per user.
-   Skipped (no charge) when a public total is given and ``refinement="mass"``, which needs no n̂.
-3. ``cell_counts``: H̄ = H + DLap(k / ε_c) on every cell, ε_c = the rest of ε.
+   Skipped (no charge) when a public total is given, ``refinement="mass"`` (which needs no n̂) and the
+   resolution is fixed. Under the resolution rule (``resolution="rule"``, and ``"auto"``, the default,
+   at user level with no grid given) n̂ also sets the grid and slot length: cells per side and the number
+   of consecutive slots merged follow from n̂, ε, k and T only (dpcore.mechanisms.st_resolution,
+   decision 0015); the merged slots are spread evenly back over the input's slots at the end.
+3. ``cell_counts``: H̄ = H + DLap(k / ε_c) on every cell of the chosen grid, ε_c = the rest of ε.
 The charges add up to ε. Everything after is post-processing (no budget):
 4. Denoising: a VQ-VAE (dpcore.models.vqvae) trained on H̄'s slices and their 2×2 and 4×4 aggregates,
    with neighbouring slices and the window's mean slice as input channels; Ĥ = its reconstruction
@@ -60,6 +64,14 @@ from dpcore.mechanisms.contract import FitRecord, MechanismTags
 from dpcore.mechanisms.identity3d import st_cells, st_counts, st_grid_size
 from dpcore.mechanisms.inputs import SpatioTemporalInput
 from dpcore.mechanisms.params import Fraction, NonNegativeInt, Positive, PositiveInt
+from dpcore.mechanisms.st_resolution import (
+    DEFAULT_QUERY_SIDES_M,
+    MAX_CELLS,
+    SLOT_SIGNAL,
+    merge_slots,
+    paid_resolution,
+    spread_slots,
+)
 from dpcore.privacy.noise import NoiseSource, discrete_laplace_variance
 from dpcore.synopsis.spatiotemporal import SpatioTemporalSynopsis
 
@@ -109,7 +121,9 @@ class VDR(Mechanism):
                  window_mean: bool = True, residual_window: int = 5, nonneg_block: int = 16,
                  resolutions: BlockSizes = (1, 2, 4), lr: float = 2e-3, multiscale_kappa: float | None = 2.0,
                  consistency_kappa: float | None = 4.0, consistency_universal: bool = True,
-                 max_train_seconds: float | None = 150.0, device: str | None = None, train_seed: int = 0):
+                 max_train_seconds: float | None = 150.0, device: str | None = None, train_seed: int = 0,
+                 resolution: Literal["auto", "fixed", "rule"] = "auto", slot_signal: Positive = SLOT_SIGNAL,
+                 rule_query_sides_m: tuple[Positive, Positive] = DEFAULT_QUERY_SIDES_M):
         self.grid_size = grid_size
         self.cell_width_m = cell_width_m
         self.count_fraction = count_fraction
@@ -134,16 +148,37 @@ class VDR(Mechanism):
         self.max_train_seconds = max_train_seconds
         self.device = device
         self.train_seed = train_seed
+        self.resolution = resolution
+        self.slot_signal = slot_signal
+        self.rule_query_sides_m = tuple(rule_query_sides_m)
         #: optional callback (done, total, message) for training progress; not a release parameter
         self.progress = None
 
     def fine_grid(self, region: Region) -> int | None:
-        """The release's own m × m × T grid (public parameters): its counts are exact."""
-        return st_cells(region, self.grid_size, self.cell_width_m)
+        """The release's own m × m × T grid (public parameters): its counts are exact. Under the
+        resolution rule, the largest grid the rule may pick (every choice is a power of two dividing it)."""
+        if self.resolution == "rule":
+            return self._max_cells(region)
+        return st_cells(region, self.grid_size, self.cell_width_m)  # fixed, and auto (≥ any rule choice)
+
+    def _grid_given(self) -> bool:
+        return self.grid_size is not None or self.cell_width_m is not None
+
+    def _max_cells(self, region: Region) -> int:
+        return min(st_cells(region, self.grid_size, self.cell_width_m), MAX_CELLS) if self._grid_given() else MAX_CELLS
+
+    def uses_rule(self, data: SpatioTemporalInput) -> bool:
+        """Whether this fit picks its resolution by the rule: ``rule``, or ``auto`` under user-level
+        privacy with no grid given (a fixed fine grid drowns a k-bounded sample in noise, decision 0015).
+        Reads only public facts: parameters and the privacy unit."""
+        if self.resolution == "auto":
+            return data.unit.kind == "user" and not self._grid_given()
+        return self.resolution == "rule"
 
     def get_params(self) -> dict:
         params = super().get_params()
         params["resolutions"] = list(self.resolutions)
+        params["rule_query_sides_m"] = list(self.rule_query_sides_m)
         return params
 
     def _fit(self, data: SpatioTemporalInput, acct: FitRecord, noise: NoiseSource) -> SpatioTemporalSynopsis:
@@ -155,19 +190,26 @@ class VDR(Mechanism):
         from dpcore.models.vqvae import DenoiserConfig, SliceDenoiser
 
         # Parameter values were checked by check_params (fit calls it before any budget is spent).
-        m = st_grid_size(data, self.grid_size, self.cell_width_m)
-        counts = st_counts(data, m)
         k = data.sensitivity
-        # --- the private steps -------------------------------------------------------------------
         public = data.public_total is not None
         n_hat = None
-        if data.sample_size is not None:  # already paid by the caller: reuse it
-            n_hat = float(max(1.0, data.sample_size))
-        elif not (public and self.refinement == "mass"):  # mass refinement to a public N needs no n̂
-            eps_n = acct.spend_fraction("sample_size", self.count_fraction, k,
-                                        note="n = points kept after bounding; one unit changes it by ≤ k")
-            n_hat = float(max(1, int(counts.sum()) + int(noise.discrete_laplace(k / eps_n, 1)[0])))
-        eps_c = acct.spend_rest("cell_counts", k, note=f"{m}x{m}x{data.n_slots} disjoint cells; L1 sensitivity "
+        res = None
+        if self.uses_rule(data):
+            # n̂ is paid first; the grid and slot length follow from it and other public inputs only
+            n_hat, res = paid_resolution(data, acct, noise, self.count_fraction, float(self.slot_signal),
+                                         self._max_cells(data.region), self.rule_query_sides_m)
+            m = res.cells
+            counts = merge_slots(st_counts(data, m), res.slot_factor)
+        else:
+            m = st_grid_size(data, self.grid_size, self.cell_width_m)
+            counts = st_counts(data, m)
+            if data.sample_size is not None:  # already paid by the caller: reuse it
+                n_hat = float(max(1.0, data.sample_size))
+            elif not (public and self.refinement == "mass"):  # mass refinement to a public N needs no n̂
+                eps_n = acct.spend_fraction("sample_size", self.count_fraction, k,
+                                            note="n = points kept after bounding; one unit changes it by ≤ k")
+                n_hat = float(max(1, int(counts.sum()) + int(noise.discrete_laplace(k / eps_n, 1)[0])))
+        eps_c = acct.spend_rest("cell_counts", k, note=f"{m}x{m}x{counts.shape[2]} disjoint cells; L1 sensitivity "
                                                        "= per-unit bound over the whole window")
         noisy = noise.add_discrete_laplace(counts, k, eps_c).astype(np.float64)
         del counts  # nothing below reads the private histogram
@@ -211,6 +253,8 @@ class VDR(Mechanism):
             released = mu * n_hat * gamma
         else:
             released = denoised * (total / n_hat)
+        if res is not None:
+            released = spread_slots(released, res.slot_factor, res.n_slots)
         notes = [
             f"N = {'public total ' + format(total, 'g') if public else 'n̂ (no public total: bounded-sample scale)'}",
             f"refinement {self.refinement}" + (f": γ={gamma:.4g}, C estimated from the denoised histogram={c_hat:.3g}"
@@ -223,10 +267,14 @@ class VDR(Mechanism):
             f"denoiser trained {report.steps} steps in {report.seconds:.1f}s on {report.device}"
             + (" (stopped by max_train_seconds)" if report.stopped_early else ""),
         ]
+        if res is not None:
+            notes.append(f"resolution rule (public inputs: n̂, ε, k, T): {m}² cells, slots merged by "
+                         f"{res.slot_factor} and spread evenly back over the {res.n_slots} slots")
         extra = {"grid_size": m, "cell_width_m": data.region.side_m / m, "n_slots": int(data.n_slots or 0),
                  "n_estimate": n_hat, "public_total": data.public_total, "gamma": gamma, "C_estimate": c_hat,
                  "train_steps": report.steps, "train_seconds": report.seconds, "train_loss": report.final_loss,
-                 "codes_used": report.codes_used, "inference_seconds": infer_s, "device": report.device}
+                 "codes_used": report.codes_used, "inference_seconds": infer_s, "device": report.device,
+                 "resolution": res.record() if res is not None else None}
         acct.describe(notes)
         return SpatioTemporalSynopsis(released, data.region, None,
                                       slot_seconds=data.slot_seconds, window_start_s=data.window_start_s,

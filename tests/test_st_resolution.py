@@ -1,0 +1,120 @@
+"""The spatio-temporal resolution rule: public inputs only, recorded spend, slot merging that keeps mass."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dpcore.geo import Region
+from dpcore.mechanisms import get_mechanism
+from dpcore.mechanisms.inputs import FitInput
+from dpcore.mechanisms.st_resolution import merge_slots, spread_slots, st_resolution
+from dpcore.privacy.noise import NoiseSource
+from dpcore.synopsis.base import load_synopsis
+
+REGION = Region("toy", 37.76, -122.43, 20.0)
+FAST_VDR = {"steps": 5, "batch_size": 2, "crop": 16, "hidden": 8, "code_dim": 4, "n_codes": 8,
+            "max_train_seconds": 10.0, "resolution": "rule"}
+
+
+def _data(seed: int, n: int, t: int = 13, spread_m: float = 2000.0, **kw):
+    rng = np.random.default_rng(seed)
+    slot = rng.integers(0, t, n)
+    x = rng.normal(rng.uniform(-5000, 5000), spread_m, n).clip(-9999, 9999)
+    y = rng.normal(rng.uniform(-5000, 5000), spread_m, n).clip(-9999, 9999)
+    return FitInput(x, y, REGION, "user", 20, user=np.arange(n) % max(1, n // 20), slot=slot, n_slots=t,
+                    slot_seconds=7 * 86400, window_start_s=1_275_000_000, **kw)
+
+
+def test_rule_is_monotone_and_coarse_at_user_level_signal():
+    low = st_resolution(2_000, 0.475, 20, 13)
+    high = st_resolution(400_000, 0.95, 20, 13)
+    # Gowalla-sample-like signal (s ≈ 50): one slot for the whole window and a coarse grid
+    assert (low.slot_factor, low.coarse_slots) == (13, 1)
+    assert low.cells <= 16
+    # a thousand times the signal keeps more time resolution and finer cells
+    assert high.coarse_slots > 1 and high.cells > low.cells
+    for n in (1e3, 1e4, 1e5, 1e6):
+        a, b = st_resolution(n, 0.5, 20, 21), st_resolution(2 * n, 0.5, 20, 21)
+        assert b.cells >= a.cells and b.coarse_slots >= a.coarse_slots
+    assert all(st_resolution(n, 1.0, 1, 7, privacy_unit="record").cells & (st_resolution(n, 1.0, 1, 7).cells - 1) == 0
+               for n in (10, 1e4, 1e7))  # powers of two
+
+
+def test_merge_then_spread_keeps_mass_and_group_means():
+    rng = np.random.default_rng(0)
+    counts = rng.integers(0, 9, (4, 4, 13))
+    merged = merge_slots(counts, 4)
+    assert merged.shape == (4, 4, 4)
+    assert merged[:, :, 3].sum() == counts[:, :, 12].sum()  # the last group holds the one slot left
+    back = spread_slots(merged.astype(float), 4, 13)
+    assert back.shape == counts.shape
+    assert back.sum() == pytest.approx(counts.sum())
+    np.testing.assert_allclose(back[:, :, 5], counts[:, :, 4:8].mean(axis=2))
+    np.testing.assert_allclose(back[:, :, 12], counts[:, :, 12])
+
+
+@pytest.mark.parametrize("mechanism", ["vdr", "identity3d"])
+def test_resolution_depends_on_public_inputs_only(mechanism):
+    params = FAST_VDR if mechanism == "vdr" else {"resolution": "rule"}
+    # very different private data (sizes, places, spread), the same public inputs: n̂ already paid, ε, k, T
+    a = _data(1, 3_000, spread_m=500.0, sample_size=20_000.0, public_total=50_000.0)
+    b = _data(2, 40_000, spread_m=4000.0, sample_size=20_000.0, public_total=50_000.0)
+    ra = get_mechanism(mechanism, **params).fit(a, 0.5, NoiseSource.seeded(1)).extra_meta()["resolution"]
+    rb = get_mechanism(mechanism, **params).fit(b, 0.5, NoiseSource.seeded(2)).extra_meta()["resolution"]
+    assert ra == rb
+    # the public inputs do move it: a hundred times n̂
+    c = _data(1, 3_000, spread_m=500.0, sample_size=2_000_000.0, public_total=50_000.0)
+    rc = get_mechanism(mechanism, **params).fit(c, 0.5, NoiseSource.seeded(1)).extra_meta()["resolution"]
+    assert (rc["cells"], rc["coarse_slots"]) != (ra["cells"], ra["coarse_slots"])
+
+
+def test_rule_pays_for_n_hat_and_the_manifest_says_so(tmp_path):
+    data = _data(3, 8_000, public_total=30_000.0)
+    fixed = get_mechanism("vdr", grid_size=16, **{k: v for k, v in FAST_VDR.items() if k != "resolution"})
+    assert [c["name"] for c in fixed.fit(data, 1.0, NoiseSource.seeded(0)).privacy.charges] == ["cell_counts"]
+    syn = get_mechanism("vdr", **FAST_VDR).fit(data, 1.0, NoiseSource.seeded(0))
+    charges = syn.privacy.charges
+    assert [c["name"] for c in charges] == ["sample_size", "cell_counts"]
+    assert charges[0]["epsilon"] == pytest.approx(0.05)
+    assert sum(c["epsilon"] for c in charges) == pytest.approx(1.0)
+    assert all(c["sensitivity"] == 20 for c in charges)
+    assert "resolution rule" in charges[0]["note"]
+    res = syn.extra_meta()["resolution"]
+    m = res["cells"]
+    assert syn.values.shape == (m, m, 13)  # released at the rule's cells, over the input's slots
+    assert f"{m}x{m}x{res['coarse_slots']}" in charges[1]["note"]
+    assert syn.privacy.params["resolution"] == "rule"
+    assert any("resolution rule" in note for note in syn.privacy.notes)
+    assert syn.values.sum() == pytest.approx(30_000.0, rel=1e-6)
+    # merged slots are spread evenly: every slot of one merged group holds the same map
+    f = res["slot_factor"]
+    if f > 1:
+        np.testing.assert_allclose(syn.values[:, :, 0], syn.values[:, :, f - 1])
+    syn.save(tmp_path)  # the choice travels with the saved release
+    back = load_synopsis(tmp_path)
+    assert back.extra_meta()["resolution"] == res and back.values.shape == syn.values.shape
+    # an already-paid n̂ is reused, not paid twice
+    paid = _data(3, 8_000, public_total=30_000.0, sample_size=7_900.0)
+    again = get_mechanism("vdr", **FAST_VDR).fit(paid, 1.0, NoiseSource.seeded(0)).privacy.charges
+    assert [c["name"] for c in again] == ["cell_counts"]
+
+
+def test_auto_resolution_uses_the_rule_only_at_user_level_without_a_grid():
+    fast = {k: v for k, v in FAST_VDR.items() if k != "resolution"}
+    user = _data(4, 6_000, public_total=20_000.0)
+    default = get_mechanism("vdr", **fast)
+    assert default.resolution == "auto" and default.uses_rule(user)
+    assert default.fine_grid(REGION) == 256
+    syn = default.fit(user, 1.0, NoiseSource.seeded(0))
+    assert syn.extra_meta()["resolution"] is not None
+    assert [c["name"] for c in syn.privacy.charges] == ["sample_size", "cell_counts"]
+    # an explicit grid, or record-level privacy, keeps the fixed grid and its charges
+    given = get_mechanism("vdr", grid_size=16, **fast)
+    assert not given.uses_rule(user)
+    assert given.fine_grid(REGION) == 16
+    record = FitInput(user.x, user.y, REGION, "record", slot=user.slot, n_slots=13, slot_seconds=7 * 86400,
+                      window_start_s=1_275_000_000, public_total=20_000.0)
+    assert not default.uses_rule(record)
+    rec = default.fit(record, 1.0, NoiseSource.seeded(0))
+    assert rec.extra_meta()["resolution"] is None and rec.values.shape == (256, 256, 13)
