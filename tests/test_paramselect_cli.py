@@ -313,8 +313,8 @@ def test_predict_auto_prints_what_an_auto_release_runs(capsys):
         model_picks.append(out["inputs"]["auto"]["cost_model"]["mechanism"])
     # under 1 km a rule-sized grid (finer for the smaller band), from 1 km AG; the cost model alone picks
     # otherwise here, so this fails if predict prints the cost model's choice
-    assert picks[0][0] == picks[1][0] == "ug" and picks[2][0] == "ag"
-    assert picks[0][1] > picks[1][1] > 8
+    assert [m for m, _ in picks] == ["ug", "ag", "ag"]
+    assert picks[0][1] > 8 and picks[1][1] is None
     assert [m for m, _ in picks] != model_picks
     assert main(["paramselect", "predict", "--city", "new-york", "--n", "115000", "--epsilon", "0.2",
                  "--privacy-unit", "record", "--mechanisms", "auto", "--query-sides-m", "25:100"]) == 0

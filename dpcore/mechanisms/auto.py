@@ -91,7 +91,7 @@ class AutoMechanism(Mechanism):
                                privacy_unit=data.privacy_unit, max_points_per_user=data.max_points_per_user,
                                band=(lo, hi), mechanisms=cands, n_is_bounded=bounded, model_path=self.model_path)
         decision = decide(choice, (lo, hi), cands, acct.remaining, float(data.sensitivity), data.privacy_unit,
-                          self.choose)
+                          data.region.side_m, self.choose)
         choice, inner_params, rule = decision.choice, decision.inner_params, decision.grid_rule
         inner = get_mechanism(choice.mechanism, **inner_params)
         # The inner mechanism splits its own (smaller) budget; its charges are copied into ours.

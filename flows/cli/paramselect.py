@@ -153,7 +153,7 @@ def _as_auto(choice: Choice, band: tuple[float, float], candidates: tuple[str, .
     from dpcore.mechanisms.auto_rule import decide
 
     sens = float(choice.max_points_per_user or 1) if privacy_unit == "user" else 1.0
-    decision = decide(choice, band, candidates, epsilon, sens, privacy_unit)
+    decision = decide(choice, band, candidates, epsilon, sens, privacy_unit, side_m)
     picked = decision.choice
     rule = decision.grid_rule
     cands = [{**c, "chosen": (c["mechanism"], c["max_points_per_user"]) == (picked.mechanism, picked.max_points_per_user)}
