@@ -320,3 +320,7 @@ def test_predict_auto_prints_what_an_auto_release_runs(capsys):
                  "--privacy-unit", "record", "--mechanisms", "auto", "--query-sides-m", "25:100"]) == 0
     text = capsys.readouterr().out
     assert f"a {picks[0][1]}² grid" in text and "auto's choice, by the band rule" in text
+    assert main(["paramselect", "predict", "--city", "new-york", "--n", "115000", "--epsilon", "0.2",
+                 "--privacy-unit", "record", "--mechanisms", "auto", "--query-sides-m", "100:1000"]) == 0
+    text = capsys.readouterr().out
+    assert "parameters         alpha=0.2, c=5, min_m1=32" in text and "cell width" not in text

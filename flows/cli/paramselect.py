@@ -56,8 +56,8 @@ def predict(
     mechanisms: str = typer.Option("identity", "--mechanisms",
                                    help="candidates, comma-separated, from identity,snh,ug,ag,privtree (identity "
                                         "alone: the paper's ρ choice); several: ParamSelect also picks the "
-                                        "mechanism; auto: every mechanism the model knows, as `release "
-                                        "--mechanism auto` weighs them"),
+                                        "mechanism; auto: what `release --mechanism auto` runs (its band "
+                                        "rule and parameters), every mechanism the model knows weighed"),
     query_sides_m: str = typer.Option("100:1000", "--query-sides-m", help="the query band A:B in metres"),
     public_data: str | None = typer.Option(None, "--public-data", metavar="PATH",
                                            help="a PUBLIC dataset of the region for the entropy feature "
@@ -108,6 +108,9 @@ def predict(
     if grid_rule is not None:
         print(f"  cell width         {reg.side_m / grid_rule['grid_size']:.0f} m (a {grid_rule['grid_size']}² grid, "
               "the data-centred size rule)")
+    elif as_auto and "cell_width_m" not in choice.inputs["auto"]["params"]:
+        params = choice.inputs["auto"]["params"]
+        print(f"  parameters         {', '.join(f'{k}={v:g}' for k, v in params.items()) or 'its defaults'}")
     else:
         print(f"  cell width ρ       {choice.cell_width_m:.0f} m")
     if extrapolated := rho_extrapolation_note(choice):
