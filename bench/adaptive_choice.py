@@ -13,6 +13,7 @@ choice: the configuration with the least mean log-ratio on the other eight sets,
 
     nice -n 10 .venv/bin/python bench/adaptive_choice.py            # rows cached in bench/out/adaptive_rows.json
     nice -n 10 .venv/bin/python bench/adaptive_choice.py --refined  # 25-100 m: refined rule-sized grids
+    nice -n 10 .venv/bin/python bench/adaptive_choice.py --weights  # the band rule's AG under weights
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from dpcore.privacy.noise import NoiseSource  # noqa: E402
 
 ROWS = OUT / "adaptive_rows.json"
 REFINED_ROWS = OUT / "adaptive_refined_rows.json"
+WEIGHT_ROWS = OUT / "adaptive_weight_rows.json"
 SETTINGS = (("record", 1, 0.05), ("record", 1, 0.2), ("user", 10, 1.0))
 UNIFORM = tuple(int(round(32 * 2 ** (i / 2))) for i in range(13))  # 32 … 2048
 #: The searched AG settings: a first pass over α, c and two level-1 floors, then a finer one around
@@ -86,18 +88,37 @@ def with_m1(params: dict, fit_input, eps: float) -> dict:
     return rest
 
 
-def rows_for(points, city: str, queries: int, trials: int, refined: bool = False) -> dict[str, float]:
+#: ``--weights``: the band rule's AG settings against AG's ICDE one and the rule-sized grid under weighted
+#: bounding (user level), which the search above does not cover.
+WEIGHT_SETTINGS = (("user", 10, 1.0), ("user", 10, 0.5))
+WEIGHT_CONFIGS = (("ag", "ag", {}, None), (ag_name(0.3, 5.0, 10), "ag", {"alpha": 0.3, "c": 5.0, "min_m1": 10}, None),
+                  (ag_name(0.2, 5.0, 32), "ag", {"alpha": 0.2, "c": 5.0, "min_m1": 32}, None))
+
+
+def weighted_report(rows: dict[str, dict[str, float]]) -> None:
+    pairs = (("1000-5000", ag_name(0.3, 5.0, 10), "ag"), ("100-1000", ag_name(0.2, 5.0, 32), "ug-data"))
+    for band, mine, other in pairs:
+        wins = [v[f"{u}|{e:g}|{band}|{mine}"] <= v[f"{u}|{e:g}|{band}|{other}"]
+                for v in rows.values() for u, _, e in WEIGHT_SETTINGS]
+        print(f"weighted bounding, {band} m: {mine} at or below {other} in {sum(wins)} of {len(wins)} cells")
+
+
+def rows_for(points, city: str, queries: int, trials: int, refined: bool = False,
+             weights: bool = False) -> dict[str, float]:
     data = region_data(points, city_region(city))
     psi = psi_for(data.n_points)
     bands = list(BANDS.values())
     workloads = protocol_workloads(data, bands, queries, 0)
     out: dict[str, float] = {}
-    for unit, k, eps in SETTINGS:
+    todo = configs(refined)
+    if weights:
+        todo = [c for c in todo if c[0].startswith("u") or c[0] == "ug-data"] + list(WEIGHT_CONFIGS)
+    for unit, k, eps in WEIGHT_SETTINGS if weights else SETTINGS:
         errs: dict[tuple[str, int], list[float]] = {}
         for trial in range(trials):
-            for name, mech, params, answers in configs(refined):
+            for name, mech, params, answers in todo:
                 noise = NoiseSource.seeded(1000 * trial + 7)
-                fit_input = make_fit_input(data, unit, k, noise.rng, "sample")
+                fit_input = make_fit_input(data, unit, k, noise.rng, "weight" if weights else "sample")
                 syn = fit_and_scale(mech, with_m1(params, fit_input, eps), fit_input, eps, noise, data.n_points)
                 for w in answers if answers is not None else range(len(bands)):
                     _, boxes, truth = workloads[w]
@@ -131,7 +152,7 @@ def report(rows: dict[str, dict[str, float]], refined: bool = False) -> None:
         by_cell = cells(rows, band_name)
         log = {name: {cell: float(np.log(v[name])) for cell, v in by_cell.items()} for name in (*refs, *ag_names)}
         print(f"\n{band_name} m (ratios to the hindsight uniform grid over sizes {UNIFORM[0]}…{UNIFORM[-1]}):")
-        ranked = sorted(log, key=lambda n: np.mean(list(log[n].values())))
+        ranked = sorted(ag_names, key=lambda n: np.mean(list(log[n].values())))
         for name in [*refs, *ranked[:5]]:
             r = np.exp(np.array(list(log[name].values())))
             print(f"  {name:<28} geo-mean ×{np.exp(np.log(r).mean()):.3f}  max ×{r.max():.2f}  ≤ ×0.8 in {np.mean(r <= 0.8):.0%}")
@@ -162,18 +183,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trials", type=int, default=2)
     ap.add_argument("--refined", action="store_true",
                     help="25-100 m: the rule-sized grid refined where its noisy counts are high (REFINED)")
+    ap.add_argument("--weights", action="store_true", help="the band rule's AG settings under weighted bounding")
     args = ap.parse_args(argv)
     OUT.mkdir(parents=True, exist_ok=True)
-    path = REFINED_ROWS if args.refined else ROWS
+    path = REFINED_ROWS if args.refined else WEIGHT_ROWS if args.weights else ROWS
     rows = json.loads(path.read_text()) if path.exists() else {}
     for name, city, points in datasets():
         key = f"{name}/{args.queries}x{args.trials}"
         if key not in rows:
-            rows[key] = rows_for(points, city, args.queries, args.trials, args.refined)
+            rows[key] = rows_for(points, city, args.queries, args.trials, args.refined, args.weights)
             path.write_text(json.dumps(rows))
             print(f"{name} done", flush=True)
-    report({k.rsplit("/", 1)[0]: v for k, v in rows.items() if k.endswith(f"/{args.queries}x{args.trials}")},
-           args.refined)
+    mine = {k.rsplit("/", 1)[0]: v for k, v in rows.items() if k.endswith(f"/{args.queries}x{args.trials}")}
+    if args.weights:
+        weighted_report(mine)
+    else:
+        report(mine, args.refined)
     return 0
 
 
