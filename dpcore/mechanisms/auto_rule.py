@@ -7,13 +7,14 @@ uniform query centres) predicts them:
 
 - 25–100 m squares: a uniform grid sized by the data-centred rule (dpcore.grid.size_rule); no adaptive
   grid tried beats it there (AG's leaves in moderately dense cells are too coarse for such squares);
-- 100–1000 m squares: AG with a light level 1 (α = 0.2), level-1 cells of at most 625 m and leaves of
-  c/2 = 2.5 expected noise variances' worth of points, which beats every uniform size on the public sets;
-- 1–5 km squares: AG with α = 0.3 and c = 5 (coarser level 1 than the 100–1000 m one).
+- 100–1000 m squares: AG with a light level 1 (α = 0.2: most of ε goes to the leaves the squares
+  read), level-1 cells of at most 625 m and c = 5 (a leaf holds about (c/2)·k/ε₂ points, half AG's
+  default), which beats every uniform size on the public sets;
+- 1–5 km squares: AG with α = 0.3 and c = 5, and AG's own level-1 floor (coarser than the 100–1000 m one).
 
 The rule reads only the band and the region's side (public configuration), so it is post-processing
-of nothing private. Every constant below was chosen on the public sets by leave-one-dataset-out
-(bench/README.md, "adaptive grids by band").
+of nothing private. The AG settings were chosen on the public sets by leave-one-dataset-out
+(bench/README.md, "Adaptive grids by band, public data"; docs/decisions/0016-auto-by-band.md).
 """
 
 from __future__ import annotations
