@@ -26,7 +26,7 @@ from fit_grid_rule import OUT, datasets  # noqa: E402
 from dpcore.evaluation.range import EvalConfig, evaluate  # noqa: E402
 from dpcore.geo import city_region  # noqa: E402
 from dpcore.grid.size_rule import BANDS  # noqa: E402
-from dpcore.mechanisms.auto_rule import band_choice  # noqa: E402
+from dpcore.mechanisms.auto_rule import band_choice, band_params  # noqa: E402
 
 SETS = ("gowalla-sample/austin", "gowalla-sample/san-francisco", "synthetic/miami-8000", "synthetic/houston-20000")
 SETTINGS = (("record", [0.05, 0.2]), ("user", [1.0]))
@@ -79,7 +79,10 @@ def main(argv: list[str] | None = None) -> int:
                             for c in rep.get("auto_chose", []) if c["epsilon"] == eps and tuple(c["band"]) == band})
             print(f"  ε={eps:g} {band[0]:g}-{band[1]:g}: {text}  [hindsight m={hs}; auto chose {', '.join(picks)}]")
             rule_pick = band_choice(band, tuple(rows))
-            for name, v in [("band rule", rows.get(rule_pick)), *rows.items()]:
+            # where the band rule gives its pick parameters (AG's), the plain row is not the rule's release;
+            # auto's row is (when it was run)
+            rule_row = rows.get("auto") if rule_pick and band_params(band, rule_pick, 20_000.0) else rows.get(rule_pick)
+            for name, v in [("band rule", rule_row), *rows.items()]:
                 if v is not None:
                     policy.setdefault(name, []).append(v["mean_relative_error"] / best)
     print("\nratio to the best of the mechanisms run, over every cell above (mean, share within 5%):")

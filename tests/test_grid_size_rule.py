@@ -138,14 +138,21 @@ def test_fit_recovers_a_known_power_law() -> None:
 
 
 def test_band_rule_picks_by_band_from_the_candidates() -> None:
-    from dpcore.mechanisms.auto_rule import band_choice
+    from dpcore.mechanisms.auto_rule import band_choice, band_params
 
     every = ("identity", "snh", "ug", "ag", "privtree")
     assert band_choice((25.0, 100.0), every) == "ug"
-    assert band_choice((100.0, 1000.0), every) == "ug"
+    assert band_choice((100.0, 1000.0), every) == "ag"
     assert band_choice((1000.0, 5000.0), every) == "ag"
     assert band_choice((25.0, 100.0), ("identity", "privtree")) == "identity"
+    assert band_choice((100.0, 1000.0), ("ug", "privtree")) is None
     assert band_choice((1000.0, 5000.0), ("ug", "privtree")) is None
+    # the 100-1000 m AG keeps level-1 cells at most 625 m on any region; the 1-5 km one keeps AG's floor
+    mid = band_params((100.0, 1000.0), "ag", 20_000.0)
+    assert mid == {"alpha": 0.2, "c": 5.0, "min_m1": 32}
+    assert band_params((100.0, 1000.0), "ag", 5_000.0)["min_m1"] == 8
+    assert band_params((1000.0, 5000.0), "ag", 20_000.0) == {"alpha": 0.3, "c": 5.0}
+    assert band_params((25.0, 100.0), "ag", 20_000.0) == {}  # not the band's pick: no band parameters
 
 
 def test_auto_band_rule_runs_the_rule_sized_grid_or_ag_and_says_so() -> None:
@@ -157,9 +164,16 @@ def test_auto_band_rule_runs_the_rule_sized_grid_or_ag_and_says_so() -> None:
     assert small.extra_meta()["grid_size"] == p["grid_size_rule"]["grid_size"] == \
         data_grid_size(20_000, 0.2, 1, (25.0, 100.0))
     assert [c["name"] for c in small.privacy.charges] == ["ug/cell_counts"]
-    large = get_mechanism("auto", query_sides_m=(1000.0, 5000.0)).fit(data, 0.2, NoiseSource.seeded(1))
-    assert large.privacy.params["chosen"]["mechanism"] == "ag"
-    assert "grid_size_rule" not in large.privacy.params
+    for band, params in (((1000.0, 5000.0), {"alpha": 0.3, "c": 5.0}),
+                         ((100.0, 1000.0), {"alpha": 0.2, "c": 5.0, "min_m1": 32})):
+        large = get_mechanism("auto", query_sides_m=band).fit(data, 0.2, NoiseSource.seeded(1))
+        assert large.privacy.params["chosen"] == {**large.privacy.params["chosen"], "mechanism": "ag", "params": params}
+        assert "grid_size_rule" not in large.privacy.params
+        # the band's AG is what ran: its level-1 split and floor are in the charges and the synopsis
+        l1 = next(c for c in large.privacy.charges if c["name"] == "ag/level1_counts")
+        assert l1["epsilon"] == pytest.approx(params["alpha"] * 0.2)
+        m_ug = math.sqrt(20_000 * 0.2 / params["c"])
+        assert large.extra_meta()["m1"] == max(min(params.get("min_m1", 10), math.ceil(m_ug)), math.ceil(m_ug / 4))
     model = get_mechanism("auto", mechanisms="ug,ag,privtree", query_sides_m=(25.0, 100.0), choose="model").fit(data, 0.2, NoiseSource.seeded(1))
     assert model.privacy.params["chosen_by"] == "model"
     with pytest.raises(ValueError):

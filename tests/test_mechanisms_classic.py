@@ -94,6 +94,16 @@ def test_ag_level1_size_rule(user_data: FitInput) -> None:
     assert syn.extra_meta()["m1"] == math.ceil(math.sqrt(n * 0.05 / (10 * 5))) < 10
 
 
+def test_ag_fixed_level1_side_replaces_the_rule(user_data: FitInput) -> None:
+    n = float(user_data.n)
+    data = FitInput(user_data.x, user_data.y, REGION, "record", None, public_total=n)
+    syn = get_mechanism("ag", m1=37).fit(data, 0.05, NoiseSource.seeded(0))
+    assert syn.extra_meta()["m1"] == 37 != max(10, math.ceil(math.sqrt(n * 0.05 / 10) / 4))
+    assert len(syn.extra_meta()["m2"]) == 37 * 37
+    with pytest.raises(ValueError):
+        get_mechanism("ag", m1=0).check_params()
+
+
 def test_ag_adapts_level2_to_density(user_data: FitInput) -> None:
     syn = get_mechanism("ag").fit(user_data, 2.0, NoiseSource.seeded(0))
     meta = syn.extra_meta()

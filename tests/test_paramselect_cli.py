@@ -274,8 +274,53 @@ def test_predict_auto_weighs_what_an_auto_release_weighs(capsys):
     via_auto = json.loads(capsys.readouterr().out)
     listed = ",".join(get_mechanism("auto")._candidates())
     assert main(base + [listed]) == 0
-    assert json.loads(capsys.readouterr().out) == via_auto
+    listed_out = json.loads(capsys.readouterr().out)
+    # the same candidates weighed with the same predictions; only auto's own decision is added
+    assert {c["mechanism"]: c["predicted_error"] for c in listed_out["inputs"]["candidates"]} == \
+        {c["mechanism"]: c["predicted_error"] for c in via_auto["inputs"]["candidates"]}
+    assert via_auto["inputs"]["auto"]["cost_model"]["mechanism"] == listed_out["mechanism"]
     assert sorted(c["mechanism"] for c in via_auto["inputs"]["candidates"]) == sorted(listed.split(","))
     assert len(via_auto["inputs"]["candidates"]) == 5  # the shipped model knows all five
     assert main(base + ["auto,identity"]) == 2
     assert "--mechanisms auto stands alone" in capsys.readouterr().err
+
+
+def test_predict_auto_prints_what_an_auto_release_runs(capsys):
+    """`--mechanisms auto` reports auto's own decision (band rule, rule-sized grid), not the cost model's
+    pick: for each band it names the mechanism and grid an auto release with the same public n runs."""
+    import numpy as np
+
+    from dpcore.geo import city_region
+    from dpcore.mechanisms import FitInput, get_mechanism
+    from dpcore.privacy.noise import NoiseSource
+
+    reg = city_region("new-york")
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(0, 2000, 5000), rng.normal(0, 2000, 5000)
+    data = FitInput(x, y, reg, "record", None, public_total=115_000.0)
+    picks, model_picks = [], []
+    for band in ("25:100", "100:1000", "1000:5000"):
+        assert main(["paramselect", "predict", "--city", "new-york", "--n", "115000", "--epsilon", "0.2",
+                     "--privacy-unit", "record", "--mechanisms", "auto", "--query-sides-m", band, "--json"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        lo, hi = (float(v) for v in band.split(":"))
+        syn = get_mechanism("auto", query_sides_m=(lo, hi)).fit(data, 0.2, NoiseSource.seeded(0))
+        chosen = syn.privacy.params["chosen"]
+        assert out["mechanism"] == chosen["mechanism"] == out["inputs"]["auto"]["mechanism"]
+        assert out["inputs"]["auto"]["params"] == chosen["params"]
+        assert [c["mechanism"] for c in out["inputs"]["candidates"] if c["chosen"]] == [chosen["mechanism"]]
+        picks.append((out["mechanism"], chosen["params"].get("grid_size")))
+        model_picks.append(out["inputs"]["auto"]["cost_model"]["mechanism"])
+    # under 1 km a rule-sized grid (finer for the smaller band), from 1 km AG; the cost model alone picks
+    # otherwise here, so this fails if predict prints the cost model's choice
+    assert [m for m, _ in picks] == ["ug", "ag", "ag"]
+    assert picks[0][1] > 8 and picks[1][1] is None
+    assert [m for m, _ in picks] != model_picks
+    assert main(["paramselect", "predict", "--city", "new-york", "--n", "115000", "--epsilon", "0.2",
+                 "--privacy-unit", "record", "--mechanisms", "auto", "--query-sides-m", "25:100"]) == 0
+    text = capsys.readouterr().out
+    assert f"a {picks[0][1]}² grid" in text and "auto's choice, by the band rule" in text
+    assert main(["paramselect", "predict", "--city", "new-york", "--n", "115000", "--epsilon", "0.2",
+                 "--privacy-unit", "record", "--mechanisms", "auto", "--query-sides-m", "100:1000"]) == 0
+    text = capsys.readouterr().out
+    assert "parameters         alpha=0.2, c=5, min_m1=32" in text and "cell width" not in text

@@ -5,7 +5,7 @@ deviation, for tiny N·ε only: when the UG size sqrt(N·ε/c) is below 10, the 
 ⌈sqrt(N·ε/c)⌉, so AG never starts from a finer, noisier grid than UG would use; ``min_m1`` = 10.) Each
 level-1 cell is then cut into an m2 × m2 grid with m2 = ⌈sqrt(v⁺·(1−α)·ε/c2)⌉, c2 = c/2, sized from
 the *noisy* count v⁺ = max(v, 0) (post-processing, free), and its level-2 counts u use (1−α)·ε.
-Defaults α = 0.5, c = 10. Under user-level privacy every size rule divides by k, as in
+Defaults α = 0.5, c = 10; ``m1`` fixes the level-1 side instead (a public choice, e.g. a size rule's). Under user-level privacy every size rule divides by k, as in
 :mod:`dpcore.mechanisms.ug` (N counted in units of k; identical to the paper at record level).
 
 Budget (sequential composition over the two levels; cells within a level are disjoint, so each
@@ -80,7 +80,8 @@ class AdaptiveGrid(Mechanism):
 
     def __init__(self, *, alpha: Fraction = 0.5, c: Positive = DEFAULT_C, total_fraction: Fraction = 0.05,
                  min_m1: PositiveInt = 10, max_m2: PositiveInt = 256, raster_size: PositiveInt | None = None,
-                 clamp_negative: bool = False):
+                 clamp_negative: bool = False, m1: PositiveInt | None = None):
+        self.m1 = m1
         self.alpha = alpha
         self.min_m1 = min_m1
         self.c = c
@@ -102,7 +103,7 @@ class AdaptiveGrid(Mechanism):
         # axis (tiny N·ε/k, e.g. user level at small ε), the floor is lowered to UG's size, so AG never
         # starts coarser-noisier than UG. For m_ug ≥ 10 this is exactly max(10, ⌈m_ug/4⌉).
         floor = min(int(self.min_m1), max(1, int(math.ceil(m_ug))))
-        m1 = min(max(floor, int(math.ceil(m_ug / 4.0))), raster_size)
+        m1 = min(max(floor, int(math.ceil(m_ug / 4.0))) if self.m1 is None else int(self.m1), raster_size)
 
         # Level 1.
         xmin, ymin, xmax, ymax = data.region.bounds_m

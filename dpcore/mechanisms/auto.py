@@ -34,7 +34,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from dpcore.mechanisms.auto_rule import band_choice
+from dpcore.mechanisms.auto_rule import decide
 from dpcore.mechanisms.base import Mechanism, MechanismError
 from dpcore.mechanisms.contract import FitRecord, MechanismTags
 from dpcore.mechanisms.inputs import PointsInput
@@ -42,9 +42,6 @@ from dpcore.mechanisms.params import Band, Fraction
 from dpcore.mechanisms.sample_size import public_n_for_fit
 from dpcore.privacy.noise import NoiseSource
 from dpcore.synopsis.base import Synopsis
-
-#: Choices whose grid side the data-centred rule sets (they are one uniform grid of noisy counts).
-RULE_SIZED = ("identity", "ug")
 
 
 class AutoMechanism(Mechanism):
@@ -93,20 +90,9 @@ class AutoMechanism(Mechanism):
         choice = select_params(region=data.region, n=n, epsilon=acct.remaining, sensitivity=float(data.sensitivity),
                                privacy_unit=data.privacy_unit, max_points_per_user=data.max_points_per_user,
                                band=(lo, hi), mechanisms=cands, n_is_bounded=bounded, model_path=self.model_path)
-        by_band = band_choice((lo, hi), cands) if self.choose == "band" else None
-        if by_band is not None and by_band != choice.mechanism:
-            predicted = {c["mechanism"]: c["predicted_error"] for c in choice.inputs["candidates"]}
-            choice = dataclasses.replace(choice, mechanism=by_band, predicted_error=predicted.get(by_band))
-        inner_params = choice.mechanism_params()
-        rule = None
-        if choice.mechanism in RULE_SIZED:
-            from dpcore.grid.size_rule import data_grid_size, rule_record
-
-            # n as ParamSelect's features count it: the points the grid noises (the bounded sample).
-            n_noised = 10 ** choice.inputs["features"]["log_n"]
-            m = data_grid_size(n_noised, acct.remaining, float(data.sensitivity), (lo, hi), data.privacy_unit)
-            inner_params = {"grid_size": m}
-            rule = {**rule_record((lo, hi), data.privacy_unit), "n": n_noised, "epsilon": acct.remaining, "grid_size": m}
+        decision = decide(choice, (lo, hi), cands, acct.remaining, float(data.sensitivity), data.privacy_unit,
+                          data.region.side_m, self.choose)
+        choice, inner_params, rule = decision.choice, decision.inner_params, decision.grid_rule
         inner = get_mechanism(choice.mechanism, **inner_params)
         # The inner mechanism splits its own (smaller) budget; its charges are copied into ours.
         sub = FitRecord(acct.remaining)
@@ -126,9 +112,9 @@ class AutoMechanism(Mechanism):
                   "self_tuned_margin": choice.inputs["self_tuned_margin"]}
         if rule is not None:
             params["grid_size_rule"] = rule
-        chooser = ("the data-centred band rule (dpcore.mechanisms.auto_rule)" if by_band is not None
+        chooser = ("the data-centred band rule (dpcore.mechanisms.auto_rule)" if decision.by_band
                    else "ParamSelect's cost model")
-        params["chosen_by"] = "band" if by_band is not None else "model"
+        params["chosen_by"] = "band" if decision.by_band else "model"
         notes = ["; ".join(filter(None, (
             f"{chooser} chose {choice.mechanism} {inner_params} from public inputs; n from {how}",
             rho_extrapolation_note(choice))))]

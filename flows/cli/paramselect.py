@@ -4,6 +4,7 @@ budget) and `geodp denoiser train` (SNH's public pyramid denoiser)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -25,6 +26,9 @@ from flows.paramselect_flow import TrainParams
 
 app = noun("paramselect", "Choose grid width ρ, k and mechanism from public data (spends no budget).")
 denoiser_app = noun("denoiser", "SNH's pyramid denoiser, trained on public data.")
+
+if TYPE_CHECKING:
+    from dpcore.paramselect.choose import Choice
 
 T, D = TrainParams, DenoiserParams
 
@@ -52,8 +56,8 @@ def predict(
     mechanisms: str = typer.Option("identity", "--mechanisms",
                                    help="candidates, comma-separated, from identity,snh,ug,ag,privtree (identity "
                                         "alone: the paper's ρ choice); several: ParamSelect also picks the "
-                                        "mechanism; auto: every mechanism the model knows, as `release "
-                                        "--mechanism auto` weighs them"),
+                                        "mechanism; auto: what `release --mechanism auto` runs (its band "
+                                        "rule and parameters), every mechanism the model knows weighed"),
     query_sides_m: str = typer.Option("100:1000", "--query-sides-m", help="the query band A:B in metres"),
     public_data: str | None = typer.Option(None, "--public-data", metavar="PATH",
                                            help="a PUBLIC dataset of the region for the entropy feature "
@@ -72,7 +76,8 @@ def predict(
     if len(bands) != 1:
         raise CLIError("--query-sides-m takes one band A:B")
     candidates = tuple(names(mechanisms))
-    if candidates == ("auto",):
+    as_auto = candidates == ("auto",)
+    if as_auto:
         candidates = trained_mechanisms(model)
     elif "auto" in candidates:
         raise CLIError("--mechanisms auto stands alone (it means every mechanism the model knows); "
@@ -92,18 +97,30 @@ def predict(
                            privacy_unit=privacy_unit, band=bands[0], mechanisms=candidates,
                            choose_k=user and max_points_per_user is None,
                            max_points_per_user=max_points_per_user, profile=profile, model_path=model)
+    grid_rule = None
+    if as_auto:
+        choice, grid_rule = _as_auto(choice, bands[0], candidates, epsilon, privacy_unit, reg.side_m)
     if json_out is not None:
         emit_json(choice.to_dict(), json_out)
         return 0
     print(f"region {reg.name}: n={n:g}, ε={epsilon:g}, {privacy_unit}-level, "
           f"queries {bands[0][0]:g}-{bands[0][1]:g} m")
-    print(f"  cell width ρ       {choice.cell_width_m:.0f} m")
+    if grid_rule is not None:
+        print(f"  cell width         {reg.side_m / grid_rule['grid_size']:.0f} m (a {grid_rule['grid_size']}² grid, "
+              "the data-centred size rule)")
+    elif as_auto and "cell_width_m" not in choice.inputs["auto"]["params"]:
+        params = choice.inputs["auto"]["params"]
+        print(f"  parameters         {', '.join(f'{k}={v:g}' for k, v in params.items()) or 'its defaults'}")
+    else:
+        print(f"  cell width ρ       {choice.cell_width_m:.0f} m")
     if extrapolated := rho_extrapolation_note(choice):
         print(f"  ρ extrapolated     {extrapolated}")
     if choice.max_points_per_user is not None:
         print(f"  max points / user  {choice.max_points_per_user}")
-    print(f"  mechanism          {choice.mechanism}")
-    print(f"  predicted error    {choice.predicted_error:.3f} (mean relative error)")
+    print(f"  mechanism          {choice.mechanism}"
+          + (f"  (auto's choice, by the {choice.inputs['auto']['chosen_by']} rule)" if as_auto else ""))
+    print(f"  predicted error    {choice.predicted_error:.3f} (mean relative error"
+          + (", the cost model's, on uniformly placed queries)" if as_auto else ")"))
     if "snh" in candidates:
         print(f"  snh weighed        {'with' if choice.inputs['snh_denoised'] else 'without'} the public denoiser")
     if choice.inputs["beyond_training_reach"]:
@@ -127,6 +144,30 @@ def predict(
     print(f"  public profile     {choice.inputs['profile_source']}"
           + (f"; trained without {', '.join(choice.excluded_groups)}" if choice.excluded_groups else ""))
     return 0
+
+
+def _as_auto(choice: Choice, band: tuple[float, float], candidates: tuple[str, ...], epsilon: float,
+             privacy_unit: str, side_m: float) -> tuple[Choice, dict | None]:
+    """ParamSelect's choice turned into what `auto` (its default ``choose="band"``) would run, through the
+    same decision a release makes (dpcore.mechanisms.auto_rule.decide); the cost model's own pick stays
+    in ``inputs["auto"]["cost_model"]``. n is public here, so the whole ε reaches the chosen mechanism."""
+    import dataclasses
+
+    from dpcore.mechanisms.auto_rule import decide
+
+    sens = float(choice.max_points_per_user or 1) if privacy_unit == "user" else 1.0
+    decision = decide(choice, band, candidates, epsilon, sens, privacy_unit, side_m)
+    picked = decision.choice
+    rule = decision.grid_rule
+    cands = [{**c, "chosen": (c["mechanism"], c["max_points_per_user"]) == (picked.mechanism, picked.max_points_per_user)}
+             for c in choice.inputs["candidates"]]
+    auto = {"mechanism": picked.mechanism, "params": decision.inner_params,
+            "chosen_by": "band" if decision.by_band else "model",
+            "cost_model": {"mechanism": choice.mechanism, "predicted_error": choice.predicted_error},
+            "grid_size_rule": rule}
+    width = picked.cell_width_m if rule is None else side_m / rule["grid_size"]
+    return dataclasses.replace(picked, cell_width_m=float(width),
+                               inputs={**choice.inputs, "candidates": cands, "auto": auto}), rule
 
 
 @app.command("train")
