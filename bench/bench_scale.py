@@ -32,7 +32,14 @@ def _hwm_mib(pid: int | str = "self") -> float:
         return next(int(x.split()[1]) for x in f if x.startswith("VmHWM")) / 1024
 
 
-def _watch(stop: threading.Event, peaks: dict) -> None:
+def _cpu_s(pid: int | str = "self") -> float:
+    """User + system CPU seconds of a process, all its threads (from /proc/PID/stat)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _watch(stop: threading.Event, peaks: dict, cpu: dict) -> None:
     import psutil
 
     me = psutil.Process()
@@ -40,12 +47,13 @@ def _watch(stop: threading.Event, peaks: dict) -> None:
         for child in me.children(recursive=True):
             try:
                 cmd = " ".join(child.cmdline())
-                hwm = _hwm_mib(child.pid)
+                hwm, used = _hwm_mib(child.pid), _cpu_s(child.pid)
             except (OSError, StopIteration, psutil.Error):
                 continue
             if "multiprocessing" in cmd and "resource_tracker" not in cmd:  # LocalCluster's worker processes
                 peaks[child.pid] = max(peaks.get(child.pid, 0.0), hwm)
-        time.sleep(0.2)
+                cpu[child.pid] = max(cpu.get(child.pid, 0.0), used)
+        time.sleep(0.1)
 
 
 def one(data: str, form: str, unit: str, days: int) -> dict:
@@ -60,21 +68,26 @@ def one(data: str, form: str, unit: str, days: int) -> dict:
                            privacy_unit=unit, max_points_per_user=50, store=store,
                            n_workers=1 if form == "inproc" else int(form), budget_cap=1000)
     peaks: dict[int, float] = {}
+    cpu: dict[int, float] = {}
     stop = threading.Event()
-    watcher = threading.Thread(target=_watch, args=(stop, peaks), daemon=True)
+    watcher = threading.Thread(target=_watch, args=(stop, peaks, cpu), daemon=True)
     watcher.start()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), _cpu_s()
     if form == "inproc":
         release_cities(params, in_process=True, artifacts=False)
     else:
         with local_prefect():
-            t0 = time.perf_counter()  # the Prefect server's start is not the release's
+            # the Prefect server's start is not the release's
+            t0, c0 = time.perf_counter(), _cpu_s()
             run_release(params)
-    wall = time.perf_counter() - t0
+            wall, flow_cpu = time.perf_counter() - t0, _cpu_s() - c0
+    if form == "inproc":
+        wall, flow_cpu = time.perf_counter() - t0, _cpu_s() - c0
     stop.set()
     watcher.join()
     workers = sorted(peaks.values(), reverse=True)
-    return {"wall_s": wall, "flow_hwm_mib": _hwm_mib(), "child_hwm_mib": workers}
+    return {"wall_s": wall, "flow_hwm_mib": _hwm_mib(), "child_hwm_mib": workers,
+            "cpu_s": flow_cpu + sum(cpu.values()), "flow_cpu_s": flow_cpu}
 
 
 def main() -> int:
@@ -110,16 +123,18 @@ def main() -> int:
                 return 1
             r = {"unit": unit, "form": form, **json.loads(out.stdout.strip().splitlines()[-1])}
             r["points_per_s"] = n / r["wall_s"]
+            r["points_per_cpu_s"] = n / r["cpu_s"]
             rows.append(r)
             print(json.dumps(r), flush=True)
     print(f"\n{n:,} points in {args.files} Parquet files, one city, identity 100 m, k = 50 at user level\n")
-    print("| privacy unit | form | wall (s) | points/s | peak flow process (MiB) | peak workers (MiB) |")
-    print("|---|---|---|---|---|---|")
+    print("| privacy unit | form | wall (s) | points/s wall | CPU (s, all processes) | points/s per CPU-core "
+          "| peak flow process (MiB) | peak workers (MiB) |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         form = "in-process (`--out`, threads)" if r["form"] == "inproc" else f"Prefect + LocalCluster, {r['form']} worker(s)"
         workers = ", ".join(f"{v:.0f}" for v in r["child_hwm_mib"]) or "–"
-        print(f"| {r['unit']} | {form} | {r['wall_s']:.1f} | {r['points_per_s'] / 1e6:.2f} M | {r['flow_hwm_mib']:.0f} | "
-              f"{workers} |")
+        print(f"| {r['unit']} | {form} | {r['wall_s']:.1f} | {r['points_per_s'] / 1e6:.2f} M | {r['cpu_s']:.1f} | "
+              f"{r['points_per_cpu_s'] / 1e6:.2f} M | {r['flow_hwm_mib']:.0f} | {workers} |")
     print(SCALING)
     return 0
 
