@@ -312,7 +312,10 @@ def bound_chunk(df: pd.DataFrame, max_points_per_user: int, rng: np.random.Gener
     if per_day:
         unit = df.groupby([df["user"], df["day"]], sort=False).ngroup().to_numpy()
     else:
-        unit = pd.factorize(df["user"].to_numpy())[0]
+        unit = df["user"].to_numpy()
+        if unit.min() < 0 or unit.max() >= 2 * unit.size + 1_000_000:
+            # hashed or sparse keys: dense codes (bound_contributions counts small keys as they are)
+            unit = pd.factorize(unit)[0]
     keep = bound_contributions(unit, max_points_per_user, rng).keep
     return df.iloc[keep]
 
