@@ -137,7 +137,9 @@ def release_frame(source: str | LoadResult, specs: list[GridSpec], window: Windo
         reports, inp = [], None
     else:
         inp = _resolve(source, fmt, window)
-        reads = [dask.delayed(_read_rows, nout=2)(inp, f, columns, strict, specs, window, per_day)
+        # one graph node each for the input and the specs, which every read shares (not one copy per read)
+        shared = dask.delayed(inp, traverse=False), dask.delayed(specs, traverse=False)
+        reads = [dask.delayed(_read_rows, nout=2)(shared[0], f, columns, strict, shared[1], window, per_day)
                  for f in inp.files]
         ddf = dd.from_delayed([r[0] for r in reads], meta=meta, verify_meta=False)
         reports = [r[1] for r in reads]
@@ -193,7 +195,9 @@ def release_counts(source: str | LoadResult, specs: list[GridSpec], window: Wind
                     for i in range(0, max(1, len(p)), MEMORY_PARTITION_ROWS)]
     else:
         inp = _resolve(source, fmt, window)
-        reads = [dask.delayed(_read_counts, nout=2)(inp, f, columns, strict, specs, window) for f in inp.files]
+        shared = dask.delayed(inp, traverse=False), dask.delayed(specs, traverse=False)
+        reads = [dask.delayed(_read_counts, nout=2)(shared[0], f, columns, strict, shared[1], window)
+                 for f in inp.files]
         partials, reports = [r[0] for r in reads], [r[1] for r in reads]
     total, reps = compute(_tree_sum(partials), reports)
     report = _sum_reports(reps, source)

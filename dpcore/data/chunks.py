@@ -334,12 +334,21 @@ def frame_counts(df: pd.DataFrame, specs: list[GridSpec]) -> dict[str, tuple]:
 
 
 def merge_counts(a: dict[str, tuple], b: dict[str, tuple]) -> dict[str, tuple]:
-    """The sum of two partitions' :func:`chunk_counts` (sparse; exact int64 sums)."""
+    """The sum of two partitions' :func:`array_counts` (sparse; exact int64 sums)."""
     out = {}
     for city, pa in a.items():
         pb = b[city]
         if pa[0] == "points":
             out[city] = ("points", *(np.concatenate([u, v]) for u, v in zip(pa[1:], pb[1:], strict=True)))
+            continue
+        span = int(max(pa[1][-1] if pa[1].size else -1, pb[1][-1] if pb[1].size else -1)) + 1
+        if span <= max(1 << 20, 8 * (pa[1].size + pb[1].size)):
+            # each side's cells are distinct and sorted: add them into a dense run, no sort
+            dense = np.zeros(span, dtype=np.int64)
+            dense[pa[1]] += pa[2]
+            dense[pb[1]] += pb[2]
+            idx = np.flatnonzero(dense)
+            out[city] = ("counts", idx, dense[idx])
             continue
         idx = np.concatenate([pa[1], pb[1]])
         cnt = np.concatenate([pa[2], pb[2]])
