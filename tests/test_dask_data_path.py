@@ -209,3 +209,30 @@ def test_user_level_rows_are_a_user_key_and_int32_cells():
     assert list(rows.columns) == ["user", "c0"] and rows.c0.dtype == np.int32
     assert rows.user.tolist() == [4, 5]  # the point outside every region does not travel
     assert rows.memory_usage(index=False, deep=True).sum() == 2 * 12
+
+
+def test_fits_that_read_points_and_an_in_memory_table_get_the_same_data(client, spread):
+    """A spec with cells None gets the window's in-region points (record level: all of them, with
+    their users; user level: at most k per person); an in-memory table counts as its files do."""
+    from dpcore.data.points import LoadResult
+
+    window = (T0, T0 + 86400)
+    region = city_region("chicago")
+    specs = [GridSpec("chicago", region, None), GridSpec("chicago-grid", region, 64)]
+    got = release_counts(str(spread), specs, window)
+    pts, ids = _today(spread, window)
+    x, y = region.project(pts.lat, pts.lon)
+    inside = region.contains_m(x, y)
+    pd.testing.assert_frame_equal(
+        pd.DataFrame({"x": got.cities["chicago"].x, "y": got.cities["chicago"].y,
+                      "user": got.cities["chicago"].user}).sort_values(["x", "y"], ignore_index=True),
+        pd.DataFrame({"x": x[inside], "y": y[inside], "user": ids[inside]}).sort_values(["x", "y"], ignore_index=True))
+    loaded = load_points(spread)
+    in_memory = release_counts(LoadResult(loaded.points, loaded.report, "mem", "v"), specs, window)
+    np.testing.assert_array_equal(in_memory.cities["chicago-grid"].fine, got.cities["chicago-grid"].fine)
+    assert in_memory.cities["chicago"].x.size == inside.sum()
+    k = 3
+    bounded = release_counts(str(spread), specs, window, privacy_unit="user", max_points_per_user=k)
+    per_user = pd.Series(bounded.cities["chicago"].user).value_counts()
+    assert per_user.max() == k and per_user.sum() == bounded.cities["chicago-grid"].fine.sum()
+    assert set(per_user.index) == set(ids[inside])
