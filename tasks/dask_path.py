@@ -72,14 +72,28 @@ def _fault_delay() -> None:
         time.sleep(float(delay))
 
 
+def _release_arrow_memory() -> None:
+    """Hand the file's freed arrow buffers back to the OS: arrow's allocator keeps them cached
+    otherwise, and every process of the pass would carry a dead copy of a file or two."""
+    import pyarrow as pa
+
+    pa.default_memory_pool().release_unused()
+
+
 def _read_counts(*args):
     _fault_delay()
-    return file_counts(*args)
+    try:
+        return file_counts(*args)
+    finally:
+        _release_arrow_memory()
 
 
 def _read_rows(*args):
     _fault_delay()
-    return file_rows(*args)
+    try:
+        return file_rows(*args)
+    finally:
+        _release_arrow_memory()
 
 
 def _bound(df: pd.DataFrame, k: int, per_day: bool, seed: int | None,
