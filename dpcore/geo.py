@@ -92,6 +92,11 @@ class Region:
     def _m_per_deg_lon(self) -> float:
         return self._m_per_deg_lat * math.cos(math.radians(self.center_lat))
 
+    @property
+    def metres_per_degree(self) -> tuple[float, float]:
+        """(metres per degree of latitude, of longitude at the centre): the scale factors of project."""
+        return self._m_per_deg_lat, self._m_per_deg_lon
+
     def project(self, lat: np.ndarray, lon: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """WGS84 degrees → local metres (x east, y north) about the centre."""
         dlon = (np.asarray(lon, dtype=np.float64) - self.center_lon + 180.0) % 360.0 - 180.0

@@ -1,20 +1,21 @@
 """A release's data pass on Dask: the input's files → validated, bounded points → fine count grids.
 
-One dask.dataframe graph, whatever runs it: a distributed cluster (the Prefect release flow's
-LocalCluster or ``--dask-address``, reached from the task through ``worker_client``) or, in the
-in-process form, the local threaded scheduler. Workers read one file each (dpcore.data.chunks.read_chunk),
-keep the period's points inside any release region, and under user-level privacy the frame is
-shuffled on the user key (dask.dataframe's shuffle), so each person's rows from every file, city and
-slot meet in one partition, where one uniform k-sample per person (or per person and day) is drawn
-for the whole release. Each partition is then counted on every region's fine grid in one task (so a
-person's sample is the same for all regions), or, for a heatmap, spreads each of its people's mass
-over their own points on the heatmap's grid (Mechanism.fine_mass), and the sparse sums are added in a
-tree. Only those sums come back; a release's fits never receive points.
+One Dask graph, whatever runs it: a distributed cluster (the Prefect release flow's LocalCluster or
+``--dask-address``, reached from the task through ``worker_client``) or, in the in-process form, the
+local threaded scheduler. Record level: one task per file reads it, validates it and counts its
+period's points on every region's fine grid (dpcore.data.chunks.file_counts); nothing else moves.
+User level: one task per file reads and validates it and keeps, per point of the period inside any
+region, its user key and fine cells (a few bytes a row; chunks.compact_rows); dask.dataframe's
+shuffle on the user key brings each person's rows from every file, city and slot into one
+partition, where one uniform k-sample per person (or per person and day) is drawn for the whole
+release, and each partition is counted in one task (so a person's sample is the same for all
+regions), or, for a heatmap, spreads each of its people's mass over their own points on the heatmap's
+grid (Mechanism.fine_mass). The sparse sums are added in a tree. Only those sums come back; a
+release's fits never receive points.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import dask
@@ -24,16 +25,19 @@ import pandas as pd
 
 from dpcore.data.chunks import (
     GridSpec,
+    Window,
+    array_counts,
     bound_chunk,
-    chunk_counts,
+    chunk_rows,
+    compact_meta,
     dense_counts,
-    empty_chunk,
+    file_counts,
+    file_rows,
+    frame_counts,
     merge_counts,
     points_chunk,
-    read_chunk,
-    select_rows,
 )
-from dpcore.data.inputs import InputFile, InputSet, resolve_input
+from dpcore.data.inputs import InputSet, resolve_input
 from dpcore.data.points import DataError, LoadResult, ValidationReport, check_some_valid
 from dpcore.heatmap.mass import MassGrid
 from dpcore.privacy.noise import NoiseSource
@@ -64,18 +68,6 @@ class DataPass:
     n_pruned: int
 
 
-def _read(inp: InputSet, f: InputFile, columns: dict[str, str] | None, strict: bool):
-    try:
-        return read_chunk(inp, f, columns, strict)
-    except DataError as exc:
-        if not _on_cluster_worker():
-            raise  # the local threaded scheduler: the in-process form shows the detail to its operator
-        failed = exc
-    # A cluster worker logs a failed task's exception and its scheduler keeps it for the dashboard,
-    # which the run's summary links: only the public part (no row number or values) leaves the worker.
-    raise DataError(failed.public or f"reading {inp.source} failed on the data's content", public=failed.public)
-
-
 def _on_cluster_worker() -> bool:
     try:
         from distributed import get_worker
@@ -86,45 +78,106 @@ def _on_cluster_worker() -> bool:
     return True
 
 
+def _public_errors(read, *args):
+    """Run one file's read; on a cluster worker a data error leaves with its public part only: the
+    worker logs a failed task's exception and its scheduler keeps it for the dashboard, which the run's
+    summary links. The local threaded scheduler keeps the detail for the in-process form's operator."""
+    try:
+        return read(*args)
+    except DataError as exc:
+        if not _on_cluster_worker():
+            raise
+        failed = exc
+    raise DataError(failed.public or f"reading {args[0].source} failed on the data's content", public=failed.public)
+
+
+def _release_arrow_memory() -> None:
+    """Hand the file's freed arrow buffers back to the OS: arrow's allocator keeps them cached
+    otherwise, and every process of the pass would carry a dead copy of a file or two."""
+    import pyarrow as pa
+
+    pa.default_memory_pool().release_unused()
+
+
+def _read_counts(*args):
+    try:
+        return _public_errors(file_counts, *args)
+    finally:
+        _release_arrow_memory()
+
+
+def _read_rows(*args):
+    try:
+        return _public_errors(file_rows, *args)
+    finally:
+        _release_arrow_memory()
+
+
 def _bound(df: pd.DataFrame, k: int, per_day: bool, seed: int | None,
            partition_info: dict | None = None) -> pd.DataFrame:
     if seed is None:
         rng = NoiseSource.secure().rng  # a fresh OS-seeded stream per partition
     else:
         # Experiments only: a reproducible draw needs a reproducible row order, which a shuffle does
-        # not promise, so rows are put in a canonical order first.
-        df = df.sort_values(["user", "ts", "lat", "lon"], kind="stable")
+        # not promise, so rows are put in a canonical order first (rows equal in every column are
+        # interchangeable: they count in the same cells).
+        df = df.sort_values(list(df.columns), kind="stable")
         number = 0 if partition_info is None else int(partition_info["number"])
         rng = np.random.default_rng([seed, 0x5A17, number])
     return bound_chunk(df, k, rng, per_day)
 
 
-def release_frame(source: str | LoadResult, regions: Sequence, window: tuple[int | None, int | None],
-                  *, columns: dict[str, str] | None = None, fmt: str = "auto", strict: bool = False,
-                  privacy_unit: str = "record", max_points_per_user: int = 1, per_day: bool = False,
+def _resolve(source: str, fmt: str, window: Window) -> InputSet:
+    inp = resolve_input(source, fmt, window)
+    if not inp.files:
+        msg = f"no partition of {inp.source} lies in the time window ({inp.n_pruned} file(s) outside it)"
+        raise DataError(msg, public=msg)  # file names and counts are public listing metadata
+    return inp
+
+
+def _shuffle_method() -> str | None:
+    """dask's default (p2p, which spills to disk) on a distributed cluster; in-process, the task-based
+    shuffle: dask's in-process default ("disk", partd) buffers up to 1 GB in memory before it writes
+    anything, so it holds as much as "tasks" and costs more CPU."""
+    try:
+        from distributed import default_client, get_worker
+    except ImportError:
+        return "tasks"
+    for probe in (get_worker, default_client):
+        try:
+            probe()
+            return None
+        except ValueError:
+            pass
+    return "tasks"
+
+
+def release_frame(source: str | LoadResult, specs: list[GridSpec], window: Window, *,
+                  columns: dict[str, str] | None = None, fmt: str = "auto", strict: bool = False,
+                  max_points_per_user: int = 1, per_day: bool = False,
                   seed: int | None = None) -> tuple[dd.DataFrame, list, InputSet | None]:
-    """The release's bounded points as a dask DataFrame (lazy), the per-file validation reports
-    (delayed) and the resolved input (None for an in-memory table)."""
-    start_s, end_s = window
+    """User level: the release's bounded rows (chunks.compact_meta: user key, fine cells) as a lazy
+    dask DataFrame, the per-file validation reports (delayed) and the resolved input (None for an
+    in-memory table)."""
+    meta = compact_meta(specs, per_day)
     if isinstance(source, LoadResult):
         pts = points_chunk(source.points)
         n_parts = max(1, -(-len(pts) // MEMORY_PARTITION_ROWS))
-        ddf, reports, inp = dd.from_pandas(pts, npartitions=n_parts, sort=False), [], None
+        ddf = dd.from_pandas(pts, npartitions=n_parts, sort=False)
+        ddf = ddf.map_partitions(chunk_rows, specs, window, per_day, meta=meta)
+        reports, inp = [], None
     else:
-        inp = resolve_input(source, fmt, window)
-        if not inp.files:
-            msg = f"no partition of {inp.source} lies in the time window ({inp.n_pruned} file(s) outside it)"
-            raise DataError(msg, public=msg)  # file names and counts are public listing metadata
-        reads = [dask.delayed(_read, nout=2)(inp, f, columns, strict) for f in inp.files]
-        ddf = dd.from_delayed([r[0] for r in reads], meta=empty_chunk(), verify_meta=False)
+        inp = _resolve(source, fmt, window)
+        # one graph node each for the input and the specs, which every read shares (not one copy per read)
+        shared = dask.delayed(inp, traverse=False), dask.delayed(specs, traverse=False)
+        reads = [dask.delayed(_read_rows, nout=2)(shared[0], f, columns, strict, shared[1], window, per_day)
+                 for f in inp.files]
+        ddf = dd.from_delayed([r[0] for r in reads], meta=meta, verify_meta=False)
         reports = [r[1] for r in reads]
-    if privacy_unit == "user":
-        # only the regions' rows travel through the shuffle
-        ddf = ddf.map_partitions(select_rows, list(regions), start_s, end_s, meta=empty_chunk())
-        ddf = ddf.shuffle(on="user", npartitions=ddf.npartitions)
-        ddf = ddf.map_partitions(_bound, int(max_points_per_user), per_day, seed, meta=empty_chunk())
-    elif start_s is not None or end_s is not None:
-        ddf = ddf.map_partitions(select_rows, None, start_s, end_s, meta=empty_chunk())
+    # The rows' index means nothing here; dropping it saves 8 bytes a row through the shuffle.
+    ddf = ddf.shuffle(on="user", npartitions=ddf.npartitions, ignore_index=True,
+                      shuffle_method=_shuffle_method())
+    ddf = ddf.map_partitions(_bound, int(max_points_per_user), per_day, seed, meta=meta)
     return ddf, reports, inp
 
 
@@ -155,11 +208,28 @@ def compute(*objs):
         return dask.compute(*objs, scheduler="threads")
 
 
-def release_counts(source: str | LoadResult, specs: list[GridSpec], window: tuple[int | None, int | None],
-                   **frame_kwargs) -> DataPass:
+def release_counts(source: str | LoadResult, specs: list[GridSpec], window: Window, *,
+                   columns: dict[str, str] | None = None, fmt: str = "auto", strict: bool = False,
+                   privacy_unit: str = "record", max_points_per_user: int = 1, per_day: bool = False,
+                   seed: int | None = None) -> DataPass:
     """Run the data pass: each spec's city gets its summed fine grid (or its bounded points)."""
-    ddf, reports, inp = release_frame(source, [s.region for s in specs], window, **frame_kwargs)
-    partials = [dask.delayed(chunk_counts)(p, specs) for p in ddf.to_delayed()]
+    inp = None
+    if privacy_unit == "user":
+        ddf, reports, inp = release_frame(source, specs, window, columns=columns, fmt=fmt, strict=strict,
+                                          max_points_per_user=max_points_per_user, per_day=per_day, seed=seed)
+        partials = [dask.delayed(frame_counts)(p, specs) for p in ddf.to_delayed()]
+    elif isinstance(source, LoadResult):
+        p, reports = source.points, []
+        partials = [dask.delayed(array_counts)(p.user[i:i + MEMORY_PARTITION_ROWS], p.ts[i:i + MEMORY_PARTITION_ROWS],
+                                               p.lat[i:i + MEMORY_PARTITION_ROWS], p.lon[i:i + MEMORY_PARTITION_ROWS],
+                                               specs, window)
+                    for i in range(0, max(1, len(p)), MEMORY_PARTITION_ROWS)]
+    else:
+        inp = _resolve(source, fmt, window)
+        shared = dask.delayed(inp, traverse=False), dask.delayed(specs, traverse=False)
+        reads = [dask.delayed(_read_counts, nout=2)(shared[0], f, columns, strict, shared[1], window)
+                 for f in inp.files]
+        partials, reports = [r[0] for r in reads], [r[1] for r in reads]
     total, reps = compute(_tree_sum(partials), reports)
     report = _sum_reports(reps, source)
     cities = {}

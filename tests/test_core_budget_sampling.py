@@ -77,7 +77,7 @@ def test_bounding_spans_the_whole_release_not_each_city():
     from dpcore.geo import city_region
     from tasks.config import parse_period
     from tasks.dask_path import release_frame
-    from tasks.release_tasks import make_plans, read_bound_count
+    from tasks.release_tasks import grid_specs, make_plans, read_bound_count
 
     cities = ["new-york", "chicago", "austin"]
     rng = np.random.default_rng(2)
@@ -92,8 +92,7 @@ def test_bounding_spans_the_whole_release_not_each_city():
                        seed=0, data_version="v")
     loaded = LoadResult(pts, ValidationReport(), "d", "v")
     for seed in range(5):
-        frame, _, _ = release_frame(loaded, [p.region for p in plans], (None, None), privacy_unit="user",
-                                    max_points_per_user=5, seed=seed)
+        frame, _, _ = release_frame(loaded, grid_specs(plans), (None, None), max_points_per_user=5, seed=seed)
         kept = frame.compute(scheduler="sync")
         assert int((kept.user == 0).sum()) == 5
         assert int((kept.user > 0).sum()) == 30  # users with one point keep it

@@ -99,9 +99,9 @@ def _points_and_mass(folder, unit: PrivacyUnit, normalisation: str, resolution: 
 @pytest.mark.parametrize("kind,normalisation", [("user", "user"), ("user", "bound"), ("record", "user")])
 def test_the_worker_mass_grid_gives_the_point_paths_release_bit_for_bit(spread, kind, normalisation):
     unit = PrivacyUnit.of(kind, K)
-    frame, _, _ = release_frame(str(spread), [city_region(c) for c in CITIES], WINDOW, privacy_unit=kind,
+    frame, _, _ = release_frame(str(spread), [GridSpec(c, city_region(c), 64) for c in CITIES], WINDOW,
                                 max_points_per_user=K)
-    assert frame.npartitions == 6  # the mass is summed over several partitions
+    assert frame.npartitions == 6  # the mass is summed over several partitions (record level: files)
     got = _points_and_mass(spread, unit, normalisation, 64)
     for c in CITIES:
         pts, mass = got.cities[f"{c}/points"], got.cities[f"{c}/mass"]

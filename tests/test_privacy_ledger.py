@@ -269,7 +269,7 @@ def test_per_day_bounding_keeps_k_per_person_per_day():
     from dpcore.data.points import LoadResult, Points, ValidationReport
     from tasks.config import parse_period
     from tasks.dask_path import release_frame
-    from tasks.release_tasks import make_plans, read_bound_count
+    from tasks.release_tasks import grid_specs, make_plans, read_bound_count
 
     rng = np.random.default_rng(0)
     n = 3000
@@ -287,12 +287,12 @@ def test_per_day_bounding_keeps_k_per_person_per_day():
     window = (plan.period.start_s, plan.period.end_s)
 
     def kept(per_day: bool) -> pd.DataFrame:
-        frame, _, _ = release_frame(loaded, [plan.region], window, privacy_unit="user", max_points_per_user=4,
-                                    per_day=per_day, seed=1)
+        frame, _, _ = release_frame(loaded, grid_specs([plan]), window, max_points_per_user=4, per_day=per_day,
+                                    seed=1)
         return frame.compute(scheduler="sync")
 
     per_day = kept(True)
-    assert per_day.groupby([per_day.user, per_day.ts // 86400]).size().max() == 4
+    assert per_day.groupby([per_day.user, per_day.day]).size().max() == 4
     assert per_day.groupby("user").size().max() == 12  # 4 per day over 3 days
     assert kept(False).groupby("user").size().max() == 4
     # and the release's counts are those of the per-day sample

@@ -1,16 +1,18 @@
-"""A release's data steps on one partition of its input, as pure functions of a pandas chunk.
+"""A release's data steps on one file or partition of its input, as pure numpy/pandas functions.
 
-A cluster runs them on its workers (tasks/dask_path.py wires them into a dask.dataframe graph):
-read and validate one file → keep the period's points inside any release region → (after a shuffle
-that brings all of a person's rows into one partition) bound each person to k points → count the
-kept points on each region's fine grid. Only the counts leave a worker; the sums over partitions are
-what a mechanism reads (FitInput.fine). Nothing here imports Dask: each function takes and returns
-pandas or numpy values, so the same steps run on one core in a test.
+A cluster runs them on its workers (tasks/dask_path.py wires them into one Dask graph). Record level:
+read and validate one file and count its period's points on each region's fine grid, in one step
+(:func:`file_counts`). User level: read and validate one file and keep, per point of the period inside
+any region, only what the rest of the pass needs — the user key and each region's fine cell (a
+:func:`compact_meta` row); after a shuffle that brings all of a person's rows into one partition,
+bound each person to k rows (:func:`bound_chunk`) and count the cells (:func:`frame_counts`). Only
+counts leave a worker; their sums are what a mechanism reads (FitInput.fine). Nothing here imports
+Dask, so the same steps run on one core in a test.
 
-A chunk is a DataFrame with int64 ``user`` (a key per person, equal across files: integer ids as
-themselves, text ids that are canonical integers as that integer, other text ids as a 64-bit hash, so
-two people collide with probability ~n²/2⁶⁴, which only ever merges their bound), int64 ``ts``
-(seconds UTC) and float64 ``lat``, ``lon``.
+The user key is an int64 per person, equal across files: integer ids as themselves, text ids that
+are canonical integers as that integer, other text ids as a 64-bit hash (two people collide with
+probability ~n²/2⁶⁴, which only ever merges their bound). A point table in memory (a backfill's one
+read) enters as a chunk of int64 ``user``, ``ts`` (seconds UTC) and float64 ``lat``, ``lon``.
 """
 
 from __future__ import annotations
@@ -24,16 +26,16 @@ from dpcore.data.inputs import InputFile, InputSet
 from dpcore.data.points import DataError, Points, ValidationReport, check_part, strict_public
 from dpcore.data.readers import read_part
 from dpcore.geo import Region, time_slots
-from dpcore.grid.histogram import flat_cell_index
-from dpcore.heatmap.mass import MassSpec, mass_cells
+from dpcore.heatmap.mass import MassSpec, cell_units
 from dpcore.privacy.accounting import DAY_S
 from dpcore.privacy.bounding import bound_contributions
 
 CHUNK_DTYPES = {"user": "int64", "ts": "int64", "lat": "float64", "lon": "float64"}
+Window = tuple[int | None, int | None]
 
-
-def empty_chunk() -> pd.DataFrame:
-    return pd.DataFrame({c: np.empty(0, dtype=t) for c, t in CHUNK_DTYPES.items()})
+#: Points per step of the cell computation: a step's temporaries stay in the core's cache, where
+#: numpy's passes over them cost a fraction of passes over a whole file's columns in memory.
+BLOCK = 1 << 16
 
 
 def _text_keys(uniques: pd.Index) -> np.ndarray:
@@ -51,10 +53,20 @@ def _text_keys(uniques: pd.Index) -> np.ndarray:
     return keys
 
 
-def read_chunk(inp: InputSet, f: InputFile, columns: dict[str, str] | None,
-               strict: bool = False) -> tuple[pd.DataFrame, ValidationReport]:
-    """One file's valid rows as a chunk, and its validation report (``strict``: the first bad row raises)."""
-    part = read_part(inp, f, columns)
+def points_chunk(points: Points) -> pd.DataFrame:
+    """An in-memory point table as one chunk (its dense user codes are the keys)."""
+    return pd.DataFrame({"user": points.user, "ts": points.ts, "lat": points.lat,
+                         "lon": points.lon}).astype(CHUNK_DTYPES)
+
+
+def read_valid(inp: InputSet, f: InputFile, columns: dict[str, str] | None, strict: bool,
+               skip: frozenset[str] = frozenset(), window: Window = (None, None),
+               ) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray, np.ndarray, ValidationReport]:
+    """One file's valid rows as (user key, ts, lat, lon) and its validation report (``strict``: the
+    first bad row raises). Every row is validated; a standard column in ``skip`` comes back None when
+    the file's statistics prove every value of it valid (and, for the time, inside ``window``), so it
+    need not be read (readers.proven_columns)."""
+    part = read_part(inp, f, columns, skip, window, threads=False)
     keep, report = check_part(part)
     if report.first_bad_row is not None and strict:
         row = part.raw_row(report.first_bad_row - 1) if part.raw_row else {}
@@ -67,51 +79,11 @@ def read_chunk(inp: InputSet, f: InputFile, columns: dict[str, str] | None,
         part = part.take(keep)
     if part.user_int is not None:
         user = np.asarray(part.user_int, dtype=np.int64)
-    else:
+    elif part.codes is not None:
         user = _text_keys(part.uniques)[part.codes]
-    df = pd.DataFrame({"user": user, "ts": part.ts, "lat": part.lat, "lon": part.lon})
-    return df.astype(CHUNK_DTYPES), report
-
-
-def points_chunk(points: Points) -> pd.DataFrame:
-    """An in-memory point table as one chunk (its dense user codes are the keys)."""
-    return pd.DataFrame({"user": points.user, "ts": points.ts, "lat": points.lat,
-                         "lon": points.lon}).astype(CHUNK_DTYPES)
-
-
-def select_rows(df: pd.DataFrame, regions: list[Region] | None, start_s: int | None,
-                end_s: int | None) -> pd.DataFrame:
-    """Rows with start ≤ ts < end that lie inside at least one region (the release's data); with
-    ``regions`` None, the window only (counting ignores points outside a region anyway)."""
-    m = np.ones(len(df), dtype=bool)
-    ts = df["ts"].to_numpy()
-    if start_s is not None:
-        m &= ts >= start_s
-    if end_s is not None:
-        m &= ts < end_s
-    if regions is not None:
-        lat, lon = df["lat"].to_numpy(), df["lon"].to_numpy()
-        inside = np.zeros(len(df), dtype=bool)
-        for r in regions:
-            x, y = r.project(lat, lon)
-            inside |= r.contains_m(x, y)
-        m &= inside
-    return df if m.all() else df[m]
-
-
-def bound_chunk(df: pd.DataFrame, max_points_per_user: int, rng: np.random.Generator,
-                per_day: bool = False) -> pd.DataFrame:
-    """A uniform sample of at most k rows per person (per person and UTC day with ``per_day``),
-    chosen with ``rng`` by dpcore.privacy.bounding.bound_contributions. Every row of a person must be in
-    ``df`` (the caller shuffles on ``user`` first), so the bound holds over the whole release."""
-    if not len(df):
-        return df
-    if per_day:
-        unit = df.groupby([df["user"], df["ts"] // DAY_S], sort=False).ngroup().to_numpy()
     else:
-        unit = pd.factorize(df["user"].to_numpy())[0]
-    keep = bound_contributions(unit, max_points_per_user, rng).keep
-    return df.iloc[keep]
+        user = None
+    return user, part.ts, part.lat, part.lon, report
 
 
 @dataclass(frozen=True)
@@ -138,58 +110,264 @@ class GridSpec:
         return (c, c) if not self.n_slots else (c, c, int(self.n_slots))
 
 
-def _flat_cells(spec: GridSpec, x: np.ndarray, y: np.ndarray, ts: np.ndarray) -> np.ndarray:
-    """Flat fine-grid cell of each point that counts (the same cells as grid_counts / grid_counts_3d)."""
-    flat, inside = flat_cell_index(x, y, spec.region.bounds_m, spec.cells, spec.cells)
-    if not spec.n_slots:
-        return flat
-    slot = time_slots(ts[inside], spec.start_s, spec.slot_seconds, spec.n_slots)
-    ok = slot >= 0
-    return flat[ok] * spec.n_slots + slot[ok]
+def spatial_cells(region: Region, n: int, lat: np.ndarray, lon: np.ndarray) -> np.ndarray:
+    """int64 flat cell ix·n + iy of each point on the region's n × n grid; n² for points outside it.
 
-
-def chunk_counts(df: pd.DataFrame, specs: list[GridSpec]) -> dict[str, tuple]:
-    """Per region: ("counts", cell indices, counts) of the chunk's non-empty fine cells, or ("points",
-    x, y, user) of its points inside the region when the fit reads points."""
-    lat, lon, ts = df["lat"].to_numpy(), df["lon"].to_numpy(), df["ts"].to_numpy()
-    out: dict[str, tuple] = {}
-    for spec in specs:
-        x, y = spec.region.project(lat, lon)
-        if spec.cells is None:
-            m = spec.region.contains_m(x, y)
-            out[spec.city] = ("points", x[m], y[m], df["user"].to_numpy()[m])
-            continue
-        if spec.mass is not None:
-            out[spec.city] = chunk_mass(df, x, y, spec)
-            continue
-        flat = _flat_cells(spec, x, y, ts)
-        if spec.size <= max(1 << 22, 8 * flat.size):  # a dense count is cheaper than sorting
-            dense = np.bincount(flat, minlength=spec.size)
-            idx = np.flatnonzero(dense)
-            out[spec.city] = ("counts", idx, dense[idx].astype(np.int64))
-        else:
-            idx, cnt = np.unique(flat, return_counts=True)
-            out[spec.city] = ("counts", idx, cnt.astype(np.int64))
+    The same floating-point operations in the same order as Region.project then
+    dpcore.grid.histogram.flat_cell_index, so each point lands in the same cell (record-level counts
+    are bit-identical to counting a Points table), computed block by block in the cache. The
+    longitude wrap (% 360) runs only on blocks that need it (it is the identity on [0, 360));
+    truncation stands in for floor and for the lower clip, which agree on an inside point's
+    non-negative offset; outside points get n² instead of being dropped, so nothing is compacted."""
+    lat = np.ascontiguousarray(lat, dtype=np.float64)
+    lon = np.ascontiguousarray(lon, dtype=np.float64)
+    xmin, ymin, xmax, ymax = region.bounds_m
+    sx, sy = n / (xmax - xmin), n / (ymax - ymin)
+    clat, clon = region.center_lat, region.center_lon
+    mlat, mlon = region.metres_per_degree
+    size = n * n
+    out = np.empty(lat.size, dtype=np.int64)
+    b = max(1, min(BLOCK, lat.size))
+    bx, by, iy = np.empty(b), np.empty(b), np.empty(b, dtype=np.int64)
+    o1, o2 = np.empty(b, dtype=bool), np.empty(b, dtype=bool)
+    for s in range(0, lat.size, BLOCK):
+        e = min(lat.size, s + BLOCK)
+        k = e - s
+        x, y, ix, jy, away, tmp = bx[:k], by[:k], out[s:e], iy[:k], o1[:k], o2[:k]
+        np.subtract(lon[s:e], clon, out=x)
+        x += 180.0
+        if x.min() < 0.0 or x.max() >= 360.0:
+            np.remainder(x, 360.0, out=x)
+        x -= 180.0
+        x *= mlon
+        np.less(x, xmin, out=away)
+        np.greater_equal(x, xmax, out=tmp)
+        away |= tmp
+        np.subtract(lat[s:e], clat, out=y)
+        y *= mlat
+        np.less(y, ymin, out=tmp)
+        away |= tmp
+        np.greater_equal(y, ymax, out=tmp)
+        away |= tmp
+        x -= xmin
+        x *= sx
+        np.copyto(ix, x, casting="unsafe")
+        np.minimum(ix, n - 1, out=ix)
+        ix *= n
+        y -= ymin
+        y *= sy
+        np.copyto(jy, y, casting="unsafe")
+        np.minimum(jy, n - 1, out=jy)
+        ix += jy
+        np.copyto(ix, size, where=away)
     return out
 
 
-def chunk_mass(df: pd.DataFrame, x: np.ndarray, y: np.ndarray, spec: GridSpec) -> tuple:
-    """("counts", cell indices, units) of the chunk's mass on a heatmap's grid (dpcore.heatmap.mass),
-    from its points inside the region (``x``, ``y`` projected). Under user normalisation every
-    person's rows must be in ``df`` (the shuffle on ``user`` puts them there), so each person's mass
-    is spread over all of their points in the region; the partitions' units then add up exactly."""
-    m = spec.region.contains_m(x, y)
-    cells, units = mass_cells(x[m], y[m], df["user"].to_numpy()[m], spec.region.bounds_m, spec.mass)
-    return ("counts", cells, units)
+def fine_cells(spec: GridSpec, lat: np.ndarray, lon: np.ndarray, ts: np.ndarray | None) -> np.ndarray:
+    """int64 flat fine-grid cell of each point (the cells of grid_counts / grid_counts_3d); spec.size
+    for a point that does not count (outside the region or its time slots)."""
+    cells = spatial_cells(spec.region, int(spec.cells), lat, lon)
+    if not spec.n_slots:
+        return cells
+    slot = time_slots(ts, spec.start_s, spec.slot_seconds, spec.n_slots)
+    away = (cells == int(spec.cells) ** 2) | (slot < 0)
+    cells *= spec.n_slots
+    cells += slot
+    cells[away] = spec.size
+    return cells
+
+
+def _in_window(ts: np.ndarray | None, window: Window) -> np.ndarray | None:
+    """Rows with start ≤ ts < end; None when all are (no window, or ts unread because proven inside)."""
+    start, end = window
+    if ts is None or (start is None and end is None):
+        return None
+    m = np.ones(ts.size, dtype=bool)
+    if start is not None:
+        m &= ts >= start
+    if end is not None:
+        m &= ts < end
+    return None if m.all() else m
+
+
+def _sparse(cells: np.ndarray, size: int) -> tuple:
+    """("counts", non-empty cells, their int64 counts) of cell indices with size meaning 'not counted'."""
+    if size <= max(1 << 22, 8 * cells.size):  # a dense count is cheaper than sorting
+        dense = np.bincount(cells, minlength=size + 1)[:size]
+        idx = np.flatnonzero(dense)
+        return "counts", idx, dense[idx].astype(np.int64)
+    idx, cnt = np.unique(cells[cells != size], return_counts=True)
+    return "counts", idx, cnt.astype(np.int64)
+
+
+def _needs(specs: list[GridSpec], per_day: bool = False, user_level: bool = False) -> frozenset[str]:
+    """The standard columns the pass may leave unread (when proven valid): the user where only counts
+    are made at record level, the time where no slot or day is asked for."""
+    skip = set()
+    if not user_level and all(s.cells is not None for s in specs):
+        skip.add("user_id")
+    if not per_day and not any(s.n_slots for s in specs):
+        skip.add("timestamp")
+    return frozenset(skip)
+
+
+def array_counts(user: np.ndarray | None, ts: np.ndarray | None, lat: np.ndarray, lon: np.ndarray,
+                 specs: list[GridSpec], window: Window = (None, None)) -> dict[str, tuple]:
+    """Per region: ("counts", cell indices, counts) of the window's points on its non-empty fine cells,
+    or ("points", x, y, user) of its points inside the region when the fit reads points."""
+    inwin = _in_window(ts, window)
+    out: dict[str, tuple] = {}
+    for spec in specs:
+        if spec.cells is None:
+            x, y = spec.region.project(lat, lon)
+            m = spec.region.contains_m(x, y)
+            if inwin is not None:
+                m &= inwin
+            out[spec.city] = ("points", x[m], y[m], user[m])
+            continue
+        cells = fine_cells(spec, lat, lon, ts)
+        if inwin is not None:
+            cells[~inwin] = spec.size
+        kind, idx, cnt = _sparse(cells, spec.size)
+        if spec.mass is not None:
+            # every point is its own unit here (record level, or the "bound" normalisation)
+            if spec.mass.point_units is None:
+                raise DataError("a user-normalised mass grid is built after the shuffle on the user key")
+            cnt = cnt * int(spec.mass.point_units)
+        out[spec.city] = (kind, idx, cnt)
+    return out
+
+
+def file_counts(inp: InputSet, f: InputFile, columns: dict[str, str] | None, strict: bool,
+                specs: list[GridSpec], window: Window) -> tuple[dict[str, tuple], ValidationReport]:
+    """Record level, one file: its validation report and :func:`array_counts` of its valid rows."""
+    user, ts, lat, lon, report = read_valid(inp, f, columns, strict, _needs(specs), window)
+    return array_counts(user, ts, lat, lon, specs, window), report
+
+
+# -- user level: compact rows, shuffled on the user key, bounded, counted ----------------------
+def _cell_dtype(spec: GridSpec) -> type:
+    return np.int32 if spec.size < 2 ** 31 - 1 else np.int64
+
+
+def compact_meta(specs: list[GridSpec], per_day: bool = False) -> pd.DataFrame:
+    """The empty frame of user-level rows: ``user`` (int64 key), ``day`` (int32 UTC day, with
+    per-day bounding), ``c0``, ``c1``, … (each grid spec's fine cell, its size = not counted; int32
+    when it fits) and, when a fit reads points, float64 ``lat``, ``lon``."""
+    cols: dict[str, np.ndarray] = {"user": np.empty(0, dtype=np.int64)}
+    if per_day:
+        cols["day"] = np.empty(0, dtype=np.int32)
+    for i, spec in enumerate(specs):
+        if spec.cells is not None:
+            cols[f"c{i}"] = np.empty(0, dtype=_cell_dtype(spec))
+    if any(s.cells is None for s in specs):
+        cols["lat"], cols["lon"] = np.empty(0), np.empty(0)
+    return pd.DataFrame(cols)
+
+
+def compact_rows(user: np.ndarray, ts: np.ndarray | None, lat: np.ndarray, lon: np.ndarray,
+                 specs: list[GridSpec], window: Window, per_day: bool = False) -> pd.DataFrame:
+    """The :func:`compact_meta` rows of the window's points that count in at least one region: only
+    these travel through the shuffle, at 12 bytes a row for one grid (user key + int32 cell)."""
+    keep = np.zeros(lat.size, dtype=bool)
+    cells = {}
+    for i, spec in enumerate(specs):
+        if spec.cells is None:
+            keep |= spec.region.contains(lat, lon)
+            continue
+        c = fine_cells(spec, lat, lon, ts)
+        keep |= c != spec.size
+        cells[f"c{i}"] = c.astype(_cell_dtype(spec), copy=False)
+    inwin = _in_window(ts, window)
+    if inwin is not None:
+        keep &= inwin
+    idx = None if keep.all() else np.flatnonzero(keep)
+
+    def pick(a: np.ndarray) -> np.ndarray:
+        return a if idx is None else a[idx]
+
+    cols: dict[str, np.ndarray] = {"user": pick(user)}
+    if per_day:
+        cols["day"] = (pick(ts) // DAY_S).astype(np.int32)
+    cols.update({k: pick(v) for k, v in cells.items()})
+    if any(s.cells is None for s in specs):
+        cols["lat"], cols["lon"] = pick(lat), pick(lon)
+    return pd.DataFrame(cols, copy=False)
+
+
+def file_rows(inp: InputSet, f: InputFile, columns: dict[str, str] | None, strict: bool,
+              specs: list[GridSpec], window: Window, per_day: bool = False) -> tuple[pd.DataFrame, ValidationReport]:
+    """User level, one file: its :func:`compact_rows` and its validation report."""
+    user, ts, lat, lon, report = read_valid(inp, f, columns, strict, _needs(specs, per_day, True), window)
+    return compact_rows(user, ts, lat, lon, specs, window, per_day), report
+
+
+def chunk_rows(df: pd.DataFrame, specs: list[GridSpec], window: Window, per_day: bool = False) -> pd.DataFrame:
+    """:func:`compact_rows` of an in-memory chunk (:func:`points_chunk`)."""
+    return compact_rows(df["user"].to_numpy(), df["ts"].to_numpy(), df["lat"].to_numpy(), df["lon"].to_numpy(),
+                        specs, window, per_day)
+
+
+def bound_chunk(df: pd.DataFrame, max_points_per_user: int, rng: np.random.Generator,
+                per_day: bool = False) -> pd.DataFrame:
+    """A uniform sample of at most k rows per person (per person and UTC ``day`` with ``per_day``),
+    chosen with ``rng`` by dpcore.privacy.bounding.bound_contributions. Every row of a person must be in
+    ``df`` (the caller shuffles on ``user`` first), so the bound holds over the whole release."""
+    if not len(df):
+        return df
+    if per_day:
+        unit = df.groupby([df["user"], df["day"]], sort=False).ngroup().to_numpy()
+    else:
+        unit = df["user"].to_numpy()
+        if unit.min() < 0 or unit.max() >= 2 * unit.size + 1_000_000:
+            # hashed or sparse keys: dense codes (bound_contributions counts small keys as they are)
+            unit = pd.factorize(unit)[0]
+    keep = bound_contributions(unit, max_points_per_user, rng).keep
+    return df.iloc[keep]
+
+
+def frame_counts(df: pd.DataFrame, specs: list[GridSpec]) -> dict[str, tuple]:
+    """Per region, what :func:`array_counts` gives, from bounded :func:`compact_meta` rows."""
+    out: dict[str, tuple] = {}
+    for i, spec in enumerate(specs):
+        if spec.cells is None:
+            x, y = spec.region.project(df["lat"].to_numpy(), df["lon"].to_numpy())
+            m = spec.region.contains_m(x, y)
+            out[spec.city] = ("points", x[m], y[m], df["user"].to_numpy()[m])
+        elif spec.mass is not None:
+            out[spec.city] = frame_mass(df, f"c{i}", spec)
+        else:
+            out[spec.city] = _sparse(df[f"c{i}"].to_numpy().astype(np.intp, copy=False), spec.size)
+    return out
+
+
+def frame_mass(df: pd.DataFrame, column: str, spec: GridSpec) -> tuple:
+    """("counts", cell indices, units) of the partition's mass on a heatmap's grid (dpcore.heatmap.mass)
+    from its rows' cells in ``column``. Under user normalisation every person's rows must be in ``df``
+    (the shuffle on ``user`` puts them there), so each person's mass is spread over all of their
+    points in the region; the partitions' units then add up exactly."""
+    cells = df[column].to_numpy().astype(np.int64, copy=False)
+    inside = cells != spec.size
+    idx, units = cell_units(cells[inside], df["user"].to_numpy()[inside], spec.mass)
+    return ("counts", idx, units)
 
 
 def merge_counts(a: dict[str, tuple], b: dict[str, tuple]) -> dict[str, tuple]:
-    """The sum of two partitions' :func:`chunk_counts` (sparse; exact int64 sums)."""
+    """The sum of two partitions' :func:`array_counts` (sparse; exact int64 sums)."""
     out = {}
     for city, pa in a.items():
         pb = b[city]
         if pa[0] == "points":
             out[city] = ("points", *(np.concatenate([u, v]) for u, v in zip(pa[1:], pb[1:], strict=True)))
+            continue
+        span = int(max(pa[1][-1] if pa[1].size else -1, pb[1][-1] if pb[1].size else -1)) + 1
+        if span <= max(1 << 20, 8 * (pa[1].size + pb[1].size)):
+            # each side's cells are distinct and sorted: add them into a dense run, no sort
+            dense = np.zeros(span, dtype=np.int64)
+            dense[pa[1]] += pa[2]
+            dense[pb[1]] += pb[2]
+            idx = np.flatnonzero(dense)
+            out[city] = ("counts", idx, dense[idx])
             continue
         idx = np.concatenate([pa[1], pb[1]])
         cnt = np.concatenate([pa[2], pb[2]])

@@ -125,7 +125,8 @@ def check_part(part: Part) -> tuple[np.ndarray | None, ValidationReport]:
     # Fast path for clean files: three comparisons (NaN fails them too) instead of five masks.
     ok = np.abs(part.lat) <= 90
     ok &= np.abs(part.lon) <= 180
-    ok &= part.ts != TS_MISSING
+    if part.ts is not None:  # None: unread, its statistics prove every value valid
+        ok &= part.ts != TS_MISSING
     if part.bad_user is None and ok.all():
         report.rows_kept = part.n
         return None, report
@@ -134,7 +135,7 @@ def check_part(part: Part) -> tuple[np.ndarray | None, ValidationReport]:
         ("bad_coordinate", ~np.isfinite(part.lat) | ~np.isfinite(part.lon)),
         ("lat_out_of_range", np.abs(part.lat) > 90),  # NaN compares False
         ("lon_out_of_range", np.abs(part.lon) > 180),
-        ("bad_timestamp", part.ts == TS_MISSING),
+        ("bad_timestamp", None if part.ts is None else part.ts == TS_MISSING),
     ]
     bad = None
     first_idx, first_reason = None, None

@@ -1,7 +1,9 @@
 """One file of an input → columns as numpy arrays (a :class:`Part`), ready for vectorised validation.
 
-Parquet goes through pyarrow and reads only the four needed columns; numeric, timestamp and
-integer-id columns convert to numpy without Python objects. CSV, TSV and SNAP go through pandas
+Parquet goes through pyarrow and reads only the needed columns; numeric, timestamp and integer-id
+columns convert to numpy without Python objects. A caller that does not use the user or time column
+may let it go unread when the file's own statistics prove every value of it valid (and, for the time,
+inside the release window): see :func:`proven_columns`. CSV, TSV and SNAP go through pandas
 (every cell a string, as the formats carry no types). Conversions that fail mark the value with a
 sentinel (missing user, NaN coordinate, INT64_MIN time); :mod:`dpcore.data.points` turns sentinels into
 dropped-row counts.
@@ -31,7 +33,7 @@ class Part:
     ``uniques`` (string ids, stripped; code -1 = missing)."""
 
     n: int
-    ts: np.ndarray  # int64 seconds UTC, TS_MISSING when unparseable
+    ts: np.ndarray | None  # int64 seconds UTC, TS_MISSING when unparseable; None = unread, proven valid
     lat: np.ndarray  # float64, NaN when unparseable
     lon: np.ndarray
     bad_user: np.ndarray | None  # bool per row, None = no row is bad
@@ -41,7 +43,7 @@ class Part:
     raw_row: Callable[[int], dict] | None = None  # the standard columns of row i as read, for --strict
 
     def take(self, keep: np.ndarray) -> Part:
-        return Part(int(keep.sum()), self.ts[keep], self.lat[keep], self.lon[keep], None,
+        return Part(int(keep.sum()), None if self.ts is None else self.ts[keep], self.lat[keep], self.lon[keep], None,
                     None if self.user_int is None else self.user_int[keep],
                     None if self.codes is None else self.codes[keep], self.uniques)
 
@@ -183,12 +185,57 @@ def _arrow_users(col: Any, part: Part) -> None:
 
 
 def part_from_table(table: Any) -> Part:
-    """An arrow table with the standard columns → :class:`Part`, vectorised."""
-    part = Part(table.num_rows, _arrow_epoch(table.column("timestamp")), _arrow_float(table.column("lat")),
-                _arrow_float(table.column("lon")), None,
-                raw_row=lambda i: {c: table.column(c)[i].as_py() for c in STANDARD_COLUMNS})
-    _arrow_users(table.column("user_id"), part)
+    """An arrow table with the standard columns (a column left out is unread: None in the Part) →
+    :class:`Part`, vectorised."""
+    names = table.column_names
+    part = Part(table.num_rows, _arrow_epoch(table.column("timestamp")) if "timestamp" in names else None,
+                _arrow_float(table.column("lat")), _arrow_float(table.column("lon")), None,
+                raw_row=lambda i: {c: table.column(c)[i].as_py() for c in STANDARD_COLUMNS if c in names})
+    if "user_id" in names:
+        _arrow_users(table.column("user_id"), part)
     return part
+
+
+def _no_nulls(meta: Any, name: str) -> list | None:
+    """Each row group's statistics of top-level column ``name`` when they all say it holds no null
+    (None when any row group lacks them or has a null)."""
+    stats = []
+    for g in range(meta.num_row_groups):
+        rg = meta.row_group(g)
+        col = next((rg.column(j) for j in range(rg.num_columns) if rg.column(j).path_in_schema == name), None)
+        st = None if col is None else col.statistics
+        if st is None or not st.has_null_count or st.null_count:
+            return None
+        stats.append(st)
+    return stats
+
+
+def proven_columns(pf: Any, want: dict[str, str], skip: frozenset[str],
+                   window: tuple[int | None, int | None]) -> set[str]:
+    """Which of the ``skip`` standard columns ("user_id", "timestamp") need not be read from this
+    Parquet file: its statistics show no null in any row group of an integer user column (whose every
+    non-null value is a valid id), or of an INT64 timestamp column whose min and max lie in ``window``
+    (start ≤ t < end, so no row falls outside it). Other types are read and validated row by row."""
+    import pyarrow as pa
+
+    schema, meta = pf.schema_arrow, pf.metadata
+    proven = set()
+    user = want["user_id"]
+    if "user_id" in skip and user in schema.names:
+        t = schema.field(user).type
+        if pa.types.is_integer(t) and not pa.types.is_uint64(t) and _no_nulls(meta, user) is not None:
+            proven.add("user_id")
+    ts = want["timestamp"]
+    if "timestamp" in skip and ts in schema.names and pa.types.is_timestamp(schema.field(ts).type):
+        stats = _no_nulls(meta, ts)
+        factor = {"s": 1, "ms": 1_000, "us": 1_000_000, "ns": 1_000_000_000}[schema.field(ts).type.unit]
+        start, end = window
+        if stats is not None and all(st.physical_type == "INT64" and st.has_min_max for st in stats):
+            lo = min(int(st.min_raw) for st in stats) // factor if stats else 0
+            hi = max(int(st.max_raw) for st in stats) // factor if stats else 0
+            if (start is None or lo >= start) and (end is None or hi < end):
+                proven.add("timestamp")
+    return proven
 
 
 # -- reading one file --------------------------------------------------------------------------
@@ -205,27 +252,30 @@ def _missing(shown: str, missing: list[str], has: list[str]) -> DataError:
                      public=f"{shown} is missing column(s) {missing}; map names with --columns")
 
 
-def _read_parquet(inp: InputSet, f: InputFile, columns: dict[str, str] | None, shown: str) -> Part:
+def _read_parquet(inp: InputSet, f: InputFile, columns: dict[str, str] | None, shown: str,
+                  skip: frozenset[str], window: tuple[int | None, int | None], threads: bool) -> Part:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     src = f.path if inp.local else inp.fs.open(f.path, "rb")
     try:
-        pf = pq.ParquetFile(src)
+        pf = pq.ParquetFile(src, memory_map=inp.local)
         has = pf.schema_arrow.names
         want = sources_for(columns)
-        from_file = sorted({s for s in want.values() if s in has})
         missing = [std for std, s in want.items() if s not in has and s not in f.partition]
         if missing:
             raise _missing(shown, missing, has)
+        unread = proven_columns(pf, want, skip, window) if skip else set()
+        want = {std: s for std, s in want.items() if std not in unread}
+        from_file = sorted({s for s in want.values() if s in has})
         # String ids are read as dictionaries: a few thousand distinct ids need not become millions of
         # strings (parquet stores them dictionary-encoded already).
-        user = want["user_id"]
+        user = want.get("user_id")
         utype = pf.schema_arrow.field(user).type if user in has else None
         as_dict = [user] if utype is not None and (pa.types.is_string(utype) or pa.types.is_large_string(utype)) \
             else []
-        table = pf.read(columns=from_file) if not as_dict else pq.ParquetFile(
-            src, read_dictionary=as_dict).read(columns=from_file)
+        table = pf.read(columns=from_file, use_threads=threads) if not as_dict else pq.ParquetFile(
+            src, read_dictionary=as_dict, memory_map=inp.local).read(columns=from_file, use_threads=threads)
     finally:
         if not inp.local:
             src.close()
@@ -277,14 +327,19 @@ def _read_text(inp: InputSet, f: InputFile, columns: dict[str, str] | None, show
     return part_from_frame(df)
 
 
-def read_part(inp: InputSet, f: InputFile, columns: dict[str, str] | None) -> Part:
-    """Read one file of an input into a :class:`Part`; every failure is a one-line DataError."""
+def read_part(inp: InputSet, f: InputFile, columns: dict[str, str] | None, skip: frozenset[str] = frozenset(),
+              window: tuple[int | None, int | None] = (None, None), threads: bool = True) -> Part:
+    """Read one file of an input into a :class:`Part`; every failure is a one-line DataError.
+
+    ``skip``: standard columns the caller does not use, left unread (None in the Part) where
+    :func:`proven_columns` proves them valid and inside ``window``. ``threads``: let arrow decode
+    columns in parallel (off where the caller already runs one file per core)."""
     shown = inp.display(f)
     if f.size == 0:
         raise DataError(f"input file is empty: {shown}", public=f"input file is empty: {shown}")
     try:
         if f.fmt == "parquet":
-            return _read_parquet(inp, f, columns, shown)
+            return _read_parquet(inp, f, columns, shown, skip, window, threads)
         return _read_text(inp, f, columns, shown)
     except DataError:
         raise

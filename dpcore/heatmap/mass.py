@@ -11,7 +11,7 @@ A heatmap's input is the sum over privacy units of each unit's mass on the grid,
 Every unit's mass is a function of that unit's own points only, so the input of a union of disjoint
 groups of people is the exact int64 sum of the groups' inputs. A cluster's data pass uses this
 (dpcore.data.chunks, tasks/dask_path.py): after the shuffle on the user key each partition holds all
-of its people's points, computes :func:`mass_cells` for them, and the partitions' sums are the
+of its people's points, computes :func:`cell_units` for them, and the partitions' sums are the
 heatmap's input, equal to the one computed from all the points in one process.
 """
 
@@ -80,18 +80,27 @@ def mass_cells(x: np.ndarray, y: np.ndarray, user: np.ndarray | None, bounds: tu
     ``bounds`` are ignored). With ``spec.point_units`` None, ``user`` gives every point's person and
     every person's points inside the bounds must all be here (a person split over two calls would
     get mass Q in each)."""
-    d, q = int(spec.resolution), int(spec.quantum)
-    n_cells = d * d
+    d = int(spec.resolution)
     pix, inside = flat_cell_index(x, y, bounds, d, d)
+    if user is not None:
+        if np.shape(user) != np.shape(x):
+            raise MassError("user must have one entry per point")
+        user = np.asarray(user)[inside]
+    return cell_units(pix, user, spec)
+
+
+def cell_units(pix: np.ndarray, user: np.ndarray | None, spec: MassSpec) -> tuple[np.ndarray, np.ndarray]:
+    """(flat cell, int64 units) of the non-empty cells of the mass of points already on the grid:
+    ``pix`` each point's flat cell ix·Δ + iy, ``user`` its person (needed when ``spec.point_units`` is
+    None, and then every person's points in the region must all be here)."""
+    q = int(spec.quantum)
+    n_cells = int(spec.resolution) ** 2
     if spec.point_units is not None:
         cells, count = np.unique(pix, return_counts=True)
         return cells, count.astype(np.int64) * int(spec.point_units)
     if user is None:
         raise MassError("user-normalised mass needs the user of every point")
-    u = np.asarray(user)
-    if u.shape != np.shape(x):
-        raise MassError("user must have one entry per point")
-    _, u = np.unique(u[inside], return_inverse=True)
+    _, u = np.unique(np.asarray(user), return_inverse=True)
     u = u.astype(np.int64)
     # One entry per (person, cell): how many of the person's m points fall there; the share is floored
     # per (person, cell), so a person adds at most Q units in all.

@@ -81,9 +81,9 @@ def bound_contributions(user: np.ndarray, max_points_per_user: int, rng: np.rand
         per_user = counts[heavy_user]
         starts = np.cumsum(per_user) - per_user
         rank = np.arange(order.size) - np.repeat(starts, per_user)
-        kept_heavy = heavy_idx[perm[order[rank < k]]]
-        keep = np.flatnonzero(~heavy_rec)
-        keep = np.sort(np.concatenate([keep, kept_heavy]))
+        kept = ~heavy_rec  # a mask gives the kept indices in order without sorting them
+        kept[heavy_idx[perm[order[rank < k]]]] = True
+        keep = np.flatnonzero(kept)
     else:
         keep = np.arange(n)
     n_users = int(np.count_nonzero(counts))
