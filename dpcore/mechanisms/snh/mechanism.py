@@ -75,7 +75,10 @@ from dpcore.mechanisms.snh.pyramid import (
     LEVEL_DIVISORS,
     LEVEL_WEIGHTS,
     cap_to_levels,
+    join_fine_level,
+    pyramid_estimate,
     pyramid_size,
+    refine_to_fine,
     release_pyramid,
 )
 from dpcore.mechanisms.snh.rules import (
@@ -88,7 +91,7 @@ from dpcore.mechanisms.snh.rules import (
     release_signal,
 )
 from dpcore.models.denoiser_meta import DENOISER_GRID
-from dpcore.privacy.noise import NoiseSource
+from dpcore.privacy.noise import NoiseSource, discrete_laplace_variance
 
 
 class SpatialNeuralHistogram(Mechanism):
@@ -121,7 +124,8 @@ class SpatialNeuralHistogram(Mechanism):
                  answer: Literal["auto", "nets", "grid", "geometric", "blend"] = "auto",
                  denoiser_grid: Literal[128, 256] = DENOISER_GRID,
                  denoiser_cap_sigmas: NonNegative | None = DENOISER_CAP_SIGMAS,
-                 denoiser_max_signal: Positive | None = DENOISER_MAX_SIGNAL, denoiser_bands: StrictBool = True):
+                 denoiser_max_signal: Positive | None = DENOISER_MAX_SIGNAL, denoiser_bands: StrictBool = True,
+                 fine_factor: Literal[1, 2, 4] = 1, fine_share: Fraction = 0.3):
         self.cell_width_m = cell_width_m
         self.query_sides_m = query_sides_m
         self.n_sizes = n_sizes
@@ -147,6 +151,8 @@ class SpatialNeuralHistogram(Mechanism):
         self.denoiser_cap_sigmas = denoiser_cap_sigmas
         self.denoiser_max_signal = denoiser_max_signal
         self.denoiser_bands = denoiser_bands
+        self.fine_factor = fine_factor
+        self.fine_share = fine_share
 
     # -- step 1: the only step that reads data --------------------------------------------------
     def _choose_cell_width(self, data: PointsInput, acct: FitRecord, noise: NoiseSource) -> tuple[float, str]:
@@ -196,18 +202,32 @@ class SpatialNeuralHistogram(Mechanism):
         levels = [max(1, G // d) for d in LEVEL_DIVISORS]
         weights = np.asarray(LEVEL_WEIGHTS, dtype=np.float64)
         collection_eps = acct.remaining
+        fine_g = G * int(self.fine_factor) if denoiser is not None else G
+        coarse_share = 1.0 - float(self.fine_share) if fine_g > G else 1.0
         level_eps = {}
         for i, (g, share) in enumerate(zip(levels, weights / weights.sum(), strict=True)):
             note = (f"pyramid level {g}x{g} ({data.region.side_m / g:.0f} m cells); disjoint cells, L1 "
                     "sensitivity = per-unit contribution bound")
-            level_eps[g] = acct.spend_rest(f"pyramid_{g}", s, note=note) if i == len(levels) - 1 \
-                else acct.spend(f"pyramid_{g}", collection_eps * share, s, note=note)
+            level_eps[g] = acct.spend_rest(f"pyramid_{g}", s, note=note) if i == len(levels) - 1 and fine_g == G \
+                else acct.spend(f"pyramid_{g}", collection_eps * share * coarse_share, s, note=note)
         counts = {g: data.grid_counts(g, g) for g in levels}
+        fine = None
+        if fine_g > G:
+            # A level below the denoiser's grid for squares smaller than its cells; disjoint cells again.
+            fine_eps = acct.spend_rest(f"pyramid_{fine_g}", s, note=(
+                f"fine level {fine_g}x{fine_g} ({data.region.side_m / fine_g:.0f} m cells); disjoint cells, "
+                "L1 sensitivity = per-unit contribution bound"))
+            fine = (noise.add_discrete_laplace(data.grid_counts(fine_g, fine_g), s, fine_eps).astype(np.float64),
+                    discrete_laplace_variance(s / fine_eps))
         # Only the denoised path takes in a known total: ParamSelect's rows of the plain pyramid were
         # measured without it (their cache key does not name it).
         total, total_note = denoisers.known_total(data) if denoiser is not None else (None, "")
         est, noisy_levels, noise_var = release_pyramid(counts, s, level_eps, noise, float(self.pyramid_kappa),
                                                        total=total)
+        if fine is not None:
+            # The fine level's block sums join level G before the estimate the denoiser starts from.
+            noisy_levels, noise_var = join_fine_level(noisy_levels, noise_var, *fine)
+            est = pyramid_estimate(noisy_levels, noise_var, float(self.pyramid_kappa), total=total)
         note = (f"data collection: noisy pyramid {levels} (ε shares {list(LEVEL_WEIGHTS)}), combined "
                 f"by inverse-variance consistency and Wiener shrinkage (κ={self.pyramid_kappa:g}){total_note}")
         estimated_total = float(est.sum())
@@ -234,8 +254,13 @@ class SpatialNeuralHistogram(Mechanism):
                 est, dropped = cap_to_levels(est, noisy_levels, noise_var, float(self.denoiser_cap_sigmas))
                 note += (f", its blocks capped at their levels' combined counts + {self.denoiser_cap_sigmas:g}σ "
                          f"({dropped:.1%} of the mass dropped)")
-        return est, G, note, {"estimated_total": estimated_total, "denoised": denoiser is not None,
-                               "denoiser_band": band_used, "dropped_fraction": dropped}
+        if fine is not None:
+            est = refine_to_fine(est, fine[0], fine[1], float(self.pyramid_kappa))
+            note += (f"; refined to the fine level {fine_g}x{fine_g} ({self.fine_share:g} of the collection's ε) "
+                     "by Wiener-shrunk splits (post-processing)")
+        return est, fine_g, note, {"estimated_total": estimated_total, "denoised": denoiser is not None,
+                               "denoiser_band": band_used, "dropped_fraction": dropped,
+                               "fine_grid": fine_g if fine is not None else None}
 
     def check_params(self) -> None:
         # Rules that tie parameters together (single values are declared in __init__'s annotations).
@@ -249,6 +274,10 @@ class SpatialNeuralHistogram(Mechanism):
             if self.data_collection == "grid" or self.cell_width_m is not None:
                 raise MechanismError("a denoiser works on the pyramid at its own grid: do not combine it with "
                                      "data_collection='grid' or cell_width_m")
+        if self.fine_factor != 1 and (self.denoiser == "none" or self.cell_width_m is not None
+                                      or self.data_collection == "grid"):
+            raise MechanismError("fine_factor adds a level below the public denoiser's grid: it needs the pyramid "
+                                 "and a denoiser (not denoiser='none', cell_width_m or data_collection='grid')")
         if self.public_workload is not None and self.public_workload_boxes is not None:
             raise MechanismError("give public_workload (a file) or public_workload_boxes, not both")
         if self.public_workload_boxes is not None:
@@ -288,7 +317,8 @@ class SpatialNeuralHistogram(Mechanism):
             noisy = noise.add_discrete_laplace(counts, data.sensitivity, eps).astype(np.float64)
             noisy_total = float(noisy.sum())
             collection_note = "data collection: one flat noisy grid (the paper's)"
-            facts = {"estimated_total": noisy_total, "denoised": False, "denoiser_band": None, "dropped_fraction": 0.0}
+            facts = {"estimated_total": noisy_total, "denoised": False, "denoiser_band": None, "dropped_fraction": 0.0,
+                     "fine_grid": None}
         else:  # "pyramid"
             specialist = self._band_denoiser(data.region) if denoiser is not None else None
             noisy, m, collection_note, facts = self._collect_pyramid(data, acct, noise, rho, denoiser, specialist)
@@ -311,7 +341,8 @@ class SpatialNeuralHistogram(Mechanism):
         # (public_total is the full data's).
         signal = release_signal(noisy_total, collection_eps, float(data.sensitivity))
         nets_weights = {"geometric": GEOMETRIC_NETS_WEIGHTS,
-                        "blend": blend_nets_weights(signal, facts["denoised"])}.get(answer_rule)
+                        "blend": blend_nets_weights(signal, facts["denoised"],
+                                                    fine=facts["fine_grid"] is not None)}.get(answer_rule)
         if nets_weights is not None:
             answer_note = (f"queries up to {hi:g} m answered by {answer_rule}: nets^a · grid^(1−a) with a = "
                            f"{nets_weights[0]:g} under {BLEND_SMALL_SIDE_M:g} m, {nets_weights[1]:g} above "
