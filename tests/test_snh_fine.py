@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from dpcore.geo import city_region
-from dpcore.grid.histogram import block_sum
+from dpcore.grid.histogram import answer_boxes, block_sum, prefix_sums
 from dpcore.mechanisms import FitInput, get_mechanism
 from dpcore.mechanisms.base import MechanismError
 from dpcore.mechanisms.snh.pyramid import join_fine_level, refine_to_fine
@@ -70,9 +70,16 @@ def test_fine_level_release_spends_exactly_epsilon_and_answers_from_a_finer_grid
     assert list(charges) == ["pyramid_8", "pyramid_32", "pyramid_128", "pyramid_512"]
     assert sum(charges.values()) == pytest.approx(0.2, rel=1e-12)
     assert charges["pyramid_512"] == pytest.approx(0.3 * 0.2, rel=1e-9)
-    assert syn.config["grid_size"] == 512 and syn.config["fine_grid"] == 512
+    assert syn.config["grid_size"] == 128 and syn.config["fine_grid"] == 512 and syn.noisy.shape == (512, 512)
     assert (syn.noisy >= 0).all() and syn.config["nets_weights"][0] == 0.0
     boxes = np.array([[-2000.0, -2000.0, -1950.0, -1940.0], [0.0, 0.0, 800.0, 600.0]])
+    # Squares under 100 m from the fine grid, larger ones from its 4×4 block sums (the denoised grid).
+    grid_rule = get_mechanism("snh", fine_factor=4, answer="grid", **TINY).fit(data, 0.2, NoiseSource.seeded(5))
+    bounds = grid_rule.region.bounds_m
+    fine_ans = answer_boxes(prefix_sums(grid_rule.noisy), bounds, boxes)
+    coarse_ans = answer_boxes(prefix_sums(block_sum(grid_rule.noisy, 4)), bounds, boxes)
+    np.testing.assert_allclose(grid_rule.answer(boxes), [fine_ans[0], coarse_ans[1]])
+    assert fine_ans[0] != pytest.approx(coarse_ans[0])
     syn.save(tmp_path / "fine")
     np.testing.assert_array_equal(load_synopsis(tmp_path / "fine").answer(boxes), syn.answer(boxes))
     default = get_mechanism("snh", **TINY).fit(data, 0.2, NoiseSource.seeded(5))
