@@ -1,4 +1,4 @@
-"""SNH's fine level below the public denoiser's grid (``fine_factor``): its maths, accounting and answers."""
+"""SNH's fine level below the pyramid's finest grid (``fine_factor``): its maths, accounting and answers."""
 
 from __future__ import annotations
 
@@ -86,12 +86,26 @@ def test_fine_level_release_spends_exactly_epsilon_and_answers_from_a_finer_grid
     assert default.config["grid_size"] == 128 and default.config["fine_grid"] is None
 
 
+def test_fine_level_refines_the_plain_pyramid_too():
+    """Without a denoiser (denoiser='none', or a city the shipped one learned from) the fine level lies
+    below the plain pyramid's finest level G from ParamSelect's ρ, with the same ledger rule."""
+    x, y, user = dataset_points({"name": "d", "city": "boston", "source": "synthetic", "seed": 3,
+                                 "n_users": 400, "n_hotspots": 8})
+    data = FitInput(x, y, city_region("boston"), "record", None, user=user, public_total=int(x.size))
+    syn = get_mechanism("snh", denoiser="none", cell_width_m=None, fine_factor=2, **TINY).fit(
+        data, 0.2, NoiseSource.seeded(2))
+    G = syn.config["grid_size"]
+    assert syn.config["fine_grid"] == 2 * G and syn.noisy.shape == (2 * G, 2 * G)
+    names = [c["name"] for c in syn.privacy.charges]
+    assert names[-1] == f"pyramid_{2 * G}" and f"pyramid_{G}" in names
+    assert sum(c["epsilon"] for c in syn.privacy.charges) == pytest.approx(0.2, rel=1e-12)
+
+
 @pytest.mark.parametrize("params", [
-    {"fine_factor": 4, "denoiser": "none"},
     {"fine_factor": 2, "cell_width_m": 100.0},
     {"fine_factor": 4, "data_collection": "grid"},
 ])
-def test_fine_level_needs_the_denoised_pyramid(params):
+def test_fine_level_needs_the_pyramid(params):
     with pytest.raises(MechanismError, match="fine_factor"):
         get_mechanism("snh", **params).check_params()
 

@@ -30,10 +30,10 @@ Method (only step 1 reads data):
    release's signal and privacy unit fall in the band a shipped specialist was trained on
    (``denoiser_bands``, :data:`BAND_DENOISER_PATH`: record level, signal 3,000–40,000), that model
    denoises it instead of the general one; the signal is post-processing, so this choice costs nothing.
-   **Fine level** (``fine_factor`` f > 1, with the denoiser only; off by default): one more noisy level at
-   f·G (f = 2: 78 m cells on 20 km) takes ``fine_share`` of the collection's ε, the other levels the rest in
-   their 1 : 2 : 2 ratio. Its block sums join level G by inverse variance before the denoiser, and the
-   denoised (capped) G grid is split down to it by the same Wiener-shrunk splits as the pyramid
+   **Fine level** (``fine_factor`` f > 1, with the pyramid; off by default): one more noisy level at f·G
+   (f = 2 with the denoiser: 78 m cells on 20 km) takes ``fine_share`` of the collection's ε, the other
+   levels the rest in their 1 : 2 : 2 ratio. Its block sums join level G by inverse variance before the
+   estimate (and the denoiser), and the G grid (denoised and capped, or not) is split down to it by the same Wiener-shrunk splits as the pyramid
    (:func:`refine_to_fine`): a cell's mass goes to its sub-cells evenly except where the fine counts stand
    out from their noise, i.e. in dense cells. The nets learn the G grid (the fine grid's block sums).
 2. **Augmentation** (post-processing). For k_s query sides r_i = l + (u − l)(i + ½)/k_s over
@@ -211,7 +211,7 @@ class SpatialNeuralHistogram(Mechanism):
         levels = [max(1, G // d) for d in LEVEL_DIVISORS]
         weights = np.asarray(LEVEL_WEIGHTS, dtype=np.float64)
         collection_eps = acct.remaining
-        fine_g = G * int(self.fine_factor) if denoiser is not None else G
+        fine_g = G * int(self.fine_factor)
         coarse_share = 1.0 - float(self.fine_share) if fine_g > G else 1.0
         level_eps = {}
         for i, (g, share) in enumerate(zip(levels, weights / weights.sum(), strict=True)):
@@ -283,10 +283,9 @@ class SpatialNeuralHistogram(Mechanism):
             if self.data_collection == "grid" or self.cell_width_m is not None:
                 raise MechanismError("a denoiser works on the pyramid at its own grid: do not combine it with "
                                      "data_collection='grid' or cell_width_m")
-        if self.fine_factor != 1 and (self.denoiser == "none" or self.cell_width_m is not None
-                                      or self.data_collection == "grid"):
-            raise MechanismError("fine_factor adds a level below the public denoiser's grid: it needs the pyramid "
-                                 "and a denoiser (not denoiser='none', cell_width_m or data_collection='grid')")
+        if self.fine_factor != 1 and (self.cell_width_m is not None or self.data_collection == "grid"):
+            raise MechanismError("fine_factor adds a level below the pyramid's finest: it needs the pyramid "
+                                 "(not cell_width_m or data_collection='grid')")
         if self.public_workload is not None and self.public_workload_boxes is not None:
             raise MechanismError("give public_workload (a file) or public_workload_boxes, not both")
         if self.public_workload_boxes is not None:
