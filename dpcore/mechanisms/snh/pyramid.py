@@ -62,14 +62,20 @@ def pyramid_estimate(noisy_levels: dict[int, np.ndarray], noise_var: dict[int, f
     root's combination with its inverse-variance weight. The levels' own root is poor at low signal: it
     sums the noise of every coarsest cell (64 of them at G = 128).
     """
-    G = max(noisy_levels)
     z, v = pyramid_upward(noisy_levels, noise_var)
     root, root_var = float(z[1][0, 0]), float(v[1][0, 0])
     if total is not None:
         value, variance = float(total[0]), float(total[1])
         root = value if variance <= 0 else (root / root_var + value / variance) / (1 / root_var + 1 / variance)
-    est = np.array([[max(root, total_floor)]])
-    g = 1
+    return shrink_down(np.array([[max(root, total_floor)]]), z, v, kappa)
+
+
+def shrink_down(est: np.ndarray, z: dict[int, np.ndarray], v: dict[int, np.ndarray],
+                kappa: float) -> np.ndarray:
+    """The downward pass of :func:`pyramid_estimate` from a (g, g) estimate to the finest level of ``z``:
+    each node's mass split among its children by their combined estimates ``z`` (variances ``v``), each
+    child's deviation from the even share Wiener-shrunk, clipped at 0 and rescaled to the parent."""
+    g, G = est.shape[0], max(z)
     while g < G:
         child = z[2 * g].reshape(g, 2, g, 2)
         parent = est[:, None, :, None]
@@ -81,6 +87,33 @@ def pyramid_estimate(noisy_levels: dict[int, np.ndarray], noise_var: dict[int, f
         est = c.reshape(2 * g, 2 * g)
         g *= 2
     return est
+
+
+def join_fine_level(noisy_levels: dict[int, np.ndarray], noise_var: dict[int, float],
+                    fine: np.ndarray, fine_var: float) -> tuple[dict[int, np.ndarray], dict[int, float]]:
+    """The pyramid's finest level G joined by the block sums of a finer noisy level (inverse variance,
+    post-processing), so the levels a denoiser sees lose little of the budget the finer level took."""
+    G = max(noisy_levels)
+    b = fine.shape[0] // G
+    agg, agg_var = block_sum(np.asarray(fine, dtype=np.float64), b), float(fine_var) * b * b
+    own_var = float(noise_var[G])
+    w = agg_var / (agg_var + own_var)
+    levels, var = dict(noisy_levels), dict(noise_var)
+    levels[G] = w * np.asarray(noisy_levels[G], dtype=np.float64) + (1 - w) * agg
+    var[G] = agg_var * own_var / (agg_var + own_var)
+    return levels, var
+
+
+def refine_to_fine(est: np.ndarray, fine: np.ndarray, fine_var: float, kappa: float = 1.0) -> np.ndarray:
+    """A (G, G) estimate refined to a finer noisy level (F, F), F = G·2^j, by the Wiener-shrunk downward
+    pass (post-processing): a cell's mass is spread evenly over its sub-cells except where the fine
+    counts show structure that stands out from their noise, which is where the data are dense."""
+    F, G = fine.shape[0], est.shape[0]
+    if F % G or (F // G) & (F // G - 1):
+        raise MechanismError(f"the fine level {F} must be the estimate's grid {G} times a power of two")
+    z, v = pyramid_upward({F: np.asarray(fine, dtype=np.float64)}, {F: float(fine_var)})
+    return shrink_down(np.asarray(est, dtype=np.float64), {g: z[g] for g in z if g >= G},
+                       {g: v[g] for g in v if g >= G}, kappa)
 
 
 def cap_to_levels(grid: np.ndarray, noisy_levels: dict[int, np.ndarray], noise_var: dict[int, float],

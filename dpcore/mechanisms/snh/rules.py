@@ -36,6 +36,8 @@ BLEND_NETS_WEIGHT_SMALL = 0.5
 #: (signal at least, nets weight on squares ≥ 100 m), from the largest threshold down; below all: ½.
 BLEND_LARGE_STEPS = ((8000.0, 0.0), (1000.0, 0.25))
 BLEND_NETS_WEIGHT_LOW_SIGNAL = 0.5
+#: Nets weight on squares under 100 m when the grid is refined to a fine level (``fine_factor`` > 1).
+FINE_NETS_WEIGHT_SMALL = 0.0
 
 #: Without the public denoiser (the plain pyramid) the nets answer alone below this signal and the blend's
 #: weights apply from it: the plain grid is noisier than the denoised one, so it earns its share later.
@@ -48,14 +50,16 @@ def release_signal(estimated_total: float, epsilon: float, sensitivity: float) -
     return max(float(estimated_total), 1.0) * float(epsilon) / float(sensitivity)
 
 
-def blend_nets_weights(signal: float, denoised: bool = True) -> tuple[float, float]:
+def blend_nets_weights(signal: float, denoised: bool = True, fine: bool = False) -> tuple[float, float]:
     """The blend's nets weights (squares under 100 m, larger ones) for a release whose signal n̂·ε/s
     (n̂ the noisy grid's total, ε the data collection's, s its sensitivity) is ``signal``; ``denoised``:
-    whether the release's pyramid goes through the public denoiser (:data:`PLAIN_BLEND_MIN_SIGNAL`)."""
+    whether the release's pyramid goes through the public denoiser (:data:`PLAIN_BLEND_MIN_SIGNAL`);
+    ``fine``: whether its grid was refined to a fine level below the denoiser's (``fine_factor``), whose
+    cells resolve squares under 100 m that the nets, trained on squares aligned to the same grid, smooth."""
     if not denoised and signal < PLAIN_BLEND_MIN_SIGNAL:
         return 1.0, 1.0
     large = next((a for threshold, a in BLEND_LARGE_STEPS if signal >= threshold), BLEND_NETS_WEIGHT_LOW_SIGNAL)
-    return BLEND_NETS_WEIGHT_SMALL, large
+    return (FINE_NETS_WEIGHT_SMALL if fine else BLEND_NETS_WEIGHT_SMALL), large
 
 
 #: ``data_collection`` values: see the mechanism's docstring, step 1.

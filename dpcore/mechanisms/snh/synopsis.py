@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from dpcore.geo import Region
-from dpcore.grid.histogram import answer_boxes, prefix_sums
+from dpcore.grid.histogram import answer_boxes, block_sum, prefix_sums
 from dpcore.mechanisms.snh.augmentation import normalise_xy
 from dpcore.mechanisms.snh.rules import BLEND_SMALL_SIDE_M, CAVEAT_DROPPED_FRACTION, GEOMETRIC_NETS_WEIGHTS
 from dpcore.mechanisms.snh.training import pick_device
@@ -27,7 +27,12 @@ class SNHSynopsis(Synopsis):
         self.privacy = privacy
         self.sides = np.asarray(config["sides_m"], dtype=np.float64)
         self.scales = np.asarray(config["label_scales"], dtype=np.float64)
-        self._prefix = prefix_sums(self.noisy)
+        # A release with a fine level holds the fine grid; its block sums at grid_size are the denoised grid,
+        # which answers squares of 100 m and more (the fine cells' split is for smaller ones).
+        size = int(config.get("grid_size", self.noisy.shape[0]))
+        fine = self.noisy.shape[0] > size and self.noisy.shape[0] % size == 0
+        self._prefix = prefix_sums(block_sum(self.noisy, self.noisy.shape[0] // size) if fine else self.noisy)
+        self._fine_prefix = prefix_sums(self.noisy) if fine else self._prefix
         self._device = pick_device(None)
         self.net.to(self._device)
         self.net.eval()
@@ -53,7 +58,7 @@ class SNHSynopsis(Synopsis):
         small = np.flatnonzero(~large)
         rule = self.config.get("answer", "nets")  # releases saved before the rule existed used the nets
         if small.size and rule == "grid":
-            out[small] = answer_boxes(self._prefix, self.region.bounds_m, b[small])
+            out[small] = self._grid_answers(b[small], r[small])
         elif small.size:
             which = np.abs(r[small, None] - self.sides[None, :]).argmin(axis=1)
             centres = np.stack([(b[small, 0] + b[small, 2]) / 2, (b[small, 1] + b[small, 3]) / 2], axis=1)
@@ -64,10 +69,18 @@ class SNHSynopsis(Synopsis):
                 # Releases saved before the blend stored no weights: theirs is the geometric rule.
                 small_w, large_w = self.config.get("nets_weights", GEOMETRIC_NETS_WEIGHTS)
                 a = np.where(r[small] < BLEND_SMALL_SIDE_M, small_w, large_w)
-                grid = answer_boxes(self._prefix, self.region.bounds_m, b[small])
+                grid = self._grid_answers(b[small], r[small])
                 # 0^0 = 1, so a = 0 gives the grid even where the nets say 0.
                 nets = np.maximum(nets, 0.0) ** a * np.maximum(grid, 0.0) ** (1.0 - a)
             out[small] = nets
+        return out
+
+    def _grid_answers(self, boxes: np.ndarray, r: np.ndarray) -> np.ndarray:
+        """The grid's answers: the fine grid's under BLEND_SMALL_SIDE_M, the (denoised) grid's from it."""
+        out = answer_boxes(self._prefix, self.region.bounds_m, boxes)
+        tiny = r < BLEND_SMALL_SIDE_M
+        if self._fine_prefix is not self._prefix and tiny.any():
+            out[tiny] = answer_boxes(self._fine_prefix, self.region.bounds_m, boxes[tiny])
         return out
 
     def caveats(self) -> list[str]:
