@@ -30,9 +30,10 @@ from dpcore.mechanisms.st_resolution import (
     DEFAULT_QUERY_SIDES_M,
     MAX_CELLS,
     SLOT_SIGNAL,
+    STResolution,
     merge_slots,
-    paid_resolution,
     spread_slots,
+    st_resolution,
 )
 from dpcore.privacy.budget import Accountant
 from dpcore.privacy.noise import NoiseSource
@@ -86,14 +87,40 @@ def full_scale(data: SpatioTemporalInput, n_exact: int, acct: Accountant, noise:
         raise MechanismError(f"public_total must be a finite count ≥ 0, got {data.public_total}")
     if data.privacy_unit == "record":
         return FullScale(1.0, None, total, "record-level privacy: no bounding, counts are full counts")
-    if data.sample_size is not None:  # already paid by the caller: reuse, don't pay twice
-        n_hat = float(max(1.0, data.sample_size))
-    else:
-        eps_n = acct.spend_fraction("sample_size", count_fraction, data.sensitivity,
-                                    note="n = points kept after bounding; one user changes it by ≤ k")
-        n_hat = float(max(1, n_exact + int(noise.discrete_laplace(data.sensitivity / eps_n, 1)[0])))
+    n_hat = paid_sample_size(data, n_exact, acct, noise, count_fraction,
+                             "n = points kept after bounding; one user changes it by ≤ k")
     return FullScale(total / n_hat, n_hat, total,
                      f"scaled by public total N={total:g} / noisy sample size n̂={n_hat:g}")
+
+
+def paid_sample_size(data: SpatioTemporalInput, n_exact: int, acct: Accountant, noise: NoiseSource,
+                     count_fraction: float, note: str) -> float:
+    """n̂ of the bounded sample's ``n_exact`` points: the caller's already-paid estimate (reused, not paid
+    twice), else n + DLap(k/ε_n) with ε_n = ``count_fraction``·ε, charged as step ``sample_size``."""
+    if data.sample_size is not None:
+        return float(max(1.0, data.sample_size))
+    eps_n = acct.spend_fraction("sample_size", count_fraction, data.sensitivity, note=note)
+    return float(max(1, n_exact + int(noise.discrete_laplace(data.sensitivity / eps_n, 1)[0])))
+
+
+def rule_max_cells(region: Region, grid_size: int | None, cell_width_m: float | None) -> int:
+    """The largest grid the resolution rule may pick: MAX_CELLS, or a given grid when it is coarser."""
+    if grid_size is None and cell_width_m is None:
+        return MAX_CELLS
+    return min(st_cells(region, grid_size, cell_width_m), MAX_CELLS)
+
+
+def paid_resolution(data: SpatioTemporalInput, acct: Accountant, noise: NoiseSource, count_fraction: float,
+                    slot_signal: float, max_cells: int,
+                    query_sides_m: tuple[float, float] = DEFAULT_QUERY_SIDES_M) -> tuple[float, STResolution]:
+    """n̂ (:func:`paid_sample_size`) and the rule's resolution (dpcore.mechanisms.st_resolution) for the
+    ε left to the cells. Nothing private reaches the rule except through n̂."""
+    n_hat = paid_sample_size(data, int(data.grid_counts_3d(1).sum()), acct, noise, count_fraction,
+                             "n = points kept after bounding; one unit changes it by ≤ k; "
+                             "sets the grid and slot length (resolution rule) and the scale")
+    res = st_resolution(n_hat, acct.remaining, data.sensitivity, int(data.n_slots), tuple(query_sides_m),
+                        data.unit.kind, slot_signal=slot_signal, max_cells=max_cells)
+    return n_hat, res
 
 
 def st_extra(data: SpatioTemporalInput, m: int, scale: FullScale) -> dict:
@@ -133,8 +160,7 @@ class IdentityGrid3D(Mechanism):
         """The release's own m × m × T grid (public parameters): its counts are exact. Under the
         resolution rule (dpcore.mechanisms.st_resolution), the largest grid the rule may pick."""
         if self.resolution == "rule":
-            given = self.grid_size is not None or self.cell_width_m is not None
-            return min(st_cells(region, self.grid_size, self.cell_width_m), MAX_CELLS) if given else MAX_CELLS
+            return rule_max_cells(region, self.grid_size, self.cell_width_m)
         return st_cells(region, self.grid_size, self.cell_width_m)
 
     def _fit(self, data: SpatioTemporalInput, acct: FitRecord, noise: NoiseSource) -> SpatioTemporalSynopsis:

@@ -25,16 +25,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from dpcore.grid.size_rule import data_grid_size
-
-if TYPE_CHECKING:
-    from dpcore.mechanisms.inputs import SpatioTemporalInput
-    from dpcore.privacy.budget import Accountant
-    from dpcore.privacy.noise import NoiseSource
 
 MIN_CELLS = 8
 #: The finest grid the rule picks (a power of two, so a cluster's fine grid of this side serves every choice).
@@ -100,22 +94,3 @@ def spread_slots(values: np.ndarray, factor: int, n_slots: int) -> np.ndarray:
     per = values / lengths[None, None, :]
     return np.repeat(per, lengths, axis=2)
 
-
-def paid_resolution(data: SpatioTemporalInput, acct: Accountant, noise: NoiseSource, count_fraction: float,
-                    slot_signal: float, max_cells: int,
-                    query_sides_m: tuple[float, float] = DEFAULT_QUERY_SIDES_M) -> tuple[float, STResolution]:
-    """n̂ (the caller's already-paid estimate, else ``count_fraction`` of ε at sensitivity k, a recorded
-    charge) and the rule's resolution for the ε left to the cells. Nothing private reaches the rule
-    except through n̂."""
-    k = data.sensitivity
-    if data.sample_size is not None:  # already paid by the caller: reuse, don't pay twice
-        n_hat = float(max(1.0, data.sample_size))
-    else:
-        eps_n = acct.spend_fraction("sample_size", count_fraction, k,
-                                    note="n = points kept after bounding; one unit changes it by ≤ k; "
-                                         "sets the grid and slot length (resolution rule) and the scale")
-        n_exact = int(data.grid_counts_3d(1).sum())
-        n_hat = float(max(1, n_exact + int(noise.discrete_laplace(k / eps_n, 1)[0])))
-    res = st_resolution(n_hat, acct.remaining, k, int(data.n_slots), tuple(query_sides_m), data.unit.kind,
-                        slot_signal=slot_signal, max_cells=max_cells)
-    return n_hat, res

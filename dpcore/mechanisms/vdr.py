@@ -61,17 +61,17 @@ from pydantic import AfterValidator, Field
 from dpcore.geo import Region
 from dpcore.mechanisms.base import Mechanism
 from dpcore.mechanisms.contract import FitRecord, MechanismTags
-from dpcore.mechanisms.identity3d import st_cells, st_counts, st_grid_size
+from dpcore.mechanisms.identity3d import (
+    paid_resolution,
+    paid_sample_size,
+    rule_max_cells,
+    st_cells,
+    st_counts,
+    st_grid_size,
+)
 from dpcore.mechanisms.inputs import SpatioTemporalInput
 from dpcore.mechanisms.params import Fraction, NonNegativeInt, Positive, PositiveInt
-from dpcore.mechanisms.st_resolution import (
-    DEFAULT_QUERY_SIDES_M,
-    MAX_CELLS,
-    SLOT_SIGNAL,
-    merge_slots,
-    paid_resolution,
-    spread_slots,
-)
+from dpcore.mechanisms.st_resolution import DEFAULT_QUERY_SIDES_M, SLOT_SIGNAL, merge_slots, spread_slots
 from dpcore.privacy.noise import NoiseSource, discrete_laplace_variance
 from dpcore.synopsis.spatiotemporal import SpatioTemporalSynopsis
 
@@ -158,21 +158,15 @@ class VDR(Mechanism):
         """The release's own m × m × T grid (public parameters): its counts are exact. Under the
         resolution rule, the largest grid the rule may pick (every choice is a power of two dividing it)."""
         if self.resolution == "rule":
-            return self._max_cells(region)
+            return rule_max_cells(region, self.grid_size, self.cell_width_m)
         return st_cells(region, self.grid_size, self.cell_width_m)  # fixed, and auto (≥ any rule choice)
-
-    def _grid_given(self) -> bool:
-        return self.grid_size is not None or self.cell_width_m is not None
-
-    def _max_cells(self, region: Region) -> int:
-        return min(st_cells(region, self.grid_size, self.cell_width_m), MAX_CELLS) if self._grid_given() else MAX_CELLS
 
     def uses_rule(self, data: SpatioTemporalInput) -> bool:
         """Whether this fit picks its resolution by the rule: ``rule``, or ``auto`` under user-level
         privacy with no grid given (a fixed fine grid drowns a k-bounded sample in noise, decision 0015).
         Reads only public facts: parameters and the privacy unit."""
         if self.resolution == "auto":
-            return data.unit.kind == "user" and not self._grid_given()
+            return data.unit.kind == "user" and self.grid_size is None and self.cell_width_m is None
         return self.resolution == "rule"
 
     def get_params(self) -> dict:
@@ -197,18 +191,17 @@ class VDR(Mechanism):
         if self.uses_rule(data):
             # n̂ is paid first; the grid and slot length follow from it and other public inputs only
             n_hat, res = paid_resolution(data, acct, noise, self.count_fraction, float(self.slot_signal),
-                                         self._max_cells(data.region), self.rule_query_sides_m)
+                                         rule_max_cells(data.region, self.grid_size, self.cell_width_m),
+                                         self.rule_query_sides_m)
             m = res.cells
             counts = merge_slots(st_counts(data, m), res.slot_factor)
         else:
             m = st_grid_size(data, self.grid_size, self.cell_width_m)
             counts = st_counts(data, m)
-            if data.sample_size is not None:  # already paid by the caller: reuse it
-                n_hat = float(max(1.0, data.sample_size))
-            elif not (public and self.refinement == "mass"):  # mass refinement to a public N needs no n̂
-                eps_n = acct.spend_fraction("sample_size", self.count_fraction, k,
-                                            note="n = points kept after bounding; one unit changes it by ≤ k")
-                n_hat = float(max(1, int(counts.sum()) + int(noise.discrete_laplace(k / eps_n, 1)[0])))
+            # mass refinement to a public N needs no n̂ (a caller's already-paid one is still used)
+            if data.sample_size is not None or not (public and self.refinement == "mass"):
+                n_hat = paid_sample_size(data, int(counts.sum()), acct, noise, self.count_fraction,
+                                         "n = points kept after bounding; one unit changes it by ≤ k")
         eps_c = acct.spend_rest("cell_counts", k, note=f"{m}x{m}x{counts.shape[2]} disjoint cells; L1 sensitivity "
                                                        "= per-unit bound over the whole window")
         noisy = noise.add_discrete_laplace(counts, k, eps_c).astype(np.float64)
