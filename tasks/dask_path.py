@@ -68,14 +68,20 @@ class DataPass:
     n_pruned: int
 
 
-def _on_cluster_worker() -> bool:
+def _cluster() -> str | None:
+    """Where this code runs: "worker" (inside a task on a Dask worker), "client" (a distributed client
+    in this process), or None (no cluster: the local threaded scheduler)."""
     try:
-        from distributed import get_worker
-
-        get_worker()
-    except (ImportError, ValueError):
-        return False
-    return True
+        from distributed import default_client, get_worker
+    except ImportError:
+        return None
+    for where, probe in (("worker", get_worker), ("client", default_client)):
+        try:
+            probe()
+            return where
+        except ValueError:
+            pass
+    return None
 
 
 def _public_errors(read, *args):
@@ -85,7 +91,7 @@ def _public_errors(read, *args):
     try:
         return read(*args)
     except DataError as exc:
-        if not _on_cluster_worker():
+        if _cluster() != "worker":
             raise
         failed = exc
     raise DataError(failed.public or f"reading {args[0].source} failed on the data's content", public=failed.public)
@@ -139,17 +145,7 @@ def _shuffle_method() -> str | None:
     """dask's default (p2p, which spills to disk) on a distributed cluster; in-process, the task-based
     shuffle: dask's in-process default ("disk", partd) buffers up to 1 GB in memory before it writes
     anything, so it holds as much as "tasks" and costs more CPU."""
-    try:
-        from distributed import default_client, get_worker
-    except ImportError:
-        return "tasks"
-    for probe in (get_worker, default_client):
-        try:
-            probe()
-            return None
-        except ValueError:
-            pass
-    return "tasks"
+    return "tasks" if _cluster() is None else None
 
 
 def release_frame(source: str | LoadResult, specs: list[GridSpec], window: Window, *,
@@ -191,21 +187,17 @@ def _tree_sum(parts: list):
 def compute(*objs):
     """Compute on the cluster this code runs in (from inside a task on a Dask worker, or with a
     distributed client in this process), else on the local threaded scheduler."""
-    try:
-        from distributed import default_client, get_worker, worker_client
-    except ImportError:
-        return dask.compute(*objs, scheduler="threads")
-    try:
-        get_worker()
-    except ValueError:
-        pass
-    else:
+    where = _cluster()
+    if where == "worker":
+        from distributed import worker_client
+
         with worker_client() as client:
             return tuple(client.compute(list(objs), sync=True))
-    try:
+    if where == "client":
+        from distributed import default_client
+
         return tuple(default_client().compute(list(objs), sync=True))
-    except ValueError:
-        return dask.compute(*objs, scheduler="threads")
+    return dask.compute(*objs, scheduler="threads")
 
 
 def release_counts(source: str | LoadResult, specs: list[GridSpec], window: Window, *,
