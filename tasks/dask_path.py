@@ -37,7 +37,7 @@ from dpcore.data.chunks import (
     merge_counts,
     points_chunk,
 )
-from dpcore.data.inputs import InputSet, resolve_input
+from dpcore.data.inputs import InputSet, resolve_files
 from dpcore.data.points import DataError, LoadResult, ValidationReport, check_some_valid
 from dpcore.heatmap.mass import MassGrid
 from dpcore.privacy.noise import NoiseSource
@@ -133,14 +133,6 @@ def _bound(df: pd.DataFrame, k: int, per_day: bool, seed: int | None,
     return bound_chunk(df, k, rng, per_day)
 
 
-def _resolve(source: str, fmt: str, window: Window) -> InputSet:
-    inp = resolve_input(source, fmt, window)
-    if not inp.files:
-        msg = f"no partition of {inp.source} lies in the time window ({inp.n_pruned} file(s) outside it)"
-        raise DataError(msg, public=msg)  # file names and counts are public listing metadata
-    return inp
-
-
 def _shuffle_method() -> str | None:
     """dask's default (p2p, which spills to disk) on a distributed cluster; in-process, the task-based
     shuffle: dask's in-process default ("disk", partd) buffers up to 1 GB in memory before it writes
@@ -163,7 +155,7 @@ def release_frame(source: str | LoadResult, specs: list[GridSpec], window: Windo
         ddf = ddf.map_partitions(chunk_rows, specs, window, per_day, meta=meta)
         reports, inp = [], None
     else:
-        inp = _resolve(source, fmt, window)
+        inp = resolve_files(source, fmt, window)
         # one graph node each for the input and the specs, which every read shares (not one copy per read)
         shared = dask.delayed(inp, traverse=False), dask.delayed(specs, traverse=False)
         reads = [dask.delayed(_read_rows, nout=2)(shared[0], f, columns, strict, shared[1], window, per_day)
@@ -217,7 +209,7 @@ def release_counts(source: str | LoadResult, specs: list[GridSpec], window: Wind
                                                specs, window)
                     for i in range(0, max(1, len(p)), MEMORY_PARTITION_ROWS)]
     else:
-        inp = _resolve(source, fmt, window)
+        inp = resolve_files(source, fmt, window)
         shared = dask.delayed(inp, traverse=False), dask.delayed(specs, traverse=False)
         reads = [dask.delayed(_read_counts, nout=2)(shared[0], f, columns, strict, shared[1], window)
                  for f in inp.files]

@@ -237,6 +237,16 @@ def resolve_input(path: str | os.PathLike, fmt: str = "auto",
     return InputSet(source, fs, local, files, n_pruned)
 
 
+def resolve_files(path: str | os.PathLike, fmt: str = "auto",
+                  window: tuple[int | None, int | None] | None = None) -> InputSet:
+    """:func:`resolve_input`, refusing an input with no file left in ``window``."""
+    inp = resolve_input(path, fmt, window)
+    if not inp.files:
+        msg = f"no partition of {inp.source} lies in the time window ({inp.n_pruned} file(s) outside it)"
+        raise DataError(msg, public=msg)  # file names and counts are public listing metadata
+    return inp
+
+
 def _first(item: tuple) -> Any:
     return item[0]
 

@@ -14,8 +14,16 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from dpcore.data.inputs import DataError, resolve_input, source_version
-from dpcore.data.readers import SNAP_COLUMNS, STANDARD_COLUMNS, TS_MISSING, Part, part_from_frame, read_part
+from dpcore.data.inputs import DataError, resolve_files, source_version
+from dpcore.data.readers import (
+    SNAP_COLUMNS,
+    STANDARD_COLUMNS,
+    TS_MISSING,
+    Part,
+    missing_columns,
+    part_from_frame,
+    read_part,
+)
 
 __all__ = ["SNAP_COLUMNS", "STANDARD_COLUMNS", "DataError", "LoadResult", "Points", "ValidationReport",
            "clip_to_region", "load_points", "parse_column_map", "source_version", "validate_frame"]
@@ -250,11 +258,7 @@ def validate_frame(df: pd.DataFrame, strict: bool = False, source: str = "") -> 
     """Turn a frame in the standard schema into :class:`Points`, dropping (or rejecting) invalid rows."""
     missing = [c for c in STANDARD_COLUMNS if c not in df.columns]
     if missing:
-        raise DataError(
-            f"{source or 'input'} is missing column(s) {missing}; it has {list(df.columns)}. "
-            "Map other names with --columns user_id=NAME,timestamp=NAME,lat=NAME,lon=NAME",
-            public=f"{source or 'input'} is missing column(s) {missing}; map names with --columns",
-        )
+        raise missing_columns(source or "input", missing, list(df.columns))
     return _validated([part_from_frame(df)], strict, source, [source or "input"])
 
 
@@ -283,10 +287,7 @@ def load_points(path: str | os.PathLike, columns: dict[str, str] | None = None, 
     ``window`` = (start_s, end_s) skips, unopened, every partition whose ``date=``/``day=`` key (a UTC
     date) lies entirely outside start ≤ t < end; rows are not filtered by time here.
     """
-    inp = resolve_input(path, fmt, window)
-    if not inp.files:
-        msg = f"no partition of {inp.source} lies in the time window ({inp.n_pruned} file(s) outside it)"
-        raise DataError(msg, public=msg)  # file names and counts are public listing metadata
+    inp = resolve_files(path, fmt, window)
     names = [inp.display(f) for f in inp.files]
     parts = (read_part(inp, f, columns) for f in inp.files)  # one file in memory at a time
     pts, report = _validated(parts, strict, inp.source, names)

@@ -245,7 +245,8 @@ def sources_for(columns: dict[str, str] | None) -> dict[str, str]:
     return {std: inverse.get(std, std) for std in STANDARD_COLUMNS}
 
 
-def _missing(shown: str, missing: list[str], has: list[str]) -> DataError:
+def missing_columns(shown: str, missing: list[str], has: list[str]) -> DataError:
+    """The error for an input without some standard columns."""
     # a headerless file's "columns" are its first row: only the missing standard names are public
     return DataError(f"{shown} is missing column(s) {missing}; it has {has}. "
                      "Map other names with --columns user_id=NAME,timestamp=NAME,lat=NAME,lon=NAME",
@@ -264,7 +265,7 @@ def _read_parquet(inp: InputSet, f: InputFile, columns: dict[str, str] | None, s
         want = sources_for(columns)
         missing = [std for std, s in want.items() if s not in has and s not in f.partition]
         if missing:
-            raise _missing(shown, missing, has)
+            raise missing_columns(shown, missing, has)
         unread = proven_columns(pf, want, skip, window) if skip else set()
         want = {std: s for std, s in want.items() if std not in unread}
         from_file = sorted({s for s in want.values() if s in has})
@@ -323,7 +324,7 @@ def _read_text(inp: InputSet, f: InputFile, columns: dict[str, str] | None, show
             df[std] = value
     missing = [c for c in STANDARD_COLUMNS if c not in df.columns]
     if missing:
-        raise _missing(shown, missing, list(df.columns))
+        raise missing_columns(shown, missing, list(df.columns))
     return part_from_frame(df)
 
 
