@@ -84,8 +84,6 @@ from dpcore.mechanisms.snh.pyramid import (
     LEVEL_DIVISORS,
     LEVEL_WEIGHTS,
     cap_to_levels,
-    join_fine_level,
-    pyramid_estimate,
     pyramid_size,
     refine_to_fine,
     release_pyramid,
@@ -231,12 +229,9 @@ class SpatialNeuralHistogram(Mechanism):
         # Only the denoised path takes in a known total: ParamSelect's rows of the plain pyramid were
         # measured without it (their cache key does not name it).
         total, total_note = denoisers.known_total(data) if denoiser is not None else (None, "")
+        # The fine level's block sums join level G before the estimate the denoiser starts from.
         est, noisy_levels, noise_var = release_pyramid(counts, s, level_eps, noise, float(self.pyramid_kappa),
-                                                       total=total)
-        if fine is not None:
-            # The fine level's block sums join level G before the estimate the denoiser starts from.
-            noisy_levels, noise_var = join_fine_level(noisy_levels, noise_var, *fine)
-            est = pyramid_estimate(noisy_levels, noise_var, float(self.pyramid_kappa), total=total)
+                                                       total=total, fine=fine)
         note = (f"data collection: noisy pyramid {levels} (ε shares {list(LEVEL_WEIGHTS)}), combined "
                 f"by inverse-variance consistency and Wiener shrinkage (κ={self.pyramid_kappa:g}){total_note}")
         estimated_total = float(est.sum())

@@ -143,9 +143,11 @@ def cap_to_levels(grid: np.ndarray, noisy_levels: dict[int, np.ndarray], noise_v
 
 def release_pyramid(counts: dict[int, np.ndarray], sensitivity: float, level_epsilons: dict[int, float],
                     noise: NoiseSource, kappa: float = 1.0, total: tuple[float, float] | None = None,
+                    fine: tuple[np.ndarray, float] | None = None,
                     ) -> tuple[np.ndarray, dict[int, np.ndarray], dict[int, float]]:
     """Discrete Laplace noise at each level's ε (levels in the order given), then :func:`pyramid_estimate`
-    (``total``: an independent measurement of the grand total, see there).
+    (``total``: an independent measurement of the grand total, see there; ``fine``: an already noisy
+    finer level and its per-cell variance, joined into the finest level first, :func:`join_fine_level`).
 
     Returns (estimate, noisy levels, per-cell noise variances). The one place SNH's pyramid is noised:
     releases call it with the ε their accountant granted, the public denoiser's training with simulated ε.
@@ -154,6 +156,8 @@ def release_pyramid(counts: dict[int, np.ndarray], sensitivity: float, level_eps
     for g, eps in level_epsilons.items():
         noisy[g] = noise.add_discrete_laplace(counts[g], sensitivity, eps).astype(np.float64)
         var[g] = discrete_laplace_variance(sensitivity / eps)
+    if fine is not None:
+        noisy, var = join_fine_level(noisy, var, *fine)
     return pyramid_estimate(noisy, var, kappa, total=total), noisy, var
 
 
