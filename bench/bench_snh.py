@@ -272,7 +272,7 @@ def cmd_rho(args: argparse.Namespace) -> None:
     n_noised = kept_fractions(pts.user[idx], (k,))[k] * idx.size if user_level else float(idx.size)
     print(f"data {source}; {args.privacy_unit}-level; n noised {n_noised:,.0f}; identity grid over ρ ∈ "
           f"{list(RHO_GRID_M)}")
-    ratios = []
+    ratios: dict[str, list[float]] = {}
     for eps in [float(e) for e in args.epsilons.split(",")]:
         for a, b in sides:
             errs = {}
@@ -282,22 +282,29 @@ def cmd_rho(args: argparse.Namespace) -> None:
                                  trials=args.trials, mechanism_params={"identity": {"cell_width_m": rho}},
                                  workload=args.workload, hindsight=False)
                 errs[rho] = evaluate(pts, region, cfg)["results"][0]["mean_relative_error"]
-            choice = select_params(region=region, n=n_noised, epsilon=eps, n_is_bounded=user_level,
-                                   sensitivity=float(k) if user_level else 1.0,
-                                   privacy_unit=args.privacy_unit, max_points_per_user=k, band=(a, b))
-            cfg = EvalConfig(mechanisms=["identity"], epsilons=[eps], privacy_unit=args.privacy_unit,
-                             max_points_per_user=k, query_sides_m=[(a, b)], n_queries=args.queries,
-                             trials=args.trials, mechanism_params={"identity": {"cell_width_m": choice.cell_width_m}},
-                             workload=args.workload, hindsight=False)
-            err_ps = evaluate(pts, region, cfg)["results"][0]["mean_relative_error"]
             best_rho = min(errs, key=errs.get)
-            ratio = err_ps / errs[best_rho]
-            ratios.append(ratio)
-            print(f"ε={eps:<5g} {a:g}-{b:g} m: best ρ {best_rho:g} m err {errs[best_rho]:.4f}; ParamSelect ρ "
-                  f"{choice.cell_width_m:.0f} m err {err_ps:.4f} (×{ratio:.3f}) [trained without "
-                  f"{choice.excluded_groups}]", flush=True)
-    r = np.array(ratios)
-    print(f"\nParamSelect / best: mean ×{r.mean():.3f}, within 10% in {np.mean(r <= 1.10):.0%} of {r.size} cases")
+            for model in args.models:
+                choice = select_params(region=region, n=n_noised, epsilon=eps, n_is_bounded=user_level,
+                                       sensitivity=float(k) if user_level else 1.0,
+                                       privacy_unit=args.privacy_unit, max_points_per_user=k, band=(a, b),
+                                       model_path=model)
+                err_ps = errs.get(choice.cell_width_m)
+                if err_ps is None:
+                    cfg = EvalConfig(mechanisms=["identity"], epsilons=[eps], privacy_unit=args.privacy_unit,
+                                     max_points_per_user=k, query_sides_m=[(a, b)], n_queries=args.queries,
+                                     trials=args.trials,
+                                     mechanism_params={"identity": {"cell_width_m": choice.cell_width_m}},
+                                     workload=args.workload, hindsight=False)
+                    err_ps = evaluate(pts, region, cfg)["results"][0]["mean_relative_error"]
+                ratio = err_ps / errs[best_rho]
+                ratios.setdefault(model or "shipped", []).append(ratio)
+                print(f"ε={eps:<5g} {a:g}-{b:g} m: best ρ {best_rho:g} m err {errs[best_rho]:.4f}; ParamSelect "
+                      f"({model or 'shipped'}) ρ {choice.cell_width_m:.0f} m err {err_ps:.4f} (×{ratio:.3f}) "
+                      f"[trained without {choice.excluded_groups}]", flush=True)
+    for model, values in ratios.items():
+        r = np.array(values)
+        print(f"\nParamSelect ({model}) / best: mean ×{r.mean():.3f}, within 10% in {np.mean(r <= 1.10):.0%} of "
+              f"{r.size} cases")
 
 
 def main() -> None:
@@ -341,6 +348,9 @@ def main() -> None:
         p.add_argument("--snh-params", type=json.loads, default={},
                        help='extra snh parameters as JSON, e.g. \'{"data_collection": "pyramid"}\'')
         p.set_defaults(func=fn)
+    sub.choices["rho"].add_argument(
+        "--models", type=lambda t: [None if v == "shipped" else v for v in t.split(",")], default=[None],
+        help="ParamSelect model files to compare, comma-separated ('shipped': the package's)")
     for p in sub.choices.values():
         p.add_argument("--workload", default="data",
                        help="query centres: data (default: points of the evaluated data), uniform, public:PATH")

@@ -55,7 +55,10 @@ class TrainParams:
     epsilons: list[float] = field(default_factory=lambda: [0.05, 0.1, 0.2, 0.4, 0.8, 1.6])
     fractions: list[float] = field(default_factory=lambda: [1.0, 0.3])
     synthetic_seeds: list[int] = field(default_factory=lambda: [1, 2, 3])
-    mechanisms: list[str] = field(default_factory=lambda: ["identity", "ug", "ag", "privtree", "snh"])
+    #: The cheap mechanisms by default: on squares centred on the data snh does not beat PrivTree or the
+    #: hindsight grid (docs/decisions/0017-snh-data-centred.md), and its rows (one neural fit per case)
+    #: cost about 2 h of CPU; add snh to weigh it in the cost model (docs/decisions/0007-paramselect-model.md).
+    mechanisms: list[str] = field(default_factory=lambda: ["identity", "ug", "ag", "privtree"])
     #: Self-tuned mechanisms (snh: one neural fit per case, 20-40 s on 2 CPU cores) are run only on the
     #: datasets of these user fractions; the cheap ones on all.
     self_tuned_fractions: list[float] = field(default_factory=lambda: [1.0])

@@ -39,37 +39,79 @@ def test_predict_bad_input_is_a_clean_error(capsys):
     assert "ParamSelect knows mechanisms" in capsys.readouterr().err
 
 
-def test_shipped_model_weighs_snh(capsys):
-    """The shipped table has SNH rows, so a choice between the grid and SNH is a prediction, not a refusal."""
+def test_shipped_model_gives_snh_its_rho_but_does_not_weigh_it(capsys):
+    """The shipped table has no SNH rows (its default training set, flows/paramselect_flow.py): snh alone
+    still gets the grid's ρ, but a choice between snh and the grid is refused, naming the retrain."""
     assert main(["paramselect", "predict", "--city", "boston", "--n", "20000", "--epsilon", "0.2",
-                 "--mechanisms", "identity,snh", "--json"]) == 0
-    choice = json.loads(capsys.readouterr().out)
-    assert choice["mechanism"] in ("identity", "snh") and choice["predicted_error"] > 0
+                 "--mechanisms", "snh", "--json"]) == 0
+    alone = json.loads(capsys.readouterr().out)
+    assert alone["mechanism"] == "snh" and 25 <= alone["cell_width_m"] <= 3200
+    assert main(["paramselect", "predict", "--city", "boston", "--n", "20000", "--epsilon", "0.2",
+                 "--mechanisms", "identity,snh"]) == 2
+    err = capsys.readouterr().err
+    assert "no training rows for ['snh']" in err and "geodp paramselect train --mechanisms" in err
 
 
-def test_predict_lists_every_candidate_best_first(capsys):
-    """The choice comes with what it was chosen from: each candidate's prediction, and why one with a
-    lower prediction may lose (snh must lead by SELF_TUNED_MARGIN)."""
-    from dpcore.paramselect import SELF_TUNED_MARGIN
-
-    args = ["paramselect", "predict", "--city", "new-york", "--n", "115000", "--epsilon", "0.1",
-            "--privacy-unit", "record", "--mechanisms", "identity,ug,ag,privtree,snh", "--query-sides-m", "1000:5000"]
-    assert main(args + ["--json"]) == 0
-    choice = json.loads(capsys.readouterr().out)
+def _check_candidates(choice: dict, margin: float) -> None:
+    """Every candidate is listed best first, and the chosen one is the least after the self-tuned margin."""
     cands = choice["inputs"]["candidates"]
-    assert sorted(c["mechanism"] for c in cands) == ["ag", "identity", "privtree", "snh", "ug"]
     errors = [c["predicted_error"] for c in cands]
     assert errors == sorted(errors)
     chosen = next(c for c in cands if c["mechanism"] == choice["mechanism"])
     assert chosen["predicted_error"] == choice["predicted_error"]
     assert [c["chosen"] for c in cands].count(True) == 1 and chosen["chosen"]
-    weighed = [c["predicted_error"] * (1 + SELF_TUNED_MARGIN if c["self_tuned"] else 1) for c in cands
-               if c["within_reach"]]
-    assert chosen["predicted_error"] * (1 + SELF_TUNED_MARGIN if chosen["self_tuned"] else 1) == min(weighed)
+    weighed = [c["predicted_error"] * (1 + margin if c["self_tuned"] else 1) for c in cands if c["within_reach"]]
+    assert chosen["predicted_error"] * (1 + margin if chosen["self_tuned"] else 1) == min(weighed)
+
+
+def test_predict_lists_every_candidate_best_first(capsys):
+    """The choice comes with what it was chosen from: each candidate's prediction."""
+    from dpcore.paramselect import SELF_TUNED_MARGIN
+
+    args = ["paramselect", "predict", "--city", "new-york", "--n", "115000", "--epsilon", "0.1",
+            "--privacy-unit", "record", "--mechanisms", "identity,ug,ag,privtree", "--query-sides-m", "1000:5000"]
+    assert main(args + ["--json"]) == 0
+    choice = json.loads(capsys.readouterr().out)
+    assert sorted(c["mechanism"] for c in choice["inputs"]["candidates"]) == ["ag", "identity", "privtree", "ug"]
+    _check_candidates(choice, SELF_TUNED_MARGIN)
     assert main(args) == 0
     text = capsys.readouterr().out
     assert "candidates" in text and f"* {choice['mechanism']}" in text
-    assert f"self-tuned: weighed at ×{1 + SELF_TUNED_MARGIN:g}" in text
+
+
+def test_predict_says_a_self_tuned_candidate_needs_a_lead(capsys, tmp_path):
+    """With a model that has SNH rows, snh is listed and weighed at (1 + SELF_TUNED_MARGIN), and the text
+    output says so (why one with a lower prediction may lose)."""
+    from dpcore.paramselect import (
+        SELF_TUNED_MARGIN,
+        ParamSelectModel,
+        PublicProfile,
+        config_columns,
+        feature_row,
+    )
+
+    rows = []
+    for group, n in (("tulsa", 2_000), ("fargo", 20_000), ("phoenix", 200_000)):
+        for eps in (0.05, 0.2, 0.8):
+            base = {"dataset": group, "group": group, "privacy_unit": "record", "k": None, "epsilon": eps,
+                    "band_lo": 1000.0, "band_hi": 5000.0, "n_points": n, **feature_row(n, eps, 1.0, 8.0, (1000.0, 5000.0))}
+            rows += [{**base, "mechanism": "identity", "rho": rho, "error": 0.2 + rho / 10_000, **config_columns("identity", rho)}
+                     for rho in (200.0, 800.0)]
+            rows.append({**base, "mechanism": "snh", "rho": None, "error": 0.15, "snh_denoised": 0,
+                         **config_columns("snh", None)})
+    profiles = {g: PublicProfile(g, f"public-{g}", 1000, 100, 8.0, {1: 0.5, 5: 0.8, 20: 0.95})
+                for g in ("tulsa", "fargo", "phoenix")}
+    model = tmp_path / "model.joblib"
+    ParamSelectModel(pd.DataFrame(rows), profiles, seed=0, n_estimators=10).save(model)
+    args = ["paramselect", "predict", "--city", "fargo", "--n", "20000", "--epsilon", "0.2", "--privacy-unit",
+            "record", "--mechanisms", "identity,snh", "--query-sides-m", "1000:5000", "--model", str(model)]
+    assert main(args + ["--json"]) == 0
+    choice = json.loads(capsys.readouterr().out)
+    assert sorted(c["mechanism"] for c in choice["inputs"]["candidates"]) == ["identity", "snh"]
+    assert next(c for c in choice["inputs"]["candidates"] if c["mechanism"] == "snh")["self_tuned"] is True
+    _check_candidates(choice, SELF_TUNED_MARGIN)
+    assert main(args) == 0
+    assert f"self-tuned: weighed at ×{1 + SELF_TUNED_MARGIN:g}" in capsys.readouterr().out
 
 
 def test_dataset_rows_are_cached(tmp_path):
@@ -280,7 +322,8 @@ def test_predict_auto_weighs_what_an_auto_release_weighs(capsys):
         {c["mechanism"]: c["predicted_error"] for c in via_auto["inputs"]["candidates"]}
     assert via_auto["inputs"]["auto"]["cost_model"]["mechanism"] == listed_out["mechanism"]
     assert sorted(c["mechanism"] for c in via_auto["inputs"]["candidates"]) == sorted(listed.split(","))
-    assert len(via_auto["inputs"]["candidates"]) == 5  # the shipped model knows all five
+    # the shipped model knows the mechanisms of the default training set
+    assert sorted(listed.split(",")) == sorted(TrainParams().mechanisms)
     assert main(base + ["auto,identity"]) == 2
     assert "--mechanisms auto stands alone" in capsys.readouterr().err
 

@@ -178,8 +178,9 @@ def train(
                                        "(default: the package)"),
     epsilons: str = model_option(T, "epsilons", "--epsilons", fmt=comma, help="ε values of the training rows"),
     mechanisms: str = model_option(T, "mechanisms", "--mechanisms", fmt=comma,
-                                   help="mechanisms of the training rows; snh is self-tuned: one neural fit per "
-                                        "case at its own ρ, on --self-tuned-fractions only"),
+                                   help="mechanisms of the training rows; add snh to weigh it in the cost model "
+                                        "(self-tuned: one neural fit per case at its own ρ, on "
+                                        "--self-tuned-fractions only; about 2 h more on 2 cores)"),
     self_tuned_fractions: str = model_option(T, "self_tuned_fractions", "--self-tuned-fractions", fmt=comma,
                                              help="user fractions of the datasets that snh (20-40 s per fit on "
                                                   "2 cores) is run on"),
