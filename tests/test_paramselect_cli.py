@@ -367,3 +367,19 @@ def test_predict_auto_prints_what_an_auto_release_runs(capsys):
                  "--privacy-unit", "record", "--mechanisms", "auto", "--query-sides-m", "100:1000"]) == 0
     text = capsys.readouterr().out
     assert "parameters         alpha=0.2, c=5, min_m1=32" in text and "cell width" not in text
+
+
+def test_predict_with_a_broken_model_file_is_a_one_line_error(capsys, tmp_path):
+    """A model copied without its training table, or a file that is not a model: exit 2, one line, no
+    traceback."""
+    from dpcore.paramselect import DEFAULT_MODEL_PATH
+
+    alone = tmp_path / "paramselect_model.joblib"
+    alone.write_bytes(DEFAULT_MODEL_PATH.read_bytes())
+    not_a_model = tmp_path / "other.joblib"
+    not_a_model.write_text("not a model\n")
+    for path, says in ((alone, "needs its training table"), (not_a_model, "is not a ParamSelect model file")):
+        assert main(["paramselect", "predict", "--city", "boston", "--n", "20000", "--epsilon", "0.2",
+                     "--model", str(path)]) == 2
+        err = capsys.readouterr().err
+        assert says in err and "Traceback" not in err and len(err.strip().splitlines()) == 1

@@ -170,9 +170,19 @@ class ParamSelectModel:
         p = Path(path)
         if not p.exists():
             raise ParamSelectError(f"no ParamSelect model at {p}; train one with `geodp paramselect train`")
-        blob = joblib.load(p)
+        try:
+            blob = joblib.load(p)
+        except Exception as exc:  # joblib raises pickle, zlib or key errors for a file that is not a model
+            raise ParamSelectError(f"{p} is not a ParamSelect model file ({type(exc).__name__})") from exc
+        if not isinstance(blob, dict) or "table_file" not in blob:
+            raise ParamSelectError(f"{p} is not a ParamSelect model file (written by `geodp paramselect train`)")
+        table_path = p.parent / blob["table_file"]
+        if not table_path.exists():
+            # The trees are refitted without the released city from this table, so the model needs it.
+            raise ParamSelectError(f"the ParamSelect model {p} needs its training table {table_path}, which is "
+                                   "missing: keep the two files together")
         obj = cls.__new__(cls)
-        obj.table = with_denoised_column(pd.read_csv(p.parent / blob["table_file"]))
+        obj.table = with_denoised_column(pd.read_csv(table_path))
         obj.profiles = {k: PublicProfile.from_dict(v) for k, v in blob["profiles"].items()}
         obj.seed, obj.n_estimators = blob["seed"], blob["n_estimators"]
         obj.exclude_groups = tuple(blob["exclude_groups"])
