@@ -11,8 +11,9 @@ data are; learn it from public datasets with a tree ensemble. Here:
   argument. n must be public (``public_total``) or a DP estimate the *mechanism* pays from its budget
   (dpcore.mechanisms.sample_size); the release records which. Nothing in this package spends budget.
 - **Labels** (training table, built by ``flows/paramselect_flow.py`` on public data): the mean
-  relative error of every (mechanism, ρ, k) configuration on public datasets × ε × query bands; SNH
-  (self-tuned) at the ρ it chooses itself, on the full-size datasets only (one neural fit per case).
+  relative error of every (mechanism, ρ, k) configuration on public datasets × ε × query bands, with query centres drawn from the
+  dataset's points; SNH (self-tuned; only when trained with it, not in the shipped table) at the ρ it
+  chooses itself, on the full-size datasets only (one neural fit per case).
 - **Models** (scikit-learn ExtraTrees, as in the paper):
   ``rho_model`` regresses log10 of the empirically best identity-grid ρ (the paper's ParamSelect);
   ``cost_model`` regresses log10 of the error of a configuration, which generalises ParamSelect to

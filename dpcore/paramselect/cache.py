@@ -25,6 +25,6 @@ def load_model(path: str | Path | None = None, exclude_groups: tuple[str, ...] =
 
 def trained_mechanisms(path: str | Path | None = None) -> tuple[str, ...]:
     """Every mechanism the model has error rows for, in column order (:func:`auto_candidates`): what ``auto`` weighs by
-    default (the shipped model: the grid, SNH, UG, AG and PrivTree)."""
+    default (the shipped model: the grid, UG, AG and PrivTree)."""
     trained = set(load_model(path).mechanisms)
     return tuple(m for m in auto_candidates() if m in trained)
