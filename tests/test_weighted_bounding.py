@@ -140,6 +140,12 @@ def test_grid_mechanisms_count_weight_not_points(mech, params):
     assert any("weighted bounding" in note for note in syn.privacy.notes)
     assert sum(c["epsilon"] for c in syn.privacy.charges) == pytest.approx(20.0)
     assert all(c["sensitivity"] == k for c in syn.privacy.charges)
+    # every discrete Laplace step names the lattice its noise lies on; the same fit on points names none
+    laplace = [c for c in syn.privacy.charges if c["noise"] == "discrete_laplace"]
+    assert laplace and all(c["quantum"] == WEIGHT_QUANTUM for c in laplace)
+    plain = get_mechanism(mech, **params).fit(FitInput(x, y, REGION, "user", k, user=user), 20.0,
+                                              NoiseSource.seeded(1))
+    assert all("quantum" not in c for c in plain.privacy.charges)
 
 
 def test_mechanisms_without_weight_support_refuse_it():
@@ -179,3 +185,32 @@ def test_scaling_estimates_the_weight_sum_not_the_point_count():
                       y[bound_contributions(user, k, np.random.default_rng(0)).keep], REGION, "user", k)
     assert fit_scaled("ug", {}, sample, 5.0, NoiseSource.seeded(2), float(x.size), "t").factor == pytest.approx(
         syn.factor, rel=0.1)
+
+
+def test_auto_and_scaling_keep_the_lattice_of_weighted_charges():
+    """auto copies its chosen mechanism's charges, and scaling pays n̂ on the weight sum: both name the
+    lattice, so intervals re-draw the noise the release added."""
+    from dpcore.synopsis.uncertainty import query_intervals
+
+    x, y, user = heavy_users()
+    data = FitInput(x, y, REGION, "user", 5, user=user, weights=contribution_weights(user, 5))
+    syn = get_mechanism("auto", mechanisms="identity", query_sides_m=(25, 100)).fit(data, 1.0, NoiseSource.seeded(0))
+    assert [c["quantum"] for c in syn.privacy.charges] == [WEIGHT_QUANTUM] * len(syn.privacy.charges)
+    scaled = fit_scaled("identity", {"grid_size": 8}, data, 5.0, NoiseSource.seeded(2), float(x.size), "test")
+    assert all(c["quantum"] == WEIGHT_QUANTUM for c in scaled.privacy.charges)
+    _, _, method = query_intervals(syn, np.array([[-100.0, -100.0, 100.0, 100.0]]))
+    assert "2^-20 lattice" in method
+
+
+def test_interval_redraws_follow_the_recorded_lattice():
+    """The bootstrap's noise is quantum × DLap(scale/quantum): on the lattice, with that law's variance,
+    not the integer law's (the two differ clearly when the quantum is near the scale)."""
+    from dpcore.privacy.noise import discrete_laplace_variance
+    from dpcore.synopsis.uncertainty import _dlap
+
+    scale, quantum = 4.0, 8.0
+    draws = _dlap(np.random.default_rng(0), scale, quantum, 200_000)
+    assert np.array_equal(draws, np.round(draws / quantum) * quantum)
+    lattice_var = quantum ** 2 * discrete_laplace_variance(scale / quantum)  # ≈ 23.2; the integer law's ≈ 31.5
+    assert draws.var() == pytest.approx(lattice_var, rel=0.03)
+    assert abs(draws.var() - discrete_laplace_variance(scale)) > 0.2 * lattice_var

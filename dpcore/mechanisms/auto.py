@@ -95,14 +95,14 @@ class AutoMechanism(Mechanism):
         choice, inner_params, rule = decision.choice, decision.inner_params, decision.grid_rule
         inner = get_mechanism(choice.mechanism, **inner_params)
         # The inner mechanism splits its own (smaller) budget; its charges are copied into ours.
-        sub = FitRecord(acct.remaining)
+        sub = FitRecord(acct.remaining, count_quantum=acct.count_quantum)
         # A paid estimate of the bounded sample's size is reused by the inner mechanism; a declared
         # public total stays what it is (the full count) and is not mistaken for the sample size.
         inner_data = (dataclasses.replace(data, sample_size=n, sample_size_variance=n_var)
                       if bounded and data.sample_size is None else data)
         synopsis = inner._fit(inner_data, sub, noise)
         for c in sub.charges:
-            acct.spend(f"{choice.mechanism}/{c.name}", c.epsilon, c.sensitivity, c.noise, c.note)
+            acct.spend(f"{choice.mechanism}/{c.name}", c.epsilon, c.sensitivity, c.noise, c.note, c.quantum)
         params = {**self.get_params(), "mechanisms": list(cands), "query_sides_m": [lo, hi],
                   "chosen": {"mechanism": choice.mechanism, "params": inner_params,
                              "predicted_error": choice.predicted_error},

@@ -158,7 +158,7 @@ class Mechanism(ABC):
             synopsis = self._fit_zcdp(data, record, noise)
             epsilon, rho, charges = None, budget.rho, list(record.charges)
         else:
-            record = FitRecord(budget.epsilon)
+            record = FitRecord(budget.epsilon, count_quantum=data.count_quantum)
             synopsis = self._fit(data, record, noise)
             epsilon, rho, charges = budget.epsilon, None, record.to_list()
             if record.spent > budget.epsilon * (1 + 1e-9):  # pragma: no cover - Accountant refuses this already

@@ -76,6 +76,11 @@ class MechanismInput(ABC):
         return False
 
     @property
+    def count_quantum(self) -> float | None:
+        """The lattice this input's count noise lies on (None: integers), for the charges' record."""
+        return None
+
+    @property
     def privacy_unit(self) -> str:
         return self.unit.kind
 
@@ -207,6 +212,11 @@ class PointsInput(MechanismInput):
         if self.weights is None:
             return noise.add_discrete_laplace(counts, self.sensitivity, epsilon)
         return noise.add_lattice_laplace(counts, self.sensitivity, epsilon, WEIGHT_QUANTUM)
+
+    @property
+    def count_quantum(self) -> float | None:
+        """The lattice :meth:`add_count_noise` adds noise on: weight sums' WEIGHT_QUANTUM, else integers."""
+        return None if self.weights is None else WEIGHT_QUANTUM
 
     def count_noise_variance(self, epsilon: float) -> float:
         """Variance of :meth:`add_count_noise`'s noise per count (public: ε and the sensitivity)."""

@@ -37,24 +37,35 @@ def check_epsilon(epsilon: float, what: str = "epsilon") -> float:
 
 @dataclass(frozen=True)
 class Charge:
-    """One ε-DP step: ``epsilon`` spent on a query of L1 ``sensitivity`` released through ``noise``."""
+    """One ε-DP step: ``epsilon`` spent on a query of L1 ``sensitivity`` released through ``noise``.
+
+    ``quantum``: the lattice quantum·ℤ of discrete noise on non-integer values (weight sums), None for
+    integer counts; the noise is then quantum × discrete Laplace of scale sensitivity/(ε·quantum)."""
 
     name: str
     epsilon: float
     sensitivity: float
     noise: str
     note: str = ""
+    quantum: float | None = None
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        if self.quantum is None:
+            del d["quantum"]
+        return d
 
 
 @dataclass
 class Accountant:
-    """Tracks the parts of one ε as a mechanism spends them (sequential composition)."""
+    """Tracks the parts of one ε as a mechanism spends them (sequential composition).
+
+    ``count_quantum``: the lattice of the discrete Laplace noise its steps add (weighted bounding's
+    weight sums), recorded on every ``discrete_laplace`` charge; None for integer counts."""
 
     epsilon: float
     charges: list[Charge] = field(default_factory=list)
+    count_quantum: float | None = None
 
     def __post_init__(self) -> None:
         self.epsilon = check_epsilon(self.epsilon)
@@ -68,8 +79,9 @@ class Accountant:
         return max(0.0, self.epsilon - self.spent)
 
     def spend(self, name: str, epsilon: float, sensitivity: float, noise: str = "discrete_laplace",
-              note: str = "") -> float:
-        """Record a step and return its ε; refuses to go past the total."""
+              note: str = "", quantum: float | None = None) -> float:
+        """Record a step and return its ε; refuses to go past the total. ``quantum`` defaults to the
+        accountant's ``count_quantum`` for discrete Laplace steps."""
         eps = check_epsilon(epsilon, f"epsilon of step {name!r}")
         if sensitivity <= 0:
             raise BudgetError(f"sensitivity of step {name!r} must be > 0")
@@ -77,7 +89,10 @@ class Accountant:
             raise BudgetExceeded(
                 f"step {name!r} asks for ε={eps:g} but only {self.remaining:g} of {self.epsilon:g} is left"
             )
-        self.charges.append(Charge(name, eps, float(sensitivity), noise, note))
+        if quantum is None and noise == "discrete_laplace":
+            quantum = self.count_quantum
+        self.charges.append(Charge(name, eps, float(sensitivity), noise, note,
+                                   None if quantum is None else float(quantum)))
         return eps
 
     def spend_fraction(self, name: str, fraction: float, sensitivity: float, noise: str = "discrete_laplace",

@@ -93,7 +93,7 @@ def fit_scaled(mechanism_name: str, params: dict, data: PointsInput, epsilon: fl
         raise ValueError("scaling to full counts applies to user-level releases only")
     if not (0 < scale_fraction < 1):
         raise ValueError("scale_fraction must be in (0, 1)")
-    acct = Accountant(eps)
+    acct = Accountant(eps, count_quantum=data.count_quantum)
     what = "Σ weights" if data.weighted else "|bounded sample|"
     eps_n = acct.spend_fraction("sample_total_for_scaling", scale_fraction, data.sensitivity,
                                 note=f"n̂ = {what} + DLap(k/ε_n); scales the release to the public total")

@@ -29,8 +29,9 @@ from dpcore.synopsis.spatiotemporal import SpatioTemporalSynopsis
 LINEAR_MECHANISMS = ("identity", "ug")
 
 
-def linear_noise(synopsis: Synopsis) -> tuple[str, float] | None:
-    """('laplace', scale) or ('gaussian', σ²) of every cell of a linear release, else None."""
+def linear_noise(synopsis: Synopsis) -> tuple[str, float, float] | None:
+    """('laplace', scale, quantum) or ('gaussian', σ², 1) of every cell of a linear release, else None
+    (quantum: the lattice of the cells' discrete Laplace noise, 1 for integer counts)."""
     if not isinstance(synopsis, GridSynopsis) or type(synopsis) is not GridSynopsis:
         return None
     mechanism, params, charges = _effective(synopsis)
@@ -41,9 +42,9 @@ def linear_noise(synopsis: Synopsis) -> tuple[str, float] | None:
         return None
     c = cells[0]
     if c.get("noise") == "discrete_gaussian":
-        return "gaussian", float(c["sensitivity"]) ** 2 / (2.0 * float(c["rho"]))
+        return "gaussian", float(c["sensitivity"]) ** 2 / (2.0 * float(c["rho"])), 1.0
     if c.get("epsilon"):
-        return "laplace", float(c["sensitivity"]) / float(c["epsilon"])
+        return "laplace", float(c["sensitivity"]) / float(c["epsilon"]), float(c.get("quantum") or 1.0)
     return None
 
 
@@ -114,15 +115,17 @@ def _privtree_leaves(synopsis: Synopsis):
     if depth is None or index is None:
         return ("none: this PrivTree release stores its tree only as a raster (released before its "
                 "leaves were stored), not the leaves its noise law needs")
-    scales = _laplace_scales(charges, ["leaf_counts"])
-    if scales is None:
+    laws = _laplace_laws(charges, ["leaf_counts"])
+    if laws is None:
         return "none: PrivTree leaf noise other than discrete Laplace is not modelled"
-    quantum = float(synopsis._extra.get("leaf_noise_quantum", 1.0))
+    (scale, recorded), = laws
+    # Releases made before charges recorded their lattice keep it in the synopsis.
+    quantum = recorded if recorded != 1.0 else float(synopsis._extra.get("leaf_noise_quantum", 1.0))
     n = 2 ** depth.astype(np.int64)
     index = index.astype(np.int64)
     xmin, ymin, xmax, ymax = synopsis.region.bounds_m
     wx, wy = (xmax - xmin) / n, (ymax - ymin) / n
-    return (xmin + (index // n) * wx, ymin + (index % n) * wy, wx, wy), scales[0], quantum
+    return (xmin + (index // n) * wx, ymin + (index % n) * wy, wx, wy), scale, quantum
 
 
 def _noise_model(synopsis: Synopsis):
@@ -131,7 +134,7 @@ def _noise_model(synopsis: Synopsis):
     ('none: …'); or None when only a bootstrap through the post-processing can tell."""
     law = linear_noise(synopsis)
     if law is not None:
-        kind, param = law
+        kind, param, quantum = law
         xmin, ymin, xmax, ymax = synopsis.region.bounds_m
         nx, ny = synopsis.shape
 
@@ -139,9 +142,9 @@ def _noise_model(synopsis: Synopsis):
             fx, fy = _cover(box[0], box[2], nx, (xmin, xmax)), _cover(box[1], box[3], ny, (ymin, ymax))
             return np.outer(fx[fx > 0], fy[fy > 0]).ravel()
 
-        method = ("exact noise law (discrete Laplace), Monte Carlo quantiles" if kind == "laplace"
-                  else "discrete Gaussian noise, normal quantiles with the exact variance")
-        return weights, kind, param, 1.0, method
+        method = (f"exact noise law (discrete Laplace{_lattice_words(quantum)}), Monte Carlo quantiles"
+                  if kind == "laplace" else "discrete Gaussian noise, normal quantiles with the exact variance")
+        return weights, kind, param, quantum, method
     tree = _privtree_leaves(synopsis)
     if tree is None or isinstance(tree, str):
         return tree
@@ -152,9 +155,13 @@ def _noise_model(synopsis: Synopsis):
              * np.clip(np.minimum(y0 + wy, box[3]) - np.maximum(y0, box[1]), 0, None) / wy)
         return f[f > 0]
 
-    lattice = "" if quantum == 1.0 else f" on the 2^{np.log2(quantum):g} lattice"
     return (leaf_weights, "laplace", param, quantum,
-            f"exact noise law (discrete Laplace{lattice}) over PrivTree's leaves, Monte Carlo quantiles")
+            f"exact noise law (discrete Laplace{_lattice_words(quantum)}) over PrivTree's leaves, Monte Carlo "
+            "quantiles")
+
+
+def _lattice_words(quantum: float) -> str:
+    return "" if quantum == 1.0 else f" on the 2^{np.log2(quantum):g} lattice"
 
 
 def query_intervals(synopsis: Synopsis, boxes_m: np.ndarray, level: float = 0.95, draws: int = 4000,
@@ -203,17 +210,17 @@ def scaled_intervals(synopsis: Synopsis, boxes: np.ndarray, level: float = 0.95,
         why = model[len("none: "):] if isinstance(model, str) else \
             f"{_effective(inner)[0]}'s post-processing has no scaled bootstrap"
         return nan, nan.copy(), f"none: a release scaled to full counts whose inner release has no exact law ({why})"
-    scales = _laplace_scales(synopsis.privacy.charges, ["sample_total_for_scaling"])
-    if scales is None:
+    laws = _laplace_laws(synopsis.privacy.charges, ["sample_total_for_scaling"])
+    if laws is None:
         return nan, nan.copy(), "none: the scale factor's noise (sample_total_for_scaling) is not recorded"
     weights, kind, param, quantum, _ = model
     total = float(synopsis.total_points)
     n_hat = total / float(synopsis.factor)
-    floor = max(scales[0], 1.0)
+    floor = max(laws[0][0], 1.0)
     rng = np.random.default_rng(seed)
     inner_est = inner.answer(boxes)
     est = synopsis.answer(boxes)
-    n_star = np.clip(n_hat + _dlap(rng, scales[0], draws), floor, total)
+    n_star = np.clip(n_hat + _dlap(rng, *laws[0], draws), floor, total)
     a = (1.0 - level) / 2.0
     lower, upper = np.empty(len(boxes)), np.empty(len(boxes))
     for q, box in enumerate(boxes):
@@ -246,13 +253,13 @@ def spatio_temporal_intervals(synopsis: Synopsis, boxes: np.ndarray, start_s: np
         return nan, nan.copy(), f"none: {post}"
     if params.get("clamp_negative"):
         return nan, nan.copy(), "none: negative counts were clamped to 0 (not linear in the noise)"
-    cell_scale = _laplace_scales(charges, ["cell_counts"])
-    if cell_scale is None or synopsis.slot_seconds is None or synopsis.window_start_s is None:
+    cell_law = _laplace_laws(charges, ["cell_counts"])
+    if cell_law is None or synopsis.slot_seconds is None or synopsis.window_start_s is None:
         return nan, nan.copy(), "none: this release records no cell noise law or no time window"
     extra = synopsis._extra
     factor = float(extra.get("scale_factor") or 1.0)
-    n_scale = _laplace_scales(charges, ["sample_size"]) if factor != 1.0 else None
-    if factor != 1.0 and n_scale is None:
+    n_law = _laplace_laws(charges, ["sample_size"]) if factor != 1.0 else None
+    if factor != 1.0 and n_law is None:
         return nan, nan.copy(), "none: the scale factor's noise (sample_size) is not recorded"
     xmin, ymin, xmax, ymax = synopsis.region.bounds_m
     nx, ny, nt = synopsis.shape
@@ -264,12 +271,12 @@ def spatio_temporal_intervals(synopsis: Synopsis, boxes: np.ndarray, start_s: np
     lower, upper = np.empty(len(boxes)), np.empty(len(boxes))
     if factor != 1.0:
         total, n_hat = float(extra["public_total"]), float(extra["n_estimate"])
-        n_star = np.maximum(1.0, n_hat + _dlap(rng, n_scale[0], draws))
+        n_star = np.maximum(1.0, n_hat + _dlap(rng, *n_law[0], draws))
     for q, box in enumerate(boxes):
         fx, fy = _cover(box[0], box[2], nx, (xmin, xmax)), _cover(box[1], box[3], ny, (ymin, ymax))
         ft = _cover(g0[q], g1[q], nt, (0.0, float(nt)))
         w = np.einsum("i,j,k->ijk", fx[fx > 0], fy[fy > 0], ft[ft > 0]).ravel()
-        noise = _noise_draws(rng, w, "laplace", cell_scale[0], draws)
+        noise = _noise_draws(rng, w, "laplace", cell_law[0][0], draws, cell_law[0][1])
         if factor == 1.0:
             dev = np.quantile(noise, [a, 1 - a])
         else:  # ŷ = N·(u + e)/n̂: re-draw both noises around the released values
@@ -289,21 +296,23 @@ BOOTSTRAP_MIN_DRAWS = 200
 BOOTSTRAP_WORK = 5e7
 
 
-def _laplace_scales(charges: list[dict], names: list[str]) -> list[float] | None:
-    """Discrete Laplace scale (sensitivity/ε) of each named charge; None unless every one is integer
-    discrete Laplace (a weighted release's lattice noise or a zCDP release is not modelled here)."""
+def _laplace_laws(charges: list[dict], names: list[str]) -> list[tuple[float, float]] | None:
+    """(scale = sensitivity/ε, lattice quantum) of each named charge's discrete Laplace noise (quantum 1:
+    integers; weighted bounding's weight sums record theirs); None unless every one is discrete Laplace
+    (a zCDP release is not modelled here)."""
     out = []
     for name in names:
         c = next((c for c in charges if c.get("name") == name), None)
         if c is None or c.get("noise") != "discrete_laplace" or not c.get("epsilon"):
             return None
-        out.append(float(c["sensitivity"]) / float(c["epsilon"]))
+        out.append((float(c["sensitivity"]) / float(c["epsilon"]), float(c.get("quantum") or 1.0)))
     return out
 
 
-def _dlap(rng: np.random.Generator, scale: float, size: int | tuple[int, ...]) -> np.ndarray:
-    q = -np.expm1(-1.0 / scale)  # 1 − t, t = exp(−1/scale)
-    return (rng.geometric(q, size) - rng.geometric(q, size)).astype(np.float64)
+def _dlap(rng: np.random.Generator, scale: float, quantum: float, size: int | tuple[int, ...]) -> np.ndarray:
+    """Discrete Laplace of ``scale`` on the lattice quantum·ℤ: quantum × DLap(scale/quantum)."""
+    q = -np.expm1(-quantum / scale)  # 1 − t, t = exp(−quantum/scale)
+    return quantum * (rng.geometric(q, size) - rng.geometric(q, size)).astype(np.float64)
 
 
 def _hb_sampler(synopsis: GridSynopsis, params: dict, charges: list[dict], boxes: np.ndarray):
@@ -314,17 +323,19 @@ def _hb_sampler(synopsis: GridSynopsis, params: dict, charges: list[dict], boxes
     b, h = int(synopsis._extra.get("branching", 0)), int(synopsis._extra.get("levels", 0))
     if b < 2 or h < 1 or synopsis.shape != (b ** h, b ** h):
         return None, "none: this HB release does not record its hierarchy (branching, levels)"
-    scales = _laplace_scales(charges, [f"level{lvl + 1}_counts" for lvl in range(h)])
-    if scales is None:
-        return None, "none: HB noise other than integer discrete Laplace (weighted or zCDP) is not modelled"
-    variances = [discrete_laplace_variance(s) for s in scales]
+    laws = _laplace_laws(charges, [f"level{lvl + 1}_counts" for lvl in range(h)])
+    if laws is None:
+        return None, "none: HB noise other than discrete Laplace (zCDP) is not modelled"
+    # The same per-level variances the release's consistency used (PointsInput.count_noise_variance).
+    variances = [quantum ** 2 * discrete_laplace_variance(scale / quantum) for scale, quantum in laws]
     xmin, ymin, xmax, ymax = synopsis.region.bounds_m
     leaf = b ** h
     fx = np.stack([_cover(x0, x1, leaf, (xmin, xmax)) for x0, _, x1, _ in boxes])
     fy = np.stack([_cover(y0, y1, leaf, (ymin, ymax)) for _, y0, _, y1 in boxes])
 
     def draw(rng: np.random.Generator) -> np.ndarray:
-        noisy = [_dlap(rng, s, (b ** (lvl + 1), b ** (lvl + 1))) for lvl, s in enumerate(scales)]
+        noisy = [_dlap(rng, scale, quantum, (b ** (lvl + 1), b ** (lvl + 1)))
+                 for lvl, (scale, quantum) in enumerate(laws)]
         e = hierarchy_consistency(noisy, variances, b)[-1]
         return np.einsum("qi,ij,qj->q", fx, e, fy)
 
@@ -343,9 +354,9 @@ def _ag_sampler(synopsis: GridSynopsis, params: dict, charges: list[dict], boxes
     m1, m2 = int(m1), np.asarray(m2, dtype=np.int64)
     c1 = [c for c in charges if c.get("name") == "level1_counts"]
     c2 = [c for c in charges if c.get("name") == "level2_counts"]
-    scales = _laplace_scales(charges, ["level1_counts", "level2_counts"])
-    if scales is None or m2.size != m1 * m1:
-        return None, "none: AG noise other than integer discrete Laplace (weighted or zCDP) is not modelled"
+    laws = _laplace_laws(charges, ["level1_counts", "level2_counts"])
+    if laws is None or m2.size != m1 * m1:
+        return None, "none: AG noise other than discrete Laplace (zCDP) is not modelled"
     eps1, eps2 = float(c1[0]["epsilon"]), float(c2[0]["epsilon"])
     n_leaves = m2 * m2
     leaf_cell = np.repeat(np.arange(m1 * m1), n_leaves)
@@ -361,7 +372,7 @@ def _ag_sampler(synopsis: GridSynopsis, params: dict, charges: list[dict], boxes
                       for bx0, by0, bx1, by1 in boxes])
 
     def draw(rng: np.random.Generator) -> np.ndarray:
-        e = constrained_inference(_dlap(rng, scales[0], m1 * m1), _dlap(rng, scales[1], leaf_cell.size),
+        e = constrained_inference(_dlap(rng, *laws[0], m1 * m1), _dlap(rng, *laws[1], leaf_cell.size),
                                   n_leaves, eps1, eps2)
         return cover @ e
 
@@ -415,10 +426,10 @@ def release_quality(synopsis: Synopsis, bands: tuple[tuple[float, float], ...] =
     if law is None:
         return {"noise_sd_per_cell": None, "bands": [],
                 "statement": "no noise-law summary: this release is post-processed (consistency, trees, nets)"}
-    kind, param = law
+    kind, param, quantum = law
     if kind == "laplace":
-        t = np.exp(-1.0 / param)
-        var = float(2 * t / (1 - t) ** 2)
+        t = np.exp(-quantum / param)
+        var = float(quantum ** 2 * 2 * t / (1 - t) ** 2)
     else:
         var = float(param)
     sd = float(np.sqrt(var))
