@@ -14,9 +14,9 @@ Privacy accounting:
 Candidates: by default every mechanism the ParamSelect model has error rows for (the shipped model:
 identity, ug, ag, privtree; a model trained with snh adds it); SNH, when chosen, runs with its defaults
 and reaches the same ρ. SNH is weighed as the variant it would run here (with the public denoiser where
-that applies) and must be predicted better than the others by ``SELF_TUNED_MARGIN``; a candidate whose training rows stop far
-below this release's n·ε/s is not weighed (see dpcore.paramselect.pick_candidate). The release's
-parameters list every candidate's predicted error.
+that applies) and must be predicted better than the others by ``SELF_TUNED_MARGIN``; a candidate whose
+training rows stop far below this release's n·ε/s is not weighed (see
+dpcore.paramselect.pick_candidate). The release's parameters list every candidate's predicted error.
 By default (``choose="band"``) the query band picks the mechanism (dpcore.mechanisms.auto_rule: a
 rule-sized uniform grid under 1 km, AG from 1 km, measured on public data with queries where people
 are); the cost model still scores every candidate for the manifest, and chooses alone with
