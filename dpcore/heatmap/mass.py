@@ -89,27 +89,37 @@ def mass_cells(x: np.ndarray, y: np.ndarray, user: np.ndarray | None, bounds: tu
     return cell_units(pix, user, spec)
 
 
+def person_mass(pix: np.ndarray, user: np.ndarray | None, n_cells: int,
+                quantum: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """(flat cell, float64 mass) of the non-empty cells when each person's points share one unit of
+    mass: a person with m points puts c/m on a cell holding c of them (``quantum`` None: exact), or
+    ⌊Q·c/m⌋ units of 1/Q (floored per person and cell, so a person adds at most Q units in all).
+    ``user`` None: every point is its own unit (1, or Q units)."""
+    if user is None:
+        cells, count = np.unique(pix, return_counts=True)
+        return cells, count * (1.0 if quantum is None else float(quantum))
+    _, u = np.unique(np.asarray(user), return_inverse=True)
+    u = u.astype(np.int64)
+    # One entry per (person, cell): how many of the person's m points fall there.
+    pair, c = np.unique(u * n_cells + pix, return_counts=True)
+    m = np.bincount(u)[pair // n_cells].astype(np.float64)
+    share = c / m if quantum is None else np.floor(c * (float(quantum) / m))
+    cells, inv = np.unique(pair % n_cells, return_inverse=True)
+    return cells, np.bincount(inv, weights=share, minlength=cells.size)
+
+
 def cell_units(pix: np.ndarray, user: np.ndarray | None, spec: MassSpec) -> tuple[np.ndarray, np.ndarray]:
     """(flat cell, int64 units) of the non-empty cells of the mass of points already on the grid:
     ``pix`` each point's flat cell ix·Δ + iy, ``user`` its person (needed when ``spec.point_units`` is
     None, and then every person's points in the region must all be here)."""
-    q = int(spec.quantum)
-    n_cells = int(spec.resolution) ** 2
     if spec.point_units is not None:
         cells, count = np.unique(pix, return_counts=True)
         return cells, count.astype(np.int64) * int(spec.point_units)
     if user is None:
         raise MassError("user-normalised mass needs the user of every point")
-    _, u = np.unique(np.asarray(user), return_inverse=True)
-    u = u.astype(np.int64)
-    # One entry per (person, cell): how many of the person's m points fall there; the share is floored
-    # per (person, cell), so a person adds at most Q units in all.
-    pair, c = np.unique(u * n_cells + pix, return_counts=True)
-    m = np.bincount(u)[pair // n_cells].astype(np.float64)
-    share = np.floor(c * (float(q) / m))
-    cells, inv = np.unique(pair % n_cells, return_inverse=True)
+    cells, mass = person_mass(pix, user, spec.size, int(spec.quantum))
     # Shares are integers and a cell's sum ≤ Q·(people) < 2^53, so the float64 sums are exact.
-    return cells, np.rint(np.bincount(inv, weights=share, minlength=cells.size)).astype(np.int64)
+    return cells, np.rint(mass).astype(np.int64)
 
 
 def mass_grid(x: np.ndarray, y: np.ndarray, user: np.ndarray | None, bounds: tuple[float, float, float, float],

@@ -46,6 +46,7 @@ from scipy.optimize import linprog, lsq_linear
 
 from dpcore import GeoDPError
 from dpcore.grid.histogram import flat_cell_index
+from dpcore.heatmap.mass import person_mass
 from dpcore.privacy.budget import Accountant, split_epsilon
 from dpcore.privacy.noise import NoiseSource
 from dpcore.synopsis.base import GridSynopsis
@@ -92,23 +93,13 @@ def user_normalised_grid(x: np.ndarray, y: np.ndarray, user: np.ndarray | None,
     """
     d = int(resolution)
     pix, inside = _pixel_index(x, y, bounds, d)
-    n_cells = d * d
-    if user is None:
-        w = np.ones(pix.size) if quantum is None else np.full(pix.size, float(quantum))
-        grid = np.bincount(pix, weights=w, minlength=n_cells)
-    else:
-        u = np.asarray(user)[inside]
-        if u.size != pix.size:
+    if user is not None:
+        user = np.asarray(user)[inside]
+        if user.size != pix.size:
             raise HeatmapError("user must have one entry per point")
-        _, u = np.unique(u, return_inverse=True)
-        u = u.astype(np.int64)
-        # One entry per (user, pixel): how many of the user's points fall there.
-        pair, c = np.unique(u * n_cells + pix, return_counts=True)
-        pair_user = pair // n_cells
-        pair_pix = pair % n_cells
-        m = np.bincount(u)[pair_user].astype(np.float64)
-        share = c / m if quantum is None else np.floor(c * (float(quantum) / m))
-        grid = np.bincount(pair_pix, weights=share, minlength=n_cells)
+    cells, mass = person_mass(pix, user, d * d, quantum)
+    grid = np.zeros(d * d)
+    grid[cells] = mass
     grid = grid.reshape(d, d)
     if quantum is None:
         return grid

@@ -37,7 +37,7 @@ import numpy as np
 from pydantic import Field
 
 from dpcore.geo import Region
-from dpcore.heatmap.mass import MassError, MassSpec, heatmap_mass_spec
+from dpcore.heatmap.mass import MassError, MassSpec, heatmap_mass_spec, mass_grid
 from dpcore.heatmap.quadtree import (
     DEFAULT_QUANTUM,
     HeatmapError,
@@ -83,13 +83,11 @@ def heatmap_units(data: PointsInput, resolution: int, quantum: int, normalisatio
         if data.fine_mass.spec != spec:
             raise MechanismError(f"the input's mass grid holds {data.fine_mass.spec}; this fit reads {spec}")
         return data.fine_mass.units
-    bounds = data.region.bounds_m
     if spec.point_units is not None:  # Q per record, or ⌊Q/k⌋ per point
-        unit = user_normalised_grid(data.x, data.y, None, bounds, resolution, quantum)  # Q per point
-        return (unit // quantum) * spec.point_units
+        return mass_grid(data.x, data.y, None, data.region.bounds_m, spec).units
     if data.user is None:
         raise MechanismError("a user-level heatmap needs the user of every point (FitInput.user)")
-    return user_normalised_grid(data.x, data.y, data.user, bounds, resolution, quantum)
+    return user_normalised_grid(data.x, data.y, data.user, data.region.bounds_m, resolution, quantum)
 
 
 def mass_spec(resolution: int, quantum: int, normalisation: str, unit: PrivacyUnit) -> MassSpec:
