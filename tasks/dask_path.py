@@ -39,6 +39,7 @@ from dpcore.data.chunks import (
 )
 from dpcore.data.inputs import InputSet, resolve_files
 from dpcore.data.points import DataError, LoadResult, ValidationReport, check_some_valid
+from dpcore.data.readers import release_arrow_memory
 from dpcore.heatmap.mass import MassGrid
 from dpcore.privacy.noise import NoiseSource
 
@@ -84,39 +85,30 @@ def _cluster() -> str | None:
     return None
 
 
-def _public_errors(read, *args):
-    """Run one file's read; on a cluster worker a data error leaves with its public part only: the
-    worker logs a failed task's exception and its scheduler keeps it for the dashboard, which the run's
-    summary links. The local threaded scheduler keeps the detail for the in-process form's operator."""
+def _read_file(read, inp: InputSet, *args):
+    """``read(inp, *args)`` for one file (chunks.file_counts or chunks.file_rows), its arrow memory
+    released after. On a cluster worker a data error leaves with its public part only: the worker logs
+    a failed task's exception and its scheduler keeps it for the dashboard, which the run's summary
+    links. The local threaded scheduler keeps the detail for the in-process form's operator."""
     try:
-        return read(*args)
+        return read(inp, *args)
     except DataError as exc:
         if _cluster() != "worker":
             raise
         failed = exc
-    raise DataError(failed.public or f"reading {args[0].source} failed on the data's content", public=failed.public)
-
-
-def _release_arrow_memory() -> None:
-    """Hand the file's freed arrow buffers back to the OS: arrow's allocator keeps them cached
-    otherwise, and every process of the pass would carry a dead copy of a file or two."""
-    import pyarrow as pa
-
-    pa.default_memory_pool().release_unused()
-
-
-def _read_counts(*args):
-    try:
-        return _public_errors(file_counts, *args)
     finally:
-        _release_arrow_memory()
+        release_arrow_memory()
+    raise DataError(failed.public or f"reading {inp.source} failed on the data's content", public=failed.public)
 
 
-def _read_rows(*args):
-    try:
-        return _public_errors(file_rows, *args)
-    finally:
-        _release_arrow_memory()
+def _file_reads(read, inp: InputSet, columns: dict[str, str] | None, strict: bool, specs: list[GridSpec],
+                window: Window, *extra) -> tuple[list, list]:
+    """One delayed :func:`_read_file` per file of ``inp``: (their results, their validation reports)."""
+    # one graph node each for the input and the specs, which every read shares (not one copy per read)
+    shared_inp, shared_specs = dask.delayed(inp, traverse=False), dask.delayed(specs, traverse=False)
+    reads = [dask.delayed(_read_file, nout=2)(read, shared_inp, f, columns, strict, shared_specs, window, *extra)
+             for f in inp.files]
+    return [r[0] for r in reads], [r[1] for r in reads]
 
 
 def _bound(df: pd.DataFrame, k: int, per_day: bool, seed: int | None,
@@ -156,12 +148,8 @@ def release_frame(source: str | LoadResult, specs: list[GridSpec], window: Windo
         reports, inp = [], None
     else:
         inp = resolve_files(source, fmt, window)
-        # one graph node each for the input and the specs, which every read shares (not one copy per read)
-        shared = dask.delayed(inp, traverse=False), dask.delayed(specs, traverse=False)
-        reads = [dask.delayed(_read_rows, nout=2)(shared[0], f, columns, strict, shared[1], window, per_day)
-                 for f in inp.files]
-        ddf = dd.from_delayed([r[0] for r in reads], meta=meta, verify_meta=False)
-        reports = [r[1] for r in reads]
+        rows, reports = _file_reads(file_rows, inp, columns, strict, specs, window, per_day)
+        ddf = dd.from_delayed(rows, meta=meta, verify_meta=False)
     # The rows' index means nothing here; dropping it saves 8 bytes a row through the shuffle.
     ddf = ddf.shuffle(on="user", npartitions=ddf.npartitions, ignore_index=True,
                       shuffle_method=_shuffle_method())
@@ -210,10 +198,7 @@ def release_counts(source: str | LoadResult, specs: list[GridSpec], window: Wind
                     for i in range(0, max(1, len(p)), MEMORY_PARTITION_ROWS)]
     else:
         inp = resolve_files(source, fmt, window)
-        shared = dask.delayed(inp, traverse=False), dask.delayed(specs, traverse=False)
-        reads = [dask.delayed(_read_counts, nout=2)(shared[0], f, columns, strict, shared[1], window)
-                 for f in inp.files]
-        partials, reports = [r[0] for r in reads], [r[1] for r in reads]
+        partials, reports = _file_reads(file_counts, inp, columns, strict, specs, window)
     total, reps = compute(_tree_sum(partials), reports)
     report = _sum_reports(reps, source)
     cities = {}

@@ -181,9 +181,9 @@ def test_a_cluster_worker_keeps_the_row_of_a_strict_failure_to_itself(tmp_path):
     in-process form) keeps the detail."""
     from distributed import Client, LocalCluster
 
-    from dpcore.data.chunks import GridSpec
+    from dpcore.data.chunks import GridSpec, file_counts
     from dpcore.data.inputs import resolve_input
-    from tasks.dask_path import _read_counts
+    from tasks.dask_path import _read_file
 
     df = _frame(5_000)
     df.loc[4_321, ["user_id", "lat"]] = (987_654_321, 123.456)
@@ -193,13 +193,13 @@ def test_a_cluster_worker_keeps_the_row_of_a_strict_failure_to_itself(tmp_path):
     secrets = ["4322", "987654321", "123.456"]
     specs, window = [GridSpec("new-york", city_region("new-york"), 8)], (None, None)
     with pytest.raises(DataError) as local:
-        _read_counts(inp, inp.files[0], None, True, specs, window)
+        _read_file(file_counts, inp, inp.files[0], None, True, specs, window)
     # the record-level read leaves the user column unread when its statistics prove it valid
     assert set(_leaks(str(local.value), secrets)) >= {"4322", "123.456"}
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster, \
             Client(cluster) as client:
         with pytest.raises(DataError, match="--strict") as remote:
-            client.submit(_read_counts, inp, inp.files[0], None, True, specs, window).result()
+            client.submit(_read_file, file_counts, inp, inp.files[0], None, True, specs, window).result()
     assert not _leaks(repr(remote.value), secrets) and not _leaks(str(remote.value), secrets)
 
 

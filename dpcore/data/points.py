@@ -23,6 +23,7 @@ from dpcore.data.readers import (
     missing_columns,
     part_from_frame,
     read_part,
+    release_arrow_memory,
 )
 
 __all__ = ["SNAP_COLUMNS", "STANDARD_COLUMNS", "DataError", "LoadResult", "Points", "ValidationReport",
@@ -213,14 +214,6 @@ def _merge(parts: list[Part]) -> Points:
     return Points(remap[user], ts, lat, lon, np.asarray(global_uniques, dtype=object)[present])
 
 
-def _release_arrow_memory() -> None:
-    """Hand the file's freed arrow buffers back to the OS: the allocator would otherwise keep them
-    cached, and the process's peak would hold a dead copy of the data."""
-    import pyarrow as pa
-
-    pa.default_memory_pool().release_unused()
-
-
 def _validated(parts_iter, strict: bool, source: str, names: list[str]) -> tuple[Points, ValidationReport]:
     """Validate file by file (dropping bad rows at once, so memory holds only valid ones), then merge."""
     report = ValidationReport()
@@ -233,7 +226,7 @@ def _validated(parts_iter, strict: bool, source: str, names: list[str]) -> tuple
                             public=strict_public(source))
         report.add(rep, name if len(names) > 1 else None)
         part.raw_row = None  # it holds the file's table; only its arrays go on
-        _release_arrow_memory()
+        release_arrow_memory()
         if rep.rows_kept:
             kept.append(part if keep is None else part.take(keep))
     check_some_valid(report, source)

@@ -239,6 +239,14 @@ def proven_columns(pf: Any, want: dict[str, str], skip: frozenset[str],
 
 
 # -- reading one file --------------------------------------------------------------------------
+def release_arrow_memory() -> None:
+    """Hand a read file's freed arrow buffers back to the OS: arrow's allocator keeps them cached
+    otherwise, and the process's peak (every worker's, on a cluster) would hold a dead copy of a file."""
+    import pyarrow as pa
+
+    pa.default_memory_pool().release_unused()
+
+
 def sources_for(columns: dict[str, str] | None) -> dict[str, str]:
     """Standard name → source column name, from a source→standard mapping."""
     inverse = {std: src for src, std in (columns or {}).items()}
