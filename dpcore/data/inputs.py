@@ -30,6 +30,11 @@ class DataError(GeoDPError, ValueError):
         super().__init__(message)
         self.public = public
 
+    @classmethod
+    def all_public(cls, message: str) -> DataError:
+        """An error whose whole message is public (file names, options, listing metadata)."""
+        return cls(message, public=message)
+
     def __reduce__(self):
         # a Dask worker pickles the error back to the client: ``public`` must travel with it
         return (type(self), (str(self), self.public))
@@ -242,8 +247,9 @@ def resolve_files(path: str | os.PathLike, fmt: str = "auto",
     """:func:`resolve_input`, refusing an input with no file left in ``window``."""
     inp = resolve_input(path, fmt, window)
     if not inp.files:
-        msg = f"no partition of {inp.source} lies in the time window ({inp.n_pruned} file(s) outside it)"
-        raise DataError(msg, public=msg)  # file names and counts are public listing metadata
+        # file names and counts of files are public listing metadata
+        raise DataError.all_public(f"no partition of {inp.source} lies in the time window "
+                                   f"({inp.n_pruned} file(s) outside it)")
     return inp
 
 

@@ -47,8 +47,7 @@ class Points:
     def __post_init__(self) -> None:
         n = self.user.size
         if not (self.ts.size == self.lat.size == self.lon.size == n):
-            raise DataError("user, ts, lat and lon must have the same length",
-                            public="user, ts, lat and lon must have the same length")
+            raise DataError.all_public("user, ts, lat and lon must have the same length")
 
     def __len__(self) -> int:
         return int(self.user.size)
@@ -242,7 +241,7 @@ def check_some_valid(report: ValidationReport, source: str) -> None:
     """Refuse an input with no (valid) rows; the counts go into the message, never into ``public``."""
     name = source or "input"
     if report.rows_read == 0:
-        raise DataError(f"{name} holds no rows", public=f"{name} holds no rows")
+        raise DataError.all_public(f"{name} holds no rows")
     if report.rows_kept == 0:
         raise DataError(f"{name} has no valid rows ({report.summary()})", public=f"{name} has no valid rows")
 

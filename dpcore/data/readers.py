@@ -345,7 +345,7 @@ def read_part(inp: InputSet, f: InputFile, columns: dict[str, str] | None, skip:
     columns in parallel (off where the caller already runs one file per core)."""
     shown = inp.display(f)
     if f.size == 0:
-        raise DataError(f"input file is empty: {shown}", public=f"input file is empty: {shown}")
+        raise DataError.all_public(f"input file is empty: {shown}")
     try:
         if f.fmt == "parquet":
             return _read_parquet(inp, f, columns, shown, skip, window, threads)
@@ -353,7 +353,7 @@ def read_part(inp: InputSet, f: InputFile, columns: dict[str, str] | None, skip:
     except DataError:
         raise
     except FileNotFoundError as exc:
-        raise DataError(f"input file not found: {shown}", public=f"input file not found: {shown}") from exc
+        raise DataError.all_public(f"input file not found: {shown}") from exc
     except Exception as exc:  # pyarrow / parser / network errors vary by format; all mean "unreadable"
         msg = " ".join(str(exc).split())[:300]
         # a parser's message may quote a line of the file or its number: public names only the file
