@@ -118,3 +118,22 @@ def test_auto_resolution_uses_the_rule_only_at_user_level_without_a_grid():
     assert not default.uses_rule(record)
     rec = default.fit(record, 1.0, NoiseSource.seeded(0))
     assert rec.extra_meta()["resolution"] is None and rec.values.shape == (256, 256, 13)
+
+
+def test_identity3d_under_the_rule_scales_as_the_fixed_grid_does():
+    """The rule's identity3d goes through the same full_scale as the fixed grid: N/n̂ with the n̂ it
+    already paid (recorded, not paid twice), 1 at record level, and a bad public total refused."""
+    data = _data(5, 8_000, public_total=30_000.0)
+    syn = get_mechanism("identity3d", resolution="rule").fit(data, 1.0, NoiseSource.seeded(0))
+    extra = syn.extra_meta()
+    assert [c["name"] for c in syn.privacy.charges] == ["sample_size", "cell_counts"]
+    assert extra["scale_factor"] == pytest.approx(30_000.0 / extra["n_estimate"])
+    n = data.x.size
+    record = FitInput(data.x, data.y, REGION, "record", slot=data.slot, n_slots=13, slot_seconds=7 * 86400,
+                      window_start_s=1_275_000_000, public_total=float(n))
+    for mech in (get_mechanism("identity3d", resolution="rule"), get_mechanism("identity3d", grid_size=16)):
+        assert mech.fit(record, 1.0, NoiseSource.seeded(0)).extra_meta()["scale_factor"] == 1.0
+        bad = FitInput(data.x, data.y, REGION, "user", 20, user=data.user, slot=data.slot, n_slots=13,
+                       slot_seconds=7 * 86400, window_start_s=1_275_000_000, public_total=-1.0)
+        with pytest.raises(Exception, match="public_total must be a finite count"):
+            mech.fit(bad, 1.0, NoiseSource.seeded(0))

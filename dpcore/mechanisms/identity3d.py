@@ -74,21 +74,23 @@ class FullScale:
 
 
 def full_scale(data: SpatioTemporalInput, n_exact: int, acct: Accountant, noise: NoiseSource,
-               count_fraction: float) -> FullScale:
+               count_fraction: float, n_hat: float | None = None) -> FullScale:
     """N / n̂ when N is declared public (n̂ paid with ``count_fraction`` of ε), else 1 (sample scale).
 
     Under record-level privacy nothing is bounded, so n = N and scaling is 1 without any charge.
+    ``n_hat``: an n̂ the fit has already paid (the resolution rule's), used and recorded instead.
     """
     if data.public_total is None:
-        return FullScale(1.0, None, None, "no public total given: counts are at the bounded-sample scale "
-                                          "(≤ k points per user), not full counts")
+        return FullScale(1.0, n_hat, None, "no public total given: counts are at the bounded-sample scale "
+                                           "(≤ k points per user), not full counts")
     total = float(data.public_total)
     if not np.isfinite(total) or total < 0:
         raise MechanismError(f"public_total must be a finite count ≥ 0, got {data.public_total}")
     if data.privacy_unit == "record":
-        return FullScale(1.0, None, total, "record-level privacy: no bounding, counts are full counts")
-    n_hat = paid_sample_size(data, n_exact, acct, noise, count_fraction,
-                             "n = points kept after bounding; one user changes it by ≤ k")
+        return FullScale(1.0, n_hat, total, "record-level privacy: no bounding, counts are full counts")
+    if n_hat is None:
+        n_hat = paid_sample_size(data, n_exact, acct, noise, count_fraction,
+                                 "n = points kept after bounding; one user changes it by ≤ k")
     return FullScale(total / n_hat, n_hat, total,
                      f"scaled by public total N={total:g} / noisy sample size n̂={n_hat:g}")
 
@@ -111,16 +113,17 @@ def rule_max_cells(region: Region, grid_size: int | None, cell_width_m: float | 
 
 
 def paid_resolution(data: SpatioTemporalInput, acct: Accountant, noise: NoiseSource, count_fraction: float,
-                    slot_signal: float, max_cells: int,
-                    query_sides_m: tuple[float, float] = DEFAULT_QUERY_SIDES_M) -> tuple[float, STResolution]:
-    """n̂ (:func:`paid_sample_size`) and the rule's resolution (dpcore.mechanisms.st_resolution) for the
-    ε left to the cells. Nothing private reaches the rule except through n̂."""
+                    slot_signal: float, max_cells: int, query_sides_m: tuple[float, float] = DEFAULT_QUERY_SIDES_M,
+                    ) -> tuple[float, STResolution, np.ndarray]:
+    """n̂ (:func:`paid_sample_size`), the rule's resolution (dpcore.mechanisms.st_resolution) for the ε
+    left to the cells, and the histogram at that resolution (merged slots; spread them back with
+    spread_slots after the noise). Nothing private reaches the rule except through n̂."""
     n_hat = paid_sample_size(data, int(data.grid_counts_3d(1).sum()), acct, noise, count_fraction,
                              "n = points kept after bounding; one unit changes it by ≤ k; "
                              "sets the grid and slot length (resolution rule) and the scale")
     res = st_resolution(n_hat, acct.remaining, data.sensitivity, int(data.n_slots), tuple(query_sides_m),
                         data.unit.kind, slot_signal=slot_signal, max_cells=max_cells)
-    return n_hat, res
+    return n_hat, res, merge_slots(st_counts(data, res.cells), res.slot_factor)
 
 
 def st_extra(data: SpatioTemporalInput, m: int, scale: FullScale) -> dict:
@@ -168,15 +171,11 @@ class IdentityGrid3D(Mechanism):
         res = None
         if self.resolution == "rule":
             # n̂ is paid first (even without a public total); grid and slot length follow from public inputs
-            n_hat, res = paid_resolution(data, acct, noise, self.count_fraction,
-                                         float(self.slot_signal or SLOT_SIGNAL), self.fine_grid(data.region),
-                                         self.rule_query_sides_m)
+            n_hat, res, counts = paid_resolution(data, acct, noise, self.count_fraction,
+                                                 float(self.slot_signal or SLOT_SIGNAL), self.fine_grid(data.region),
+                                                 self.rule_query_sides_m)
             m = res.cells
-            counts = merge_slots(st_counts(data, m), res.slot_factor)
-            total = data.public_total
-            scale = FullScale(1.0, n_hat, None, "no public total given: counts are at the bounded-sample scale") \
-                if total is None else FullScale(float(total) / n_hat, n_hat, float(total),
-                                                f"scaled by public total N={float(total):g} / noisy sample size n̂={n_hat:g}")
+            scale = full_scale(data, int(counts.sum()), acct, noise, self.count_fraction, n_hat=n_hat)
         else:
             m = st_grid_size(data, self.grid_size, self.cell_width_m)
             counts = st_counts(data, m)
@@ -191,8 +190,7 @@ class IdentityGrid3D(Mechanism):
         extra = st_extra(data, m, scale)
         if res is not None:
             noisy = spread_slots(noisy, res.slot_factor, res.n_slots)
-            notes.append(f"resolution rule (public inputs: n̂, ε, k, T): {m}² cells, slots merged by "
-                         f"{res.slot_factor} and spread evenly back")
+            notes.append(res.note())
             extra["resolution"] = res.record()
         acct.describe(notes)
         return SpatioTemporalSynopsis(noisy, data.region, None,

@@ -56,6 +56,11 @@ class STResolution:
         return {"cells": self.cells, "slot_factor": self.slot_factor, "coarse_slots": self.coarse_slots,
                 "signal": self.signal}
 
+    def note(self) -> str:
+        """What the release says about its resolution."""
+        return (f"resolution rule (public inputs: n̂, ε, k, T): {self.cells}² cells, slots merged by "
+                f"{self.slot_factor} and spread evenly back over the {self.n_slots} slots")
+
 
 def _power_of_two(m: float) -> int:
     return int(2 ** round(math.log2(max(m, 1.0))))

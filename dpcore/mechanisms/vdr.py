@@ -71,7 +71,7 @@ from dpcore.mechanisms.identity3d import (
 )
 from dpcore.mechanisms.inputs import SpatioTemporalInput
 from dpcore.mechanisms.params import Fraction, NonNegativeInt, Positive, PositiveInt
-from dpcore.mechanisms.st_resolution import DEFAULT_QUERY_SIDES_M, SLOT_SIGNAL, merge_slots, spread_slots
+from dpcore.mechanisms.st_resolution import DEFAULT_QUERY_SIDES_M, SLOT_SIGNAL, spread_slots
 from dpcore.privacy.noise import NoiseSource, discrete_laplace_variance
 from dpcore.synopsis.spatiotemporal import SpatioTemporalSynopsis
 
@@ -190,11 +190,10 @@ class VDR(Mechanism):
         res = None
         if self.uses_rule(data):
             # n̂ is paid first; the grid and slot length follow from it and other public inputs only
-            n_hat, res = paid_resolution(data, acct, noise, self.count_fraction, float(self.slot_signal),
-                                         rule_max_cells(data.region, self.grid_size, self.cell_width_m),
-                                         self.rule_query_sides_m)
+            n_hat, res, counts = paid_resolution(data, acct, noise, self.count_fraction, float(self.slot_signal),
+                                                 rule_max_cells(data.region, self.grid_size, self.cell_width_m),
+                                                 self.rule_query_sides_m)
             m = res.cells
-            counts = merge_slots(st_counts(data, m), res.slot_factor)
         else:
             m = st_grid_size(data, self.grid_size, self.cell_width_m)
             counts = st_counts(data, m)
@@ -261,8 +260,7 @@ class VDR(Mechanism):
             + (" (stopped by max_train_seconds)" if report.stopped_early else ""),
         ]
         if res is not None:
-            notes.append(f"resolution rule (public inputs: n̂, ε, k, T): {m}² cells, slots merged by "
-                         f"{res.slot_factor} and spread evenly back over the {res.n_slots} slots")
+            notes.append(res.note())
         extra = {"grid_size": m, "cell_width_m": data.region.side_m / m, "n_slots": int(data.n_slots or 0),
                  "n_estimate": n_hat, "public_total": data.public_total, "gamma": gamma, "C_estimate": c_hat,
                  "train_steps": report.steps, "train_seconds": report.seconds, "train_loss": report.final_loss,
