@@ -39,6 +39,7 @@ from dpcore.evaluation.spatiotemporal import STEvalConfig, evaluate_st
 from dpcore.geo import city_region, parse_slot
 from dpcore.mechanisms import Mechanism, MechanismTags, SpatioTemporalInput, register
 from dpcore.mechanisms.identity3d import IdentityGrid3D
+from dpcore.mechanisms.st_resolution import DEFAULT_QUERY_SIDES_M
 from dpcore.synopsis.spatiotemporal import SpatioTemporalSynopsis
 
 
@@ -71,7 +72,7 @@ class IdentityRule(IdentityGrid3D):
     name = "identity3d-rule"
 
     def __init__(self, *, grid_size: int = 256, slot_signal: float | None = None,
-                 rule_query_sides_m: tuple[float, float] = (100.0, 5000.0)):
+                 rule_query_sides_m: tuple[float, float] = DEFAULT_QUERY_SIDES_M):
         IdentityGrid3D.__init__(self, grid_size=grid_size, resolution="rule", slot_signal=slot_signal,
                                 rule_query_sides_m=rule_query_sides_m)
 
@@ -187,7 +188,7 @@ def main() -> int:
     hot_grid = args.grid if args.hotspot_grid is None else args.hotspot_grid
     if hot_grid == "rule":
         hot_grid = rule_cells(points, region, start, end, preset, args,
-                              tuple(vdr_params.get("rule_query_sides_m", (100.0, 5000.0))))
+                              tuple(vdr_params.get("rule_query_sides_m", DEFAULT_QUERY_SIDES_M)))
     hot_grid = int(hot_grid)
     config = STEvalConfig(
         mechanisms=args.mechanisms.split(","), epsilons=[float(e) for e in args.epsilon.split(",")],
