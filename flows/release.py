@@ -55,6 +55,7 @@ from tasks.release_tasks import (
 from tasks.runtime import dashboard_link, dask_for_run, where_it_runs
 from tasks.settings import load_settings
 from tasks.storage.ledger import DatasetLedger
+from tasks.storage.manifest import Manifest
 from tasks.storage.store import ReleaseStore
 
 
@@ -111,8 +112,8 @@ def release_cities(params: ReleaseParams, config_path: str | None = None, loaded
     log(f"{dataset} {period.label}: {len(plans)} cities, {len(plans) - len(todo)} already committed, "
         f"{len(todo)} to release; policy: {resolved.policy.describe()}")
     placed: list[dict] = []
-    results: dict[str, dict] = {p.city: {**committed[p.city], "status": "already committed"}
-                                for p in plans if committed[p.city] is not None}
+    results: dict[str, Manifest] = {p.city: committed[p.city] for p in plans if committed[p.city] is not None}
+    status = {city: "already committed" for city in results}
     if todo:
         # the data pass comes before the charge: bad input is a one-line error with nothing charged
         data = loaded if loaded is not None else params.data
@@ -143,7 +144,7 @@ def release_cities(params: ReleaseParams, config_path: str | None = None, loaded
             if held[p.city]["seq"] is not None and not committed_from(m, held[p.city]):
                 # another run's attempt was committed for this key: our noise is never published
                 step(void_charge)(params.store, dataset, held[p.city], "another attempt was committed")
-            results[p.city] = {**m, "status": "committed"}
+            results[p.city], status[p.city] = m, "committed"
     experiment = params.seed is not None
     loss = None if experiment else DatasetLedger(store, dataset).loss()
     guarantee = ("seeded noise (an experiment): NOT FOR PUBLICATION and not charged; anyone with the seed "
@@ -151,7 +152,7 @@ def release_cities(params: ReleaseParams, config_path: str | None = None, loaded
     summary = {"dataset": dataset, "period": period.label, "store": store.url,
                "policy": resolved.policy.to_dict(), "guarantee": guarantee, "loss": loss,
                "seconds": round(time.perf_counter() - t0, 2),
-               "releases": [_row(results[p.city]) for p in plans]}
+               "releases": [_row(results[p.city], status[p.city]) for p in plans]}
     if not in_process:
         # where the tasks ran: process ids and worker addresses are public facts about the platform
         workers = sorted({(w["worker"] or "", w["pid"]) for w in placed})
@@ -177,7 +178,8 @@ def _log(in_process: bool):
     return logger.info
 
 
-def _run_on_workers(store_url: str, dataset: str, todo: list, inputs: dict, held: dict, code: str) -> dict:
+def _run_on_workers(store_url: str, dataset: str, todo: list, inputs: dict, held: dict,
+                    code: str) -> tuple[dict[str, Manifest], list[dict]]:
     """One privatize → preview → persist chain per city on the Dask task runner. A city whose fit
     failed (nothing staged) gives its charge back before the error is raised."""
     futures = {}
@@ -209,7 +211,7 @@ class _FitFailed(Exception):
         self.cause = cause
 
 
-def _persisted(persist: PrefectFuture, upstream: tuple[PrefectFuture, ...]) -> dict:
+def _persisted(persist: PrefectFuture, upstream: tuple[PrefectFuture, ...]) -> Manifest:
     """The persist task's manifest. When a task before it failed (a fit the mechanism refused), persist
     never ran and its result is only "not ready"; that task's own error is raised instead (wrapped in
     _FitFailed, since nothing was staged), so the caller sees why and can give the charge back."""
@@ -225,20 +227,14 @@ def _persisted(persist: PrefectFuture, upstream: tuple[PrefectFuture, ...]) -> d
     raise not_ready
 
 
-def chosen_mechanism(manifest: dict) -> str | None:
-    """What a self-choosing mechanism (auto) ran, from its release's manifest; None for the others."""
-    chosen = (manifest.get("params") or {}).get("chosen")
-    return chosen.get("mechanism") if isinstance(chosen, dict) else None
+def _row(manifest: Manifest, status: str) -> dict:
+    """One city's line of a run's summary (its JSON keys are what `geodp release run --json` prints)."""
+    return {"city": manifest.city, "version": manifest.version, "epsilon": manifest.epsilon,
+            "rho": manifest.rho, "mechanism": manifest.mechanism, "chosen_mechanism": manifest.chosen_mechanism,
+            "status": status, "url": manifest.url, "region": manifest.region}
 
 
-def _row(manifest: dict) -> dict:
-    return {"city": manifest["city"], "version": manifest["version"], "epsilon": manifest["epsilon"],
-            "rho": manifest.get("rho"),
-            "mechanism": manifest["mechanism"], "chosen_mechanism": chosen_mechanism(manifest),
-            "status": manifest["status"], "url": manifest.get("url"), "region": manifest.get("region")}
-
-
-def _artifacts(summary: dict, results: dict, store: ReleaseStore) -> None:
+def _artifacts(summary: dict, results: dict[str, Manifest], store: ReleaseStore) -> None:
     """Table of cities, markdown summary with heatmaps of the released maps (never the true one)."""
     key = _artifact_key(f"release-{summary['dataset']}-{summary['period']}")
     create_table_artifact(
@@ -256,7 +252,7 @@ def _artifacts(summary: dict, results: dict, store: ReleaseStore) -> None:
         lines.append(f"## {r['city']} v{r['version']} ({r['status']})")
         lines.append(f"`{r['url']}`")
         m = results[r["city"]]
-        quality = m.get("quality") or {}
+        quality = m.quality or {}
         if quality.get("statement"):
             lines.append(f"- {quality['statement']}")
         for band in quality.get("bands", []):
@@ -264,11 +260,11 @@ def _artifacts(summary: dict, results: dict, store: ReleaseStore) -> None:
             verdict = "worse than a blank map" if band["worse_than_blank_map"] else "informative"
             lines.append(f"- squares of {lo:g}–{hi:g} m: expected |error| {band['expected_abs_error']:.3g} vs a "
                          f"typical released count {band['typical_released_count']:.3g} ({verdict})")
-        png = next((f for f in m.get("files", []) if f["name"] == "preview.png"), None)
+        png = m.file("preview.png")
         if png is not None and r["url"]:
             try:
                 rel = r["url"].split(store.root + "/", 1)[1]
-                data = store.read(f"{rel}/{png['path']}")
+                data = store.read(f"{rel}/{png.path}")
                 lines.append(f"![released heatmap](data:image/png;base64,{base64.b64encode(data).decode()})")
             except (IndexError, OSError):
                 pass

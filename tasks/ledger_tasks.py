@@ -23,6 +23,7 @@ from dpcore.privacy.accounting import (
     days_of_window,
 )
 from tasks.storage.ledger import DatasetLedger
+from tasks.storage.manifest import Manifest
 from tasks.storage.store import ReleaseRef, ReleaseStore
 
 DEFAULT_K = 20
@@ -183,7 +184,7 @@ def void_charge(store_url: str, dataset: str, held: dict, reason: str) -> None:
     DatasetLedger(ReleaseStore(store_url), dataset).void(held["seq"], [held["key"]], reason)
 
 
-def committed_from(manifest: dict, held: dict) -> bool:
+def committed_from(manifest: Manifest, held: dict) -> bool:
     """Whether a committed manifest's noise came from the charge this run holds."""
-    ledger = manifest.get("ledger") or {}
-    return held.get("seq") is not None and ledger.get("seq") == held["seq"] and ledger.get("draw") == held["draw"]
+    paid = manifest.ledger
+    return held.get("seq") is not None and paid is not None and paid.seq == held["seq"] and paid.draw == held["draw"]

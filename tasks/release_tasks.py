@@ -38,6 +38,7 @@ from dpcore.synopsis.uncertainty import release_quality
 from tasks.config import Period, canonical_hash
 from tasks.dask_path import CityData, DataPass, release_counts
 from tasks.public_errors import without_private_detail
+from tasks.storage.manifest import InputRef, Manifest
 from tasks.storage.store import ReleaseRef, ReleaseStore, check_slug
 
 PREVIEW = "preview.png"
@@ -256,7 +257,7 @@ def load_and_validate(path: str, columns: str | None = None, fmt: str = "auto", 
 
 @task(name="check-committed", retries=3, retry_delay_seconds=1, cache_policy=NO_CACHE,
       retry_condition_fn=_retry_unless_refused)
-def check_committed(store_url: str, plans: list[CityPlan]) -> dict[str, dict | None]:
+def check_committed(store_url: str, plans: list[CityPlan]) -> dict[str, Manifest | None]:
     """The committed manifest of each plan's release key, or None (re-running a commit is a no-op)."""
     store = ReleaseStore(store_url)
     return {p.city: store.find_committed(p.dataset, p.city, p.period.label, p.release_key) for p in plans}
@@ -385,13 +386,13 @@ def _release_cache_key(context, parameters: dict[str, Any]) -> str:
     (dataset, city, period, config hash incl. data version)."""
     store = ReleaseStore(parameters["store_url"])
     parts = [store.url_of(""), store.instance_id(), parameters["plan"].release_key]
-    return f"persist-{canonical_hash(parts)[:32]}"
+    return f"persist-manifest-{canonical_hash(parts)[:32]}"  # cached results are typed Manifests
 
 
 @task(name="persist-release", retries=3, retry_delay_seconds=1, retry_condition_fn=_retry_unless_refused,
       cache_key_fn=_release_cache_key, persist_result=True)
 def persist_release(store_url: str, plan: CityPlan, synopsis: Synopsis | None, preview: bytes | None,
-                    held: dict, code: str) -> dict:
+                    held: dict, code: str) -> Manifest:
     """Commit one city-release exactly once: claim a version, stage files, write the manifest.
 
     A committed manifest for the key is returned as is. A complete staged attempt left by a crashed
@@ -407,7 +408,7 @@ def persist_release(store_url: str, plan: CityPlan, synopsis: Synopsis | None, p
     ref = ReleaseRef(plan.dataset, plan.city, plan.period.label, version)
     existing = store.manifest(ref)
     if existing is not None:
-        return {**existing, "url": store.url_of(ref.rel)}
+        return existing
     staged = store.staged_attempt(ref)
     if staged is not None:
         attempt, files = staged
@@ -428,22 +429,22 @@ def persist_release(store_url: str, plan: CityPlan, synopsis: Synopsis | None, p
             attempt, files = store.stage(ref, tmp, names)
         privacy = synopsis.privacy.to_dict()
         resumed = False
-    manifest = {
-        "dataset": plan.dataset, "city": plan.city, "period": plan.period.label, "window": plan.period.to_dict(),
-        "version": version, "release_key": plan.release_key, "config_hash": plan.config_hash,
-        "mechanism": plan.mechanism, "params": privacy.get("params", plan.params), "epsilon": plan.epsilon,
-        "rho": plan.rho,
-        "max_points_per_user": plan.max_points_per_user if plan.privacy_unit == "user" else None,
-        "privacy_unit": plan.privacy_unit, "noise_source": privacy.get("noise_source"),
-        "region": plan.region.to_dict(), "slot_seconds": plan.slot_seconds,
-        "input": {"source": plan.source, "data_version": plan.data_version},
-        "code_version": code, "config": plan.config, "privacy": privacy,
-        "quality": release_quality(synopsis) if synopsis is not None and not resumed else None,
-        "ledger": paid_by, "attempt": attempt, "resumed_staged_attempt": resumed,
-        "bounding": ("each user bounded to k points per UTC day over all regions of the run" if plan.bound_per_day
-                     else "each user bounded to k points once over all regions of the run, before the split by city")
+    manifest = Manifest(
+        dataset=plan.dataset, city=plan.city, period=plan.period.label, window=plan.period.to_dict(),
+        version=version, release_key=plan.release_key, config_hash=plan.config_hash,
+        mechanism=plan.mechanism, params=privacy.get("params", plan.params), epsilon=plan.epsilon,
+        rho=plan.rho,
+        max_points_per_user=plan.max_points_per_user if plan.privacy_unit == "user" else None,
+        privacy_unit=plan.privacy_unit, noise_source=privacy.get("noise_source"),
+        region=plan.region.to_dict(), slot_seconds=plan.slot_seconds,
+        input=InputRef(source=plan.source, data_version=plan.data_version),
+        code_version=code, config=plan.config, privacy=privacy,
+        quality=release_quality(synopsis) if synopsis is not None and not resumed else None,
+        ledger=paid_by, attempt=attempt, resumed_staged_attempt=resumed,
+        bounding=("each user bounded to k points per UTC day over all regions of the run" if plan.bound_per_day
+                  else "each user bounded to k points once over all regions of the run, before the split by city")
         if plan.privacy_unit == "user" else "record-level: no bounding, sensitivity 1",
-        "files": files,
-    }
+        files=files,
+    )
     body, _ = store.commit(ref, manifest)
     return body

@@ -67,7 +67,7 @@ def test_backfill_through_the_served_deployment(prefect_harness, gowalla_sample_
         states = _wait_for_runs(ids)
         assert set(states.values()) == {"COMPLETED"}, (tmp_path / "serve.log").read_text()[-3000:]
         store = ReleaseStore(store_url)
-        assert sorted(r["period"] for r in store.list_releases()) == ["2010-05-01", "2010-05-02"]
+        assert sorted(r.period for r in store.list_releases()) == ["2010-05-01", "2010-05-02"]
         # a run scheduled for 2010-05-04 02:30 UTC that releases "yesterday" releases 2010-05-03, however
         # late it actually runs (the nightly's period comes from its scheduled start, not the wall clock)
         from datetime import UTC, datetime
@@ -78,7 +78,7 @@ def test_backfill_through_the_served_deployment(prefect_harness, gowalla_sample_
         late = run_deployment("release/release", parameters={"params": nightly.model_dump(mode="json")},
                               scheduled_time=datetime(2010, 5, 4, 2, 30, tzinfo=UTC), timeout=0)
         assert _wait_for_runs([str(late.id)]) == {str(late.id): "COMPLETED"}, (tmp_path / "serve.log").read_text()[-3000:]
-        assert sorted(r["period"] for r in store.list_releases()) == ["2010-05-01", "2010-05-02", "2010-05-03"]
+        assert sorted(r.period for r in store.list_releases()) == ["2010-05-01", "2010-05-02", "2010-05-03"]
         from tasks.storage.ledger import DatasetLedger
 
         ledger = DatasetLedger(store, gowalla_sample_path.name.split(".")[0])
@@ -97,7 +97,7 @@ def test_backfill_through_the_served_deployment(prefect_harness, gowalla_sample_
         assert sub.returncode == 0, sub.stderr[-2000:]
         run_id = sub.stdout.split("flow run ")[1].split()[0]
         assert _wait_for_runs([run_id]) == {run_id: "COMPLETED"}, (tmp_path / "serve.log").read_text()[-3000:]
-        assert [r["period"] for r in ReleaseStore(str(work / "rel-store")).list_releases()] == ["2010-05-05"]
+        assert [r.period for r in ReleaseStore(str(work / "rel-store")).list_releases()] == ["2010-05-05"]
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:

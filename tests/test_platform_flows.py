@@ -24,7 +24,7 @@ def test_backfill_7_days_3_cities_commits_21_then_nothing(prefect_harness, gowal
     releases = store.list_releases()
     assert first["committed"] == 21 and first["skipped"] == 0
     assert len(releases) == 21
-    assert {(r["city"], r["period"]) for r in releases} == {(c, f"2010-05-0{d}") for c in CITIES for d in range(1, 8)}
+    assert {(r.city, r.period) for r in releases} == {(c, f"2010-05-0{d}") for c in CITIES for d in range(1, 8)}
     ledger = DatasetLedger(store, gowalla_sample_path.name.split(".")[0])
     held = ledger.held()
     assert len(ledger.entries()) == 7 and len({h.charge.key for h in held}) == 21
@@ -91,4 +91,4 @@ def test_backfill_of_a_day_partitioned_input_reads_each_day_on_the_workers(prefe
                        max_points_per_user=10, n_workers=1, budget_cap=5.0)
     result = run_backfill(BackfillParams(release=rp, start="2024-03-02", end="2024-03-03"))
     assert result["committed"] == 2
-    assert {r["period"] for r in ReleaseStore(store_url).list_releases()} == {"2024-03-02", "2024-03-03"}
+    assert {r.period for r in ReleaseStore(store_url).list_releases()} == {"2024-03-02", "2024-03-03"}

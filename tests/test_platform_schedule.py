@@ -124,7 +124,7 @@ def test_schedule_alone_commits_a_release_on_dask(tmp_path):
             assert run.auto_scheduled  # created by the server's scheduler, not by this test
             # the period is the day before the run's scheduled start, and the config binds
             expected_day = (run.expected_start_time.astimezone(UTC).date() - timedelta(days=1)).isoformat()
-            assert expected_day in {r["period"] for r in store.list_releases()}
+            assert expected_day in {r.period for r in store.list_releases()}
             assert DatasetLedger(store, "served").policy().budget == pytest.approx(0.6)
             lines = [entry.message for entry in client.read_logs(
                 log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run.id])))]
@@ -142,7 +142,7 @@ def test_schedule_alone_commits_a_release_on_dask(tmp_path):
             while not (state := client.read_flow_run(form_run.id).state).is_final() and time.monotonic() < deadline:
                 time.sleep(2)
             assert state.is_completed(), f"{state}\n{serve_log.read_text()[-3000:]}"
-        assert sorted(r["city"] for r in store.list_releases(period="all")) == ["chicago", "new-york"]
+        assert sorted(r.city for r in store.list_releases(period="all")) == ["chicago", "new-york"]
         text = summary.data
         assert dash.removeprefix("Dask dashboard: ") in text
         flow_pid = int(re.search(r"flow process pid (\d+)", text).group(1))

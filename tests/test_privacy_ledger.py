@@ -235,7 +235,7 @@ def test_policy_is_stored_once_and_changed_only_explicitly(checkins, tmp_path, c
     assert rc == 2 and "k=5" in err
     assert _release(capsys, checkins, store, "--period", "2024-01-02")[0] == 0  # k comes from the policy
     manifests = ReleaseStore(str(store)).list_releases()
-    assert sorted(m["max_points_per_user"] for m in manifests) == [5, 5]
+    assert sorted(m.max_points_per_user for m in manifests) == [5, 5]
     # record level is refused until the policy declares m records per person; then charged m·ε
     rc, err = _release(capsys, checkins, store, "--period", "2024-01-03", "--privacy-unit", "record")
     assert rc == 2 and "records per person" in err
@@ -314,7 +314,7 @@ def test_nothing_published_tells_neighbours_apart(tmp_path, capsys):
                 "--param", "cell_width_m=2000", "--out", str(store)]
         assert main(argv) == 0
         (m,) = ReleaseStore(str(store)).list_releases()
-        return m
+        return {**m.body(), "url": m.url}
 
     m1, m2 = publish(df, tmp_path / "s1"), publish(df, tmp_path / "s2")
     neighbour = publish(df[df["user_id"] != df["user_id"].iloc[0]], tmp_path / "s3")
@@ -356,9 +356,9 @@ def test_zcdp_dataset_takes_rho_releases_with_gaussian_noise(checkins, tmp_path,
     loss = DatasetLedger(ReleaseStore(str(store)), "checkins").loss()
     assert loss["lifetime"] == pytest.approx(0.325)
     assert loss["lifetime_epsilon"] == pytest.approx(zcdp_epsilon(0.325, 1e-6))
-    rho_release = next(m for m in ReleaseStore(str(store)).list_releases() if m["period"] == "2024-01-01")
-    assert rho_release["rho"] == 0.2 and rho_release["epsilon"] is None
-    assert rho_release["privacy"]["charges"][0]["noise"] == "discrete_gaussian"
+    rho_release = next(m for m in ReleaseStore(str(store)).list_releases() if m.period == "2024-01-01")
+    assert rho_release.rho == 0.2 and rho_release.epsilon is None
+    assert rho_release.privacy.charges[0].noise == "discrete_gaussian"
     # a ρ release into a dataset accounted in pure ε, or by a mechanism without ρ, is refused
     assert main([*argv[:-1], str(tmp_path / "pure"), "--period", "2024-01-01", "--rho", "0.1"]) == 2
     assert "accounted in ρ" in capsys.readouterr().err

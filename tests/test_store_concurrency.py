@@ -35,7 +35,7 @@ def _release(args):
 def _readable_releases(store_url: str) -> list[dict]:
     out = []
     for m in ReleaseStore(store_url).list_releases():
-        manifest, _ = fetch_to_temp(m["url"])  # every file verified
+        manifest, _ = fetch_to_temp(m.url)  # every file verified
         out.append(manifest)
     return out
 
@@ -54,12 +54,12 @@ def test_the_same_release_twice_in_parallel_leaves_one_readable_release(where, r
             codes = pool.map(_release, [(str(small), store, env)] * 2)
             assert codes == [0, 0]
             found = _readable_releases(store)
-            assert len(found) == 1, [(m["version"], m["period"], m["release_key"]) for m in found]
+            assert len(found) == 1, [(m.version, m.period, m.release_key) for m in found]
             (manifest,) = found
             # the charge that paid for the committed noise is held; the other run gave its own back
             ledger = DatasetLedger(ReleaseStore(store), "small")
             held = ledger.held()
-            assert [h.seq for h in held] == [manifest["ledger"]["seq"]]
+            assert [h.seq for h in held] == [manifest.ledger.seq]
             assert ledger.loss()["lifetime"] == pytest.approx(0.1)
 
 
@@ -97,7 +97,7 @@ def test_a_kill_at_any_store_write_never_shows_a_partial_release(small, tmp_path
 
 def manifest_url(store: str) -> str:
     (m,) = ReleaseStore(store).list_releases()
-    return m["url"]
+    return m.url
 
 
 def test_altered_or_missing_files_are_one_line_errors(small, tmp_path):

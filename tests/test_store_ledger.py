@@ -72,14 +72,14 @@ def test_crash_between_data_and_manifest_then_rerun_commits_the_same_noise(store
     assert entries2["austin"]["seq"] is None
     other = privatize.fn(plan, _counted(plan, seed=2)["austin"])
     m = persist_release.fn(store_url, plan, other, None, entries2["austin"], "test")
-    assert m["resumed_staged_attempt"] is True and m["version"] == 1
+    assert m.resumed_staged_attempt is True and m.version == 1
     assert len(DatasetLedger(store, "synthetic").entries()) == 1
-    assert m["ledger"]["seq"] == entries["austin"]["seq"]  # the manifest names the charge that paid
-    _, d = fetch_to_temp(m["url"])
+    assert m.ledger.seq == entries["austin"]["seq"]  # the manifest names the charge that paid
+    _, d = fetch_to_temp(m.url)
     np.testing.assert_array_equal(load_synopsis(d).values, syn.values)
     # and a third run is a no-op returning the same version
     m3 = persist_release.fn(store_url, plan, other, None, entries2["austin"], "test")
-    assert m3["version"] == 1 and m3["attempt"] == m["attempt"]
+    assert m3.version == 1 and m3.attempt == m.attempt
     assert len(store.list_releases()) == 1
 
 
@@ -93,10 +93,10 @@ def test_incomplete_attempt_is_left_aside_and_invisible(store_url):
     assert store.list_releases() == []
     syn = privatize.fn(plan, _counted(plan, seed=1)["austin"])
     m = persist_release.fn(store_url, plan, syn, None, entries["austin"], "test")
-    assert m["resumed_staged_attempt"] is False and m["version"] == version
+    assert m.resumed_staged_attempt is False and m.version == version
     # the crashed upload is never deleted (it could be another run's upload in flight), never committed
-    assert m["attempt"] != "a-crashed" and all(not f["path"].startswith("a-crashed/") for f in m["files"])
-    _, d = fetch_to_temp(m["url"])
+    assert m.attempt != "a-crashed" and all(not f.path.startswith("a-crashed/") for f in m.files)
+    _, d = fetch_to_temp(m.url)
     np.testing.assert_array_equal(load_synopsis(d).values, syn.values)
 
 
@@ -107,23 +107,23 @@ def test_manifest_contents_and_integrity_on_read(store_url):
     m = persist_release.fn(store_url, plan, syn, b"png", entries["austin"], "test")
     for key in ("mechanism", "params", "epsilon", "max_points_per_user", "privacy_unit", "noise_source",
                 "code_version", "config_hash", "ledger", "files", "privacy", "release_key"):
-        assert key in m
-    assert m["max_points_per_user"] == 5 and m["privacy"]["charges"][0]["sensitivity"] == 5
-    assert {f["name"] for f in m["files"]} == {"grid.npz", "synopsis.json", "preview.png", "charge.json"}
-    assert all(len(f["sha256"]) == 64 and f["size"] > 0 for f in m["files"])
+        assert getattr(m, key) is not None
+    assert m.max_points_per_user == 5 and m.privacy.charges[0].sensitivity == 5
+    assert {f.name for f in m.files} == {"grid.npz", "synopsis.json", "preview.png", "charge.json"}
+    assert all(len(f.sha256) == 64 and f.size > 0 for f in m.files)
     listed = ReleaseStore(store_url).list_releases()
-    assert [(r["city"], r["version"]) for r in listed] == [("austin", 1)]
+    assert [(r.city, r.version) for r in listed] == [("austin", 1)]
     # tamper with a data file behind the manifest's back: reading fails loudly
     store = ReleaseStore(store_url)
-    f = next(f for f in m["files"] if f["name"] == "grid.npz")
-    rel = f"releases/synthetic/austin/2010-05-02/v1/{f['path']}"
+    f = m.file("grid.npz")
+    rel = f"releases/synthetic/austin/2010-05-02/v1/{f.path}"
     if store.local:
         with open(store.path(rel), "ab") as fh:
             fh.write(b"x")
     else:
         store.fs.pipe_file(store.path(rel), store.read(rel) + b"x")
     with pytest.raises(IntegrityError, match="integrity check failed"):
-        fetch_to_temp(m["url"])
+        fetch_to_temp(m.url)
 
 
 def _points_csv(path, points):

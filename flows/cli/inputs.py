@@ -6,11 +6,14 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from flows.cli.common import CLIError, eprint
+
+if TYPE_CHECKING:
+    from tasks.storage.manifest import Manifest
 
 Data = Annotated[str, typer.Argument(
     metavar="DATA", show_default=False,
@@ -87,7 +90,7 @@ def check_public_workload(workload: str) -> None:
 
 
 @contextmanager
-def fetch_release(target: str) -> Iterator[tuple[dict, object]]:
+def fetch_release(target: str) -> Iterator[tuple[Manifest, object]]:
     """(manifest, synopsis) of a committed release, every file's sha256 checked; reads, never creates."""
     import shutil
 

@@ -171,7 +171,7 @@ def void(
         if c["key"] not in held:
             continue
         for m in st.list_releases(dataset, c["city"], c["period"]):
-            if (m.get("ledger") or {}).get("seq") == seq:
+            if m.ledger is not None and m.ledger.seq == seq:
                 published.append(f"{c['city']} {c['period']}")
         if _staged_with(st, dataset, c, seq):
             published.append(f"{c['city']} {c['period']} (staged)")

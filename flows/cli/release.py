@@ -168,8 +168,8 @@ def _run_flow(params: ReleaseParams, config: str | None) -> dict:
         summary = run_release(params, config)
     store = ReleaseStore(params.store)
     for r in summary["releases"]:
-        found = [m["region"] for m in store.list_releases(summary["dataset"], r["city"], summary["period"])
-                 if int(m["version"]) == int(r["version"])]
+        found = [m.region for m in store.list_releases(summary["dataset"], r["city"], summary["period"])
+                 if m.version == int(r["version"])]
         if not found:
             raise CLIError(f"{r['city']}: the flow reported v{r['version']} but {store.url} holds no such "
                            "committed version; re-run the release")
@@ -295,9 +295,7 @@ def list_releases(
     from tasks.storage.store import ReleaseStore
 
     st = ReleaseStore(store, create=False)
-    rows = [{"dataset": m["dataset"], "city": m["city"], "period": m["period"], "version": m["version"],
-             "epsilon": m["epsilon"], "rho": m.get("rho"), "mechanism": m["mechanism"], "url": m["url"]}
-            for m in st.list_releases(dataset, city, period)]
+    rows = [m.listing() for m in st.list_releases(dataset, city, period)]
     if json_out is not None:
         emit_json(rows, json_out)
         return 0
@@ -315,20 +313,24 @@ def show(release: Release, json_out: Json = None) -> int:
     with fetch_release(release) as (manifest, _):
         pass
     if json_out is not None:
-        emit_json(manifest, json_out)
+        emit_json({**manifest.body(), "url": manifest.url}, json_out)
         return 0
-    print(f"{manifest['dataset']}/{manifest['city']}/{manifest['period']} v{manifest['version']} "
-          f"(committed {manifest.get('committed_at')})")
-    print(f"  mechanism {manifest['mechanism']} {json.dumps(manifest['params'])}")
-    print(f"  {budget_label(manifest['epsilon'], manifest.get('rho'))}, privacy unit {manifest['privacy_unit']}, "
-          f"k={manifest['max_points_per_user']}")
-    print(f"  noise: {manifest['noise_source']}; code: {manifest['code_version']}")
-    for c in manifest["privacy"]["charges"]:
-        print(f"  charge {c['name']}: {budget_label(c.get('epsilon'), c.get('rho'))}, "
-              f"sensitivity {c['sensitivity']:g}")
-    print(f"  ledger entry #{manifest['ledger_entry']['seq']} ({manifest['ledger_entry']['created_at']})")
-    for f in manifest["files"]:
-        print(f"  {f['name']}\t{f['size']} bytes\tsha256 {f['sha256'][:16]}… ok")
+    m = manifest
+    print(f"{m.dataset}/{m.city}/{m.period} v{m.version} (committed {m.committed_at or 'at an unrecorded time'})")
+    chose = f" (chose {m.chosen_mechanism})" if m.chosen_mechanism else ""
+    print(f"  mechanism {m.mechanism}{chose} {json.dumps(m.params, default=str)}")
+    k = f", k={m.max_points_per_user}" if m.max_points_per_user is not None else ""
+    print(f"  {budget_label(m.epsilon, m.rho)}, privacy unit {m.privacy_unit}{k}")
+    print(f"  noise: {m.noise_source or 'not recorded'}; code: {m.code_version or 'not recorded'}")
+    for c in m.privacy.charges:
+        print(f"  charge {c.name}: {budget_label(c.epsilon, c.rho)}, sensitivity {c.sensitivity:g}")
+    if m.ledger is None or m.ledger.seq is None:
+        print("  ledger: not charged (seeded noise: an experiment, NOT FOR PUBLICATION)")
+    else:
+        print(f"  paid by ledger entry #{m.ledger.seq} of dataset {m.ledger.dataset or m.dataset}")
+    print(f"  {m.url}")
+    for f in m.files:
+        print(f"  {f.name}\t{f.size} bytes\tsha256 {f.sha256[:16]}… ok")
     return 0
 
 

@@ -40,11 +40,11 @@ import fsspec
 from dpcore import GeoDPError
 from dpcore.data.inputs import storage_options_from_env as _storage_options_from_env
 from dpcore.synopsis.base import json_default
+from tasks.storage.manifest import MANIFEST_FORMAT, Manifest, ManifestError, ManifestFile, parse_manifest
 
 MANIFEST = "_MANIFEST.json"
 CLAIM = "_CLAIM.json"
 STAGED = "_STAGED.json"
-MANIFEST_FORMAT = "geodp-release/1"
 _MAX_APPEND_TRIES = 200
 _SLUG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
 
@@ -257,21 +257,26 @@ class ReleaseStore:
             return n, True
         raise StoreError(f"{prefix} is too contended: gave up claiming a version")
 
-    def manifest(self, ref: ReleaseRef) -> dict | None:
+    def manifest(self, ref: ReleaseRef) -> Manifest | None:
         try:
             return self.read_manifest(ref.rel)
         except FileNotFoundError:
             return None
 
-    def read_manifest(self, version_rel: str) -> dict:
-        """A committed manifest, checked against its own hash: an altered one is an IntegrityError."""
+    def read_manifest(self, version_rel: str) -> Manifest:
+        """A committed manifest, checked against its own hash (an altered one is an IntegrityError), typed
+        (tasks/storage/manifest.py) and located at its version's URL."""
+        where = f"{self.url_of(version_rel)}/{MANIFEST}"
         m = self.read_json(f"{version_rel}/{MANIFEST}")
         if not isinstance(m, dict) or not isinstance(m.get("files"), list):
-            raise IntegrityError(f"{self.url_of(version_rel)}/{MANIFEST} is not a release manifest")
+            raise IntegrityError(f"{where} is not a release manifest")
         if MANIFEST_HASH in m and manifest_hash(m) != m[MANIFEST_HASH]:
-            raise IntegrityError(f"{self.url_of(version_rel)}/{MANIFEST} was altered after it was committed "
+            raise IntegrityError(f"{where} was altered after it was committed "
                                  "(its content does not match its recorded sha256)")
-        return m
+        try:
+            return parse_manifest(m, where).located(self.url_of(version_rel))
+        except ManifestError as exc:
+            raise IntegrityError(str(exc)) from None
 
     def stage(self, ref: ReleaseRef, local_dir: str | Path, names: list[str]) -> tuple[str, list[dict]]:
         """Upload data files of a new attempt under v<N>/<attempt>/, then its _STAGED.json.
@@ -308,16 +313,17 @@ class ReleaseStore:
             return attempt, staged["files"]
         return None
 
-    def commit(self, ref: ReleaseRef, manifest: dict) -> tuple[dict, bool]:
+    def commit(self, ref: ReleaseRef, manifest: Manifest) -> tuple[Manifest, bool]:
         """Write the manifest create-only: the commit point. If another run of the same release key
         committed first, its manifest is returned (``created`` False) and ours is dropped."""
-        for f in manifest["files"]:  # the attempt must be whole right before it becomes the release
+        for f in manifest.files:  # the attempt must be whole right before it becomes the release
             try:
                 self._verified(ref.rel, f, cache=False)
             except FileNotFoundError:
-                raise IntegrityError(f"staged file {self.url_of(ref.rel + '/' + f['path'])} is missing; "
+                raise IntegrityError(f"staged file {self.url_of(ref.rel + '/' + f.path)} is missing; "
                                      "not committed") from None
-        body = {"format": MANIFEST_FORMAT, **manifest, "committed_at": utc_now()}
+        body = {**manifest.body(), "format": MANIFEST_FORMAT, "committed_at": utc_now()}
+        body.pop(MANIFEST_HASH, None)
         body[MANIFEST_HASH] = manifest_hash(body)
         data = json.dumps(body, indent=2, default=json_default).encode()
         for wait in (0.0, 0.1, 0.3, 1.0, 3.0):
@@ -330,47 +336,47 @@ class ReleaseStore:
                 # refused both: read the winner, else try to commit again.
                 existing = self.manifest(ref)
                 if existing is not None:
-                    return {**existing, "url": self.url_of(ref.rel)}, False
+                    return existing, False
         else:
             raise StoreError(f"{ref.rel}/{MANIFEST} could not be committed or read") from None
-        return {**body, "url": self.url_of(ref.rel)}, True
+        return parse_manifest(body, f"{self.url_of(ref.rel)}/{MANIFEST}").located(self.url_of(ref.rel)), True
 
-    def find_committed(self, dataset: str, city: str, period: str, release_key: str) -> dict | None:
+    def find_committed(self, dataset: str, city: str, period: str, release_key: str) -> Manifest | None:
         for n in self.versions(dataset, city, period):
-            ref = ReleaseRef(dataset, city, period, n)
-            m = self.manifest(ref)
-            if m is not None and m.get("release_key") == release_key:
-                return {**m, "url": self.url_of(ref.rel)}
+            m = self.manifest(ReleaseRef(dataset, city, period, n))
+            if m is not None and m.release_key == release_key:
+                return m
         return None
 
     # -- readers --------------------------------------------------------------------------------
     def list_releases(self, dataset: str | None = None, city: str | None = None,
-                      period: str | None = None) -> list[dict]:
+                      period: str | None = None) -> list[Manifest]:
         """Manifests of every committed version (versions without a manifest do not exist)."""
         out = []
         for ds in [dataset] if dataset else self.listdir("releases"):
             for c in [city] if city else self.listdir(f"releases/{ds}"):
                 for per in [period] if period else self.listdir(f"releases/{ds}/{c}"):
                     for n in self.versions(ds, c, per):
-                        ref = ReleaseRef(ds, c, per, n)
-                        m = self.manifest(ref)
+                        m = self.manifest(ReleaseRef(ds, c, per, n))
                         if m is not None:
-                            out.append({**m, "url": self.url_of(ref.rel)})
+                            out.append(m)
         return out
 
-    def _verified(self, version_rel: str, f: dict, cache: bool = True) -> bytes:
-        try:
-            data = self.read(f"{version_rel}/{f['path']}", cache=cache)
-        except KeyError:
-            raise IntegrityError(f"manifest of {self.url_of(version_rel)} lists a malformed file entry") from None
-        if len(data) != int(f["size"]) or sha256_bytes(data) != f["sha256"]:
+    def _verified(self, version_rel: str, f: ManifestFile | dict, cache: bool = True) -> bytes:
+        if not isinstance(f, ManifestFile):  # a _STAGED.json entry
+            try:
+                f = ManifestFile.model_validate(f)
+            except ValueError:
+                raise IntegrityError(f"{self.url_of(version_rel)} lists a malformed file entry") from None
+        data = self.read(f"{version_rel}/{f.path}", cache=cache)
+        if len(data) != f.size or sha256_bytes(data) != f.sha256:
             raise IntegrityError(
-                f"integrity check failed for {self.url_of(version_rel + '/' + f['path'])}: expected sha256 "
-                f"{f['sha256'][:16]}… and {f['size']} bytes, got {sha256_bytes(data)[:16]}… and {len(data)} bytes"
+                f"integrity check failed for {self.url_of(version_rel + '/' + f.path)}: expected sha256 "
+                f"{f.sha256[:16]}… and {f.size} bytes, got {sha256_bytes(data)[:16]}… and {len(data)} bytes"
             )
         return data
 
-    def fetch(self, version_rel: str, dest: str | Path) -> tuple[dict, Path]:
+    def fetch(self, version_rel: str, dest: str | Path) -> tuple[Manifest, Path]:
         """Download a committed version's files into dest, verifying every sha256; returns (manifest, dest)."""
         try:
             manifest = self.read_manifest(version_rel)
@@ -378,14 +384,14 @@ class ReleaseStore:
             raise StoreError(f"no committed release at {self.url_of(version_rel)} (no {MANIFEST})") from None
         d = Path(dest)
         d.mkdir(parents=True, exist_ok=True)
-        for f in manifest["files"]:
-            name = Path(f["name"])
+        for f in manifest.files:
+            name = Path(f.name)
             if name.is_absolute() or ".." in name.parts:
-                raise IntegrityError(f"manifest of {self.url_of(version_rel)} names an unsafe path {f['name']!r}")
+                raise IntegrityError(f"manifest of {self.url_of(version_rel)} names an unsafe path {f.name!r}")
             try:
                 data = self._verified(version_rel, f)
             except FileNotFoundError:
-                raise IntegrityError(f"{self.url_of(version_rel + '/' + f['path'])}, listed in the manifest, "
+                raise IntegrityError(f"{self.url_of(version_rel + '/' + f.path)}, listed in the manifest, "
                                      "is missing") from None
             (d / name).parent.mkdir(parents=True, exist_ok=True)
             (d / name).write_bytes(data)
@@ -416,13 +422,13 @@ def resolve_release(target: str, storage_options: dict[str, Any] | None = None) 
     if not found:
         raise StoreError(f"{t} holds no committed release")
     if len(found) > 1:
-        listing = "\n  ".join(r["url"] for r in found[:20])
+        listing = "\n  ".join(str(r.url) for r in found[:20])
         raise StoreError(f"{t} holds {len(found)} releases; name one of them:\n  {listing}")
     r = found[0]
-    return store, ReleaseRef(r["dataset"], r["city"], r["period"], int(r["version"])).rel
+    return store, ReleaseRef(r.dataset, r.city, r.period, r.version).rel
 
 
-def fetch_to_temp(target: str, storage_options: dict[str, Any] | None = None) -> tuple[dict, Path]:
+def fetch_to_temp(target: str, storage_options: dict[str, Any] | None = None) -> tuple[Manifest, Path]:
     """Resolve, download and verify a release into a fresh temporary folder (caller removes it)."""
     store, rel = resolve_release(target, storage_options)
     return store.fetch(rel, tempfile.mkdtemp(prefix="geodp-release-"))
