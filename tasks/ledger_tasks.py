@@ -22,7 +22,7 @@ from dpcore.privacy.accounting import (
     day_number,
     days_of_window,
 )
-from tasks.storage.ledger import DatasetLedger
+from tasks.storage.ledger import ENTRY_HASH, DatasetLedger
 from tasks.storage.manifest import Manifest
 from tasks.storage.store import ReleaseRef, ReleaseStore
 
@@ -153,7 +153,8 @@ def charge_ledger(store_url: str, plans: list, resolved: ResolvedPolicy, source:
 
     Ties the source to the dataset and stores the policy on the first release. Cities with a complete
     staged attempt are not charged (their noise was paid for by the run that drew it). Returns, per
-    city, the charge the run holds: {"seq", "draw", "key"} (seq None for a resumed city)."""
+    city, the charge the run holds: {"seq", "draw", "key", "entry_sha256"} (seq None for a resumed city);
+    the manifest names it, so the ledger entry cannot be deleted unnoticed (DatasetLedger.verify)."""
     if not plans:
         return {}
     store = ReleaseStore(store_url)
@@ -171,7 +172,7 @@ def charge_ledger(store_url: str, plans: list, resolved: ResolvedPolicy, source:
     if to_charge:
         entry, _ = ledger.charge([charge_for(p, replace(resolved, policy=policy), draw) for p in to_charge], policy)
         for p in to_charge:
-            out[p.city] = {"seq": entry["seq"], "draw": draw, "key": p.release_key}
+            out[p.city] = {"seq": entry["seq"], "draw": draw, "key": p.release_key, ENTRY_HASH: entry[ENTRY_HASH]}
     return out
 
 

@@ -216,7 +216,7 @@ def _staged_with(store, dataset: str, charge: dict, seq: int) -> bool:
 
 
 def _print_datasets(store, names: list[str], json_out: str | None, entries: bool, policy_log: bool) -> int:
-    from tasks.storage.ledger import DatasetLedger
+    from tasks.storage.ledger import ENTRY_HASH, DatasetLedger
 
     out = []
     for name in names:
@@ -224,11 +224,12 @@ def _print_datasets(store, names: list[str], json_out: str | None, entries: bool
         policy = ledger.policy()
         if policy is None:
             raise CLIError(f"dataset {name!r} has no policy in {store.url}")
-        log = ledger.entries()
+        log = ledger.verify()  # the chain, and every release names an entry of it: else exit 2
         held = ledger.held(log)
         row = {"dataset": name, "policy": policy.to_dict(), "guarantee": policy.describe(),
                "loss": ledger.loss(policy), "charges": len(held),
-               "voided": sum(len(e["voids"]) for e in log if e["kind"] == "void")}
+               "voided": sum(len(e["voids"]) for e in log if e["kind"] == "void"),
+               "chain": {"verified": True, "entries": len(log), "head_sha256": log[-1][ENTRY_HASH] if log else None}}
         if entries:
             row["entries"] = log
         if policy_log:
@@ -248,6 +249,10 @@ def _print_datasets(store, names: list[str], json_out: str | None, entries: bool
         print(f"  worst case so far for one person: {unit}={loss['window']:.4g} of {p['budget']:g} over {window}; "
               f"{unit}={loss['lifetime']:.4g} over the dataset's life{eps}")
         print(f"  {row['charges']} charge(s) held, {row['voided']} given back")
+        chain = row["chain"]
+        head = f", head {chain['head_sha256'][:16]}…" if chain["head_sha256"] else ""
+        print(f"  ledger chain verified: {chain['entries']} entr{'y' if chain['entries'] == 1 else 'ies'}{head}; "
+              "every committed or staged release names an entry of it")
         for e in row.get("policy_log", []):
             print(f"  policy #{e['seq']} {e['created_at']}: {e['reason']}")
         for e in row.get("entries", []):

@@ -10,6 +10,16 @@ Each log is linearizable without a lock service: a writer lists it, checks what 
 policy yet; the budget holds in every window the new charges touch) and creates entry ``len(log)``;
 of two writers racing for one number only one succeeds, and the other re-reads and checks again.
 
+Each log is a hash chain: an entry carries its own sha256 and the sha256 of the entry before it
+(``prev_sha256``; entry 0 names :data:`GENESIS`), and its number is inside what is hashed. Reading a
+log checks every hash, that the numbers run 0..n-1 without a gap, and that every entry follows the
+one before it, so an altered, deleted or reordered entry is an :class:`IntegrityError`. The newest
+entry has no successor to betray its deletion: every committed manifest and every staged attempt
+names the charge entry that paid for it (seq and sha256), and :meth:`DatasetLedger.verify` checks
+that each such entry is there, unchanged (docs/decisions/0018-ledger-hash-chain.md). Entries written
+before the chain existed carry no ``prev_sha256``; their own hashes and numbers are still checked, and
+the first chained entry after them names the last of them.
+
 Charges are never removed. A run whose fit fails before anything was staged, or whose city-release
 was committed by another run's attempt, appends a *void* of its own charge; everything else keeps its
 charge. Nothing here reads private data: policies, days, ε and regions are public configuration.
@@ -29,17 +39,26 @@ from dpcore.privacy.accounting import (
     check_within_budget,
     worst_case_loss,
 )
+from tasks.storage.manifest import ManifestError, parse_manifest
 from tasks.storage.store import (
     _MAX_APPEND_TRIES,
+    MANIFEST,
+    MANIFEST_HASH,
     IntegrityError,
     ReleaseStore,
     StoreError,
     check_slug,
+    manifest_hash,
     sha256_bytes,
     utc_now,
 )
 
 ENTRY_HASH = "entry_sha256"
+PREV_HASH = "prev_sha256"
+#: What entry 0 of a log names as the entry before it.
+GENESIS = "0" * 64
+#: Files of a release's folder that name the ledger entry which paid for its noise.
+_PAID_BY_FILES = (MANIFEST, "charge.json")
 
 
 def _entry_hash(entry: dict) -> str:
@@ -70,23 +89,41 @@ class DatasetLedger:
 
     # -- logs -----------------------------------------------------------------------------------
     def _log(self, prefix: str) -> list[dict]:
-        out = []
+        """The log under ``prefix``, its hash chain verified (module docstring)."""
+        entries = []
         for name in self.store.listdir(prefix):
             if name.endswith(".json") and name[:-5].isdigit():
                 entry = self.store.read_json(f"{prefix}/{name}")
                 if not isinstance(entry, dict) or entry.get(ENTRY_HASH) != _entry_hash(entry) \
                         or entry.get("seq") != int(name[:-5]):
-                    raise IntegrityError(f"{self.store.url_of(prefix)}/{name} was altered after it was written; "
-                                         "the ledger cannot be trusted until it is restored")
-                out.append(entry)
-        return sorted(out, key=lambda e: e["seq"])
+                    raise self._broken(prefix, f"entry {name} was altered or moved after it was written")
+                entries.append(entry)
+        entries.sort(key=lambda e: e["seq"])
+        chained = False
+        for i, entry in enumerate(entries):
+            if entry["seq"] != i:
+                raise self._broken(prefix, f"entry #{i} is missing (deleted)")
+            if PREV_HASH in entry:
+                chained = True
+                expected = GENESIS if i == 0 else entries[i - 1][ENTRY_HASH]
+                if entry[PREV_HASH] != expected:
+                    raise self._broken(prefix, f"entry #{i} does not follow entry #{i - 1} "
+                                               "(an entry was deleted, replaced or reordered)")
+            elif chained:
+                raise self._broken(prefix, f"entry #{i} is outside the hash chain the entries before it started")
+        return entries
+
+    def _broken(self, prefix: str, what: str) -> IntegrityError:
+        return IntegrityError(f"the ledger chain of dataset {self.dataset!r} does not verify: "
+                              f"{self.store.url_of(prefix)}: {what}; it cannot be trusted until it is restored")
 
     def _append(self, prefix: str, make: callable) -> dict:
         """Append ``make(log)`` as entry ``len(log)``; ``make`` checks the log and may raise."""
         for _ in range(_MAX_APPEND_TRIES):
             log = self._log(prefix)
             entry = make(log)
-            entry = {"seq": len(log), "dataset": self.dataset, "created_at": utc_now(), **entry}
+            entry = {"seq": len(log), "dataset": self.dataset, "created_at": utc_now(), **entry,
+                     PREV_HASH: log[-1][ENTRY_HASH] if log else GENESIS}
             entry[ENTRY_HASH] = _entry_hash(entry)
             try:
                 self.store.create(f"{prefix}/{len(log):08d}.json", json.dumps(entry, indent=2).encode())
@@ -151,6 +188,53 @@ class DatasetLedger:
     def entries(self) -> list[dict]:
         return self._log(self._ledger_dir)
 
+    def verify(self) -> list[dict]:
+        """The charge log, its chain verified, after checking that every committed manifest and every
+        staged attempt of this dataset names an entry of it as it is now: deleting the newest charge
+        entry cannot hide while anything it paid for is in the store. Returns the entries."""
+        references = self._paid_references()  # first: an entry always exists before anything names it
+        entries = self.entries()
+        for where, ref in references:
+            seq = ref.get("seq") if isinstance(ref, dict) else None
+            if seq is None:
+                continue  # seeded experiments hold no charge (and live in stores without a ledger)
+            entry = entries[seq] if isinstance(seq, int) and 0 <= seq < len(entries) else None
+            named = ref.get(ENTRY_HASH) or entry and entry[ENTRY_HASH]  # manifests before the chain name seq only
+            if entry is None or entry["kind"] != "charge" or named != entry[ENTRY_HASH]:
+                raise self._broken(self._ledger_dir, f"{where} was paid for by entry #{seq}, which is "
+                                                     f"{'missing' if entry is None else 'not that entry'}")
+        return entries
+
+    def _paid_references(self) -> list[tuple[str, dict | None]]:
+        """(where, the ledger reference it holds) for every manifest and staged charge of this dataset:
+        one listing and one batched read."""
+        root = self.store.path(f"releases/{self.dataset}")
+        fs = self.store.fs
+        fs.invalidate_cache(root)
+        try:
+            found = [p for p in fs.find(root) if p.rsplit("/", 1)[-1] in _PAID_BY_FILES]
+        except FileNotFoundError:
+            return []
+        base = self.store.root + "/"
+        out = []
+        for path, data in sorted(fs.cat(found).items()) if found else []:
+            where = self.store.url_of(path[len(base):]) if path.startswith(base) else path
+            try:
+                body = json.loads(data)
+            except json.JSONDecodeError:
+                raise IntegrityError(f"{where} is not valid JSON") from None
+            if path.endswith(MANIFEST):
+                if not isinstance(body, dict) or (MANIFEST_HASH in body and manifest_hash(body) != body[MANIFEST_HASH]):
+                    raise IntegrityError(f"{where} was altered after it was committed")
+                try:
+                    ref = parse_manifest(body, where).ledger
+                except ManifestError as exc:
+                    raise IntegrityError(str(exc)) from None
+                out.append((where, None if ref is None else ref.model_dump()))
+            else:
+                out.append((where, body if isinstance(body, dict) else None))
+        return out
+
     def held(self, entries: list[dict] | None = None) -> list[Held]:
         """Every charge not voided, in log order."""
         entries = self.entries() if entries is None else entries
@@ -172,6 +256,7 @@ class DatasetLedger:
             result["loss"] = check_within_budget(policy, existing, charges)
             return {"kind": "charge", "charges": [c.to_dict() for c in charges]}
 
+        self.verify()  # a lost entry is an error here, before its budget could be spent again
         entry = self._append(self._ledger_dir, make)
         return entry, result["loss"]
 
@@ -196,4 +281,4 @@ def datasets(store: ReleaseStore) -> list[str]:
     return store.listdir("datasets")
 
 
-__all__ = ["BudgetRefused", "DatasetLedger", "Held", "SourceTaken", "datasets"]
+__all__ = ["ENTRY_HASH", "GENESIS", "PREV_HASH", "BudgetRefused", "DatasetLedger", "Held", "SourceTaken", "datasets"]

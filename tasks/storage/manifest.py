@@ -43,6 +43,7 @@ class LedgerRef(_Open):
     seq: int | None = None
     draw: str | None = None
     key: str | None = None
+    entry_sha256: str | None = None  # the entry's own hash: its deletion cannot hide (tasks/storage/ledger.py)
     created_at: str | None = None  # written by the first manifest format (``ledger_entry``)
 
 
