@@ -19,6 +19,7 @@ from dpcore.data.readers import (
     SNAP_COLUMNS,
     STANDARD_COLUMNS,
     TS_MISSING,
+    NonIntegralIds,
     Part,
     missing_columns,
     part_from_frame,
@@ -251,7 +252,11 @@ def validate_frame(df: pd.DataFrame, strict: bool = False, source: str = "") -> 
     missing = [c for c in STANDARD_COLUMNS if c not in df.columns]
     if missing:
         raise missing_columns(source or "input", missing, list(df.columns))
-    return _validated([part_from_frame(df)], strict, source, [source or "input"])
+    try:
+        part = part_from_frame(df)
+    except NonIntegralIds:
+        raise NonIntegralIds(source or "the input") from None
+    return _validated([part], strict, source, [source or "input"])
 
 
 def parse_column_map(text: str | None) -> dict[str, str] | None:

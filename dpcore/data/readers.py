@@ -7,6 +7,11 @@ inside the release window): see :func:`proven_columns`. CSV, TSV and SNAP go thr
 (every cell a string, as the formats carry no types). Conversions that fail mark the value with a
 sentinel (missing user, NaN coordinate, INT64_MIN time); :mod:`dpcore.data.points` turns sentinels into
 dropped-row counts.
+
+A user id is one person whatever type a file gives it: an integer column is the id itself; a float
+column's whole numbers are that integer (88.0 is user 88) and any other number is an input error;
+text "88" is user 88 and so is "88.0" (how float ids look once written as text). Other text ids stay
+text. So the same person typed differently in two files is bounded once.
 """
 
 from __future__ import annotations
@@ -25,6 +30,19 @@ STANDARD_COLUMNS = ("user_id", "timestamp", "lat", "lon")
 SNAP_COLUMNS = ("user_id", "timestamp", "lat", "lon", "location_id")
 TS_MISSING = np.iinfo(np.int64).min
 _BAD_ID_TEXT = ["", "nan", "none", "null", "<na>"]
+#: Text of a whole number written as a float ("88.0"): the id is the integer before the point.
+_INTEGRAL_DECIMAL = r"^(-?(?:0|[1-9][0-9]*))\.0+$"
+
+
+class NonIntegralIds(DataError):
+    """A float user id column holds a number that is not a whole number (or beyond 64-bit integers)."""
+
+    def __init__(self, shown: str = "the input"):
+        super().__init__(*[f"{shown}: user_id holds numbers that are not whole; an id must be a whole number or "
+                           "text (a float id would merge or split people)"] * 2)
+
+    def __reduce__(self):  # pickled (by a Dask worker) as the plain DataError it is
+        return (DataError, (str(self), self.public))
 
 
 @dataclass
@@ -90,8 +108,9 @@ def numeric_epoch(v: np.ndarray) -> np.ndarray:
 
 
 def _judge_uniques(uniques: Any) -> tuple[pd.Index, np.ndarray]:
-    """Stripped string ids and which of them mean 'no user' (blank, nan, null, …)."""
-    text = pd.Index(uniques).astype(str).str.strip()
+    """Stripped string ids (a whole number written as a float, "88.0", as its integer "88") and which
+    of them mean 'no user' (blank, nan, null, …)."""
+    text = pd.Index(uniques).astype(str).str.strip().str.replace(_INTEGRAL_DECIMAL, r"\1", regex=True)
     return text, np.asarray((text == "") | text.str.lower().isin(_BAD_ID_TEXT))
 
 
@@ -102,17 +121,33 @@ def _coded_users(codes: np.ndarray, uniques: Any) -> tuple[np.ndarray, pd.Index,
     return codes, text, (bad if bad.any() else None)
 
 
+def _float_ids(values: np.ndarray, part: Part) -> None:
+    """Float ids: a whole number is that integer id (as in an integer file), NaN a missing user, and
+    anything else an input error (:class:`NonIntegralIds`)."""
+    ok = np.isfinite(values)
+    v = values[ok]
+    if (v != np.floor(v)).any() or (np.abs(v) >= 2.0 ** 63).any():
+        raise NonIntegralIds()
+    ints = np.zeros(values.size, dtype=np.int64)
+    ints[ok] = v.astype(np.int64)
+    part.user_int, part.bad_user = ints, (None if ok.all() else ~ok)
+
+
 def part_from_frame(df: pd.DataFrame) -> Part:
     """A frame with the standard columns (any dtypes) → :class:`Part`."""
     lat = pd.to_numeric(df["lat"], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
     lon = pd.to_numeric(df["lon"], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
     ts = to_epoch_seconds(df["timestamp"])
+    raw_row = lambda i: df.iloc[i][list(STANDARD_COLUMNS)].to_dict()  # noqa: E731
+    if pd.api.types.is_float_dtype(df["user_id"]):
+        part = Part(len(df), ts, lat, lon, None, raw_row=raw_row)
+        _float_ids(df["user_id"].to_numpy(dtype=np.float64, na_value=np.nan), part)
+        return part
     # Factorise first (hash-based, O(n)) and judge only the distinct ids: string work on every row
     # would dominate loading otherwise.
     codes, uniques = pd.factorize(df["user_id"], use_na_sentinel=True)
     codes, text, bad = _coded_users(codes, uniques)
-    return Part(len(df), ts, lat, lon, bad, codes=codes, uniques=text,
-                raw_row=lambda i: df.iloc[i][list(STANDARD_COLUMNS)].to_dict())
+    return Part(len(df), ts, lat, lon, bad, codes=codes, uniques=text, raw_row=raw_row)
 
 
 # -- column conversions (arrow) ----------------------------------------------------------------
@@ -160,6 +195,9 @@ def _arrow_users(col: Any, part: Part) -> None:
     if pa.types.is_integer(t) and not (pa.types.is_uint64(t)):
         part.user_int = _np(pc.cast(col, pa.int64()), 0)
         part.bad_user = col.is_null().to_numpy() if col.null_count else None
+        return
+    if pa.types.is_floating(t):
+        _float_ids(_np(pc.cast(col, pa.float64()), np.nan), part)
         return
     if pa.types.is_dictionary(t) or pa.types.is_string(t) or pa.types.is_large_string(t) \
             or pa.types.is_string_view(t):
@@ -350,6 +388,8 @@ def read_part(inp: InputSet, f: InputFile, columns: dict[str, str] | None, skip:
         if f.fmt == "parquet":
             return _read_parquet(inp, f, columns, shown, skip, window, threads)
         return _read_text(inp, f, columns, shown)
+    except NonIntegralIds:
+        raise NonIntegralIds(shown) from None
     except DataError:
         raise
     except FileNotFoundError as exc:
