@@ -36,6 +36,7 @@ from tasks.ledger_tasks import (
     charge_ledger,
     committed_from,
     mark_experimental,
+    read_window,
     refuse_if_experimental,
     resolve_policy,
     void_charge,
@@ -87,7 +88,7 @@ def release_cities(params: ReleaseParams, config_path: str | None = None, loaded
     else:
         refuse_if_experimental(store)
         resolved = resolve_policy(store.url, dataset, request)
-    window = (period.start_s, period.end_s)
+    window = read_window(period, resolved.policy)  # never a row outside the days the run is charged for
     cities = params.cities
     if not cities and not params.center:
         from dpcore.geo import city_names
@@ -117,7 +118,7 @@ def release_cities(params: ReleaseParams, config_path: str | None = None, loaded
     if todo:
         # the data pass comes before the charge: bad input is a one-line error with nothing charged
         data = loaded if loaded is not None else params.data
-        args = (data, todo, params.seed, per_day, params.columns, params.format, strict)
+        args = (data, todo, params.seed, per_day, params.columns, params.format, strict, window)
         counted = count_release_data(*args) if in_process else read_bound_count.submit(*args).result()
         if in_process:  # the operator's own terminal; the flow never logs counts of private rows
             log(f"read {params.data}: {counted.report.summary()} ({counted.n_files} file(s))")

@@ -15,6 +15,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from dpcore.privacy.accounting import (
+    DAY_S,
     EVERY_DAY,
     LedgerCharge,
     PolicyError,
@@ -114,12 +115,30 @@ def refuse_if_experimental(store: ReleaseStore) -> None:
                           "noise go to another store")
 
 
+def charged_days(period, policy: PrivacyPolicy) -> tuple[int, int]:
+    """The UTC days (first, last) a release of ``period`` is charged for: the days its period touches,
+    or, without a period, the policy's horizon (EVERY_DAY when it has none)."""
+    span = days_of_window(period.start_s, period.end_s)
+    if span is None:
+        horizon = policy.horizon
+        span = (day_number(horizon[0]), day_number(horizon[1])) if horizon else EVERY_DAY
+    return span
+
+
+def read_window(period, policy: PrivacyPolicy) -> tuple[int | None, int | None]:
+    """The time window [start_s, end_s) a release may read rows from: never wider than the days it is
+    charged for, so a release without a period under a horizon reads the horizon's rows only."""
+    if period.start_s is not None or period.end_s is not None:
+        return period.start_s, period.end_s
+    first, last = charged_days(period, policy)
+    if (first, last) == EVERY_DAY:
+        return None, None
+    return first * DAY_S, (last + 1) * DAY_S
+
+
 def charge_for(plan, resolved: ResolvedPolicy, draw: str) -> LedgerCharge:
     """The ledger's view of one city-release: its days, ε, region and bounding draw."""
-    span = days_of_window(plan.period.start_s, plan.period.end_s)
-    if span is None:
-        horizon = resolved.policy.horizon
-        span = (day_number(horizon[0]), day_number(horizon[1])) if horizon else EVERY_DAY
+    span = charged_days(plan.period, resolved.policy)
     per_day = resolved.policy.bound_window == "day" and plan.privacy_unit == "user"
     if per_day and span == EVERY_DAY:
         raise PolicyError(f"dataset {plan.dataset!r} bounds each person per UTC day: a release needs a "

@@ -278,27 +278,32 @@ def grid_specs(plans: list[CityPlan]) -> list[GridSpec]:
 @task(name="read-bound-count", retries=2, retry_delay_seconds=1, cache_policy=NO_CACHE, persist_result=False,
       retry_condition_fn=_retry_unless_refused)
 def read_bound_count(data: str | LoadResult, plans: list[CityPlan], seed: int | None, per_day: bool = False,
-                     columns: str | None = None, fmt: str = "auto", strict: bool = False) -> DataPass:
+                     columns: str | None = None, fmt: str = "auto", strict: bool = False,
+                     window: tuple[int | None, int | None] | None = None) -> DataPass:
     """:func:`count_release_data` as a Prefect task: a data error names what is wrong from public
     facts only (tasks/public_errors.py), since the Prefect UI shows a failed task's message and
     traceback; the in-process form calls :func:`count_release_data` and shows the detail."""
     return without_private_detail(
-        lambda: count_release_data(data, plans, seed, per_day, columns, fmt, strict),
+        lambda: count_release_data(data, plans, seed, per_day, columns, fmt, strict, window),
         data, columns, fmt, strict)
 
 
 def count_release_data(data: str | LoadResult, plans: list[CityPlan], seed: int | None, per_day: bool = False,
-                       columns: str | None = None, fmt: str = "auto", strict: bool = False) -> DataPass:
+                       columns: str | None = None, fmt: str = "auto", strict: bool = False,
+                       window: tuple[int | None, int | None] | None = None) -> DataPass:
     """The release's data pass on the Dask cluster it runs on (tasks/dask_path.py): read and validate
     the period's files, keep points inside any release region, bound each user to k points once over
     all of them together (or per UTC day with ``per_day``), and sum each city's fine count grid.
 
     Regions are half-open squares; a point inside two overlapping custom regions counts in both, and
-    the ledger charges such regions as if they were separate releases (dpcore.privacy.accounting)."""
+    the ledger charges such regions as if they were separate releases (dpcore.privacy.accounting).
+    ``window`` (default: the period) is the time the run is charged for (ledger_tasks.read_window):
+    no row outside it is read."""
     if not plans:
         raise ReleaseError("nothing to release")
     first = plans[0]
-    return release_counts(data, grid_specs(plans), (first.period.start_s, first.period.end_s),
+    window = (first.period.start_s, first.period.end_s) if window is None else tuple(window)
+    return release_counts(data, grid_specs(plans), window,
                           columns=parse_column_map(columns), fmt=fmt, strict=strict,
                           privacy_unit=first.privacy_unit, max_points_per_user=first.max_points_per_user,
                           per_day=per_day, seed=seed)
