@@ -107,7 +107,9 @@ def release_cities(params: ReleaseParams, config_path: str | None = None, loaded
                        data_version=params.data_version or source_version(params.data, params.format,
                                                                                        window),
                        slot=params.slot,
-                       public_total=params.public_total, source=source, bound_per_day=per_day)
+                       public_total=params.public_total, source=source, bound_per_day=per_day,
+                       records_per_person=resolved.policy.max_records_per_person
+                       if params.privacy_unit == "record" and resolved.policy.privacy_unit == "user" else None)
     committed = step(check_committed)(params.store, plans)
     todo = [p for p in plans if committed[p.city] is None]
     log(f"{dataset} {period.label}: {len(plans)} cities, {len(plans) - len(todo)} already committed, "

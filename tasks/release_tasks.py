@@ -107,6 +107,7 @@ class CityPlan:
     config: dict = field(default_factory=dict)
     bound_per_day: bool = False
     rho: float | None = None
+    records_per_person: int | None = None  # m: a record-level release into a person-level dataset
 
     @property
     def config_hash(self) -> str:
@@ -121,12 +122,13 @@ def make_plans(*, dataset: str, cities: list[str], center: str | None, side_km: 
                period: Period, mechanism: str, params: dict, epsilon: float | None, privacy_unit: str,
                max_points_per_user: int, seed: int | None, data_version: str, slot: str = "1h",
                public_total: float | None = None, source: str = "", bound_per_day: bool = False,
-               rho: float | None = None) -> list[CityPlan]:
+               rho: float | None = None, records_per_person: int | None = None) -> list[CityPlan]:
     """One plan per region. Validates names and parameters before any data is touched.
 
     The release key and config hash are functions of public configuration only: the dataset, the
     source's locator and its public data version (an operator-declared version or the files'
-    modification time), the region, period, mechanism, parameters, ε and bounding."""
+    modification time), the region, period, mechanism, parameters, ε and bounding. ``records_per_person``
+    (m, from a person-level dataset's policy) bounds each person to m records in a record-level release."""
     tags = get_mechanism_class(mechanism).tags
     try:
         get_mechanism(mechanism, **params).check_params()  # bad parameters fail here, before the ledger
@@ -176,9 +178,12 @@ def make_plans(*, dataset: str, cities: list[str], center: str | None, side_km: 
                   "noise": "secure" if seed is None else f"seeded:{seed}", "source": source,
                   "data_version": data_version, "slot_seconds": slot_seconds, "public_total": public_total,
                   "bound_per_day": bool(bound_per_day and privacy_unit == "user")}
+        m = int(records_per_person) if records_per_person is not None and privacy_unit == "record" else None
+        if m is not None:  # only when set, so the keys of every other release stay what they were
+            config["records_per_person"] = m
         plans.append(CityPlan(dataset, city, region, period, mechanism, dict(params), config["epsilon"], privacy_unit,
                               int(max_points_per_user), config["noise"], data_version, slot_seconds, public_total,
-                              source, config, config["bound_per_day"], rho))
+                              source, config, config["bound_per_day"], rho, m))
     return plans
 
 
@@ -303,10 +308,14 @@ def count_release_data(data: str | LoadResult, plans: list[CityPlan], seed: int 
         raise ReleaseError("nothing to release")
     first = plans[0]
     window = (first.period.start_s, first.period.end_s) if window is None else tuple(window)
+    unit, k = first.privacy_unit, first.max_points_per_user
+    if unit == "record" and first.records_per_person is not None:
+        # a person-level dataset charges this release m·ε: each person keeps at most m records, drawn
+        # as k points are, so that charge is true whatever a person contributed
+        unit, k, per_day = "user", first.records_per_person, False
     return release_counts(data, grid_specs(plans), window,
                           columns=parse_column_map(columns), fmt=fmt, strict=strict,
-                          privacy_unit=first.privacy_unit, max_points_per_user=first.max_points_per_user,
-                          per_day=per_day, seed=seed)
+                          privacy_unit=unit, max_points_per_user=k, per_day=per_day, seed=seed)
 
 
 def _noise_for(plan: CityPlan) -> NoiseSource:
@@ -448,7 +457,10 @@ def persist_release(store_url: str, plan: CityPlan, synopsis: Synopsis | None, p
         ledger=paid_by, attempt=attempt, resumed_staged_attempt=resumed,
         bounding=("each user bounded to k points per UTC day over all regions of the run" if plan.bound_per_day
                   else "each user bounded to k points once over all regions of the run, before the split by city")
-        if plan.privacy_unit == "user" else "record-level: no bounding, sensitivity 1",
+        if plan.privacy_unit == "user" else
+        f"record-level in a person-level dataset: each person bounded to m={plan.records_per_person} records "
+        "once over all regions of the run, sensitivity 1 per record" if plan.records_per_person is not None
+        else "record-level: no bounding, sensitivity 1",
         files=files,
     )
     body, _ = store.commit(ref, manifest)
