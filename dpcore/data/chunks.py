@@ -329,26 +329,45 @@ def bound_chunk(df: pd.DataFrame, max_points_per_user: int, rng: np.random.Gener
 def frame_counts(df: pd.DataFrame, specs: list[GridSpec]) -> dict[str, tuple]:
     """Per region, what :func:`array_counts` gives, from bounded :func:`compact_meta` rows."""
     out: dict[str, tuple] = {}
+    person_total = union_point_counts(df, specs)
     for i, spec in enumerate(specs):
         if spec.cells is None:
             x, y = spec.region.project(df["lat"].to_numpy(), df["lon"].to_numpy())
             m = spec.region.contains_m(x, y)
             out[spec.city] = ("points", x[m], y[m], df["user"].to_numpy()[m])
         elif spec.mass is not None:
-            out[spec.city] = frame_mass(df, f"c{i}", spec)
+            out[spec.city] = frame_mass(df, f"c{i}", spec, person_total)
         else:
             out[spec.city] = _sparse(df[f"c{i}"].to_numpy().astype(np.intp, copy=False), spec.size)
     return out
 
 
-def frame_mass(df: pd.DataFrame, column: str, spec: GridSpec) -> tuple:
+def union_point_counts(df: pd.DataFrame, specs: list[GridSpec]) -> np.ndarray | None:
+    """Per row, how many (point, region) pairs its person has over every user-normalised mass grid of
+    the run: each person's mass is shared over all of them (≤ 1 over the whole run, not 1 per region;
+    dpcore.heatmap.mass). None when the run has no such grid."""
+    normalised = [i for i, s in enumerate(specs) if s.mass is not None and s.mass.point_units is None]
+    if not normalised or not len(df):
+        return None
+    codes = pd.factorize(df["user"])[0]
+    n = int(codes.max()) + 1
+    per_person = np.zeros(n, dtype=np.int64)
+    for i in normalised:
+        inside = df[f"c{i}"].to_numpy() != specs[i].size
+        per_person += np.bincount(codes[inside], minlength=n)
+    return per_person[codes]
+
+
+def frame_mass(df: pd.DataFrame, column: str, spec: GridSpec, person_total: np.ndarray | None = None) -> tuple:
     """("counts", cell indices, units) of the partition's mass on a heatmap's grid (dpcore.heatmap.mass)
     from its rows' cells in ``column``. Under user normalisation every person's rows must be in ``df``
     (the shuffle on ``user`` puts them there), so each person's mass is spread over all of their
-    points in the region; the partitions' units then add up exactly."""
+    points in the run's regions (``person_total``, per row: :func:`union_point_counts`; without it, in
+    this region); the partitions' units then add up exactly."""
     cells = df[column].to_numpy().astype(np.int64, copy=False)
     inside = cells != spec.size
-    idx, units = cell_units(cells[inside], df["user"].to_numpy()[inside], spec.mass)
+    total = None if person_total is None else person_total[inside]
+    idx, units = cell_units(cells[inside], df["user"].to_numpy()[inside], spec.mass, total)
     return ("counts", idx, units)
 
 

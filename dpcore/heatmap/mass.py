@@ -8,6 +8,13 @@ A heatmap's input is the sum over privacy units of each unit's mass on the grid,
 - or every point adds ``point_units`` units: Q at record level (every record is its own unit), ⌊Q/k⌋
   under the ``"bound"`` normalisation (≤ k points per person over the release, so ≤ Q per person).
 
+A release of several regions normalises each person over the union of its regions: a person's Q
+units are shared by all of their points inside any of the run's regions (``person_total``: the
+count of (point, region) pairs of that person), so their mass over the whole run is ≤ Q, and the
+regions' heatmaps together have L1 sensitivity Q, like one heatmap (the regions then compose in
+parallel in the ledger, as the k points of a count release do). A person normalised per region
+would have mass Q in every region they visit.
+
 Every unit's mass is a function of that unit's own points only, so the input of a union of disjoint
 groups of people is the exact int64 sum of the groups' inputs. A cluster's data pass uses this
 (dpcore.data.chunks, tasks/dask_path.py): after the shuffle on the user key each partition holds all
@@ -90,34 +97,40 @@ def mass_cells(x: np.ndarray, y: np.ndarray, user: np.ndarray | None, bounds: tu
 
 
 def person_mass(pix: np.ndarray, user: np.ndarray | None, n_cells: int,
-                quantum: int | None) -> tuple[np.ndarray, np.ndarray]:
+                quantum: int | None, person_total: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(flat cell, float64 mass) of the non-empty cells when each person's points share one unit of
     mass: a person with m points puts c/m on a cell holding c of them (``quantum`` None: exact), or
     ⌊Q·c/m⌋ units of 1/Q (floored per person and cell, so a person adds at most Q units in all).
-    ``user`` None: every point is its own unit (1, or Q units)."""
+    ``user`` None: every point is its own unit (1, or Q units). ``person_total`` (per point, ≥ the
+    person's points here) replaces m: the person's points over every region of a run."""
     if user is None:
         cells, count = np.unique(pix, return_counts=True)
         return cells, count * (1.0 if quantum is None else float(quantum))
     _, u = np.unique(np.asarray(user), return_inverse=True)
     u = u.astype(np.int64)
     # One entry per (person, cell): how many of the person's m points fall there.
-    pair, c = np.unique(u * n_cells + pix, return_counts=True)
-    m = np.bincount(u)[pair // n_cells].astype(np.float64)
+    pair, first, c = np.unique(u * n_cells + pix, return_index=True, return_counts=True)
+    if person_total is None:
+        m = np.bincount(u)[pair // n_cells].astype(np.float64)
+    else:
+        m = np.asarray(person_total, dtype=np.float64)[first]
     share = c / m if quantum is None else np.floor(c * (float(quantum) / m))
     cells, inv = np.unique(pair % n_cells, return_inverse=True)
     return cells, np.bincount(inv, weights=share, minlength=cells.size)
 
 
-def cell_units(pix: np.ndarray, user: np.ndarray | None, spec: MassSpec) -> tuple[np.ndarray, np.ndarray]:
+def cell_units(pix: np.ndarray, user: np.ndarray | None, spec: MassSpec,
+               person_total: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(flat cell, int64 units) of the non-empty cells of the mass of points already on the grid:
     ``pix`` each point's flat cell ix·Δ + iy, ``user`` its person (needed when ``spec.point_units`` is
-    None, and then every person's points in the region must all be here)."""
+    None, and then every person's points in the region must all be here); ``person_total`` as in
+    :func:`person_mass` (a run of several regions)."""
     if spec.point_units is not None:
         cells, count = np.unique(pix, return_counts=True)
         return cells, count.astype(np.int64) * int(spec.point_units)
     if user is None:
         raise MassError("user-normalised mass needs the user of every point")
-    cells, mass = person_mass(pix, user, spec.size, int(spec.quantum))
+    cells, mass = person_mass(pix, user, spec.size, int(spec.quantum), person_total)
     # Shares are integers and a cell's sum ≤ Q·(people) < 2^53, so the float64 sums are exact.
     return cells, np.rint(mass).astype(np.int64)
 

@@ -65,12 +65,12 @@ Percent = Annotated[float, Field(gt=0, le=100)]
 def heatmap_units(data: PointsInput, resolution: int, quantum: int, normalisation: str = "user") -> np.ndarray:
     """Integer masses (units of 1/Q) of the heatmap input, each privacy unit adding at most Q.
 
-    ``"user"`` (the paper's): each user's points *in this region* share mass 1. A user present in
-    several regions of one release then has mass 1 in each, so every region's heatmap is a separate
-    ε-release for that user (the ledger must charge each). ``"bound"``: every point has mass 1/k with
-    the release-wide bound k (≤ k points per user over all regions), so a user's mass over the whole
-    multi-region release is ≤ 1 and the regions compose in parallel. Record level: each record is
-    its own unit with mass 1 (both normalisations agree).
+    ``"user"`` (the paper's): each user's points share mass 1. Given points, the points in this
+    region; in a release, the release's data pass shares it over the user's points in all of its
+    regions (dpcore.heatmap.mass), so a user's mass over the whole multi-region release is ≤ 1 and
+    the regions compose in parallel. ``"bound"``: every point has mass 1/k with the release-wide
+    bound k (≤ k points per user over all regions), also ≤ 1 over the release. Record level: each
+    record is its own unit with mass 1 (both normalisations agree).
 
     A release's input is the mass grid its data pass summed over the workers' partitions
     (``data.fine_mass``, declared by :func:`mass_spec`); it must hold exactly this mass. Points (an
