@@ -12,37 +12,56 @@ from __future__ import annotations
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
+from prefect.states import State
 
+from dpcore import GeoDPError
 from dpcore.data.inputs import partition_day, resolve_input
 from dpcore.privacy.accounting import budget_label
-from flows.release import _artifact_key, release_cities
+from flows.release import _artifact_key, refused, run_plan
 from tasks.config import BackfillParams, canonical_hash, days_between, parse_period
-from tasks.release_tasks import dataset_name, load_and_validate
+from tasks.ledger_tasks import check_budget
+from tasks.release_plan import ReleasePlan, plan_release
+from tasks.release_tasks import load_and_validate
 from tasks.runtime import dask_for_run
 
 
-@flow(name="backfill", log_prints=True)
-def backfill_flow(params: BackfillParams, config_path: str | None = None) -> dict:
-    with dask_for_run(params.release.dask_address, params.release.n_workers):
-        return _backfill(params, config_path)
-
-
-def _backfill(params: BackfillParams, config_path: str | None) -> dict:
-    logger = get_run_logger()
-    days = days_between(params.start, params.end)
+@flow(name="backfill", log_prints=True, retries=0)
+def backfill_flow(params: BackfillParams, config_path: str | None = None) -> dict | State:
+    """Every day is planned and checked (files, policy, committed keys, the budget of all the days'
+    charges together) before a cluster starts; a backfill with every day committed starts none."""
     rp = params.release
-    loaded = _load_unless_partitioned(rp, days)
-    dataset = dataset_name(rp.data, rp.dataset)
+    try:
+        plans = _plan_days(params, config_path)
+        if not any(plan.todo for plan in plans):
+            return _backfill(params, plans, loaded=None)
+        with dask_for_run(rp.dask_address, rp.n_workers):
+            days = [plan.period.label for plan in plans if plan.todo]
+            return _backfill(params, plans, loaded=_load_unless_partitioned(rp, days))
+    except GeoDPError as exc:
+        return refused(exc, rp)
+
+
+def _plan_days(params: BackfillParams, config_path: str | None) -> list[ReleasePlan]:
+    plans = [plan_release(params.release.model_copy(update={"period": day}), config_path, check_charges=False)
+             for day in days_between(params.start, params.end)]
+    if not plans[0].experiment:
+        check_budget(plans[0].store_url, [p for plan in plans for p in plan.todo], plans[0].resolved)
+    return plans
+
+
+def _backfill(params: BackfillParams, plans: list[ReleasePlan], loaded) -> dict:
+    logger = get_run_logger()
+    rp = params.release
+    dataset = plans[0].dataset
     progress = create_progress_artifact(0.0, key=_artifact_key(f"backfill-progress-{dataset}"),
                                         description=f"days of {dataset} {params.start}..{params.end} done")
     periods = []
-    for i, day in enumerate(days):
-        summary = release_cities(rp.model_copy(update={"period": day}), config_path, loaded=loaded,
-                                 artifacts=False, strict=rp.strict)
+    for i, plan in enumerate(plans):
+        summary = run_plan(plan, loaded=loaded, artifacts=False, strict=rp.strict)
         periods.append(summary)
-        update_progress_artifact(progress, 100.0 * (i + 1) / len(days))
-        logger.info("%s: %s", day, ", ".join(f"{r['city']} v{r['version']} {r['status']}"
-                                             for r in summary["releases"]))
+        update_progress_artifact(progress, 100.0 * (i + 1) / len(plans))
+        logger.info("%s: %s", plan.period.label, ", ".join(f"{r['city']} v{r['version']} {r['status']}"
+                                                           for r in summary["releases"]))
     rows = [r for s in periods for r in s["releases"]]
     committed = sum(r["status"] == "committed" for r in rows)
     result = {"dataset": dataset, "start": params.start, "end": params.end, "periods": periods,

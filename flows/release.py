@@ -11,6 +11,7 @@ threaded scheduler.
 from __future__ import annotations
 
 import base64
+import logging
 import os
 import sys
 import time
@@ -25,36 +26,24 @@ from prefect.artifacts import (
 )
 from prefect.exceptions import UnfinishedRun
 from prefect.futures import PrefectFuture
+from prefect.states import Failed, State
 
-from dpcore.data.inputs import resolve_input, source_version
+from dpcore import GeoDPError
+from dpcore.data.inputs import DataError
 from dpcore.privacy.accounting import budget_label
-from tasks.config import ReleaseParams, parse_period
-from tasks.ledger_tasks import (
-    DEFAULT_K,
-    PolicyRequest,
-    ResolvedPolicy,
-    charge_ledger,
-    committed_from,
-    mark_experimental,
-    read_window,
-    refuse_if_experimental,
-    resolve_policy,
-    void_charge,
-)
+from tasks.config import ReleaseParams
+from tasks.ledger_tasks import charge_ledger, committed_from, void_charge
+from tasks.public_errors import public_data_error
+from tasks.release_plan import ReleasePlan, plan_release
 from tasks.release_tasks import (
-    check_committed,
     code_version,
     count_release_data,
-    dataset_name,
-    make_plans,
     persist_release,
     privatize,
-    public_locator,
     read_bound_count,
     render_preview,
 )
 from tasks.runtime import dashboard_link, dask_for_run, where_it_runs
-from tasks.settings import load_settings
 from tasks.storage.ledger import DatasetLedger
 from tasks.storage.manifest import Manifest
 from tasks.storage.store import ReleaseStore
@@ -67,51 +56,24 @@ def _artifact_key(text: str) -> str:
 
 def release_cities(params: ReleaseParams, config_path: str | None = None, loaded=None,
                    artifacts: bool = True, in_process: bool = False, strict: bool = False) -> dict:
-    """The release pipeline, the one both forms run. Returns a JSON-able summary.
+    """The release pipeline, the one both forms run: plan, then :func:`run_plan`. Returns a JSON-able
+    summary. ``loaded`` (a LoadResult of params.data) lets a backfill read its input once."""
+    plan = plan_release(params, config_path, now=None if in_process else _scheduled_start())
+    return run_plan(plan, loaded=loaded, artifacts=artifacts, in_process=in_process, strict=strict)
+
+
+def run_plan(plan: ReleasePlan, loaded=None, artifacts: bool = True, in_process: bool = False,
+             strict: bool = False) -> dict:
+    """Release what the plan has to do (the data pass, the charge, one fit per city, persist).
 
     Inside a flow run (the default) every step is a Prefect task and the per-city fits run on the flow's
-    Dask task runner; with ``in_process`` the same steps run here, one after the other, with no Prefect.
-    ``loaded`` (a LoadResult of params.data) lets a backfill read its input once for all periods."""
+    Dask task runner; with ``in_process`` the same steps run here, one after the other, with no Prefect."""
     log = _log(in_process)
     step = (lambda t: t.fn) if in_process else (lambda t: t)
     t0 = time.perf_counter()
-    period = parse_period(params.period, now=None if in_process else _scheduled_start())
-    config = load_settings(config_path)
-    dataset = dataset_name(params.data, params.dataset)
-    store = ReleaseStore(params.store)  # fails fast on a bad URL
-    request = PolicyRequest(params.privacy_unit, params.max_points_per_user, zcdp=params.rho is not None,
-                            budget=config.explicit_budget_cap(dataset, params.budget_cap),
-                            default_budget=config.budget_cap_for(dataset))
-    if params.seed is not None:
-        mark_experimental(store)  # seeded noise can be regenerated: never in a ledgered store
-        resolved = ResolvedPolicy(request.new_policy(), False, params.max_points_per_user or DEFAULT_K, 1)
-    else:
-        refuse_if_experimental(store)
-        resolved = resolve_policy(store.url, dataset, request)
-    window = read_window(period, resolved.policy)  # never a row outside the days the run is charged for
-    cities = params.cities
-    if not cities and not params.center:
-        from dpcore.geo import city_names
-
-        # Every catalog city, whether or not it holds points: choosing cities by "has data" would let
-        # the mere existence of a release reveal that someone was there, unpaid. A city without data
-        # gets a noise-only release, which is still correct and costs the same.
-        cities = city_names()
-    source = public_locator(loaded.source if loaded is not None
-                            else resolve_input(params.data, params.format, window).source)
-    per_day = resolved.policy.bound_window == "day"
-    plans = make_plans(dataset=dataset, cities=cities, center=params.center, side_km=params.side_km,
-                       period=period, mechanism=params.mechanism, params=params.mechanism_params,
-                       epsilon=params.epsilon, rho=params.rho, privacy_unit=params.privacy_unit,
-                       max_points_per_user=resolved.max_points_per_user, seed=params.seed,
-                       data_version=params.data_version or source_version(params.data, params.format,
-                                                                                       window),
-                       slot=params.slot,
-                       public_total=params.public_total, source=source, bound_per_day=per_day,
-                       records_per_person=resolved.policy.max_records_per_person
-                       if params.privacy_unit == "record" and resolved.policy.privacy_unit == "user" else None)
-    committed = step(check_committed)(params.store, plans)
-    todo = [p for p in plans if committed[p.city] is None]
+    params, dataset, period, plans, resolved = plan.params, plan.dataset, plan.period, plan.plans, plan.resolved
+    store = ReleaseStore(plan.store_url)
+    source, per_day, committed, todo, window = plan.source, plan.per_day, plan.committed, plan.todo, plan.window
     log(f"{dataset} {period.label}: {len(plans)} cities, {len(plans) - len(todo)} already committed, "
         f"{len(todo)} to release; policy: {resolved.policy.describe()}")
     placed: list[dict] = []
@@ -290,11 +252,46 @@ def _loss_line(policy: dict, loss: dict) -> str:
             f"(of {policy['budget']:g}), {unit}={loss['lifetime']:.4g} over the dataset's life")
 
 
-@flow(name="release", log_prints=True)
-def release_flow(params: ReleaseParams, config_path: str | None = None) -> dict:
-    """Release one dataset × period × cities; one Dask task per city, on the cluster the parameters name."""
-    with dask_for_run(params.dask_address, params.n_workers):
-        return release_cities(params, config_path, strict=params.strict)
+@flow(name="release", log_prints=True, retries=0)
+def release_flow(params: ReleaseParams, config_path: str | None = None) -> dict | State:
+    """Release one dataset × period × cities; one Dask task per city, on the cluster the parameters name.
+
+    The plan (every check that public inputs allow) runs in the flow's process first; the cluster
+    starts only when a city is left to release. A refusal ends the run at once (:func:`refused`)."""
+    try:
+        plan = plan_release(params, config_path, now=_scheduled_start())
+        if not plan.todo:  # every key committed: nothing to read or fit, no cluster
+            return run_plan(plan, strict=params.strict)
+        with dask_for_run(params.dask_address, params.n_workers):
+            return run_plan(plan, strict=params.strict)
+    except GeoDPError as exc:
+        return refused(exc, params)
+
+
+class _RefusalWithoutTraceback(logging.Filter):
+    """Prefect's engine logs the exception of every failed run with its traceback ("Engine execution
+    exited with unexpected exception"), a served run's too. For a refusal, which :func:`refused` made
+    the run's state, that traceback says nothing the one-line state message does not: the line stays,
+    naming the refusal, without it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, GeoDPError):
+            record.msg, record.args = f"refused: {' '.join(str(exc).split())}", ()
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+logging.getLogger("prefect.flow_runs").addFilter(_RefusalWithoutTraceback())
+
+
+def refused(exc: GeoDPError, params: ReleaseParams) -> State:
+    """A refusal (budget, policy, missing input, bad configuration or parameters, bad data) as the run's
+    final state: its one public line is the state message the UI shows, with no traceback. A flow run
+    has no retries: the same public inputs would be refused again. Calling the flow raises ``exc``."""
+    if isinstance(exc, DataError) and exc.public != str(exc):
+        exc = public_data_error(exc, params.data, params.columns, params.format, params.strict)
+    return Failed(message=" ".join(str(exc).split()), data=exc)
 
 
 def run_release(params: ReleaseParams, config_path: str | None = None) -> dict:

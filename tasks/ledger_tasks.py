@@ -20,9 +20,11 @@ from dpcore.privacy.accounting import (
     LedgerCharge,
     PolicyError,
     PrivacyPolicy,
+    check_within_budget,
     day_number,
     days_of_window,
 )
+from tasks.public_errors import retry_unless_refused
 from tasks.storage.ledger import ENTRY_HASH, DatasetLedger
 from tasks.storage.manifest import Manifest
 from tasks.storage.store import ReleaseRef, ReleaseStore
@@ -166,7 +168,21 @@ def staged_elsewhere(store: ReleaseStore, plan) -> bool:
     return False
 
 
-@task(name="charge-ledger", retries=3, retry_delay_seconds=1, cache_policy=NO_CACHE)
+def check_budget(store_url: str, plans: list, resolved: ResolvedPolicy) -> None:
+    """Refuse, before any data is read or a cluster starts, charges the ledger would refuse now (the
+    policy's budget in every window, a per-day bound without days). Reads only: :func:`charge_ledger`
+    checks again when it appends, since another run may charge in between."""
+    if not plans:
+        return
+    store = ReleaseStore(store_url)
+    charges = [charge_for(p, resolved, "planned") for p in plans if not staged_elsewhere(store, p)]
+    if charges:
+        held = [h.charge for h in DatasetLedger(store, plans[0].dataset).held()]
+        check_within_budget(resolved.policy, held, charges)
+
+
+@task(name="charge-ledger", retries=3, retry_delay_seconds=1, cache_policy=NO_CACHE,
+      retry_condition_fn=retry_unless_refused)
 def charge_ledger(store_url: str, plans: list, resolved: ResolvedPolicy, source: str) -> dict[str, dict]:
     """Charge every city of the run in one ledger entry, before any noise is drawn.
 

@@ -57,3 +57,18 @@ def _shown(data: object) -> str:
     """The input's public locator; an in-memory table (a backfill's one read) names its source."""
     source = getattr(data, "source", None)
     return str(source if source is not None else data)
+
+
+def retry_unless_refused(task, task_run, state) -> bool:
+    """A task's retry condition: retry storage hiccups, never a refusal (budget, policy, bad input or
+    configuration: a GeoDPError other than a StoreError), which no retry can change."""
+    from dpcore import GeoDPError
+    from tasks.storage.store import IntegrityError, StoreError
+
+    try:
+        state.result()
+    except GeoDPError as exc:
+        return isinstance(exc, StoreError) and not isinstance(exc, IntegrityError)
+    except Exception:
+        return True
+    return False

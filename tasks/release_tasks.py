@@ -37,7 +37,7 @@ from dpcore.synopsis.base import Synopsis
 from dpcore.synopsis.uncertainty import release_quality
 from tasks.config import Period, canonical_hash
 from tasks.dask_path import CityData, DataPass, release_counts
-from tasks.public_errors import without_private_detail
+from tasks.public_errors import retry_unless_refused, without_private_detail
 from tasks.storage.manifest import InputRef, Manifest
 from tasks.storage.store import ReleaseRef, ReleaseStore, check_slug
 
@@ -47,19 +47,6 @@ CHARGE = "charge.json"
 
 class ReleaseError(GeoDPError, ValueError):
     pass
-
-
-def _retry_unless_refused(task, task_run, state) -> bool:
-    """Retry storage hiccups, never a deliberate refusal (budget cap, bad input)."""
-    try:
-        state.result()
-    except GeoDPError as exc:
-        from tasks.storage.store import IntegrityError, StoreError
-
-        return isinstance(exc, StoreError) and not isinstance(exc, IntegrityError)
-    except Exception:
-        return True
-    return False
 
 
 def code_version() -> str:
@@ -250,7 +237,7 @@ def check_grid_fits(mechanism: str, params: dict, region: Region, period: Period
 # Tasks whose return value is private (points, counts, the validation report) never persist it,
 # whatever PREFECT_RESULTS_PERSIST_BY_DEFAULT says: result storage is readable through the Prefect API.
 @task(name="load-and-validate", retries=2, retry_delay_seconds=1, cache_policy=NO_CACHE, persist_result=False,
-      retry_condition_fn=_retry_unless_refused)
+      retry_condition_fn=retry_unless_refused)
 def load_and_validate(path: str, columns: str | None = None, fmt: str = "auto", strict: bool = False,
                       window: tuple[int | None, int | None] | None = None) -> LoadResult:
     """The whole input, read and validated in the flow's process. A data error names what is wrong
@@ -261,7 +248,7 @@ def load_and_validate(path: str, columns: str | None = None, fmt: str = "auto", 
 
 
 @task(name="check-committed", retries=3, retry_delay_seconds=1, cache_policy=NO_CACHE,
-      retry_condition_fn=_retry_unless_refused)
+      retry_condition_fn=retry_unless_refused)
 def check_committed(store_url: str, plans: list[CityPlan]) -> dict[str, Manifest | None]:
     """The committed manifest of each plan's release key, or None (re-running a commit is a no-op)."""
     store = ReleaseStore(store_url)
@@ -281,7 +268,7 @@ def grid_specs(plans: list[CityPlan]) -> list[GridSpec]:
 
 
 @task(name="read-bound-count", retries=2, retry_delay_seconds=1, cache_policy=NO_CACHE, persist_result=False,
-      retry_condition_fn=_retry_unless_refused)
+      retry_condition_fn=retry_unless_refused)
 def read_bound_count(data: str | LoadResult, plans: list[CityPlan], seed: int | None, per_day: bool = False,
                      columns: str | None = None, fmt: str = "auto", strict: bool = False,
                      window: tuple[int | None, int | None] | None = None) -> DataPass:
@@ -403,7 +390,7 @@ def _release_cache_key(context, parameters: dict[str, Any]) -> str:
     return f"persist-manifest-{canonical_hash(parts)[:32]}"  # cached results are typed Manifests
 
 
-@task(name="persist-release", retries=3, retry_delay_seconds=1, retry_condition_fn=_retry_unless_refused,
+@task(name="persist-release", retries=3, retry_delay_seconds=1, retry_condition_fn=retry_unless_refused,
       cache_key_fn=_release_cache_key, persist_result=True)
 def persist_release(store_url: str, plan: CityPlan, synopsis: Synopsis | None, preview: bytes | None,
                     held: dict, code: str) -> Manifest:

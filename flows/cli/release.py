@@ -161,9 +161,11 @@ def run(
 
 def _run_flow(params: ReleaseParams, config: str | None) -> dict:
     from flows.release import run_release
+    from tasks.release_plan import plan_release
     from tasks.runtime import local_prefect
     from tasks.storage.store import ReleaseStore
 
+    plan_release(params, config)  # a refusal (budget, policy, input) is one line before Prefect starts
     with local_prefect(), working(f"release flow: {len(params.cities) or 1} region(s) on Dask"):
         summary = run_release(params, config)
     store = ReleaseStore(params.store)

@@ -1,0 +1,107 @@
+"""A release run's plan: everything that can be checked from public inputs, checked once, before any
+Dask cluster starts or any private row is read.
+
+:func:`plan_release` resolves the period, the platform settings, the dataset and its store, the
+dataset's policy, the input's files (a missing file fails here), the city plans and their release
+keys, which keys are already committed, and whether the ledger would accept the charges of the rest.
+The flow (flows/release.py) starts a cluster only when the plan has something to release, so a run
+with nothing to do (every key committed) finishes without one, and a refusal (budget, missing file,
+bad configuration) is a one-line failure that no retry can change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from dpcore.data.inputs import InputSet, resolve_input
+from tasks.config import Period, ReleaseParams, parse_period
+from tasks.ledger_tasks import (
+    DEFAULT_K,
+    PolicyRequest,
+    ResolvedPolicy,
+    check_budget,
+    mark_experimental,
+    read_window,
+    refuse_if_experimental,
+    resolve_policy,
+)
+from tasks.release_tasks import CityPlan, check_committed, dataset_name, make_plans, public_locator
+from tasks.settings import load_settings
+from tasks.storage.manifest import Manifest
+from tasks.storage.store import ReleaseStore
+
+
+@dataclass(frozen=True)
+class ReleasePlan:
+    """One run's release of one dataset and period: its city plans and what is already committed."""
+
+    params: ReleaseParams
+    dataset: str
+    period: Period
+    store_url: str
+    resolved: ResolvedPolicy
+    source: str
+    input: InputSet
+    plans: list[CityPlan]
+    window: tuple[int | None, int | None]  # the time the run is charged for and reads (read_window)
+    committed: dict[str, Manifest | None] = field(default_factory=dict)
+
+    @property
+    def experiment(self) -> bool:
+        """Seeded noise: never charged, never for publication."""
+        return self.params.seed is not None
+
+    @property
+    def per_day(self) -> bool:
+        return self.resolved.policy.bound_window == "day"
+
+    @property
+    def todo(self) -> list[CityPlan]:
+        """The city plans whose release key is not committed yet."""
+        return [p for p in self.plans if self.committed.get(p.city) is None]
+
+
+def plan_release(params: ReleaseParams, config_path: str | None = None, now: datetime | None = None,
+                 check_charges: bool = True) -> ReleasePlan:
+    """Plan one release and check it against the store; raises the refusal as a GeoDPError (one line).
+
+    ``now`` is a scheduled run's start (relative periods count from it). ``check_charges`` False
+    leaves the budget check to the caller (a backfill checks all its days' charges together)."""
+    period = parse_period(params.period, now=now)
+    settings = load_settings(config_path)
+    dataset = dataset_name(params.data, params.dataset)
+    store = ReleaseStore(params.store)  # fails fast on a bad URL
+    request = PolicyRequest(params.privacy_unit, params.max_points_per_user, zcdp=params.rho is not None,
+                            budget=settings.explicit_budget_cap(dataset, params.budget_cap),
+                            default_budget=settings.budget_cap_for(dataset))
+    if params.seed is not None:
+        mark_experimental(store)  # seeded noise can be regenerated: never in a ledgered store
+        resolved = ResolvedPolicy(request.new_policy(), False, params.max_points_per_user or DEFAULT_K, 1)
+    else:
+        refuse_if_experimental(store)
+        resolved = resolve_policy(store.url, dataset, request)
+    cities = params.cities
+    if not cities and not params.center:
+        from dpcore.geo import city_names
+
+        # Every catalog city, whether or not it holds points: choosing cities by "has data" would let
+        # the mere existence of a release reveal that someone was there, unpaid.
+        cities = city_names()
+    window = read_window(period, resolved.policy)  # never a row outside the days the run is charged for
+    found = resolve_input(params.data, params.format, window)  # a missing input fails here
+    plans = make_plans(dataset=dataset, cities=cities, center=params.center, side_km=params.side_km,
+                       period=period, mechanism=params.mechanism, params=params.mechanism_params,
+                       epsilon=params.epsilon, rho=params.rho, privacy_unit=params.privacy_unit,
+                       max_points_per_user=resolved.max_points_per_user, seed=params.seed,
+                       data_version=params.data_version or found.version, slot=params.slot,
+                       public_total=params.public_total, source=public_locator(found.source),
+                       bound_per_day=resolved.policy.bound_window == "day",
+                       records_per_person=resolved.policy.max_records_per_person
+                       if params.privacy_unit == "record" and resolved.policy.privacy_unit == "user" else None)
+    committed = check_committed.fn(store.url, plans)
+    plan = ReleasePlan(params, dataset, period, store.url, resolved, public_locator(found.source), found, plans,
+                       window, committed)
+    if check_charges and not plan.experiment:
+        check_budget(store.url, plan.todo, resolved)
+    return plan
