@@ -38,6 +38,7 @@ from tasks.release_plan import ReleasePlan, plan_release
 from tasks.release_tasks import (
     code_version,
     count_release_data,
+    paid_profile,
     persist_release,
     privatize,
     read_bound_count,
@@ -92,18 +93,20 @@ def run_plan(plan: ReleasePlan, loaded=None, artifacts: bool = True, in_process:
         else:
             held = {p.city: {"seq": None, "draw": None, "key": p.release_key} for p in todo}
         code = code_version()
+        # after the charge: the profile's noise is paid for by it (PROFILE_FRACTION of each region's ε)
+        profile = paid_profile(todo, counted.profile)
         if in_process:
             manifests = {}
             for p in todo:
                 try:
-                    syn = privatize.fn(p, inputs[p.city])
+                    syn = privatize.fn(p, inputs[p.city], profile)
                     png = render_preview.fn(p, syn)
                 except BaseException as exc:
                     void_charge.fn(params.store, dataset, held[p.city], f"fit failed: {type(exc).__name__}")
                     raise
                 manifests[p.city] = persist_release.fn(params.store, p, syn, png, held[p.city], code)
         else:
-            manifests, placed = _run_on_workers(params.store, dataset, todo, inputs, held, code)
+            manifests, placed = _run_on_workers(params.store, dataset, todo, inputs, held, code, profile)
         for p in todo:
             m = manifests[p.city]
             if held[p.city]["seq"] is not None and not committed_from(m, held[p.city]):
@@ -143,14 +146,14 @@ def _log(in_process: bool):
     return logger.info
 
 
-def _run_on_workers(store_url: str, dataset: str, todo: list, inputs: dict, held: dict,
-                    code: str) -> tuple[dict[str, Manifest], list[dict]]:
+def _run_on_workers(store_url: str, dataset: str, todo: list, inputs: dict, held: dict, code: str,
+                    profile=None) -> tuple[dict[str, Manifest], list[dict]]:
     """One privatize → preview → persist chain per city on the Dask task runner. A city whose fit
     failed (nothing staged) gives its charge back before the error is raised."""
     futures = {}
     placed = [where_it_runs.submit() for _ in todo]
     for p in todo:
-        syn = privatize.submit(p, inputs[p.city])
+        syn = privatize.submit(p, inputs[p.city], profile)
         png = render_preview.submit(p, syn)
         futures[p.city] = (persist_release.submit(store_url, p, syn, png, held[p.city], code), (syn, png))
     progress = create_progress_artifact(0.0, key=_artifact_key(f"release-progress-{dataset}"),

@@ -36,6 +36,7 @@ from dpcore.data.chunks import (
     frame_counts,
     merge_counts,
     points_chunk,
+    unit_profile,
 )
 from dpcore.data.inputs import InputSet, resolve_files
 from dpcore.data.points import DataError, LoadResult, ValidationReport, check_some_valid
@@ -67,6 +68,9 @@ class DataPass:
     source: str
     n_files: int
     n_pruned: int
+    #: user level: units (people, or people and days) per bucket of their point count in the release
+    #: (dpcore.privacy.profile); private, it leaves this pass only to be noised
+    profile: np.ndarray | None = None
 
 
 def _cluster() -> str | None:
@@ -139,6 +143,20 @@ def release_frame(source: str | LoadResult, specs: list[GridSpec], window: Windo
     """User level: the release's bounded rows (chunks.compact_meta: user key, fine cells) as a lazy
     dask DataFrame, the per-file validation reports (delayed) and the resolved input (None for an
     in-memory table)."""
+    ddf, reports, inp = _shuffled_frame(source, specs, window, columns, fmt, strict, per_day)
+    return _bounded(ddf, specs, max_points_per_user, per_day, seed), reports, inp
+
+
+def _bounded(shuffled: dd.DataFrame, specs: list[GridSpec], max_points_per_user: int, per_day: bool,
+             seed: int | None) -> dd.DataFrame:
+    return shuffled.map_partitions(_bound, int(max_points_per_user), per_day, seed,
+                                   meta=compact_meta(specs, per_day))
+
+
+def _shuffled_frame(source: str | LoadResult, specs: list[GridSpec], window: Window,
+                    columns: dict[str, str] | None, fmt: str, strict: bool,
+                    per_day: bool) -> tuple[dd.DataFrame, list, InputSet | None]:
+    """The release's compact rows shuffled on the user key, so each person's rows are in one partition."""
     meta = compact_meta(specs, per_day)
     if isinstance(source, LoadResult):
         pts = points_chunk(source.points)
@@ -153,13 +171,12 @@ def release_frame(source: str | LoadResult, specs: list[GridSpec], window: Windo
     # The rows' index means nothing here; dropping it saves 8 bytes a row through the shuffle.
     ddf = ddf.shuffle(on="user", npartitions=ddf.npartitions, ignore_index=True,
                       shuffle_method=_shuffle_method())
-    ddf = ddf.map_partitions(_bound, int(max_points_per_user), per_day, seed, meta=meta)
     return ddf, reports, inp
 
 
-def _tree_sum(parts: list):
+def _tree_sum(parts: list, merge=merge_counts):
     while len(parts) > 1:
-        parts = [dask.delayed(merge_counts)(parts[i], parts[i + 1]) if i + 1 < len(parts) else parts[i]
+        parts = [dask.delayed(merge)(parts[i], parts[i + 1]) if i + 1 < len(parts) else parts[i]
                  for i in range(0, len(parts), 2)]
     return parts[0]
 
@@ -185,11 +202,13 @@ def release_counts(source: str | LoadResult, specs: list[GridSpec], window: Wind
                    privacy_unit: str = "record", max_points_per_user: int = 1, per_day: bool = False,
                    seed: int | None = None) -> DataPass:
     """Run the data pass: each spec's city gets its summed fine grid (or its bounded points)."""
-    inp = None
+    inp, profile = None, None
     if privacy_unit == "user":
-        ddf, reports, inp = release_frame(source, specs, window, columns=columns, fmt=fmt, strict=strict,
-                                          max_points_per_user=max_points_per_user, per_day=per_day, seed=seed)
+        shuffled, reports, inp = _shuffled_frame(source, specs, window, columns, fmt, strict, per_day)
+        ddf = _bounded(shuffled, specs, max_points_per_user, per_day, seed)
         partials = [dask.delayed(frame_counts)(p, specs) for p in ddf.to_delayed()]
+        # the contribution profile is a sum too: units per bucket of their point count, per partition
+        profile = _tree_sum([dask.delayed(unit_profile)(p, per_day) for p in shuffled.to_delayed()], np.add)
     elif isinstance(source, LoadResult):
         p, reports = source.points, []
         partials = [dask.delayed(array_counts)(p.user[i:i + MEMORY_PARTITION_ROWS], p.ts[i:i + MEMORY_PARTITION_ROWS],
@@ -199,7 +218,7 @@ def release_counts(source: str | LoadResult, specs: list[GridSpec], window: Wind
     else:
         inp = resolve_files(source, fmt, window)
         partials, reports = _file_reads(file_counts, inp, columns, strict, specs, window)
-    total, reps = compute(_tree_sum(partials), reports)
+    total, reps, profile = compute(_tree_sum(partials), reports, profile)
     report = _sum_reports(reps, source)
     cities = {}
     for spec in specs:
@@ -211,8 +230,8 @@ def release_counts(source: str | LoadResult, specs: list[GridSpec], window: Wind
         else:
             cities[spec.city] = CityData(fine=dense_counts(spec, got))
     if isinstance(source, LoadResult):
-        return DataPass(cities, report, source.source, source.n_files, source.n_pruned)
-    return DataPass(cities, report, inp.source, len(inp.files), inp.n_pruned)
+        return DataPass(cities, report, source.source, source.n_files, source.n_pruned, profile)
+    return DataPass(cities, report, inp.source, len(inp.files), inp.n_pruned, profile)
 
 
 def _sum_reports(reps: list[ValidationReport], source) -> ValidationReport:

@@ -33,6 +33,7 @@ from dpcore.heatmap.mass import MassSpec
 from dpcore.mechanisms import ZCDP, PrivacyUnit, PrivateSample, get_mechanism, get_mechanism_class, input_for
 from dpcore.privacy.accounting import budget_label
 from dpcore.privacy.noise import NoiseSource
+from dpcore.privacy.profile import PROFILE_FRACTION, ContributionProfile, noisy_profile
 from dpcore.synopsis.base import Synopsis
 from dpcore.synopsis.uncertainty import release_quality
 from tasks.config import Period, canonical_hash
@@ -313,9 +314,32 @@ def _noise_for(plan: CityPlan) -> NoiseSource:
     return NoiseSource.seeded(seed).spawn(int(canonical_hash([plan.city, plan.period.label])[:8], 16))
 
 
+def profile_applies(plan: CityPlan) -> bool:
+    """Whether the plan's release is scaled to full counts by the paid contribution profile: user level
+    in pure ε, no public total, a mechanism that counts points and does not scale itself."""
+    tags = get_mechanism_class(plan.mechanism).tags
+    return (plan.privacy_unit == "user" and plan.rho is None and plan.public_total is None
+            and not tags.scales_to_public_total and not tags.heatmap)
+
+
+def paid_profile(plans: list[CityPlan], counts: np.ndarray | None) -> ContributionProfile | None:
+    """The run's contribution profile, noised once for all its regions with PROFILE_FRACTION of ε
+    (each region's fit records that charge): only after the ledger charge. None where it does not apply."""
+    if counts is None or not plans or not all(profile_applies(p) for p in plans):
+        return None
+    first = plans[0]
+    if first.noise == "secure":
+        noise = NoiseSource.secure()
+    else:
+        noise = NoiseSource.seeded(int(first.noise.split(":", 1)[1])).spawn(
+            int(canonical_hash(["contribution-profile", first.period.label])[:8], 16))
+    return noisy_profile(counts, PROFILE_FRACTION * min(float(p.epsilon) for p in plans), noise, first.bound_per_day)
+
+
 @task(name="privatize", cache_policy=NO_CACHE)
-def privatize(plan: CityPlan, data: CityData) -> Synopsis:
-    """Mechanism fit on the city's summed fine counts (or mass grid): the only step that draws noise."""
+def privatize(plan: CityPlan, data: CityData, profile: ContributionProfile | None = None) -> Synopsis:
+    """Mechanism fit on the city's summed fine counts (or mass grid): the only step that draws noise
+    (besides the run's contribution profile, :func:`paid_profile`, which it records and scales by)."""
     n_slots = None
     if plan.slot_seconds:
         n_slots = -(-plan.period.seconds // plan.slot_seconds)
@@ -338,6 +362,10 @@ def privatize(plan: CityPlan, data: CityData) -> Synopsis:
 
         return fit_scaled(plan.mechanism, plan.params, fit_input, plan.epsilon, noise, plan.public_total,
                           "public total declared by the releaser (--public-total)")
+    if profile is not None and profile_applies(plan):
+        from dpcore.privacy.scaling import fit_profiled
+
+        return fit_profiled(plan.mechanism, plan.params, fit_input, plan.epsilon, noise, profile)
     return mech.fit(fit_input, plan.epsilon, noise)
 
 

@@ -36,8 +36,11 @@ def test_release_then_query(synth_file, tmp_path):
     assert manifest["epsilon"] == 1.0 and manifest["max_points_per_user"] == 10
     assert manifest["privacy_unit"] == "user" and manifest["noise_source"].startswith("secure:aes-256-ctr")
     assert sum(c["epsilon"] for c in manifest["privacy"]["charges"]) == pytest.approx(1.0)
-    assert all(c["sensitivity"] == 10 for c in manifest["privacy"]["charges"])
-    assert {f["name"] for f in manifest["files"]} >= {"grid.npz", "synopsis.json"}
+    # every count is bounded to k = 10 per person; the contribution profile counts each person once
+    assert all(c["sensitivity"] == (1 if c["name"] == "contribution_profile" else 10)
+               for c in manifest["privacy"]["charges"])
+    # a release scaled to full counts keeps its bounded grid under inner/
+    assert {f["name"] for f in manifest["files"]} >= {"inner/grid.npz", "synopsis.json"}
     q = geodp("query", out, "--box", "40.70,-74.02,40.72,-74.00", "--json")
     est = json.loads(q.stdout)
     assert len(est) == 1 and np.isfinite(est[0]["estimate"])
@@ -46,7 +49,7 @@ def test_release_then_query(synth_file, tmp_path):
                   "--param", "cell_width_m=500", "--max-points-per-user", "10", "--out", out)
     assert "already committed" in again.stdout and not (version.parent / "v2").exists()
     # tampering is detected on read
-    (grid,) = version.glob("*/grid.npz")
+    (grid,) = version.glob("*/inner/grid.npz")
     grid.write_bytes(grid.read_bytes() + b"x")
     bad = geodp("query", out, "--box", "40.70,-74.02,40.72,-74.00", ok=False)
     assert bad.returncode == 2 and "integrity" in bad.stderr

@@ -29,6 +29,7 @@ from dpcore.geo import Region, time_slots
 from dpcore.heatmap.mass import MassSpec, cell_units
 from dpcore.privacy.accounting import DAY_S
 from dpcore.privacy.bounding import bound_contributions
+from dpcore.privacy.profile import profile_counts
 
 CHUNK_DTYPES = {"user": "int64", "ts": "int64", "lat": "float64", "lon": "float64"}
 Window = tuple[int | None, int | None]
@@ -324,6 +325,15 @@ def bound_chunk(df: pd.DataFrame, max_points_per_user: int, rng: np.random.Gener
             unit = pd.factorize(unit)[0]
     keep = bound_contributions(unit, max_points_per_user, rng).keep
     return df.iloc[keep]
+
+
+def unit_profile(df: pd.DataFrame, per_day: bool = False) -> np.ndarray:
+    """Units (people, or people and UTC days with ``per_day``) per bucket of their point count in
+    ``df``, which must hold all of each person's rows (after the shuffle on ``user``)."""
+    if not len(df):
+        return profile_counts(np.empty(0, dtype=np.int64))
+    keys = [df["user"], df["day"]] if per_day else [df["user"]]
+    return profile_counts(df.groupby(keys, sort=False).size().to_numpy())
 
 
 def frame_counts(df: pd.DataFrame, specs: list[GridSpec]) -> dict[str, tuple]:

@@ -31,6 +31,7 @@ from dpcore.geo import Region
 from dpcore.mechanisms import PointsInput, get_mechanism, input_for
 from dpcore.privacy.budget import Accountant, check_epsilon
 from dpcore.privacy.noise import NoiseSource
+from dpcore.privacy.profile import ContributionProfile
 from dpcore.synopsis.base import PrivacyInfo, Synopsis, load_synopsis
 
 #: Share of ε spent on n̂ when a user-level release is scaled to full counts. n̂'s relative error is
@@ -45,13 +46,15 @@ class ScaledSynopsis(Synopsis):
     kind = "scaled"
 
     def __init__(self, inner: Synopsis, factor: float, total_points: float, total_source: str,
-                 privacy: PrivacyInfo | None = None):
+                 privacy: PrivacyInfo | None = None, profile: dict | None = None):
         self.inner = inner
         self.factor = float(factor)
         self.total_points = float(total_points)
         self.total_source = total_source
         self.region = inner.region
         self.privacy = privacy or inner.privacy
+        #: the paid contribution profile (ContributionProfile.to_dict()) when the factor is 1/κ̂ from it
+        self.profile = profile
 
     def answer(self, boxes: np.ndarray) -> np.ndarray:
         return self.inner.answer(boxes) * self.factor
@@ -72,7 +75,10 @@ class ScaledSynopsis(Synopsis):
         return attr
 
     def extra_meta(self) -> dict:
-        return {"factor": self.factor, "total_points": self.total_points, "total_source": self.total_source}
+        meta = {"factor": self.factor, "total_points": self.total_points, "total_source": self.total_source}
+        if self.profile is not None:
+            meta["profile"] = self.profile
+        return meta
 
     def _save_arrays(self, directory: Path) -> list[str]:
         return [f"inner/{f}" for f in self.inner.save(directory / "inner")]
@@ -81,7 +87,7 @@ class ScaledSynopsis(Synopsis):
     def _load_arrays(cls, directory: Path, meta: dict, region: Region, privacy: PrivacyInfo) -> ScaledSynopsis:
         extra = meta["extra"]
         return cls(load_synopsis(directory / "inner"), extra["factor"], extra["total_points"],
-                   extra["total_source"], privacy)
+                   extra["total_source"], privacy, extra.get("profile"))
 
 
 def fit_scaled(mechanism_name: str, params: dict, data: PointsInput, epsilon: float, noise: NoiseSource,
@@ -114,3 +120,33 @@ def fit_scaled(mechanism_name: str, params: dict, data: PointsInput, epsilon: fl
                           [*p.notes, f"scaled to full counts: factor N/n̂ with N={total_points:g} ({total_source}), "
                                      f"n̂ a DP estimate of the {'weight sum' if data.weighted else 'sample size'}"])
     return ScaledSynopsis(inner, float(total_points) / n_hat, total_points, total_source, privacy)
+
+
+def fit_profiled(mechanism_name: str, params: dict, data: PointsInput, epsilon: float, noise: NoiseSource,
+                 profile: ContributionProfile, profile_note: str = "") -> ScaledSynopsis:
+    """Fit a user-level release with ε − ε_p and scale it to full counts by 1/κ̂(k) from the paid
+    contribution profile (dpcore.privacy.profile), whose charge ε_p is recorded here. The profile was
+    noised once for the whole run (every region of it): each region's release records the same charge,
+    as each records the run's one bounding."""
+    eps = check_epsilon(epsilon)
+    if data.privacy_unit != "user":
+        raise ValueError("scaling to full counts applies to user-level releases only")
+    if not 0 < profile.epsilon < eps:
+        raise ValueError("the profile's ε must be a part of the release's")
+    acct = Accountant(eps, count_quantum=data.count_quantum)
+    unit = "person and UTC day" if profile.per_day else "person"
+    acct.spend("contribution_profile", profile.epsilon, 1.0,
+               note=f"units per bucket [2^j, 2^(j+1)) of points per {unit}, + DLap(1/ε_p); one histogram for "
+                    "the whole run; it gives the kept fraction κ̂ and N̂" + (f"; {profile_note}" if profile_note else ""))
+    k = int(data.max_points_per_user)
+    factor = profile.factor(k)
+    total = profile.total_estimate()
+    mech = get_mechanism(mechanism_name, **params)
+    inner = mech.fit(input_for(mech.tags.input_type, data), acct.remaining, noise)
+    p = inner.privacy
+    note = (f"scaled to full counts: factor 1/κ̂ = {factor:.4g}, κ̂ = the share of points a bound of k = {k} keeps, "
+            f"from the paid contribution profile (N̂ = {total:.6g} points in the run)")
+    privacy = PrivacyInfo(p.mechanism, p.params, eps, acct.to_list() + p.charges, p.privacy_unit, p.sensitivity,
+                          p.max_points_per_user, p.noise_source, [*p.notes, note])
+    return ScaledSynopsis(inner, factor, total, "estimated from the paid contribution profile",
+                          privacy, {**profile.to_dict(), "k": k})

@@ -210,6 +210,8 @@ def scaled_intervals(synopsis: Synopsis, boxes: np.ndarray, level: float = 0.95,
         why = model[len("none: "):] if isinstance(model, str) else \
             f"{_effective(inner)[0]}'s post-processing has no scaled bootstrap"
         return nan, nan.copy(), f"none: a release scaled to full counts whose inner release has no exact law ({why})"
+    if getattr(synopsis, "profile", None) is not None:
+        return profiled_intervals(synopsis, boxes, model, level, draws, seed)
     laws = _laplace_laws(synopsis.privacy.charges, ["sample_total_for_scaling"])
     if laws is None:
         return nan, nan.copy(), "none: the scale factor's noise (sample_total_for_scaling) is not recorded"
@@ -229,6 +231,34 @@ def scaled_intervals(synopsis: Synopsis, boxes: np.ndarray, level: float = 0.95,
         lower[q], upper[q] = est[q] - dev[1], est[q] - dev[0]
     return lower, upper, ("parametric bootstrap of the scaled answer N·û/n̂ over û's exact noise law and n̂'s; "
                           "covers the noise, not the bias of bounding each person to k points")
+
+
+def profiled_intervals(synopsis: Synopsis, boxes: np.ndarray, model: tuple, level: float = 0.95,
+                       draws: int = 4000, seed: int = 0) -> tuple[np.ndarray, np.ndarray, str]:
+    """Intervals of full counts from a release scaled by 1/κ̂ of its paid contribution profile
+    (dpcore.privacy.profile): quantiles of plausible full counts f*·(û + e*) + b*, with e* the inner
+    release's exact noise law (symmetric: û + e* is as likely a bounded count as û − e*), f* the factor
+    given the noisy profile (ContributionProfile.factor_draws) and b* the bounding's bias that varies
+    from box to box (normal, sd ContributionProfile.cell_bias_sd of the box's bounded count). It covers the noise and the bias of bounding each person to k points, as
+    far as the profile tells it (post-processing: it reads only the release)."""
+    from dpcore.privacy.profile import ContributionProfile
+
+    profile = ContributionProfile.from_dict(synopsis.profile)
+    k = int(synopsis.profile["k"])
+    weights, kind, param, quantum, inner_method = model
+    rng = np.random.default_rng(seed)
+    inner_est = synopsis.inner.answer(boxes)
+    factor = profile.factor_draws(k, draws, rng)
+    bias_sd = profile.cell_bias_sd(k, inner_est)
+    a = (1.0 - level) / 2.0
+    lower, upper = np.empty(len(boxes)), np.empty(len(boxes))
+    for q, box in enumerate(boxes):
+        noise = _noise_draws(rng, weights(box), kind, param, draws, quantum)
+        plausible = factor * (inner_est[q] + noise) + rng.normal(0.0, bias_sd[q], draws)
+        lower[q], upper[q] = np.quantile(plausible, [a, 1 - a])
+    return lower, upper, (f"parametric bootstrap of the full count 1/κ̂·û over û's noise ({inner_method}), κ̂'s "
+                          "given the paid contribution profile, and the bounding's bias from box to box; covers the "
+                          "noise and the bias of bounding each person to k points")
 
 
 def _scaled_deviation(total: float, inner: float, noise: np.ndarray, n_star: np.ndarray, est: float,

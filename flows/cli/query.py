@@ -36,8 +36,10 @@ def range_counts(
     time: OldTime = None,
     json_out: Json = None,
 ) -> int:
-    """Estimated point counts in boxes, with 95% intervals where the mechanism has them."""
+    """Estimated counts in boxes (full points, bounded points or people: each answer says which), with 95%
+    intervals where the mechanism has them."""
     from dpcore.queries.range import parse_box, read_boxes_csv
+    from dpcore.synopsis.estimand import answer_unit, honest_intervals, interval_covers, unit_words
 
     if (box is None) == (boxes is None):
         raise CLIError("give exactly one of --box MINLAT,MINLON,MAXLAT,MAXLON and --boxes CSV")
@@ -62,17 +64,20 @@ def range_counts(
         for caveat in synopsis.caveats():
             eprint(f"note: {caveat}")
         region_bbox = synopsis.region.bbox_latlon()
+        lower, upper, method = honest_intervals(synopsis, lower, upper, method)
+        unit, covers, unit_line = answer_unit(synopsis), interval_covers(synopsis, lower), unit_words(synopsis)
     _note_odd_boxes(boxes_ll, region_bbox)
     if json_out is not None:
         num = lambda v: float(v) if np.isfinite(v) else None  # noqa: E731 - JSON has no NaN
         emit_json([{"box": list(map(float, b)), "estimate": num(e), "lower": num(lo), "upper": num(hi),
-                    "interval": "95%", "interval_method": method}
-                   for b, e, lo, hi in zip(boxes_ll, est, lower, upper, strict=True)], json_out, indent=None)
+                    "unit": unit, "interval_covers": c, "interval": "95%", "interval_method": method}
+                   for b, e, lo, hi, c in zip(boxes_ll, est, lower, upper, covers, strict=True)], json_out,
+                  indent=None)
         return 0
     for b, e, lo, hi in zip(boxes_ll, est, lower, upper, strict=True):
         ci = f"\t95% [{lo:.1f}, {hi:.1f}]" if np.isfinite(lo) else ""
         print(f"{b[0]:.5f},{b[1]:.5f},{b[2]:.5f},{b[3]:.5f}\t{e:.1f}{ci}")
-    eprint(f"intervals: {method}")
+    eprint(f"{unit_line}\nintervals: {method}")
     return 0
 
 

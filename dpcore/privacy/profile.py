@@ -1,0 +1,222 @@
+"""The contribution profile: a DP histogram of points per person, paid once per release.
+
+Each bounding unit (a person, or a person and UTC day under per-day bounding) falls in one bucket of
+its point count in the release: buckets [2^j, 2^(j+1)) for j = 0 … PROFILE_BUCKETS − 1, the last one
+open. Adding or removing one unit changes one bucket by 1, so the histogram has L1 sensitivity 1 and
+takes discrete Laplace noise of scale 1/ε_p. Everything below reads only the noisy histogram and
+public quantities (k, ε): post-processing.
+
+From it:
+- N̂, the total points, and K̂(k), the points a k-bound keeps; their ratio κ(k) = K̂/N̂ is the kept
+  fraction, and a bounded answer divided by κ estimates a full count;
+- the uncertainty of 1/κ from the profile's noise and from where counts lie inside a bucket (a
+  parametric bootstrap, :meth:`ContributionProfile.factor_draws`);
+- the spread of a box's full count around its bounded count / κ (:meth:`ContributionProfile.cell_bias_sd`),
+  the bounding's bias that varies from box to box.
+
+Within a bucket, counts follow a density ∝ n^−α whose α comes from the ratio of the bucket's count to
+the next one's (:func:`tail_slopes`; the bootstrap recomputes it on each draw). The profile cannot see a bucket holding fewer people
+than its noise: buckets more than TAIL_BUCKETS above the highest bucket that clears
+:func:`visible_threshold` are taken as empty (docs/decisions/0018-contribution-profile.md).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from dpcore.privacy.noise import NoiseSource, discrete_laplace_variance
+
+#: Share of a user-level release's ε spent on the profile when no public total is declared. It replaces
+#: the 10% that scaling by a public total spends on n̂ (dpcore.privacy.scaling).
+PROFILE_FRACTION = 0.10
+#: Buckets [2^j, 2^(j+1)), j < 24; the last also holds every larger count (16.7 M points a unit).
+PROFILE_BUCKETS = 24
+#: Buckets above the highest visible one that still count (noisy, clamped at 0); higher ones are taken
+#: as empty.
+TAIL_BUCKETS = 2
+#: Draws behind the point estimates (their median).
+ESTIMATE_DRAWS = 4001
+#: Chance that noise alone lifts an empty bucket over the visibility threshold, over all buckets.
+VISIBLE_FALSE_RATE = 0.05
+
+UNIT_WORDS = {False: "person", True: "person and UTC day"}
+
+
+def bucket_of(points_per_unit: np.ndarray) -> np.ndarray:
+    """Bucket index ⌊log2 n⌋ (capped at the last bucket) of each unit's point count n ≥ 1."""
+    n = np.asarray(points_per_unit, dtype=np.int64)
+    if n.size and n.min() < 1:
+        raise ValueError("a unit in the profile has at least one point")
+    j = np.floor(np.log2(np.maximum(n, 1))).astype(np.int64)
+    return np.minimum(j, PROFILE_BUCKETS - 1)
+
+
+def profile_counts(points_per_unit: np.ndarray) -> np.ndarray:
+    """Units per bucket (private: the data's own histogram; it leaves the data pass only noised)."""
+    return np.bincount(bucket_of(points_per_unit), minlength=PROFILE_BUCKETS).astype(np.int64)
+
+
+def visible_threshold(epsilon: float) -> float:
+    """A noisy count above this is not noise alone with probability ≥ 1 − VISIBLE_FALSE_RATE over all
+    buckets: P(DLap(1/ε) ≥ t) ≤ e^(−εt)/2 per bucket."""
+    return math.log(PROFILE_BUCKETS / (2 * VISIBLE_FALSE_RATE)) / float(epsilon)
+
+
+def _bucket_bounds() -> tuple[np.ndarray, np.ndarray]:
+    """Each bucket's integers lo … hi − 1 as the continuous span [lo − ½, hi − ½)."""
+    lo = 2.0 ** np.arange(PROFILE_BUCKETS)
+    return lo - 0.5, 2.0 * lo - 0.5
+
+
+def _power_integral(a: np.ndarray, b: np.ndarray, p: np.ndarray) -> np.ndarray:
+    """∫_a^b x^p dx, elementwise (the log where p = −1)."""
+    a, b, p = np.broadcast_arrays(np.asarray(a, float), np.asarray(b, float), np.asarray(p, float))
+    near = np.abs(p + 1.0) < 1e-9
+    q = np.where(near, 1.0, p + 1.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        power = (b ** q - a ** q) / q
+    return np.where(near, np.log(b / a), power)
+
+
+def tail_slopes(counts: np.ndarray) -> np.ndarray:
+    """α per bucket of a density ∝ n^−α inside it, from the ratio of its count to the next bucket's
+    (units per doubling fall by 2^(1−α)); the last counted bucket takes its neighbour's; in [0, 3]."""
+    c = np.clip(np.asarray(counts, dtype=np.float64), 0.0, None) + 1.0
+    alpha = np.ones(c.shape)
+    ratio = c[..., 1:] / c[..., :-1]
+    alpha[..., :-1] = 1.0 - np.log2(ratio)
+    alpha[..., -1] = alpha[..., -2] if c.shape[-1] > 1 else 1.0
+    return np.clip(alpha, 0.0, 3.0)
+
+
+def bucket_means(alpha: np.ndarray, k: float | None = None) -> np.ndarray:
+    """Mean count per unit in each bucket (of min(count, k) with ``k``) under a density ∝ n^−α inside
+    it (α = 0 uniform, 1 log-uniform, 2 the tail of check-in data)."""
+    a, b = _bucket_bounds()
+    a, b = a[: np.shape(alpha)[-1]], b[: np.shape(alpha)[-1]]
+    mass = _power_integral(a, b, -alpha)
+    if k is None:
+        return _power_integral(a, b, 1.0 - alpha) / mass
+    kk = np.clip(float(k) - 0.5, a, b)  # integers ≥ k (spans from k − ½) count as k
+    return (_power_integral(a, kk, 1.0 - alpha) + float(k) * _power_integral(kk, b, -alpha)) / mass
+
+
+@dataclass(frozen=True)
+class ContributionProfile:
+    """A noisy histogram of points per bounding unit (published) and the ε that paid for it."""
+
+    noisy: np.ndarray
+    epsilon: float
+    per_day: bool = False
+
+    @property
+    def scale(self) -> float:
+        return 1.0 / float(self.epsilon)
+
+    def to_dict(self) -> dict:
+        return {"buckets": "[2^j, 2^(j+1)) points per " + UNIT_WORDS[self.per_day] + ", j = 0…"
+                           f"{PROFILE_BUCKETS - 1} (the last open)",
+                "noisy_counts": [int(v) for v in self.noisy], "epsilon": float(self.epsilon),
+                "per_day": bool(self.per_day)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> ContributionProfile:
+        return cls(np.asarray(d["noisy_counts"], dtype=np.float64), float(d["epsilon"]), bool(d.get("per_day")))
+
+    # -- post-processing -------------------------------------------------------------------------
+    def visible_top(self) -> int:
+        """The highest bucket whose noisy count clears :func:`visible_threshold` (−1 when none does)."""
+        visible = np.flatnonzero(self.noisy >= visible_threshold(self.epsilon))
+        return int(visible[-1]) if visible.size else -1
+
+    def top_bucket(self) -> int:
+        """The highest bucket that counts: TAIL_BUCKETS above the highest visible one."""
+        return min(PROFILE_BUCKETS - 1, self.visible_top() + TAIL_BUCKETS)
+
+    def counts(self, noisy: np.ndarray | None = None) -> np.ndarray:
+        """Units per bucket as estimated, up to :meth:`top_bucket`: noisy counts clamped at 0."""
+        c = np.asarray(self.noisy if noisy is None else noisy, dtype=np.float64)[..., : self.top_bucket() + 1]
+        return np.clip(c, 0.0, None)
+
+    def _sum(self, c: np.ndarray, k: int | None) -> np.ndarray:
+        """Σ count × mean over the buckets."""
+        return np.sum(c * bucket_means(tail_slopes(c), k), axis=-1)
+
+    def _means(self, counts: np.ndarray, k: int | None) -> np.ndarray:
+        return bucket_means(tail_slopes(np.clip(counts, 0.0, None)), k)
+
+    def total_points(self) -> float:
+        """N̂: the points of the release's units (inside its regions and window)."""
+        return float(self._sum(self.counts(), None))
+
+    def kept_points(self, k: int) -> float:
+        """K̂(k): the points a bound of k per unit keeps."""
+        return float(self._sum(self.counts(), k))
+
+    def kept_fraction(self, k: int) -> float:
+        """κ(k) = K̂/N̂, 1 when the profile sees nothing (then there is nothing to scale)."""
+        n = self.total_points()
+        return 1.0 if n <= 0 else float(np.clip(self.kept_points(k) / n, 1e-6, 1.0))
+
+    def kept_variance(self, k: int) -> float:
+        """Variance of K̂(k) from the profile's noise (each bucket's noise × its kept mean)."""
+        m = self._means(self.counts(), k)
+        return float(discrete_laplace_variance(self.scale) * np.sum(m * m))
+
+    def draws(self, k: int, draws: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """Draws of (N, K(k)) over what the profile leaves open: plausible true counts (the noisy counts
+        minus fresh noise of the same law, clamped at 0, up to :meth:`top_bucket`), each draw with its
+        own slopes inside buckets."""
+        top = self.top_bucket()
+        noise = NoiseSource.seeded(int(rng.integers(2**31))).discrete_laplace(self.scale, (draws, top + 1))
+        c = self.counts(self.noisy[None, : top + 1] - noise)
+        return self._sum(c, None), self._sum(c, k)
+
+    def factor_draws(self, k: int, draws: int, rng: np.random.Generator) -> np.ndarray:
+        """Draws of 1/κ(k) (see :meth:`draws`)."""
+        n, kept = self.draws(k, draws, rng)
+        return np.where(kept > 0, np.maximum(n, kept) / np.maximum(kept, 1e-300), 1.0)
+
+    def factor(self, k: int) -> float:
+        """The scale factor 1/κ̂(k): the median of :meth:`factor_draws` (a fixed public seed), so that
+        buckets too thin for the noise to show still weigh in the estimate as they do in its interval."""
+        return float(np.median(self.factor_draws(k, ESTIMATE_DRAWS, np.random.default_rng(0))))
+
+    def total_estimate(self) -> float:
+        """N̂: the median of :meth:`draws`' N (a fixed public seed)."""
+        return float(np.median(self.draws(1, ESTIMATE_DRAWS, np.random.default_rng(0))[0]))
+
+    def cell_bias_sd(self, k: int, bounded: np.ndarray) -> np.ndarray:
+        """sd of a box's full count around bounded/κ, for boxes holding ``bounded`` kept points.
+
+        The units in a box are taken as drawn from the profile in proportion to the points they keep,
+        each with all its points in the box (the widest case): a box of B kept points holds about
+        B / E[min(n, k)] units, each adding n − min(n, k)/κ to the full count's deviation. One more unit
+        is drawn in proportion to its full points: the person whose place a box is centred on (a query
+        drawn where the data are) is more often a heavy one."""
+        c = self.counts()
+        n_mean, k_mean = self._means(c, None), self._means(c, k)
+        kept, full = c * k_mean, c * n_mean
+        if kept.sum() <= 0:
+            return np.zeros(np.shape(bounded))
+        kappa = self.kept_fraction(k)
+        w = kept / kept.sum()
+        dev = n_mean - k_mean / kappa
+        var_unit = float(np.sum(w * (dev - np.sum(w * dev)) ** 2))
+        units_per_point = 1.0 / float(np.sum(w * k_mean))
+        centred_unit = float(np.sum(full * dev * dev) / full.sum())
+        b = np.clip(np.asarray(bounded, dtype=np.float64), 0.0, None)
+        return np.sqrt(b * units_per_point * var_unit + centred_unit * (b > 0))
+
+
+def noisy_profile(true_counts: np.ndarray, epsilon: float, noise: NoiseSource,
+                  per_day: bool = False) -> ContributionProfile:
+    """The profile with ε-DP discrete Laplace noise (sensitivity 1: a unit is in one bucket)."""
+    counts = np.asarray(true_counts, dtype=np.int64)
+    if counts.shape != (PROFILE_BUCKETS,):
+        raise ValueError(f"a profile has {PROFILE_BUCKETS} buckets, got {counts.shape}")
+    return ContributionProfile(noise.add_discrete_laplace(counts, 1.0, float(epsilon)).astype(np.float64),
+                               float(epsilon), per_day)

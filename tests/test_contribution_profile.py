@@ -1,0 +1,141 @@
+"""The contribution profile (dpcore.privacy.profile): paid once per user-level release, it scales the
+release to full counts when no public total is declared, and its intervals cover the bounding's bias."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from dpcore.data.chunks import GridSpec
+from dpcore.data.points import load_points
+from dpcore.geo import city_region
+from dpcore.grid.histogram import grid_counts
+from dpcore.mechanisms import FitInput
+from dpcore.privacy.bounding import bound_contributions
+from dpcore.privacy.noise import NoiseSource
+from dpcore.privacy.profile import PROFILE_BUCKETS, PROFILE_FRACTION, noisy_profile, profile_counts
+from dpcore.privacy.scaling import fit_profiled
+from dpcore.synopsis.uncertainty import query_intervals
+from tests.cli_runner import run_geodp
+
+
+def _power_law_counts(n_people: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return np.minimum(np.floor(rng.pareto(1.2, n_people) * 3 + 1), 5000).astype(np.int64)
+
+
+def test_one_person_moves_one_bucket_by_one() -> None:
+    """Sensitivity 1 under adding or removing a person: the histogram differs by 1 in one bucket."""
+    n = _power_law_counts(2000, 1)
+    full = profile_counts(n)
+    for drop in (0, int(np.argmax(n)), 17):
+        assert np.abs(full - profile_counts(np.delete(n, drop))).sum() == 1
+    assert full.shape == (PROFILE_BUCKETS,) and full.sum() == n.size
+
+
+def test_a_nearly_noise_free_profile_gives_the_kept_fraction_and_the_total() -> None:
+    n = _power_law_counts(20_000, 2)
+    profile = noisy_profile(profile_counts(n), 1e6, NoiseSource.seeded(0))
+    assert profile.total_estimate() == pytest.approx(n.sum(), rel=0.03)
+    for k in (5, 20, 100):
+        true_factor = n.sum() / np.minimum(n, k).sum()
+        assert profile.factor(k) == pytest.approx(true_factor, rel=0.05)  # the in-bucket shape is modelled
+
+
+def test_the_data_pass_returns_the_profile_of_people_or_person_days_inside_the_regions() -> None:
+    from dpcore.data.points import LoadResult, Points, ValidationReport
+    from tasks.dask_path import release_counts
+
+    region = city_region("new-york")
+    rng = np.random.default_rng(3)
+    n = 3000
+    user = rng.integers(0, 200, n)
+    ts = 1_700_000_000 + rng.integers(0, 3 * 86400, n)
+    lat = region.center_lat + rng.uniform(-0.12, 0.12, n)  # some points fall outside the 20 km box
+    lon = region.center_lon + rng.uniform(-0.12, 0.12, n)
+    pts = Points(user=user, ts=ts, lat=lat, lon=lon)
+    loaded = LoadResult(pts, ValidationReport(), "mem", "v1")
+    inside = region.contains(lat, lon)
+    for per_day in (False, True):
+        got = release_counts(loaded, [GridSpec("ny", region, 16)], (None, None), privacy_unit="user",
+                             max_points_per_user=4, per_day=per_day, seed=1).profile
+        keys = [user[inside], ts[inside] // 86400] if per_day else [user[inside]]
+        sizes = pd.DataFrame(dict(enumerate(keys))).groupby(list(range(len(keys)))).size().to_numpy()
+        np.testing.assert_array_equal(got, profile_counts(sizes))
+
+
+@pytest.fixture(scope="module")
+def nyc(gowalla_nyc_path):
+    pts = load_points(gowalla_nyc_path).points
+    region = city_region("new-york")
+    x, y = region.project(pts.lat, pts.lon)
+    inside = region.contains_m(x, y)
+    return x[inside], y[inside], pts.user[inside], pts.lat[inside], pts.lon[inside], region
+
+
+def _squares(x, y, n, rng):
+    centre = rng.integers(0, x.size, n)
+    side = rng.uniform(1000, 5000, n)
+    return np.stack([x[centre] - side / 2, y[centre] - side / 2, x[centre] + side / 2, y[centre] + side / 2], axis=1)
+
+
+def _truth(x, y, boxes):
+    return np.array([np.count_nonzero((x >= b[0]) & (x < b[2]) & (y >= b[1]) & (y < b[3])) for b in boxes])
+
+
+def test_full_count_intervals_cover_at_their_rate_on_held_out_check_ins(nyc) -> None:
+    """Held-out user-level check-ins, no public total: 95% intervals of full counts on data-centred
+    1–5 km squares cover the truth at 95% ± 5 (6 releases × 60 squares; bench/bench_profile.py has
+    the larger table). Bounded counts (what a release without a public total answered) cover ~none."""
+    x, y, user, _, _, region = nyc
+    rng = np.random.default_rng(11)
+    covered, bounded_covered = [], []
+    for r in range(6):
+        keep = bound_contributions(user, 20, rng).keep
+        fine = grid_counts(x[keep], y[keep], region.bounds_m, 80).astype(np.int64)
+        profile = noisy_profile(profile_counts(np.bincount(user)[np.bincount(user) > 0]), PROFILE_FRACTION,
+                                NoiseSource.seeded(100 + r))
+        syn = fit_profiled("identity", {"grid_size": 80}, FitInput(np.empty(0), np.empty(0), region, "user", 20,
+                                                                     fine=fine), 1.0, NoiseSource.seeded(200 + r),
+                           profile)
+        boxes = _squares(x, y, 60, rng)
+        truth = _truth(x, y, boxes)
+        lo, hi, method = query_intervals(syn, boxes, draws=1500, seed=r)
+        covered.append((lo <= truth) & (truth <= hi))
+        bounded = syn.inner.answer(boxes)
+        bounded_covered.append(np.abs(bounded - truth) <= (hi - lo) / 2)
+    assert "bias" in method
+    assert 0.90 <= np.concatenate(covered).mean() <= 1.0
+    assert np.concatenate(bounded_covered).mean() < 0.5
+
+
+def test_a_user_level_release_without_a_total_answers_full_counts_and_says_so_through_the_cli(
+        nyc, gowalla_nyc_path, tmp_path) -> None:
+    x, y, _, lat, lon, region = nyc
+    out = tmp_path / "rel"
+    run_geodp("release", "run", gowalla_nyc_path, "--city", "new-york", "--epsilon", "1",
+              "--mechanism", "identity", "--param", "cell_width_m=250", "--max-points-per-user", "20",
+              "--seed", "5", "--out", out)
+    rng = np.random.default_rng(5)
+    boxes = _squares(x, y, 40, rng)
+    corners = np.array([region.unproject(b[0], b[1]) + region.unproject(b[2], b[3]) for b in boxes])
+    truth = _truth(lat, lon, corners)  # lat/lon boxes, as the query reads them
+    csv = tmp_path / "boxes.csv"
+    pd.DataFrame(corners, columns=["min_lat", "min_lon", "max_lat", "max_lon"]).to_csv(csv, index=False)
+    rows = json.loads(run_geodp("query", "range", out, "--boxes", csv, "--json").stdout)
+    est = np.array([r["estimate"] for r in rows])
+    lo, hi = np.array([r["lower"] for r in rows]), np.array([r["upper"] for r in rows])
+    assert {r["unit"] for r in rows} == {"full points"}
+    assert {r["interval_covers"] for r in rows} == {"noise and bounding bias"}
+    assert np.mean((lo <= truth) & (truth <= hi)) >= 0.85
+    assert np.median(np.abs(est - truth) / truth) < 0.3  # the bounded counts are ~45% below the truth
+    manifest = json.loads(next(out.rglob("_MANIFEST.json")).read_text())
+    charges = {c["name"]: c for c in manifest["privacy"]["charges"]}
+    assert charges["contribution_profile"]["epsilon"] == pytest.approx(PROFILE_FRACTION * 1.0)
+    assert charges["contribution_profile"]["sensitivity"] == 1.0
+    assert sum(c["epsilon"] for c in charges.values()) == pytest.approx(1.0)
+    text = run_geodp("query", "range", out, "--box", ",".join(f"{v:.5f}" for v in corners[0]))
+    assert "full point counts" in text.stderr
