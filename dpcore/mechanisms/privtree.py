@@ -18,9 +18,14 @@ up to ≤ k, so the total is again ≤ ε_tree. Depth is
 capped so that leaves are no smaller than ``min_leaf_m`` (default 10 m; at most 11 levels, a
 2048² raster) — a public rule, which only removes outputs and so costs nothing.
 
-The split noise is not published (only the tree shape is), and the shape depends on it only through
-threshold comparisons, so it is drawn as a real Laplace, λ·(ln U₁ − ln U₂), from the NoiseSource's
-53-bit uniforms (``uniform_open``): secure mode uses the OS CSPRNG here as well.
+The split noise is never published, only each decision, so the decisions are drawn from their exact
+law instead of adding a float Laplace (whose 53-bit uniforms reach no further than ~36λ: a tree shape
+with probability 0 on one input and > 0 on a neighbour, a hidden δ). With s = (c − θ)/λ − d·ln 4, the
+test max(c − dδ, θ − δ) + Lap(λ) > θ holds with probability 1 − ½e^(−s) for s ≥ 0, ½e^s for
+−ln 4 ≤ s < 0 and ⅛ below (the clamp). Since e^(d·ln 4) = 4^d, these are e^(±r) for the rational
+r = (c − θ)/λ times powers of two, and each decision compares a lazily read uniform with them in
+integer arithmetic (dpcore.privacy.exact_noise): the tree shape has exactly the paper's law, so the
+paper's pure ε-DP proof holds with no δ. λ is rounded up to a rational (more noise, never less).
 
 Budget: ``tree_fraction`` of ε (default 0.5, as in the paper's experiments) is ε_tree; the leaf
 counts use the rest (leaves are disjoint: one Laplace step, L1 sensitivity k or 1, integer discrete
@@ -35,6 +40,8 @@ by level: the whole frontier of a level is decided in one array operation. The l
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from fractions import Fraction as Rational
 
 import numpy as np
 
@@ -45,6 +52,7 @@ from dpcore.mechanisms.contract import FitRecord, MechanismTags
 from dpcore.mechanisms.inputs import PointsInput
 from dpcore.mechanisms.params import Fraction, Number, Positive
 from dpcore.privacy.bounding import WEIGHT_QUANTUM
+from dpcore.privacy.exact_noise import BITS, _LazyUniform, exp_bounds, floor_exact, rational_at_least
 from dpcore.privacy.noise import NoiseSource
 from dpcore.synopsis.base import GridSynopsis
 
@@ -56,6 +64,56 @@ def privtree_parameters(eps_tree: float, sensitivity: float, beta: int = FANOUT)
     """(λ, δ) of PrivTree for a tree budget and a count sensitivity."""
     lam = sensitivity * (2 * beta - 1) / ((beta - 1) * eps_tree)
     return lam, lam * math.log(beta)
+
+
+def _exp_below(x: Rational, m: int) -> bool:
+    """e^x < 2^m, for rational x and integer m with e^x ≠ 2^m (x ≠ m·ln 2, true unless both are 0)."""
+    w = 64 + abs(m)
+    while True:
+        lo, hi = exp_bounds(x, w)
+        if hi < 1 << (w + m):
+            return True
+        if lo > 1 << (w + m):
+            return False
+        w *= 2
+
+
+class SplitLaw:
+    """The exact law of PrivTree's split decision at depth ``d`` for a node of count c (module docstring)."""
+
+    def __init__(self, lam: Rational, theta: Rational):
+        self.lam, self.theta = lam, theta
+
+    def _tail(self, count: float, d: int) -> tuple[bool, int, Callable[[int], tuple[int, int]] | None]:
+        """(s ≥ 0, ⌊q·2^BITS⌋, bounds of q·2^w or None when q is dyadic) for q = ½e^(−|s|) clamped at ⅛."""
+        r = (Rational(float(count)) - self.theta) / self.lam
+        if d == 0 and r == 0:
+            return True, 1 << (BITS - 1), None  # s = 0: q = ½
+        positive = _exp_below(-r, -2 * d)  # e^(−r) < 4^(−d): s > 0
+        if positive:  # q = ½e^(−r)·4^d
+            def bounds(w: int) -> tuple[int, int]:
+                return exp_bounds(-r, w - 1 + 2 * d)
+        elif (d == 1 and r == 0) or _exp_below(r, 2 * (d - 1)):  # s ≤ −ln 4: the clamp, q = ⅛
+            return False, 1 << (BITS - 3), None
+        else:  # −ln 4 < s < 0: q = ½e^r·4^(−d)
+            def bounds(w: int) -> tuple[int, int]:
+                return exp_bounds(r, w - 1 - 2 * d)
+        return positive, floor_exact(bounds, BITS), bounds
+
+    def decide(self, counts: np.ndarray, d: int, words: Callable[[int], np.ndarray]) -> np.ndarray:
+        """Split decisions (bool) for nodes of depth ``d`` with these counts, each drawn exactly: U < q
+        (s < 0) or not (s ≥ 0), U read lazily from ``words``. One exact threshold per distinct count."""
+        uniq, inv = np.unique(counts, return_inverse=True)
+        tails = [self._tail(c, d) for c in uniq]
+        above = np.array([t[0] for t in tails], dtype=bool)[inv]
+        floor = np.array([t[1] for t in tails], dtype=np.int64)[inv]
+        prefix = (words(counts.size) >> np.uint64(64 - BITS)).astype(np.int64)
+        less = prefix < floor
+        for j in np.flatnonzero(prefix == floor):  # probability ≈ 2^-62 per node: read more bits
+            bounds = tails[inv[j]][2]
+            less[j] = bounds is not None and _LazyUniform(int(prefix[j]), BITS, words).less_than(
+                lambda p, b=bounds: floor_exact(b, p))
+        return np.where(above, ~less, less)
 
 
 def depth_cap(side_m: float, min_leaf_m: float) -> int:
@@ -76,9 +134,6 @@ class PrivTree(Mechanism):
         self.min_leaf_m = min_leaf_m
         self.clamp_negative = clamp_negative
 
-    def _laplace(self, noise: NoiseSource, scale: float, size: int) -> np.ndarray:
-        return scale * (np.log(noise.uniform_open(size)) - np.log(noise.uniform_open(size)))
-
     def fine_grid(self, region: Region) -> int | None:
         """The deepest level's grid: the whole count pyramid is block sums of it, exactly."""
         return 2 ** depth_cap(region.side_m, float(self.min_leaf_m))
@@ -90,9 +145,12 @@ class PrivTree(Mechanism):
         k = data.sensitivity
         depth_max = depth_cap(data.region.side_m, float(self.min_leaf_m))
         eps_tree = acct.spend_fraction(
-            "tree_splits", fraction, k, noise="laplace(uniform_open), decisions only",
+            "tree_splits", fraction, k, noise="exact law of the Laplace(λ) split test, decisions only",
             note=f"biased split decisions, fanout {FANOUT}, λ and δ scaled by the sensitivity; depth ≤ {depth_max}")
         lam, delta = privtree_parameters(eps_tree, k)
+        exact_lam = rational_at_least(lam, "PrivTree's λ", 2.0 ** 52)
+        lam, delta = float(exact_lam), float(exact_lam) * math.log(FANOUT)
+        law = SplitLaw(exact_lam, Rational(theta))
 
         # Count pyramid: pyramid[d] is the 2^d × 2^d grid of node counts at depth d.
         fine = data.grid_counts(2 ** depth_max, 2 ** depth_max)
@@ -106,9 +164,7 @@ class PrivTree(Mechanism):
             split = np.zeros_like(active)
             if d < depth_max:
                 idx = np.flatnonzero(active)
-                counts = pyramid[d].ravel()[idx].astype(np.float64)
-                biased = np.maximum(counts - d * delta, theta - delta)
-                split.ravel()[idx] = biased + self._laplace(noise, lam, idx.size) > theta
+                split.ravel()[idx] = law.decide(pyramid[d].ravel()[idx], d, noise.random_words)
             leaf_masks.append(active & ~split)
             if d < depth_max:
                 active = expand(split, 2)
