@@ -18,3 +18,20 @@ def run_geodp(*args, ok: bool = True, env: dict | None = None, timeout: float = 
     if ok:
         assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
+
+
+def bounded_total(release: str, region) -> float:
+    """The release's noisy count of the k-bounded points over the whole region (a release scaled to
+    full counts by its contribution profile holds them as its inner synopsis)."""
+    import shutil
+
+    from dpcore.synopsis.base import load_synopsis
+    from tasks.storage.store import fetch_to_temp
+
+    _, folder = fetch_to_temp(release)
+    try:
+        synopsis = load_synopsis(folder)
+        synopsis = getattr(synopsis, "inner", synopsis)
+        return float(synopsis.answer(region.box_latlon_to_m([region.bbox_latlon()]))[0])
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from dpcore.geo import city_region
-from tests.cli_runner import run_geodp
+from tests.cli_runner import bounded_total, run_geodp
 from tests.conftest import new_s3_store
 
 REGION = city_region("new-york")
@@ -34,14 +34,12 @@ def five_days() -> pd.DataFrame:
 
 def _release_total(data: str, store: str, *form: str) -> float:
     """Create the dataset with a 2-day horizon, release it without a period (k = 5 ≥ any person's
-    points, ε = 1000: the noise is 0 but for ~e^-200), and query the whole region."""
+    points, ε = 1000: the noise is 0 but for ~e^-200); its k-bounded count over the whole region."""
     run_geodp("dataset", "create", store, "checkins", "--source", data, "--budget", "1000",
               "--max-points-per-user", "5", "--horizon", HORIZON)
     summary = run_geodp("release", data, "--city", "new-york", "--epsilon", "1000", "--mechanism", "identity",
                         "--param", "cell_width_m=2000", "--dataset", "checkins", "--store", store, *form, "--json")
-    release = json.loads(summary.stdout)["releases"][0]["url"]
-    box = ",".join(map(str, REGION.bbox_latlon()))
-    return json.loads(run_geodp("query", release, "--box", box, "--json").stdout)[0]["estimate"]
+    return bounded_total(json.loads(summary.stdout)["releases"][0]["url"], REGION)
 
 
 def test_a_file_and_a_hive_folder_in_process_read_the_horizon_only(five_days, tmp_path):

@@ -16,7 +16,7 @@ log checks every hash, that the numbers run 0..n-1 without a gap, and that every
 one before it, so an altered, deleted or reordered entry is an :class:`IntegrityError`. The newest
 entry has no successor to betray its deletion: every committed manifest and every staged attempt
 names the charge entry that paid for it (seq and sha256), and :meth:`DatasetLedger.verify` checks
-that each such entry is there, unchanged (docs/decisions/0018-ledger-hash-chain.md). Entries written
+that each such entry is there, unchanged (docs/decisions/0019-ledger-hash-chain.md). Entries written
 before the chain existed carry no ``prev_sha256``; their own hashes and numbers are still checked, and
 the first chained entry after them names the last of them.
 
