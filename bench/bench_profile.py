@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 from dpcore.data.points import Points, load_points  # noqa: E402
 from dpcore.geo import city_region  # noqa: E402
 from dpcore.grid.histogram import grid_counts  # noqa: E402
-from dpcore.mechanisms import FitInput  # noqa: E402
+from dpcore.mechanisms import FitInput, get_mechanism  # noqa: E402
 from dpcore.privacy.bounding import bound_contributions  # noqa: E402
 from dpcore.privacy.noise import NoiseSource  # noqa: E402
 from dpcore.privacy.profile import PROFILE_FRACTION, noisy_profile, profile_counts  # noqa: E402
@@ -84,7 +84,7 @@ def run(name: str, ks: list[int], epsilon: float, band: tuple[float, float], rel
             counts = profile_counts(np.bincount(user)[np.bincount(user) > 0])
             profile = noisy_profile(counts, PROFILE_FRACTION * epsilon, noise.spawn(1))
             data = FitInput(np.empty(0), np.empty(0), region, "user", k, fine=fine.astype(np.int64))
-            syn = fit_profiled("identity", {"cell_width_m": region.side_m / cells}, data, epsilon, noise.spawn(2),
+            syn = fit_profiled(get_mechanism("identity", cell_width_m=region.side_m / cells), data, epsilon, noise.spawn(2),
                                profile)
             boxes = squares(x, y, band, queries, rng)
             truth = true_counts(x, y, boxes)

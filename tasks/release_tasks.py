@@ -360,12 +360,12 @@ def privatize(plan: CityPlan, data: CityData, profile: ContributionProfile | Non
     if plan.public_total is not None and plan.privacy_unit == "user" and not tags.scales_to_public_total:
         from dpcore.privacy.scaling import fit_scaled
 
-        return fit_scaled(plan.mechanism, plan.params, fit_input, plan.epsilon, noise, plan.public_total,
+        return fit_scaled(mech, fit_input, plan.epsilon, noise, plan.public_total,
                           "public total declared by the releaser (--public-total)")
     if profile is not None and profile_applies(plan):
         from dpcore.privacy.scaling import fit_profiled
 
-        return fit_profiled(plan.mechanism, plan.params, fit_input, plan.epsilon, noise, profile)
+        return fit_profiled(mech, fit_input, plan.epsilon, noise, profile)
     return mech.fit(fit_input, plan.epsilon, noise)
 
 

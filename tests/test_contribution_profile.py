@@ -13,7 +13,7 @@ from dpcore.data.chunks import GridSpec
 from dpcore.data.points import load_points
 from dpcore.geo import city_region
 from dpcore.grid.histogram import grid_counts
-from dpcore.mechanisms import FitInput
+from dpcore.mechanisms import FitInput, get_mechanism
 from dpcore.privacy.bounding import bound_contributions
 from dpcore.privacy.noise import NoiseSource
 from dpcore.privacy.profile import PROFILE_BUCKETS, PROFILE_FRACTION, noisy_profile, profile_counts
@@ -98,12 +98,12 @@ def test_full_count_intervals_cover_at_their_rate_on_held_out_check_ins(nyc) -> 
         fine = grid_counts(x[keep], y[keep], region.bounds_m, 80).astype(np.int64)
         profile = noisy_profile(profile_counts(np.bincount(user)[np.bincount(user) > 0]), PROFILE_FRACTION,
                                 NoiseSource.seeded(100 + r))
-        syn = fit_profiled("identity", {"grid_size": 80}, FitInput(np.empty(0), np.empty(0), region, "user", 20,
+        syn = fit_profiled(get_mechanism("identity", grid_size=80), FitInput(np.empty(0), np.empty(0), region, "user", 20,
                                                                      fine=fine), 1.0, NoiseSource.seeded(200 + r),
                            profile)
         boxes = _squares(x, y, 60, rng)
         truth = _truth(x, y, boxes)
-        lo, hi, method = query_intervals(syn, boxes, draws=1500, seed=r)
+        lo, hi, method = query_intervals(syn, boxes)
         covered.append((lo <= truth) & (truth <= hi))
         bounded = syn.inner.answer(boxes)
         bounded_covered.append(np.abs(bounded - truth) <= (hi - lo) / 2)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from dpcore.geo import Region
-from dpcore.mechanisms import FitInput, SpatioTemporalInput
+from dpcore.mechanisms import FitInput, SpatioTemporalInput, get_mechanism
 from dpcore.privacy.noise import NoiseSource
 from dpcore.privacy.scaling import fit_scaled
 from dpcore.synopsis.base import load_synopsis
@@ -17,7 +17,7 @@ def fit_input(n=5000, k=5):
 
 
 def test_charges_add_up_and_the_sample_total_is_not_paid_twice():
-    syn = fit_scaled("ug", {}, fit_input(), 1.0, NoiseSource.seeded(1), 20_000, "test")
+    syn = fit_scaled(get_mechanism("ug"), fit_input(), 1.0, NoiseSource.seeded(1), 20_000, "test")
     names = [c["name"] for c in syn.privacy.charges]
     assert names[0] == "sample_total_for_scaling" and "total_count" not in names
     assert sum(c["epsilon"] for c in syn.privacy.charges) == pytest.approx(1.0)
@@ -29,13 +29,13 @@ def test_charges_add_up_and_the_sample_total_is_not_paid_twice():
 
 def test_factor_never_below_one_even_at_tiny_epsilon():
     for seed in range(30):
-        syn = fit_scaled("identity", {"cell_width_m": 500.0}, fit_input(n=50), 0.001, NoiseSource.seeded(seed),
+        syn = fit_scaled(get_mechanism("identity", cell_width_m=500.0), fit_input(n=50), 0.001, NoiseSource.seeded(seed),
                          60, "test")
         assert 1.0 <= syn.factor <= 60.0
 
 
 def test_scaled_synopsis_round_trips(tmp_path):
-    syn = fit_scaled("identity", {"cell_width_m": 500.0}, fit_input(), 1.0, NoiseSource.seeded(2), 9000, "test")
+    syn = fit_scaled(get_mechanism("identity", cell_width_m=500.0), fit_input(), 1.0, NoiseSource.seeded(2), 9000, "test")
     syn.save(tmp_path / "s")
     loaded = load_synopsis(tmp_path / "s")
     boxes = np.array([[-1000, -1000, 500, 700], [0, 0, 100, 100]])
@@ -47,7 +47,7 @@ def test_record_level_is_refused():
     data = fit_input()
     rec = FitInput(data.x, data.y, data.region, "record", None)
     with pytest.raises(ValueError):
-        fit_scaled("identity", {}, rec, 1.0, NoiseSource.seeded(0), 10, "test")
+        fit_scaled(get_mechanism("identity"), rec, 1.0, NoiseSource.seeded(0), 10, "test")
 
 
 def test_factor_is_bounded_by_the_noise_floor():
@@ -55,7 +55,7 @@ def test_factor_is_bounded_by_the_noise_floor():
     eps, k, total = 0.05, 5, 1_000_000
     eps_n = 0.10 * eps
     for seed in range(40):
-        syn = fit_scaled("ug", {}, fit_input(n=200, k=k), eps, NoiseSource.seeded(seed), total, "test")
+        syn = fit_scaled(get_mechanism("ug"), fit_input(n=200, k=k), eps, NoiseSource.seeded(seed), total, "test")
         assert 1.0 <= syn.factor <= total * eps_n / k + 1e-9
 
 

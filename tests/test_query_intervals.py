@@ -25,7 +25,7 @@ def test_intervals_of_a_linear_release_cover_the_noise_free_answer_95_percent_of
     hits, n = 0, 0
     for s in range(300):
         syn = get_mechanism("identity", grid_size=20).fit(data, 0.5, NoiseSource.seeded(100 + s))
-        lo, hi, method = query_intervals(syn, boxes, draws=2000, seed=s)
+        lo, hi, method = query_intervals(syn, boxes)
         hits += int(np.sum((lo <= truth) & (truth <= hi)))
         n += len(boxes)
     assert "exact noise law" in method
@@ -94,7 +94,7 @@ def _coverage(mechanism: str, params: dict, data: FitInput, boxes: np.ndarray, t
     hits, methods = 0, set()
     for s in range(releases):
         syn = get_mechanism(mechanism, **params).fit(data, 1.0, NoiseSource.seeded(500 + s))
-        lo, hi, method = query_intervals(syn, boxes, seed=s)
+        lo, hi, method = query_intervals(syn, boxes)
         methods.add(method.split(",")[0])
         hits += int(np.sum((lo <= truth) & (truth <= hi)))
     return hits / (releases * len(boxes)), methods
@@ -193,12 +193,12 @@ def test_privtree_intervals_cover_the_trees_noise_free_answer_95_percent_of_the_
     for s in range(300):  # whole releases: a fresh tree (noisy splits) and fresh leaf noise each time
         syn = get_mechanism("privtree").fit(data, 1.0, NoiseSource.seeded(900 + s))
         truth = _tree_noise_free_answer(syn, data, _BOXES)
-        lo, hi, method = query_intervals(syn, _BOXES, draws=2000, seed=s)
+        lo, hi, method = query_intervals(syn, _BOXES)
         methods.add(method)
         hits += int(np.sum((lo <= truth) & (truth <= hi)))
         n += len(_BOXES)
     lattice = " on the 2^-20 lattice" if weighted else ""
-    assert methods == {f"exact noise law (discrete Laplace{lattice}) over PrivTree's leaves, Monte Carlo quantiles"}
+    assert methods == {f"exact noise law (discrete Laplace{lattice}) over PrivTree's leaves, tabulated quantiles of the sum"}
     assert 0.93 <= hits / n <= 0.97, hits / n
 
 
@@ -256,15 +256,15 @@ def test_intervals_of_a_release_scaled_to_full_counts_cover_the_scaled_noise_fre
     region_hits = naive_region_hits = 0
     for s in range(300):
         # 3% of ε on n̂: its noise (about 16% of n) is a large part of the whole region's error
-        syn = fit_scaled("identity", {"grid_size": 20}, data, 0.5, NoiseSource.seeded(500 + s), total, "test",
+        syn = fit_scaled(get_mechanism("identity", grid_size=20), data, 0.5, NoiseSource.seeded(500 + s), total, "test",
                          scale_fraction=0.03)
-        lo, hi, method = query_intervals(syn, boxes, draws=2000, seed=s)
+        lo, hi, method = query_intervals(syn, boxes)
         inside = (lo <= target) & (target <= hi)
         hits += int(inside.sum())
         n += len(boxes)
         region_hits += int(inside[0])
         # what an interval blind to n̂'s noise would say: the grid's exact interval times the factor
-        inner_lo, inner_hi, _ = query_intervals(syn.inner, boxes[:1], draws=2000, seed=s)
+        inner_lo, inner_hi, _ = query_intervals(syn.inner, boxes[:1])
         naive_region_hits += int(syn.factor * inner_lo[0] <= target[0] <= syn.factor * inner_hi[0])
     assert method.startswith("parametric bootstrap of the scaled answer")
     assert 0.93 <= hits / n <= 0.97, hits / n
@@ -278,7 +278,7 @@ def test_scaled_release_of_a_post_processed_mechanism_says_why_it_has_no_interva
     region = Region("r", 40.0, -74.0, 2.0)
     rng = np.random.default_rng(4)
     x, y = rng.uniform(-1000, 1000, (2, 2000))
-    syn = fit_scaled("privtree", {"clamp_negative": True}, FitInput(x, y, region, "user", 5), 1.0,
+    syn = fit_scaled(get_mechanism("privtree", clamp_negative=True), FitInput(x, y, region, "user", 5), 1.0,
                      NoiseSource.seeded(2), 6000.0, "test")
     lo, hi, method = query_intervals(syn, np.array([[-500.0, -500.0, 500.0, 500.0]]))
     assert np.isnan(lo).all() and np.isnan(hi).all()
@@ -312,7 +312,7 @@ def test_intervals_of_identity3d_window_queries_cover_their_noise_free_answer(pu
     hits, n, method = 0, 0, ""
     for s in range(300):
         syn = get_mechanism("identity3d", grid_size=10).fit(data, 0.5, NoiseSource.seeded(700 + s))
-        lo, hi, method = spatio_temporal_intervals(syn, boxes, start, end, draws=2000, seed=s)
+        lo, hi, method = spatio_temporal_intervals(syn, boxes, start, end)
         hits += int(np.sum((lo <= truth) & (truth <= hi)))
         n += len(boxes)
     expected = "exact noise law" if public_total is None else "parametric bootstrap of the scaled answer"

@@ -7,9 +7,9 @@ import pytest
 
 from dpcore.geo import city_region
 from dpcore.grid.histogram import answer_boxes, block_sum, prefix_sums
+from dpcore.grid.pyramid import PyramidError, join_fine_level, refine_to_fine
 from dpcore.mechanisms import FitInput, get_mechanism
 from dpcore.mechanisms.base import MechanismError
-from dpcore.mechanisms.snh.pyramid import join_fine_level, refine_to_fine
 from dpcore.mechanisms.snh.rules import blend_nets_weights
 from dpcore.models.denoiser_meta import DEFAULT_DENOISER_PATH
 from dpcore.privacy.noise import NoiseSource
@@ -31,7 +31,7 @@ def test_refinement_keeps_every_coarse_cell_mass_and_resolves_only_spikes_above_
     assert out[1, 2] > 0.8 * 100.0
     noise_only = out[12:16, 12:16]
     assert noise_only.max() < 3 * noise_only.mean()  # no structure learned from noise alone
-    with pytest.raises(MechanismError, match="power of two"):
+    with pytest.raises(PyramidError, match="power of two"):
         refine_to_fine(est, np.zeros((12, 12)), 1.0)
 
 

@@ -172,7 +172,7 @@ def test_scaling_estimates_the_weight_sum_not_the_point_count():
     k = 5
     w = contribution_weights(user, k)
     data = FitInput(x, y, REGION, "user", k, user=user, weights=w)
-    syn = fit_scaled("ug", {}, data, 5.0, NoiseSource.seeded(2), float(x.size), "test")
+    syn = fit_scaled(get_mechanism("ug"), data, 5.0, NoiseSource.seeded(2), float(x.size), "test")
     names = [c["name"] for c in syn.privacy.charges]
     assert names[0] == "sample_total_for_scaling" and "total_count" not in names
     assert "Σ weights" in syn.privacy.charges[0]["note"]
@@ -183,7 +183,7 @@ def test_scaling_estimates_the_weight_sum_not_the_point_count():
     # the k-sample keeps Σ min(n_u, k) = 500 points too: both boundings scale by the same factor
     sample = FitInput(x[bound_contributions(user, k, np.random.default_rng(0)).keep],
                       y[bound_contributions(user, k, np.random.default_rng(0)).keep], REGION, "user", k)
-    assert fit_scaled("ug", {}, sample, 5.0, NoiseSource.seeded(2), float(x.size), "t").factor == pytest.approx(
+    assert fit_scaled(get_mechanism("ug"), sample, 5.0, NoiseSource.seeded(2), float(x.size), "t").factor == pytest.approx(
         syn.factor, rel=0.1)
 
 
@@ -196,7 +196,7 @@ def test_auto_and_scaling_keep_the_lattice_of_weighted_charges():
     data = FitInput(x, y, REGION, "user", 5, user=user, weights=contribution_weights(user, 5))
     syn = get_mechanism("auto", mechanisms="identity", query_sides_m=(25, 100)).fit(data, 1.0, NoiseSource.seeded(0))
     assert [c["quantum"] for c in syn.privacy.charges] == [WEIGHT_QUANTUM] * len(syn.privacy.charges)
-    scaled = fit_scaled("identity", {"grid_size": 8}, data, 5.0, NoiseSource.seeded(2), float(x.size), "test")
+    scaled = fit_scaled(get_mechanism("identity", grid_size=8), data, 5.0, NoiseSource.seeded(2), float(x.size), "test")
     assert all(c["quantum"] == WEIGHT_QUANTUM for c in scaled.privacy.charges)
     _, _, method = query_intervals(syn, np.array([[-100.0, -100.0, 100.0, 100.0]]))
     assert "2^-20 lattice" in method
@@ -206,10 +206,12 @@ def test_interval_redraws_follow_the_recorded_lattice():
     """The bootstrap's noise is quantum × DLap(scale/quantum): on the lattice, with that law's variance,
     not the integer law's (the two differ clearly when the quantum is near the scale)."""
     from dpcore.privacy.noise import discrete_laplace_variance
-    from dpcore.synopsis.uncertainty import _dlap
+    from dpcore.synopsis.noise import NoiseLaw, draw_noise
 
     scale, quantum = 4.0, 8.0
-    draws = _dlap(np.random.default_rng(0), scale, quantum, 200_000)
+    law = NoiseLaw("laplace", scale, quantum)
+    draws = draw_noise(np.random.default_rng(0), law, 200_000)
+    assert law.variance == pytest.approx(quantum ** 2 * discrete_laplace_variance(scale / quantum))
     assert np.array_equal(draws, np.round(draws / quantum) * quantum)
     lattice_var = quantum ** 2 * discrete_laplace_variance(scale / quantum)  # ≈ 23.2; the integer law's ≈ 31.5
     assert draws.var() == pytest.approx(lattice_var, rel=0.03)

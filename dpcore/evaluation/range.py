@@ -145,7 +145,7 @@ def fit_and_scale(mechanism: str, params: dict, fit_input: PointsInput, epsilon:
     the protocol's public total at user level."""
     mech = get_mechanism(mechanism, **params)
     if fit_input.privacy_unit == "user":
-        return fit_scaled(mechanism, params, fit_input, epsilon, noise, total_points,
+        return fit_scaled(mech, fit_input, epsilon, noise, total_points,
                           "public input of the evaluation protocol")
     return mech.fit(input_for(mech.tags.input_type, fit_input), epsilon, noise)
 

@@ -49,7 +49,7 @@ from dpcore.grid.histogram import flat_cell_index
 from dpcore.heatmap.mass import person_mass
 from dpcore.privacy.budget import Accountant, split_epsilon
 from dpcore.privacy.noise import NoiseSource
-from dpcore.synopsis.base import GridSynopsis
+from dpcore.synopsis.base import AnswerUnit, GridSynopsis
 
 DEFAULT_QUANTUM = 1 << 20
 LEVEL_SPLITS = ("uniform", "geometric")
@@ -417,6 +417,9 @@ class HeatmapSynopsis(GridSynopsis):
     """
 
     kind = "heatmap"
+
+    def unit(self) -> AnswerUnit:
+        return AnswerUnit("people")
 
     def heatmap(self) -> np.ndarray:
         return normalise(self.values)

@@ -45,7 +45,8 @@ from dpcore.mechanisms.ug import (
     rasterise_rectangles,
 )
 from dpcore.privacy.noise import NoiseSource
-from dpcore.synopsis.base import GridSynopsis
+from dpcore.synopsis.base import GridSynopsis, Synopsis
+from dpcore.synopsis.noise import BootstrapNoise, NoInterval, NoiseLaw, NoiseModel, draw_noise
 
 
 def constrained_inference(v: np.ndarray, u: np.ndarray, n_children: np.ndarray, eps1: float,
@@ -162,6 +163,53 @@ class AdaptiveGrid(Mechanism):
         # m2 per level-1 cell (a function of the noisy level-1 counts: post-processing) lets a reader
         # redo the linear inference on fresh noise: the release's 95% intervals (dpcore.uncertainty).
         extra = {"m1": m1, "m2_min": int(m2.min()), "m2_max": int(m2.max()), "n_leaves": int(u.size),
-                 "raster_size": raster_size, "m2": m2.astype(int).tolist()}
+                 "raster_size": raster_size, "m2": m2.astype(int).tolist(),
+                 "noise_model": NoInterval("negative counts were clamped to 0 (not linear in the noise)").spec()
+                 if self.clamp_negative else AdaptiveGridNoise.make_spec(data.count_noise_law(eps1),
+                                                                         data.count_noise_law(eps2), eps1, eps2)}
         acct.describe(notes)
         return GridSynopsis(raster, data.region, None, extra)
+
+
+#: The finest grid AG's bootstrap re-draws its error field on.
+BOOTSTRAP_GRID = 256
+
+
+class AdaptiveGridNoise(BootstrapNoise):
+    """AG's answers are linear in the level-1 and level-2 noise (constrained inference on the leaf
+    structure the release records: m2 per level-1 cell, itself from the noisy level-1 counts): fresh
+    noise through the same inference, rasterised as the release is, gives the error field."""
+
+    def __init__(self, laws: tuple[NoiseLaw, NoiseLaw], eps: tuple[float, float], m1: int, m2: np.ndarray,
+                 region, raster_size: int):
+        super().__init__(laws[0], (m1, m1), region.bounds_m)
+        self.laws, self.eps, self.m1, self.region, self.raster_size = laws, eps, m1, region, raster_size
+        self.n_leaves = m2 * m2
+        leaf_cell = np.repeat(np.arange(m1 * m1), self.n_leaves)
+        local = np.arange(int(self.n_leaves.sum())) - (np.cumsum(self.n_leaves) - self.n_leaves)[leaf_cell]
+        lm2 = m2[leaf_cell]
+        xmin, ymin, xmax, ymax = region.bounds_m
+        w1, h1 = (xmax - xmin) / m1, (ymax - ymin) / m1
+        x0 = xmin + (leaf_cell // m1) * w1 + (local // lm2) * (w1 / lm2)
+        y0 = ymin + (leaf_cell % m1) * h1 + (local % lm2) * (h1 / lm2)
+        self.rects = (x0, y0, x0 + w1 / lm2, y0 + h1 / lm2)
+        self.method = "parametric bootstrap: fresh level noise through AG's constrained inference"
+
+    def draw_errors(self, rng: np.random.Generator) -> np.ndarray:
+        e = constrained_inference(draw_noise(rng, self.laws[0], self.m1 * self.m1),
+                                  draw_noise(rng, self.laws[1], self.rects[0].size), self.n_leaves, *self.eps)
+        return rasterise_rectangles(*self.rects, e, self.region, self.raster_size)
+
+    @staticmethod
+    def make_spec(law1: NoiseLaw, law2: NoiseLaw, eps1: float, eps2: float) -> dict:
+        return {"kind": f"{__name__}:AdaptiveGridNoise", "laws": [law1.to_dict(), law2.to_dict()],
+                "eps": [float(eps1), float(eps2)]}
+
+    @classmethod
+    def from_spec(cls, spec: dict, synopsis: Synopsis) -> NoiseModel:
+        extra = synopsis._extra
+        m1, m2 = int(extra["m1"]), np.asarray(extra["m2"], dtype=np.int64)
+        laws = tuple(NoiseLaw.from_dict(d) for d in spec["laws"])
+        # the error field on at most BOOTSTRAP_GRID² cells: leaves are rarely finer, and a box's variance
+        # changes little with where inside a cell its edge falls
+        return cls(laws, tuple(spec["eps"]), m1, m2, synopsis.region, min(int(synopsis.shape[0]), BOOTSTRAP_GRID))

@@ -44,7 +44,8 @@ from dpcore.mechanisms.inputs import PointsInput
 from dpcore.mechanisms.params import Fraction, Positive, PositiveInt, Whole
 from dpcore.mechanisms.ug import DEFAULT_C, MAX_RASTER, grid_size_rule, private_total
 from dpcore.privacy.noise import NoiseSource
-from dpcore.synopsis.base import GridSynopsis
+from dpcore.synopsis.base import GridSynopsis, Synopsis
+from dpcore.synopsis.noise import BootstrapNoise, NoInterval, NoiseLaw, NoiseModel, draw_noise
 
 LEVEL_SPLITS = ("uniform", "geometric")
 
@@ -152,7 +153,7 @@ class HierarchicalGrid(Mechanism):
         for _ in range(h - 1):
             true_levels.insert(0, block_sum(true_levels[0], b))
         eps_levels = level_budgets(acct.epsilon - acct.spent, h, b, self.level_split)
-        noisy, variances = [], []
+        noisy, variances, laws = [], [], []
         for lvl, counts in enumerate(true_levels):
             side = counts.shape[0]
             if lvl == h - 1:
@@ -163,6 +164,7 @@ class HierarchicalGrid(Mechanism):
                                    note=f"{side}x{side} grid; disjoint cells")
             noisy.append(data.add_count_noise(counts, eps_l, noise).astype(np.float64))
             variances.append(data.count_noise_variance(eps_l))
+            laws.append(data.count_noise_law(eps_l))
         consistent = hierarchy_consistency(noisy, variances, b)
         values = consistent[-1]
         notes.append(f"branching {b} per axis ({b * b} children per node), {h} levels, ε split "
@@ -173,5 +175,36 @@ class HierarchicalGrid(Mechanism):
         else:
             notes.append("negative leaves kept after consistency (unbiased range sums)")
         acct.describe(notes)
+        noise_spec = (NoInterval("negative counts were clamped to 0 (not linear in the noise)").spec()
+                      if self.clamp_negative else HierarchyNoise.make_spec(laws))
         return GridSynopsis(values, data.region, None,
-                            {"branching": b, "levels": h, "leaf_grid": leaf})
+                            {"branching": b, "levels": h, "leaf_grid": leaf, "noise_model": noise_spec})
+
+
+class HierarchyNoise(BootstrapNoise):
+    """HB's answers are linear in the level noise (least-squares consistency): fresh level noise through
+    the same consistency gives the error field on the leaves (a parametric bootstrap)."""
+
+    def __init__(self, laws: list[NoiseLaw], branching: int, bounds: tuple[float, float, float, float]):
+        leaf = branching ** len(laws)
+        super().__init__(laws[-1], (leaf, leaf), bounds)
+        self.laws, self.branching = laws, branching
+        self.variances = [law.variance for law in laws]  # the same ones the release's consistency used
+        self.method = "parametric bootstrap: fresh level noise through HB's least-squares consistency"
+
+    def draw_errors(self, rng: np.random.Generator) -> np.ndarray:
+        b = self.branching
+        noisy = [draw_noise(rng, law, (b ** (lvl + 1), b ** (lvl + 1))) for lvl, law in enumerate(self.laws)]
+        return hierarchy_consistency(noisy, self.variances, b)[-1]
+
+    @staticmethod
+    def make_spec(laws: list[NoiseLaw]) -> dict:
+        return {"kind": f"{__name__}:HierarchyNoise", "laws": [law.to_dict() for law in laws]}
+
+    @classmethod
+    def from_spec(cls, spec: dict, synopsis: Synopsis) -> NoiseModel:
+        b, h = int(synopsis._extra.get("branching", 0)), int(synopsis._extra.get("levels", 0))
+        laws = [NoiseLaw.from_dict(d) for d in spec["laws"]]
+        if b < 2 or h != len(laws) or synopsis.shape != (b ** h, b ** h):
+            return NoInterval("this HB release does not record its hierarchy (branching, levels)")
+        return cls(laws, b, synopsis.region.bounds_m)

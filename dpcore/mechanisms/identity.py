@@ -23,6 +23,9 @@ from dpcore.mechanisms.inputs import PointsInput
 from dpcore.mechanisms.params import Band, Fraction, Positive, PositiveInt
 from dpcore.privacy.noise import NoiseSource
 from dpcore.synopsis.base import GridSynopsis
+from dpcore.synopsis.noise import CellNoise, NoInterval, NoiseLaw
+
+CLAMPED = NoInterval("negative counts were clamped to 0 (not linear in the noise)").spec()
 
 
 def cells_for_width(side_m: float, cell_width_m: float) -> int:
@@ -75,7 +78,9 @@ class IdentityGrid(Mechanism):
         if self.clamp_negative:
             noisy = np.maximum(noisy, 0.0)
         record.describe(["ρ-zCDP release (discrete Gaussian)"])
-        return GridSynopsis(noisy, data.region, None, {"grid_size": m, "cell_width_m": data.region.side_m / m})
+        law = NoiseLaw("gaussian", l2 * l2 / (2.0 * rho))
+        return GridSynopsis(noisy, data.region, None, {"grid_size": m, "cell_width_m": data.region.side_m / m,
+                                                       "noise_model": self._noise_spec(law)})
 
     def _fit(self, data: PointsInput, acct: FitRecord, noise: NoiseSource) -> GridSynopsis:
         notes = []
@@ -104,4 +109,9 @@ class IdentityGrid(Mechanism):
             params["chosen_cell_width_m"] = data.region.side_m / m
         acct.describe(notes, params=params)
         return GridSynopsis(noisy, data.region, None,
-                            {"grid_size": m, "cell_width_m": data.region.side_m / m})
+                            {"grid_size": m, "cell_width_m": data.region.side_m / m,
+                             "noise_model": self._noise_spec(data.count_noise_law(eps))})
+
+    def _noise_spec(self, law: NoiseLaw) -> dict:
+        """Every cell carries its own noise and nothing else, unless negatives were clamped."""
+        return CLAMPED if self.clamp_negative else CellNoise.make_spec(law)

@@ -37,6 +37,7 @@ from dpcore.mechanisms.st_resolution import (
 )
 from dpcore.privacy.budget import Accountant
 from dpcore.privacy.noise import NoiseSource
+from dpcore.synopsis.noise import NoInterval, NoiseLaw, WindowCellNoise
 from dpcore.synopsis.spatiotemporal import SpatioTemporalSynopsis
 
 DEFAULT_GRID_SIZE = 256
@@ -159,6 +160,22 @@ class IdentityGrid3D(Mechanism):
         params["rule_query_sides_m"] = list(self.rule_query_sides_m)
         return params
 
+    def _noise_spec(self, data: SpatioTemporalInput, acct: FitRecord, eps: float, scale: FullScale,
+                    slot_factor: int) -> dict:
+        """Cells with independent discrete Laplace noise (on merged slots, spread evenly, under the rule),
+        times N/n̂ with n̂'s own law when scaled."""
+        if self.clamp_negative:
+            return NoInterval("negative counts were clamped to 0 (not linear in the noise)").spec()
+        law = NoiseLaw("laplace", float(data.sensitivity) / float(eps))
+        n_law = None
+        if scale.factor != 1.0:
+            paid = next((c for c in acct.charges if c.name == "sample_size"), None)
+            if paid is None:
+                return NoInterval("the scale factor's noise (sample_size) is not recorded").spec()
+            n_law = NoiseLaw("laplace", float(paid.sensitivity) / float(paid.epsilon))
+        return WindowCellNoise(law, (1, 1, 1), (0.0, 0.0, 1.0, 1.0), scale.factor, n_law, scale.n_estimate,
+                               scale.public_total, slot_factor).spec()
+
     def fine_grid(self, region: Region) -> int | None:
         """The release's own m × m × T grid (public parameters): its counts are exact. Under the
         resolution rule (dpcore.mechanisms.st_resolution), the largest grid the rule may pick."""
@@ -192,6 +209,7 @@ class IdentityGrid3D(Mechanism):
             noisy = spread_slots(noisy, res.slot_factor, res.n_slots)
             notes.append(res.note())
             extra["resolution"] = res.record()
+        extra["noise_model"] = self._noise_spec(data, acct, eps, scale, 1 if res is None else res.slot_factor)
         acct.describe(notes)
         return SpatioTemporalSynopsis(noisy, data.region, None,
                                       slot_seconds=data.slot_seconds, window_start_s=data.window_start_s,

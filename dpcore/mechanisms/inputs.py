@@ -21,6 +21,7 @@ from dpcore.heatmap.mass import MassGrid
 from dpcore.mechanisms.contract import MechanismError, PrivacyUnit
 from dpcore.privacy.bounding import WEIGHT_QUANTUM, check_weights
 from dpcore.privacy.noise import NoiseSource, discrete_laplace_variance
+from dpcore.synopsis.noise import NoiseLaw
 
 
 class InputError(MechanismError):
@@ -217,6 +218,10 @@ class PointsInput(MechanismInput):
     def count_quantum(self) -> float | None:
         """The lattice :meth:`add_count_noise` adds noise on: weight sums' WEIGHT_QUANTUM, else integers."""
         return None if self.weights is None else WEIGHT_QUANTUM
+
+    def count_noise_law(self, epsilon: float) -> NoiseLaw:
+        """The law :meth:`add_count_noise` draws from: what the release's noise model reads."""
+        return NoiseLaw("laplace", float(self.sensitivity) / float(epsilon), float(self.count_quantum or 1.0))
 
     def count_noise_variance(self, epsilon: float) -> float:
         """Variance of :meth:`add_count_noise`'s noise per count (public: ε and the sensitivity)."""

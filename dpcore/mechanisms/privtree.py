@@ -55,6 +55,7 @@ from dpcore.privacy.bounding import WEIGHT_QUANTUM
 from dpcore.privacy.exact_noise import BITS, _LazyUniform, exp_bounds, floor_exact, rational_at_least
 from dpcore.privacy.noise import NoiseSource
 from dpcore.synopsis.base import GridSynopsis
+from dpcore.synopsis.noise import LeafNoise, NoInterval
 
 FANOUT = 4  # β: each split cuts a square node into 2 × 2 quadrants
 MAX_DEPTH = 11  # 2^11 = 2048 raster cells per axis
@@ -201,7 +202,9 @@ class PrivTree(Mechanism):
         extra = {"fanout": FANOUT, "max_depth": depth_max, "n_leaves": int(leaf_index.size),
                  "lambda": lam, "delta": delta, "theta": theta,
                  "leaf_noise_scale": float(k) / float(eps_leaf),
-                 "leaf_noise_quantum": WEIGHT_QUANTUM if data.weighted else 1.0}
+                 "leaf_noise_quantum": WEIGHT_QUANTUM if data.weighted else 1.0,
+                 "noise_model": NoInterval("negative counts were clamped to 0 (not linear in the noise)").spec()
+                 if self.clamp_negative else LeafNoise.make_spec(data.count_noise_law(eps_leaf), "PrivTree's leaves")}
         arrays = {"leaf_depth": leaf_depth.astype(np.uint8), "leaf_index": leaf_index.astype(np.uint32)}
         acct.describe(notes)
         return GridSynopsis(raster, data.region, None, extra, arrays)

@@ -34,6 +34,7 @@ from dpcore.mechanisms.params import Band, Fraction, Positive, PositiveInt
 from dpcore.privacy.budget import Accountant
 from dpcore.privacy.noise import NoiseSource
 from dpcore.synopsis.base import GridSynopsis
+from dpcore.synopsis.noise import CellNoise, NoInterval
 
 #: The constant of the UG/AG grid-size rule (Qardaji et al. 2013 found c = 10 works across datasets).
 DEFAULT_C = 10.0
@@ -169,5 +170,7 @@ class UniformGrid(Mechanism):
         else:
             notes.append("negative cells kept (unbiased range sums)")
         acct.describe(notes, params={**self.get_params(), **extra} if extra else None)
+        noise_spec = (NoInterval("negative counts were clamped to 0 (not linear in the noise)").spec()
+                      if self.clamp_negative else CellNoise.make_spec(data.count_noise_law(eps)))
         return GridSynopsis(noisy, data.region, None,
-                            {"grid_size": m, "cell_width_m": data.region.side_m / m})
+                            {"grid_size": m, "cell_width_m": data.region.side_m / m, "noise_model": noise_spec})

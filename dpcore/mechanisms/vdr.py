@@ -73,6 +73,7 @@ from dpcore.mechanisms.inputs import SpatioTemporalInput
 from dpcore.mechanisms.params import Fraction, NonNegativeInt, Positive, PositiveInt
 from dpcore.mechanisms.st_resolution import DEFAULT_QUERY_SIDES_M, SLOT_SIGNAL, spread_slots
 from dpcore.privacy.noise import NoiseSource, discrete_laplace_variance
+from dpcore.synopsis.noise import NoInterval
 from dpcore.synopsis.spatiotemporal import SpatioTemporalSynopsis
 
 REFINEMENTS = ("mass", "gamma", "none")
@@ -265,7 +266,8 @@ class VDR(Mechanism):
                  "n_estimate": n_hat, "public_total": data.public_total, "gamma": gamma, "C_estimate": c_hat,
                  "train_steps": report.steps, "train_seconds": report.seconds, "train_loss": report.final_loss,
                  "codes_used": report.codes_used, "inference_seconds": infer_s, "device": report.device,
-                 "resolution": res.record() if res is not None else None}
+                 "resolution": res.record() if res is not None else None,
+                 "noise_model": NoInterval("VDR's denoiser is not linear in the noise").spec()}
         acct.describe(notes)
         return SpatioTemporalSynopsis(released, data.region, None,
                                       slot_seconds=data.slot_seconds, window_start_s=data.window_start_s,

@@ -34,7 +34,7 @@ from torch import nn
 
 from dpcore.geo import Region
 from dpcore.grid.histogram import answer_boxes, prefix_sums
-from dpcore.mechanisms.snh.pyramid import LEVEL_DIVISORS, LEVEL_WEIGHTS, release_pyramid
+from dpcore.grid.pyramid import LEVEL_DIVISORS, LEVEL_WEIGHTS, release_pyramid
 from dpcore.models.denoiser_meta import (  # noqa: F401 - re-exported: the denoiser's files and metadata
     BAND_DENOISER_PATH,
     DEFAULT_DENOISER_PATH,

@@ -24,15 +24,20 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from dpcore.geo import Region
-from dpcore.mechanisms import PointsInput, get_mechanism, input_for
 from dpcore.privacy.budget import Accountant, check_epsilon
 from dpcore.privacy.noise import NoiseSource
 from dpcore.privacy.profile import ContributionProfile
-from dpcore.synopsis.base import PrivacyInfo, Synopsis, load_synopsis
+from dpcore.synopsis.base import AnswerUnit, PrivacyInfo, Synopsis, load_synopsis
+from dpcore.synopsis.noise import Intervals, NoInterval, NoiseLaw, NoiseModel, ScaledNoise, mixture_quantiles
+
+if TYPE_CHECKING:  # the caller builds the mechanism: privacy never imports the mechanisms above it
+    from dpcore.mechanisms.base import Mechanism
+    from dpcore.mechanisms.inputs import PointsInput
 
 #: Share of ε spent on n̂ when a user-level release is scaled to full counts. n̂'s relative error is
 #: ≈ √2·k/(f·ε·n); at 5% it reached ~100% on the SF cabs (537 users, k = 50, ε = 0.05) and blew the
@@ -65,6 +70,39 @@ class ScaledSynopsis(Synopsis):
     def caveats(self) -> list[str]:
         return self.inner.caveats()
 
+    def unit(self) -> AnswerUnit:
+        return AnswerUnit("points")
+
+    def noise_model(self) -> NoiseModel:
+        """The inner release's model and the factor's law: 1/κ̂ given the paid contribution profile (with the
+        bounding's bias from box to box), or N/n̂ with n̂'s discrete Laplace law (the
+        ``sample_total_for_scaling`` charge), clamped as :func:`fit_scaled` clamps it. Built once per release."""
+        if self.__dict__.get("_model") is None:
+            self.__dict__["_model"] = self._build_noise_model()
+        return self.__dict__["_model"]
+
+    def _build_noise_model(self) -> NoiseModel:
+        inner = self.inner.noise_model()
+        if isinstance(inner, NoInterval):
+            return NoInterval(f"a release scaled to full counts whose inner release has no exact law ({inner.reason})")
+        if self.profile is not None:
+            return ProfiledNoise(inner, ContributionProfile.from_dict(self.profile), int(self.profile["k"]))
+        paid = next((c for c in self.privacy.charges if c.get("name") == "sample_total_for_scaling"), None)
+        if paid is None or paid.get("noise") != "discrete_laplace" or not paid.get("epsilon"):
+            return NoInterval("the scale factor's noise (sample_total_for_scaling) is not recorded")
+        law = NoiseLaw("laplace", float(paid["sensitivity"]) / float(paid["epsilon"]), float(paid.get("quantum") or 1.0))
+        return ScaledNoise(inner, law, self.total_points / self.factor, self.total_points, max(law.param, 1.0))
+
+    def intervals(self, boxes_m: np.ndarray, level: float = 0.95) -> tuple[np.ndarray, Intervals]:
+        boxes = np.atleast_2d(np.asarray(boxes_m, dtype=np.float64))
+        inner_est = self.inner.answer(boxes)
+        est = inner_est * self.factor
+        model = self.noise_model()
+        if isinstance(model, ScaledNoise | ProfiledNoise):
+            return est, model.intervals(boxes, est, level, inner_est=inner_est)
+        return est, model.intervals(boxes, est, level)
+
+
     def __getattr__(self, name: str):
         if name in ("inner", "factor") or name.startswith("__"):
             raise AttributeError(name)
@@ -90,7 +128,40 @@ class ScaledSynopsis(Synopsis):
                    extra["total_source"], privacy, extra.get("profile"))
 
 
-def fit_scaled(mechanism_name: str, params: dict, data: PointsInput, epsilon: float, noise: NoiseSource,
+class ProfiledNoise(NoiseModel):
+    """Full counts 1/κ̂·û from a paid contribution profile (dpcore.privacy.profile): quantiles of
+    plausible full counts f*·(û + e*) + b*, with e* the inner release's noise (symmetric: û + e* is as
+    likely a bounded count as û − e*), f* the factor given the noisy profile and b* the bounding's bias
+    that varies from box to box (normal, sd ContributionProfile.cell_bias_sd of the box's bounded count).
+    It covers the noise and the bias of bounding each person to k points, as far as the profile tells it."""
+
+    covers = "noise and bounding bias"
+    DRAWS = 4000
+
+    def __init__(self, inner: NoiseModel, profile: ContributionProfile, k: int, seed: int = 0):
+        self.inner, self.profile, self.k = inner, profile, k
+        self._factor = profile.factor_draws(k, self.DRAWS, np.random.default_rng(seed))
+        self.method = (f"parametric bootstrap of the full count 1/κ̂·û over û's noise ({inner.method}), κ̂'s "
+                       "given the paid contribution profile, and the bounding's bias from box to box; covers the "
+                       "noise and the bias of bounding each person to k points")
+
+    def moments(self, boxes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        raise NotImplementedError("a full count's error is skewed; use intervals()")
+
+    def intervals(self, boxes: np.ndarray, est: np.ndarray, level: float = 0.95,
+                  inner_est: np.ndarray | None = None) -> Intervals:
+        u = est / float(np.median(self._factor)) if inner_est is None else inner_est
+        iv = self.inner.intervals(boxes, u, level)
+        lo, hi = mixture_quantiles(self._factor, u, (iv.upper - iv.lower) / 2.0, level,
+                                   extra_sd=self.profile.cell_bias_sd(self.k, u))
+        return Intervals(lo, hi, self.method)
+
+    def sd(self, boxes: np.ndarray) -> np.ndarray:
+        return self.inner.sd(boxes) * float(np.median(self._factor))
+
+
+
+def fit_scaled(mech: Mechanism, data: PointsInput, epsilon: float, noise: NoiseSource,
                total_points: float, total_source: str,
                scale_fraction: float = DEFAULT_SCALE_FRACTION) -> ScaledSynopsis:
     """Fit a user-level release with (1 − f)·ε and spend f·ε on n̂; the charges add up to ε."""
@@ -111,8 +182,9 @@ def fit_scaled(mechanism_name: str, params: dict, data: PointsInput, epsilon: fl
     # n̂ is already a paid DP estimate of the sample size, so the mechanism may reuse it instead of
     # spending a second share of ε on the same count.
     data = dataclasses.replace(data, sample_size=n_hat, sample_size_variance=data.count_noise_variance(eps_n))
-    mech = get_mechanism(mechanism_name, **params)
-    inner = mech.fit(input_for(mech.tags.input_type, data), acct.remaining, noise)
+    input_type = mech.tags.input_type
+    inner = mech.fit(data if isinstance(data, input_type) else input_type.from_sample(data.to_sample()),
+                     acct.remaining, noise)
     charges = acct.to_list() + inner.privacy.charges
     p = inner.privacy
     privacy = PrivacyInfo(p.mechanism, p.params, eps, charges, p.privacy_unit, p.sensitivity,
@@ -122,7 +194,7 @@ def fit_scaled(mechanism_name: str, params: dict, data: PointsInput, epsilon: fl
     return ScaledSynopsis(inner, float(total_points) / n_hat, total_points, total_source, privacy)
 
 
-def fit_profiled(mechanism_name: str, params: dict, data: PointsInput, epsilon: float, noise: NoiseSource,
+def fit_profiled(mech: Mechanism, data: PointsInput, epsilon: float, noise: NoiseSource,
                  profile: ContributionProfile, profile_note: str = "") -> ScaledSynopsis:
     """Fit a user-level release with ε − ε_p and scale it to full counts by 1/κ̂(k) from the paid
     contribution profile (dpcore.privacy.profile), whose charge ε_p is recorded here. The profile was
@@ -141,8 +213,9 @@ def fit_profiled(mechanism_name: str, params: dict, data: PointsInput, epsilon: 
     k = int(data.max_points_per_user)
     factor = profile.factor(k)
     total = profile.total_estimate()
-    mech = get_mechanism(mechanism_name, **params)
-    inner = mech.fit(input_for(mech.tags.input_type, data), acct.remaining, noise)
+    input_type = mech.tags.input_type
+    inner = mech.fit(data if isinstance(data, input_type) else input_type.from_sample(data.to_sample()),
+                     acct.remaining, noise)
     p = inner.privacy
     note = (f"scaled to full counts: factor 1/κ̂ = {factor:.4g}, κ̂ = the share of points a bound of k = {k} keeps, "
             f"from the paid contribution profile (N̂ = {total:.6g} points in the run)")

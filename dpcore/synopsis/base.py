@@ -12,13 +12,16 @@ import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 
 from dpcore import GeoDPError
 from dpcore.geo import Region
 from dpcore.grid.histogram import answer_boxes, prefix_sums, resample_grid
+
+if TYPE_CHECKING:
+    from dpcore.synopsis.noise import Intervals, NoiseModel
 
 SYNOPSIS_META = "synopsis.json"
 
@@ -62,6 +65,37 @@ class PrivacyInfo:
                    d["noise_source"], list(d.get("notes", [])), d.get("rho"))
 
 
+@dataclass(frozen=True)
+class AnswerUnit:
+    """What a release's answers count: ``points`` (every point of the data), ``bounded_points`` (the points
+    left after each person was cut to ``k``) or ``people`` (distinct people, or a heatmap's user mass:
+    each person's activity adds up to 1). ``label`` is the word answers carry."""
+
+    kind: Literal["points", "bounded_points", "people"]
+    k: int | None = None
+
+    @property
+    def label(self) -> str:
+        return {"points": "full points", "bounded_points": "bounded points", "people": "people"}[self.kind]
+
+    @property
+    def description(self) -> str:
+        """One phrase for axes and legends."""
+        if self.kind == "bounded_points":
+            return f"points, each person bounded to {self.k}" if self.k else "points, each person bounded"
+        return {"points": "points", "people": "people (each person counts 1 in total)"}[self.kind]
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "k": self.k, "label": self.label}
+
+    @classmethod
+    def of_privacy(cls, privacy: PrivacyInfo | None) -> AnswerUnit:
+        """Unscaled counts: bounded points at user level, points at record level."""
+        if privacy is not None and privacy.privacy_unit == "user":
+            return cls("bounded_points", privacy.max_points_per_user)
+        return cls("points")
+
+
 class Synopsis(ABC):
     """Base class of every released structure.
 
@@ -100,6 +134,25 @@ class Synopsis(ABC):
 
     def answer_latlon(self, boxes_latlon: np.ndarray) -> np.ndarray:
         return self.answer(self.region.box_latlon_to_m(boxes_latlon))
+
+    def unit(self) -> AnswerUnit:
+        """What the answers count (subclasses that scale or normalise say so; a release that counts people
+        records ``extra["count"] = "people"``)."""
+        if (getattr(self, "_extra", None) or {}).get("count") == "people":
+            return AnswerUnit("people")
+        return AnswerUnit.of_privacy(getattr(self, "privacy", None))
+
+    def noise_model(self) -> NoiseModel:
+        """How the answers carry noise (built by the mechanism that drew it); NoInterval when unknown."""
+        from dpcore.synopsis.noise import NoInterval
+
+        return NoInterval("this release records no noise model")
+
+    def intervals(self, boxes_m: np.ndarray, level: float = 0.95) -> tuple[np.ndarray, Intervals]:
+        """(estimates, intervals) of (q, 4) boxes in region metres, all boxes at once."""
+        boxes = np.atleast_2d(np.asarray(boxes_m, dtype=np.float64))
+        est = self.answer(boxes)
+        return est, self.noise_model().intervals(boxes, est, level)
 
     def save(self, directory: str | Path) -> list[str]:
         """Write data files then synopsis.json; returns every file name written (meta last)."""
@@ -166,6 +219,15 @@ class GridSynopsis(Synopsis):
 
     def answer(self, boxes: np.ndarray) -> np.ndarray:
         return answer_boxes(self._prefix, self.region.bounds_m, boxes)
+
+    def noise_model(self) -> NoiseModel:
+        """The model the mechanism stored (``extra["noise_model"]``), built once per loaded release."""
+        from dpcore.synopsis.noise import model_from_spec
+
+        if getattr(self, "_noise_model", None) is None:
+            self._noise_model = model_from_spec(self._extra.get("noise_model"), self,
+                                                "this release was saved before releases stored their noise model")
+        return self._noise_model
 
     def density(self, nx: int, ny: int | None = None) -> np.ndarray:
         ny = nx if ny is None else ny

@@ -1,16 +1,17 @@
 """What a release's answers estimate, and what their intervals cover, read from the release alone.
 
-Units:
+Units (``Synopsis.unit()``, a typed :class:`~dpcore.synopsis.base.AnswerUnit`; its label in answers):
 - ``full points``: every point of the data (a record-level release; a user-level one scaled to full
   counts by a public total or by its paid contribution profile);
 - ``bounded points``: the points left after each person was cut to k (a user-level release that was not
   scaled: its counts fall short of the data's by the share the bound drops);
 - ``people``: distinct people (a heatmap's user mass, or a people count).
 
-An interval covers ``noise`` (the release's own noise; exact for record-level and bounded-point answers),
-``noise and bounding bias`` (full counts scaled by the contribution profile, dpcore.privacy.profile) or
-nothing (``none``). A user-level answer of full counts scaled by a public total has no estimate of
-the bounding's bias, so its interval would cover the noise only: :func:`honest_intervals` withholds it.
+An interval covers what the release's noise model says (``NoiseModel.covers``): ``noise`` (the release's
+own noise; exact for record-level and bounded-point answers), ``noise and bounding bias`` (full counts
+scaled by the contribution profile, dpcore.privacy.profile) or nothing (``none``). A user-level answer
+of full counts scaled by a public total has no estimate of the bounding's bias, so its interval would
+cover the noise only: :func:`honest_intervals` withholds it.
 """
 
 from __future__ import annotations
@@ -24,42 +25,32 @@ COVERS_NOISE, COVERS_BIAS, COVERS_NONE = "noise", "noise and bounding bias", "no
 
 
 def answer_unit(synopsis: Synopsis) -> str:
-    """What the release's range answers count (see the module docstring)."""
-    extra = getattr(synopsis, "_extra", None) or {}
-    if extra.get("count") == "people" or getattr(synopsis, "count_unit", None) == PEOPLE:
-        return PEOPLE
-    if getattr(synopsis, "kind", None) == "heatmap":
-        return PEOPLE
-    if synopsis.privacy.privacy_unit != "user":
-        return FULL
-    if getattr(synopsis, "kind", None) == "scaled" or float(extra.get("scale_factor") or 1.0) != 1.0:
-        return FULL
-    return BOUNDED
+    """What the release's range answers count (the label of ``synopsis.unit()``)."""
+    return synopsis.unit().label
 
 
-def interval_covers(synopsis: Synopsis, lower: np.ndarray) -> list[str]:
+def interval_covers(synopsis: Synopsis, lower: np.ndarray) -> np.ndarray:
     """Per answer: what its interval covers (``none`` where there is no interval)."""
-    covers = COVERS_BIAS if getattr(synopsis, "profile", None) is not None else COVERS_NOISE
-    return [covers if np.isfinite(v) else COVERS_NONE for v in np.asarray(lower, dtype=np.float64)]
+    covers = getattr(synopsis.noise_model(), "covers", COVERS_NOISE)
+    return np.where(np.isfinite(np.asarray(lower, dtype=np.float64)), covers, COVERS_NONE)
 
 
 def unit_words(synopsis: Synopsis) -> str:
     """One line for a terminal: the unit, and for bounded points what they fall short of."""
-    unit = answer_unit(synopsis)
-    if unit == BOUNDED:
-        k = synopsis.privacy.max_points_per_user
-        return (f"answers count bounded points (each person cut to k = {k} points), not the data's full counts; "
+    unit = synopsis.unit()
+    if unit.kind == "bounded_points":
+        return (f"answers count bounded points (each person cut to k = {unit.k} points), not the data's full counts; "
                 "release without --public-total on a current geodp to get full counts")
-    if unit == FULL and getattr(synopsis, "profile", None) is not None:
+    if unit.kind == "points" and getattr(synopsis, "profile", None) is not None:
         return "answers estimate full point counts (bounded counts scaled by the paid contribution profile)"
-    return f"answers count {unit}"
+    return f"answers count {unit.label}"
 
 
 def honest_intervals(synopsis: Synopsis, lower: np.ndarray, upper: np.ndarray,
                      method: str) -> tuple[np.ndarray, np.ndarray, str]:
     """The intervals to show: a user-level answer of full counts whose interval covers the noise only
     (scaled by a public total: nothing tells the bounding's bias) gets none, and says why."""
-    if answer_unit(synopsis) == FULL and synopsis.privacy.privacy_unit == "user" \
+    if synopsis.unit().kind == "points" and synopsis.privacy.privacy_unit == "user" \
             and getattr(synopsis, "profile", None) is None and np.isfinite(np.asarray(lower, float)).any():
         nan = np.full(np.shape(lower), np.nan)
         return nan, nan.copy(), ("none: this release was scaled to full counts by a public total, and nothing "

@@ -15,7 +15,8 @@ import numpy as np
 
 from dpcore.geo import Region
 from dpcore.grid.histogram import cumulative_at, resample_grid
-from dpcore.synopsis.base import PrivacyInfo, Synopsis, SynopsisError
+from dpcore.synopsis.base import AnswerUnit, PrivacyInfo, Synopsis, SynopsisError
+from dpcore.synopsis.noise import Intervals, NoiseModel, WindowCellNoise, model_from_spec
 
 ST_ARRAYS = "st_grid.npz"
 ATTACHMENTS = "model_weights.npz"
@@ -128,6 +129,41 @@ class SpatioTemporalSynopsis(Synopsis):
             return whole + frac * part
 
         return upto(g1) - upto(g0)
+
+    def unit(self) -> AnswerUnit:
+        """Full point counts when the release was scaled to a public total, else as the privacy unit says."""
+        if self._extra.get("public_total") is not None or float(self._extra.get("scale_factor") or 1.0) != 1.0:
+            return AnswerUnit("points")
+        return super().unit()
+
+    def noise_model(self) -> NoiseModel | WindowCellNoise:
+        """The model the mechanism stored (cells × slots with their law), or NoInterval and why."""
+        if getattr(self, "_noise_model", None) is None:
+            self._noise_model = model_from_spec(self._extra.get("noise_model"), self,
+                                                "this release was saved before releases stored their noise model")
+        return self._noise_model
+
+    def window_intervals(self, boxes: np.ndarray, start_s: np.ndarray, end_s: np.ndarray,
+                         level: float = 0.95) -> tuple[np.ndarray, Intervals]:
+        """(estimates, intervals) of box × [start, end) counts, every box at once."""
+        b = np.atleast_2d(np.asarray(boxes, dtype=np.float64))
+        est = self.answer_st_time(b, start_s, end_s)
+        model = self.noise_model()
+        if not isinstance(model, WindowCellNoise):
+            return est, model.intervals(b, est, level)
+        n = b.shape[0]
+        g0 = np.broadcast_to((np.asarray(start_s, dtype=np.float64) - self.window_start_s) / self.slot_seconds, (n,))
+        g1 = np.broadcast_to((np.asarray(end_s, dtype=np.float64) - self.window_start_s) / self.slot_seconds, (n,))
+        return est, model.intervals(b, np.clip(g0, 0, self.n_slots), np.clip(g1, 0, self.n_slots), est, level)
+
+    def intervals(self, boxes_m: np.ndarray, level: float = 0.95) -> tuple[np.ndarray, Intervals]:
+        """Intervals over the whole window."""
+        if self.window_start_s is None or self.slot_seconds is None:
+            return super().intervals(boxes_m, level)
+        b = np.atleast_2d(np.asarray(boxes_m, dtype=np.float64))
+        start = float(self.window_start_s)
+        end = start + float(self.slot_seconds) * self.n_slots
+        return self.window_intervals(b, np.full(len(b), start), np.full(len(b), end), level)
 
     def answer(self, boxes: np.ndarray) -> np.ndarray:
         """Counts in boxes over the whole window."""

@@ -8,7 +8,7 @@ from typing import Annotated
 import numpy as np
 import typer
 
-from flows.cli.common import CLIError, at_least, emit_json, eprint, noun, parse_window
+from flows.cli.common import STDOUT, CLIError, at_least, emit_json, eprint, noun, parse_window
 from flows.cli.inputs import Json, Release, fetch_release, is_spatio_temporal
 
 app = noun("query", "Answers from a committed release: range counts, hotspots, forecasts (no budget spent).", default="range")
@@ -26,59 +26,80 @@ def _window(period: str | None, time: str | None) -> str | None:
     return period if period is not None else time
 
 
+Format = Annotated[str, typer.Option("--format", help="output: text, json or csv")]
+CsvFlag = Annotated[bool, typer.Option("--csv", help="CSV output (the same as --format csv)")]
+Out = Annotated[str | None, typer.Option("--out", metavar="PATH", help="write the table into PATH instead of stdout")]
+
+
 @app.command("range")
 def range_counts(
     release: Release,
-    box: str | None = typer.Option(None, "--box", metavar="MINLAT,MINLON,MAXLAT,MAXLON", help="one box"),
+    box: list[str] | None = typer.Option(None, "--box", metavar="MINLAT,MINLON,MAXLAT,MAXLON",
+                                         help="a box (repeatable)"),
     boxes: str | None = typer.Option(None, "--boxes", metavar="CSV",
                                      help="a CSV of boxes: min_lat,min_lon,max_lat,max_lon rows"),
     period: Period = None,
     time: OldTime = None,
     json_out: Json = None,
+    fmt: Format = "text",
+    csv_flag: CsvFlag = False,
+    out: Out = None,
 ) -> int:
-    """Estimated counts in boxes (full points, bounded points or people: each answer says which), with 95%
-    intervals where the mechanism has them."""
+    """Estimated counts in boxes, with 95% intervals where the mechanism has them (all boxes at once)."""
+    from dpcore.queries.answers import answer_table
     from dpcore.queries.range import parse_box, read_boxes_csv
-    from dpcore.synopsis.estimand import answer_unit, honest_intervals, interval_covers, unit_words
 
-    if (box is None) == (boxes is None):
-        raise CLIError("give exactly one of --box MINLAT,MINLON,MAXLAT,MAXLON and --boxes CSV")
-    boxes_ll = parse_box(box) if box is not None else read_boxes_csv(boxes)
+    if bool(box) == (boxes is not None):
+        raise CLIError("give --box MINLAT,MINLON,MAXLAT,MAXLON (repeatable) or --boxes CSV, not both or neither")
+    fmt = "csv" if csv_flag else ("json" if json_out is not None else fmt)
+    if fmt not in ("text", "json", "csv"):
+        raise CLIError(f"--format must be text, json or csv, got {fmt!r}")
+    boxes_ll = np.concatenate([parse_box(b) for b in box]) if box else read_boxes_csv(boxes)
     window = _window(period, time)
     times = parse_window(window) if window is not None else None
     with fetch_release(release) as (_, synopsis):
-        boxes_m = synopsis.region.box_latlon_to_m(boxes_ll)
-        if times is not None:
-            from dpcore.synopsis.uncertainty import spatio_temporal_intervals
-
-            if not is_spatio_temporal(synopsis):
-                raise CLIError("--period needs a spatio-temporal release (e.g. mechanism identity3d or vdr)")
-            t0, t1 = np.full(len(boxes_m), times[0]), np.full(len(boxes_m), times[1])
-            est = synopsis.answer_st_time(boxes_m, t0, t1)
-            lower, upper, method = spatio_temporal_intervals(synopsis, boxes_m, t0, t1)
-        else:
-            from dpcore.synopsis.uncertainty import query_intervals
-
-            est = synopsis.answer(boxes_m)
-            lower, upper, method = query_intervals(synopsis, boxes_m)
+        if times is not None and not is_spatio_temporal(synopsis):
+            raise CLIError("--period needs a spatio-temporal release (e.g. mechanism identity3d or vdr); "
+                           "this release has no time axis")
+        table = answer_table(synopsis, boxes_ll, window_s=times)
         for caveat in synopsis.caveats():
             eprint(f"note: {caveat}")
         region_bbox = synopsis.region.bbox_latlon()
-        lower, upper, method = honest_intervals(synopsis, lower, upper, method)
-        unit, covers, unit_line = answer_unit(synopsis), interval_covers(synopsis, lower), unit_words(synopsis)
     _note_odd_boxes(boxes_ll, region_bbox)
-    if json_out is not None:
-        num = lambda v: float(v) if np.isfinite(v) else None  # noqa: E731 - JSON has no NaN
-        emit_json([{"box": list(map(float, b)), "estimate": num(e), "lower": num(lo), "upper": num(hi),
-                    "unit": unit, "interval_covers": c, "interval": "95%", "interval_method": method}
-                   for b, e, lo, hi, c in zip(boxes_ll, est, lower, upper, covers, strict=True)], json_out,
-                  indent=None)
-        return 0
-    for b, e, lo, hi in zip(boxes_ll, est, lower, upper, strict=True):
-        ci = f"\t95% [{lo:.1f}, {hi:.1f}]" if np.isfinite(lo) else ""
-        print(f"{b[0]:.5f},{b[1]:.5f},{b[2]:.5f},{b[3]:.5f}\t{e:.1f}{ci}")
-    eprint(f"{unit_line}\nintervals: {method}")
+    write_answers(table, fmt, json_out if fmt == "json" and json_out not in (None, STDOUT) else out)
     return 0
+
+
+def write_answers(table, fmt: str, dest: str | None) -> None:
+    """The answer table as text lines, JSON records (legacy keys box, estimate, lower, upper) or CSV."""
+    import sys
+    from pathlib import Path
+
+    method = table.attrs["interval_method"]
+    if fmt == "csv":
+        text = table.to_csv(index=False, float_format="%.6g")
+    elif fmt == "json":
+        rec = table[["estimate", "lower", "upper", "unit", "interval_covers"]].copy()
+        rec.insert(0, "box", table[["min_lat", "min_lon", "max_lat", "max_lon"]].to_numpy().tolist())
+        rec["interval"] = f"{table.attrs['level']:.0%}"
+        rec["interval_method"] = method
+        text = rec.to_json(orient="records", double_precision=10) + "\n"
+    else:
+        b = table[["min_lat", "min_lon", "max_lat", "max_lon"]].to_numpy()
+        est, lo, hi = (table[c].to_numpy() for c in ("estimate", "lower", "upper"))
+        lines = []
+        for q in range(len(table)):
+            ci = f"\t95% [{lo[q]:.1f}, {hi[q]:.1f}]" if np.isfinite(lo[q]) else ""
+            lines.append(f"{b[q, 0]:.5f},{b[q, 1]:.5f},{b[q, 2]:.5f},{b[q, 3]:.5f}\t{est[q]:.1f}{ci}")
+        text = "\n".join(lines) + "\n"
+    if dest is None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    else:
+        Path(dest).parent.mkdir(parents=True, exist_ok=True)
+        Path(dest).write_text(text)
+        eprint(f"wrote {dest}")
+    eprint(f"{table.attrs['unit_words']}\nintervals: {method}")
 
 
 def _note_odd_boxes(boxes_ll: np.ndarray, region_bbox: tuple[float, float, float, float]) -> None:

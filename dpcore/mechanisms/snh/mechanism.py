@@ -74,13 +74,7 @@ from pydantic import StrictBool
 
 from dpcore.geo import Region
 from dpcore.grid.histogram import block_sum
-from dpcore.mechanisms.base import Mechanism, MechanismError
-from dpcore.mechanisms.contract import FitRecord, MechanismTags
-from dpcore.mechanisms.inputs import PointsInput
-from dpcore.mechanisms.params import Band, Fraction, NonNegative, Positive, PositiveInt
-from dpcore.mechanisms.snh import denoisers
-from dpcore.mechanisms.snh.augmentation import check_workload, load_public_workload, query_sides
-from dpcore.mechanisms.snh.pyramid import (
+from dpcore.grid.pyramid import (
     LEVEL_DIVISORS,
     LEVEL_WEIGHTS,
     cap_to_levels,
@@ -88,6 +82,12 @@ from dpcore.mechanisms.snh.pyramid import (
     refine_to_fine,
     release_pyramid,
 )
+from dpcore.mechanisms.base import Mechanism, MechanismError
+from dpcore.mechanisms.contract import FitRecord, MechanismTags
+from dpcore.mechanisms.inputs import PointsInput
+from dpcore.mechanisms.params import Band, Fraction, NonNegative, Positive, PositiveInt
+from dpcore.mechanisms.snh import denoisers
+from dpcore.mechanisms.snh.augmentation import check_workload, load_public_workload, query_sides
 from dpcore.mechanisms.snh.rules import (
     BLEND_SMALL_SIDE_M,
     DENOISER_CAP_SIGMAS,

@@ -71,7 +71,7 @@ DATA_COLLECTIONS = ("auto", "grid", "pyramid")
 DENOISER_GRIDS = (128, 256)
 
 #: The denoised grid's blocks at the measured coarser levels are capped at their combined noisy count + this
-#: many standard deviations (:func:`~dpcore.mechanisms.snh.pyramid.cap_to_levels`): at low signal the
+#: many standard deviations (:func:`~dpcore.grid.pyramid.cap_to_levels`): at low signal the
 #: denoiser can put mass far from any data, and a block's own counts rule that out. At 3σ the excess is
 #: ruled out at ~99% one-sided (discrete Laplace tails) without dropping mass the denoiser had right.
 DENOISER_CAP_SIGMAS = 3.0

@@ -12,6 +12,7 @@ from dpcore.mechanisms.snh.augmentation import normalise_xy
 from dpcore.mechanisms.snh.rules import BLEND_SMALL_SIDE_M, CAVEAT_DROPPED_FRACTION, GEOMETRIC_NETS_WEIGHTS
 from dpcore.mechanisms.snh.training import pick_device
 from dpcore.synopsis.base import PrivacyInfo, Synopsis, SynopsisError
+from dpcore.synopsis.noise import NoInterval, NoiseModel
 
 
 class SNHSynopsis(Synopsis):
@@ -82,6 +83,9 @@ class SNHSynopsis(Synopsis):
         if self._fine_prefix is not self._prefix and tiny.any():
             out[tiny] = answer_boxes(self._fine_prefix, self.region.bounds_m, boxes[tiny])
         return out
+
+    def noise_model(self) -> NoiseModel:
+        return NoInterval("SNH's neural denoiser is not linear in the noise; its bootstrap is not implemented")
 
     def caveats(self) -> list[str]:
         dropped = float(self.config.get("dropped_fraction", 0.0))  # releases saved before it recorded none

@@ -5,9 +5,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from dpcore import GeoDPError
 from dpcore.grid.histogram import block_sum, expand, shrink_factor, split_to_parent
-from dpcore.mechanisms.contract import MechanismError
 from dpcore.privacy.noise import NoiseSource, discrete_laplace_variance
+
+
+class PyramidError(GeoDPError, ValueError):
+    """A pyramid whose levels do not nest (a programming error of the caller)."""
+
 
 #: Pyramid levels as divisors of the finest grid G, coarse → fine, and their shares of the budget (one
 #: definition, shared with the public denoiser that learns from simulated pyramids).
@@ -22,7 +27,7 @@ def pyramid_upward(noisy_levels: dict[int, np.ndarray], noise_var: dict[int, flo
     of its children's combined estimates, with its variance v[g] (post-processing)."""
     G = max(noisy_levels)
     if G & (G - 1) or any(g & (g - 1) for g in noisy_levels):
-        raise MechanismError(f"pyramid levels must be powers of two, got {sorted(noisy_levels)}")
+        raise PyramidError(f"pyramid levels must be powers of two, got {sorted(noisy_levels)}")
     z = {G: np.asarray(noisy_levels[G], dtype=np.float64)}
     v = {G: np.full((G, G), float(noise_var[G]))}
     g = G
@@ -110,7 +115,7 @@ def refine_to_fine(est: np.ndarray, fine: np.ndarray, fine_var: float, kappa: fl
     counts show structure that stands out from their noise, which is where the data are dense."""
     F, G = fine.shape[0], est.shape[0]
     if F % G or (F // G) & (F // G - 1):
-        raise MechanismError(f"the fine level {F} must be the estimate's grid {G} times a power of two")
+        raise PyramidError(f"the fine level {F} must be the estimate's grid {G} times a power of two")
     z, v = pyramid_upward({F: np.asarray(fine, dtype=np.float64)}, {F: float(fine_var)})
     return shrink_down(np.asarray(est, dtype=np.float64), {g: z[g] for g in z if g >= G},
                        {g: v[g] for g in v if g >= G}, kappa)
