@@ -74,7 +74,7 @@ def run_plan(plan: ReleasePlan, loaded=None, artifacts: bool = True, in_process:
     t0 = time.perf_counter()
     params, dataset, period, plans, resolved = plan.params, plan.dataset, plan.period, plan.plans, plan.resolved
     store = ReleaseStore(plan.store_url)
-    source, per_day, committed, todo, window = plan.source, plan.per_day, plan.committed, plan.todo, plan.window
+    per_day, committed, todo, window = plan.per_day, plan.committed, plan.todo, plan.window
     log(f"{dataset} {period.label}: {len(plans)} cities, {len(plans) - len(todo)} already committed, "
         f"{len(todo)} to release; policy: {resolved.policy.describe()}")
     placed: list[dict] = []
@@ -89,7 +89,7 @@ def run_plan(plan: ReleasePlan, loaded=None, artifacts: bool = True, in_process:
             log(f"read {params.data}: {counted.report.summary()} ({counted.n_files} file(s))")
         inputs = counted.cities
         if params.seed is None:
-            held = step(charge_ledger)(params.store, todo, resolved, source)
+            held = step(charge_ledger)(params.store, todo, resolved, plan.input.locators())
         else:
             held = {p.city: {"seq": None, "draw": None, "key": p.release_key} for p in todo}
         code = code_version()

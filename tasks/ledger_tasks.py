@@ -181,12 +181,18 @@ def check_budget(store_url: str, plans: list, resolved: ResolvedPolicy) -> None:
         check_within_budget(resolved.policy, held, charges)
 
 
+def check_sources(store_url: str, dataset: str, locators: list[str]) -> None:
+    """Refuse, before any data is read, an input whose files (or locator) belong to another dataset."""
+    DatasetLedger(ReleaseStore(store_url), dataset).check_sources(locators)
+
+
 @task(name="charge-ledger", retries=3, retry_delay_seconds=1, cache_policy=NO_CACHE,
       retry_condition_fn=retry_unless_refused)
-def charge_ledger(store_url: str, plans: list, resolved: ResolvedPolicy, source: str) -> dict[str, dict]:
+def charge_ledger(store_url: str, plans: list, resolved: ResolvedPolicy, source: str | list[str]) -> dict[str, dict]:
     """Charge every city of the run in one ledger entry, before any noise is drawn.
 
-    Ties the source to the dataset and stores the policy on the first release. Cities with a complete
+    Ties the source (its locators: InputSet.locators) to the dataset and stores the policy on the first
+    release. Cities with a complete
     staged attempt are not charged (their noise was paid for by the run that drew it). Returns, per
     city, the charge the run holds: {"seq", "draw", "key", "entry_sha256"} (seq None for a resumed city);
     the manifest names it, so the ledger entry cannot be deleted unnoticed (DatasetLedger.verify)."""
@@ -194,7 +200,7 @@ def charge_ledger(store_url: str, plans: list, resolved: ResolvedPolicy, source:
         return {}
     store = ReleaseStore(store_url)
     ledger = DatasetLedger(store, plans[0].dataset)
-    ledger.bind_source(source)
+    ledger.bind_sources([source] if isinstance(source, str) else list(source))
     policy = resolved.policy
     if not resolved.stored:
         policy = ledger.create_policy(policy, reason=f"first release into {plans[0].dataset}")

@@ -21,6 +21,7 @@ from tasks.ledger_tasks import (
     PolicyRequest,
     ResolvedPolicy,
     check_budget,
+    check_sources,
     mark_experimental,
     read_window,
     refuse_if_experimental,
@@ -102,6 +103,8 @@ def plan_release(params: ReleaseParams, config_path: str | None = None, now: dat
     committed = check_committed.fn(store.url, plans)
     plan = ReleasePlan(params, dataset, period, store.url, resolved, public_locator(found.source), found, plans,
                        window, committed)
+    if not plan.experiment:
+        check_sources(store.url, dataset, found.locators())  # the same files under another dataset name
     if check_charges and not plan.experiment:
         check_budget(store.url, plan.todo, resolved)
     return plan

@@ -27,6 +27,7 @@ from prefect.cache_policies import NO_CACHE
 
 from dpcore import GeoDPError, __version__
 from dpcore.data.chunks import GridSpec
+from dpcore.data.inputs import normalised_locator
 from dpcore.data.points import LoadResult, load_points, parse_column_map
 from dpcore.geo import Region, parse_slot, resolve_region
 from dpcore.heatmap.mass import MassSpec
@@ -60,9 +61,8 @@ def code_version() -> str:
 
 
 def public_locator(path: str) -> str:
-    """The input's public identity: its URL, or its absolute local path."""
-    text = str(path)
-    return text if "://" in text else str(Path(text).resolve())
+    """The input's public identity: its URL, or its real absolute local path (a ``file://`` URL too)."""
+    return normalised_locator(path)
 
 
 def dataset_name(path: str, given: str | None = None) -> str:

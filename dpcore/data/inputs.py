@@ -60,6 +60,18 @@ def _protocol(url: str) -> str:
     return url.split("://", 1)[0].lower() if "://" in url else "file"
 
 
+def normalised_locator(path: str | os.PathLike) -> str:
+    """An input's public identity as one string: a local path or ``file://`` URL as its real absolute
+    path (symlinks resolved), a remote URL as ``protocol://path`` without a trailing slash. A glob keeps
+    its pattern (its fixed part resolved)."""
+    text = str(path)
+    protocol = _protocol(text)
+    rest = text.split("://", 1)[1] if "://" in text else text
+    if protocol in ("file", "local"):
+        return os.path.realpath(os.path.expanduser(rest))
+    return f"{protocol}://{rest.strip('/')}"
+
+
 @dataclass(frozen=True)
 class InputFile:
     path: str  # as the filesystem names it (absolute local path, or bucket/key)
@@ -88,6 +100,15 @@ class InputSet:
     @property
     def version(self) -> str:
         return version_of(self.files)
+
+    def locators(self) -> list[str]:
+        """The input's identity as the files it names: the normalised locator of the input itself and of
+        every file it reads (a local file's real path, a remote file's URL). The same files reached
+        another way (a ``file://`` URL, a symlink, the folder or a glob holding them) share the files'
+        locators, so a ledger that binds them all to one dataset sees one source. Listing metadata only."""
+        protocol = _protocol(self.source)
+        files = [os.path.realpath(f.path) if self.local else f"{protocol}://{f.path}" for f in self.files]
+        return sorted({normalised_locator(self.source), *files})
 
 
 def version_of(files: list[InputFile]) -> str:

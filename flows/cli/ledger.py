@@ -64,6 +64,18 @@ def _policy(base: dict | None, **given) -> object:
     return PrivacyPolicy.from_dict(d)
 
 
+def _source_locators(source: str) -> list[str]:
+    """The locators a dataset's source binds: the input and every file it holds now (just the input's
+    own normalised locator when it does not exist yet)."""
+    from dpcore.data.inputs import normalised_locator, resolve_input
+    from dpcore.data.points import DataError
+
+    try:
+        return resolve_input(source).locators()
+    except DataError:
+        return [normalised_locator(source)]
+
+
 def _ledger(store: str, dataset: str, create: bool = False):
     from tasks.storage.ledger import DatasetLedger
     from tasks.storage.store import ReleaseStore
@@ -88,15 +100,13 @@ def create(
     horizon: Horizon = None,
 ) -> int:
     """Create a dataset with an explicit policy (before its first release)."""
-    from tasks.release_tasks import public_locator
-
     policy = _policy(None, privacy_unit=privacy_unit, max_points_per_user=max_points_per_user,
                      bound_window=bound_window, budget=budget, accounting=accounting, delta=delta,
                      max_records_per_person=max_records_per_person, window_days=window_days, horizon=horizon)
     ledger = _ledger(store, dataset, create=True)
     if ledger.policy() is not None:
         raise CLIError(f"dataset {dataset!r} already has a policy; change it with `geodp dataset policy`")
-    ledger.bind_source(public_locator(source))
+    ledger.bind_sources(_source_locators(source))
     stored = ledger.create_policy(policy, reason="created with `geodp dataset create`")
     if stored != policy:
         raise CLIError(f"dataset {dataset!r} got a different policy from a concurrent command")

@@ -169,20 +169,43 @@ class DatasetLedger:
         return self._append(self._policy_dir, make)
 
     # -- sources --------------------------------------------------------------------------------
-    def bind_source(self, locator: str) -> None:
-        """Tie ``locator`` (the input's public path or URL) to this dataset; a second dataset name for
-        the same source is refused, so one person's data cannot be spent under two budgets."""
-        rel = f"sources/{sha256_bytes(locator.encode())[:32]}.json"
-        body = {"source": locator, "dataset": self.dataset, "created_at": utc_now()}
-        try:
-            self.store.create(rel, json.dumps(body, indent=2).encode())
-            return
-        except FileExistsError:
-            pass
+    @staticmethod
+    def _source_rel(locator: str) -> str:
+        return f"sources/{sha256_bytes(locator.encode())[:32]}.json"
+
+    def check_sources(self, locators: list[str]) -> None:
+        """Refuse (:class:`SourceTaken`) when any of ``locators`` belongs to another dataset. Reads only."""
+        bound = set(self.store.listdir("sources"))
+        for locator in locators:
+            rel = self._source_rel(locator)
+            if rel.rsplit("/", 1)[-1] in bound:
+                self._check_owner(locator, rel)
+
+    def _check_owner(self, locator: str, rel: str) -> None:
         owner = self.store.read_json(rel)
         if owner["dataset"] != self.dataset:
             raise SourceTaken(f"{locator} is already the source of dataset {owner['dataset']!r} in "
                               f"{self.store.url}; release it under that name (one source, one budget)")
+
+    def bind_sources(self, locators: list[str]) -> None:
+        """Tie every locator (an input's normalised path or URL and each file it reads:
+        dpcore.data.inputs.InputSet.locators) to this dataset, create-only; one that belongs to another
+        dataset is refused, so the same rows reached another way cannot be spent under two budgets."""
+        bound = set(self.store.listdir("sources"))
+        for locator in locators:
+            rel = self._source_rel(locator)
+            if rel.rsplit("/", 1)[-1] not in bound:
+                body = {"source": locator, "dataset": self.dataset, "created_at": utc_now()}
+                try:
+                    self.store.create(rel, json.dumps(body, indent=2).encode())
+                    continue
+                except FileExistsError:
+                    pass
+            self._check_owner(locator, rel)
+
+    def bind_source(self, locator: str) -> None:
+        """:meth:`bind_sources` of one locator."""
+        self.bind_sources([locator])
 
     # -- charges --------------------------------------------------------------------------------
     def entries(self) -> list[dict]:
