@@ -37,7 +37,8 @@ from dpcore.mechanisms.st_resolution import (
 )
 from dpcore.privacy.budget import Accountant
 from dpcore.privacy.noise import NoiseSource
-from dpcore.synopsis.noise import NoInterval, NoiseLaw, WindowCellNoise
+from dpcore.synopsis.noise import NoInterval, NoiseLaw
+from dpcore.synopsis.scaled_noise import WindowCellNoise
 from dpcore.synopsis.spatiotemporal import SpatioTemporalSynopsis
 
 DEFAULT_GRID_SIZE = 256

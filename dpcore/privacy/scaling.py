@@ -33,7 +33,8 @@ from dpcore.privacy.budget import Accountant, check_epsilon
 from dpcore.privacy.noise import NoiseSource
 from dpcore.privacy.profile import ContributionProfile
 from dpcore.synopsis.base import AnswerUnit, PrivacyInfo, Synopsis, load_synopsis
-from dpcore.synopsis.noise import Intervals, NoInterval, NoiseLaw, NoiseModel, ScaledNoise, mixture_quantiles
+from dpcore.synopsis.noise import Intervals, NoInterval, NoiseLaw, NoiseModel
+from dpcore.synopsis.scaled_noise import ScaledNoise, mixture_quantiles
 
 if TYPE_CHECKING:  # the caller builds the mechanism: privacy never imports the mechanisms above it
     from dpcore.mechanisms.base import Mechanism

@@ -274,6 +274,42 @@ def _theta_one(model_cls, row: np.ndarray, h: int, period: int | None) -> np.nda
     return fc
 
 
+def forecast_theta_interval(series: np.ndarray, horizon: int, period: int | None = None, level: float = 0.95,
+                            ) -> tuple[np.ndarray, np.ndarray, np.ndarray, str]:
+    """(forecast, lower, upper, method) of one released series: ThetaModel's prediction interval. The
+    released series carries the release's noise, so the model's residual spread, and its interval, include
+    it (post-processing of the release only). Constant or too-short series: their mean ± the normal
+    quantile of their spread."""
+    from statistics import NormalDist
+
+    from statsmodels.tsa.forecasting.theta import ThetaModel
+
+    row = np.asarray(series, dtype=np.float64).ravel()
+    h = int(horizon)
+    if h < 1:
+        raise STQueryError(f"forecast horizon must be ≥ 1, got {horizon}")
+    fc = _theta_one(ThetaModel, row, h, period)
+    method = "ThetaModel prediction interval on the released series (its spread includes the release's noise)"
+    if row.size >= 4 and np.ptp(row) > 0 and np.all(np.isfinite(row)):
+        seasonal = period is not None and period > 1 and row.size >= 2 * period
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                model = ThetaModel(row, period=period if seasonal else 1, deseasonalize=seasonal, use_test=seasonal,
+                                   method="auto" if np.all(row > 0) else "additive")
+                pi = model.fit().prediction_intervals(h, alpha=1.0 - level)
+            lo, hi = np.asarray(pi["lower"], dtype=np.float64), np.asarray(pi["upper"], dtype=np.float64)
+            if np.all(np.isfinite(lo)) and np.all(np.isfinite(hi)):
+                # centred on the forecast shown (the fallback keeps the model's width)
+                half = (hi - lo) / 2.0
+                return fc, fc - half, fc + half, method
+        except (ValueError, np.linalg.LinAlgError):
+            pass
+    sd = float(np.std(row, ddof=1)) if row.size > 1 else float("nan")
+    half = NormalDist().inv_cdf((1.0 + level) / 2.0) * sd * np.sqrt(1.0 + 1.0 / max(row.size, 1))
+    return fc, fc - half, fc + half, "the series' mean ± the normal quantile of its spread (too short or flat to model)"
+
+
 def forecast_workload(region: Region, n_queries: int, side_min_m: float, side_max_m: float,
                       rng: np.random.Generator, centres: Centres | None = None) -> np.ndarray:
     """Boxes whose series are forecast: the whole region first, then random squares (centred as in

@@ -16,7 +16,8 @@ import numpy as np
 from dpcore.geo import Region
 from dpcore.grid.histogram import cumulative_at, resample_grid
 from dpcore.synopsis.base import AnswerUnit, PrivacyInfo, Synopsis, SynopsisError
-from dpcore.synopsis.noise import Intervals, NoiseModel, WindowCellNoise, model_from_spec
+from dpcore.synopsis.noise import Intervals, NoiseModel, model_from_spec
+from dpcore.synopsis.scaled_noise import WindowCellNoise
 
 ST_ARRAYS = "st_grid.npz"
 ATTACHMENTS = "model_weights.npz"

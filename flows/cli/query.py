@@ -58,9 +58,8 @@ def range_counts(
     window = _window(period, time)
     times = parse_window(window) if window is not None else None
     with fetch_release(release) as (_, synopsis):
-        if times is not None and not is_spatio_temporal(synopsis):
-            raise CLIError("--period needs a spatio-temporal release (e.g. mechanism identity3d or vdr); "
-                           "this release has no time axis")
+        if times is not None:
+            _check_window(synopsis, times)
         table = answer_table(synopsis, boxes_ll, window_s=times)
         for caveat in synopsis.caveats():
             eprint(f"note: {caveat}")
@@ -100,6 +99,27 @@ def write_answers(table, fmt: str, dest: str | None) -> None:
         Path(dest).write_text(text)
         eprint(f"wrote {dest}")
     eprint(f"{table.attrs['unit_words']}\nintervals: {method}")
+
+
+def _check_window(synopsis, times: tuple[int, int]) -> None:
+    """A --period must meet the release's time window: outside it, every count would read 0."""
+    if not is_spatio_temporal(synopsis):
+        raise CLIError("--period needs a spatio-temporal release (e.g. mechanism identity3d or vdr); "
+                       "this release has no time axis")
+    if synopsis.window_start_s is None or synopsis.slot_seconds is None:
+        raise CLIError("this release records no time window; --period cannot be placed in it")
+    start = int(synopsis.window_start_s)
+    end = start + int(synopsis.slot_seconds) * int(synopsis.n_slots)
+    if times[1] <= start or times[0] >= end:
+        import pandas as pd
+
+        def day(t: int) -> str:
+            return pd.Timestamp(t, unit="s", tz="UTC").isoformat()
+
+        raise CLIError(f"--period {day(times[0])}..{day(times[1])} lies outside this release's window "
+                       f"{day(start)}..{day(end)}")
+    if times[0] < start or times[1] > end:
+        eprint("note: --period reaches past this release's window; only the part inside it is counted")
 
 
 def _note_odd_boxes(boxes_ll: np.ndarray, region_bbox: tuple[float, float, float, float]) -> None:
@@ -160,6 +180,8 @@ def hotspot(
     times = parse_window(window) if window is not None else None
     with fetch_release(release) as (_, synopsis):
         syn, factor = _spatio_temporal(synopsis)
+        if times is not None:
+            _check_window(syn, times)
     x, y = syn.region.project(points[:, 0], points[:, 1])
     t0, t1 = syn.slots_for_times(*times) if times is not None else (0, syn.n_slots)
     values = syn.values * factor
@@ -199,19 +221,20 @@ def forecast(
 ) -> int:
     """Forecast a box's counts past the release window (ThetaModel on the released series)."""
     from dpcore.queries.range import parse_box
-    from dpcore.queries.spatiotemporal import forecast_theta, season_period
+    from dpcore.queries.spatiotemporal import forecast_theta_interval, season_period
 
     at_least(horizon, 1, "--horizon")
     box_ll = parse_box(box)
     with fetch_release(release) as (_, synopsis):
         syn, factor = _spatio_temporal(synopsis)
     series = syn.series(syn.region.box_latlon_to_m(box_ll)) * factor
-    fc = forecast_theta(series, horizon, season_period(syn.slot_seconds))[0]
+    fc, lower, upper, method = forecast_theta_interval(series[0], horizon, season_period(syn.slot_seconds))
     start = None
     if syn.window_start_s is not None and syn.slot_seconds:
         start = syn.window_start_s + syn.n_slots * syn.slot_seconds
-    out = {"history": series[0].tolist(), "forecast": fc.tolist(), "slot_seconds": syn.slot_seconds,
-           "forecast_start_s": start}
+    out = {"history": series[0].tolist(), "forecast": fc.tolist(), "lower": lower.tolist(), "upper": upper.tolist(),
+           "interval": "95%", "interval_method": method, "unit": synopsis.unit().label,
+           "slot_seconds": syn.slot_seconds, "forecast_start_s": start}
     if json_out is not None:
         emit_json(out, json_out, indent=None)
         return 0
@@ -222,5 +245,6 @@ def forecast(
             import pandas as pd
 
             when = pd.Timestamp(start + h * syn.slot_seconds, unit="s", tz="UTC").isoformat() + "\t"
-        print(f"{when}{v:.1f}")
+        print(f"{when}{v:.1f}\t95% [{lower[h]:.1f}, {upper[h]:.1f}]")
+    eprint(f"intervals: {method}")
     return 0

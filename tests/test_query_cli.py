@@ -1,0 +1,98 @@
+"""`geodp query` as an analyst types it: every --box answered, CSV output, a --period outside the release
+refused in one line, a forecast with its interval, and the README's batch example run as written."""
+
+import io
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from dpcore.data.synthetic import generate_checkins
+from dpcore.geo import city_region
+from tests.cli_runner import run_geodp
+
+BOX_A, BOX_B, BOX_C = "40.70,-74.02,40.72,-74.00", "40.74,-73.99,40.76,-73.97", "40.60,-74.10,40.80,-73.90"
+
+
+@pytest.fixture(scope="module")
+def releases(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("q")
+    data = tmp / "checkins.parquet"
+    generate_checkins(city_region("new-york"), n_users=400, start="2024-01-01", days=14, seed=3).to_parquet(data)
+    grid, st = tmp / "grid", tmp / "st"
+    run_geodp("release", data, "--city", "new-york", "--epsilon", "1", "--param", "cell_width_m=500", "--out", grid)
+    run_geodp("release", data, "--city", "new-york", "--period", "2024-01-01..2024-01-14", "--epsilon", "1",
+              "--mechanism", "identity3d", "--param", "grid_size=16", "--slot", "1d", "--max-points-per-user", "20",
+              "--out", st, "--no-prefect")
+    return {"data": data, "grid": grid, "st": st}
+
+
+def test_every_repeated_box_is_answered_in_order(releases):
+    r = run_geodp("query", "range", releases["grid"], "--box", BOX_A, "--box", BOX_B, "--box", BOX_C, "--json")
+    rows = json.loads(r.stdout)
+    assert [r["box"] for r in rows] == [[float(v) for v in b.split(",")] for b in (BOX_A, BOX_B, BOX_C)]
+    single = [json.loads(run_geodp("query", "range", releases["grid"], "--box", b, "--json").stdout)[0]["estimate"]
+              for b in (BOX_A, BOX_B, BOX_C)]
+    assert [r["estimate"] for r in rows] == pytest.approx(single)
+    assert all(r["lower"] <= r["estimate"] <= r["upper"] for r in rows)
+
+
+def test_csv_output_is_the_answer_table(releases, tmp_path):
+    r = run_geodp("query", "range", releases["grid"], "--box", BOX_A, "--box", BOX_C, "--csv")
+    table = pd.read_csv(io.StringIO(r.stdout))
+    assert list(table.columns) == ["min_lat", "min_lon", "max_lat", "max_lon", "estimate", "lower", "upper", "unit",
+                                   "interval_covers"]
+    as_json = json.loads(run_geodp("query", "range", releases["grid"], "--box", BOX_A, "--box", BOX_C,
+                                   "--json").stdout)
+    assert table["estimate"].to_numpy() == pytest.approx([r["estimate"] for r in as_json], rel=1e-5)
+    assert table["lower"].to_numpy() == pytest.approx([r["lower"] for r in as_json], rel=1e-5)
+    assert set(table["unit"]) == {as_json[0]["unit"]} and table["min_lat"].tolist() == [40.70, 40.60]
+    out = tmp_path / "answers.csv"
+    run_geodp("query", "range", releases["grid"], "--box", BOX_A, "--format", "csv", "--out", out)
+    assert pd.read_csv(out)["estimate"].to_numpy() == pytest.approx(table["estimate"].to_numpy()[:1], rel=1e-5)
+
+
+def test_a_period_outside_the_release_is_one_error_line(releases):
+    bad = run_geodp("query", "range", releases["st"], "--box", BOX_C, "--period", "2025-03-01..2025-03-05", ok=False)
+    assert bad.returncode == 2 and "outside this release's window" in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1 and bad.stdout == ""
+    flat = run_geodp("query", "range", releases["grid"], "--box", BOX_C, "--period", "2024-01-02..2024-01-03", ok=False)
+    assert flat.returncode == 2 and "no time axis" in flat.stderr
+    hot = run_geodp("query", "hotspot", releases["st"], "--at", "40.713,-74.006", "--threshold", "5",
+                    "--period", "2023-01-01..2023-01-02", ok=False)
+    assert hot.returncode == 2 and "outside this release's window" in hot.stderr
+    inside = json.loads(run_geodp("query", "range", releases["st"], "--box", BOX_C, "--period",
+                                  "2024-01-02..2024-01-03", "--json").stdout)[0]
+    assert inside["lower"] <= inside["estimate"] <= inside["upper"] and inside["estimate"] != 0.0
+
+
+def test_forecast_comes_with_an_interval(releases):
+    r = run_geodp("query", "forecast", releases["st"], "--box", BOX_C, "--horizon", "3", "--json")
+    out = json.loads(r.stdout)
+    fc, lo, hi = (np.array(out[k]) for k in ("forecast", "lower", "upper"))
+    assert fc.shape == lo.shape == hi.shape == (3,)
+    assert np.all(lo < fc) and np.all(fc < hi) and out["interval"] == "95%"
+    # the interval is as wide as the released series wobbles, not a token width
+    history = np.array(out["history"])
+    assert np.median(hi - lo) > 0.5 * np.std(history)
+    text = run_geodp("query", "forecast", releases["st"], "--box", BOX_C, "--horizon", "2")
+    assert len(re.findall(r"95% \[", text.stdout)) == 2
+
+
+def test_the_readme_batch_example_runs_as_written(releases, tmp_path):
+    """The README's lines from writing boxes.csv to querying it, run in a shell against a release."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    block = readme[readme.index("# Range counts:"):]
+    lines = [ln for ln in block.splitlines()[:8] if "boxes.csv" in ln]
+    assert lines and ("printf" in lines[0] or "cat >" in lines[0]), lines
+    script = "\n".join(ln.replace("releases/nyc-demo", str(releases["grid"])).replace("geodp ", "python -m flows.cli ")
+                       for ln in lines)
+    done = subprocess.run(["bash", "-ec", script], cwd=tmp_path, capture_output=True, text=True,
+                          env={**__import__("os").environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(done.stdout)
+    assert len(rows) == len(pd.read_csv(tmp_path / "boxes.csv")) >= 2
