@@ -89,7 +89,7 @@ def run_plan(plan: ReleasePlan, loaded=None, artifacts: bool = True, in_process:
             log(f"read {params.data}: {counted.report.summary()} ({counted.n_files} file(s))")
         inputs = counted.cities
         if params.seed is None:
-            held = step(charge_ledger)(params.store, todo, resolved, plan.input.locators())
+            held = step(charge_ledger)(plan.store_url, todo, resolved, plan.input.locators())
         else:
             held = {p.city: {"seq": None, "draw": None, "key": p.release_key} for p in todo}
         code = code_version()
@@ -102,16 +102,16 @@ def run_plan(plan: ReleasePlan, loaded=None, artifacts: bool = True, in_process:
                     syn = privatize.fn(p, inputs[p.city], profile)
                     png = render_preview.fn(p, syn)
                 except BaseException as exc:
-                    void_charge.fn(params.store, dataset, held[p.city], f"fit failed: {type(exc).__name__}")
+                    void_charge.fn(plan.store_url, dataset, held[p.city], f"fit failed: {type(exc).__name__}")
                     raise
-                manifests[p.city] = persist_release.fn(params.store, p, syn, png, held[p.city], code)
+                manifests[p.city] = persist_release.fn(plan.store_url, p, syn, png, held[p.city], code)
         else:
-            manifests, placed = _run_on_workers(params.store, dataset, todo, inputs, held, code, profile)
+            manifests, placed = _run_on_workers(plan.store_url, dataset, todo, inputs, held, code, profile)
         for p in todo:
             m = manifests[p.city]
             if held[p.city]["seq"] is not None and not committed_from(m, held[p.city]):
                 # another run's attempt was committed for this key: our noise is never published
-                step(void_charge)(params.store, dataset, held[p.city], "another attempt was committed")
+                step(void_charge)(plan.store_url, dataset, held[p.city], "another attempt was committed")
             results[p.city], status[p.city] = m, "committed"
     experiment = params.seed is not None
     loss = None if experiment else DatasetLedger(store, dataset).loss()
@@ -202,6 +202,11 @@ def _row(manifest: Manifest, status: str) -> dict:
             "status": status, "url": manifest.url, "region": manifest.region}
 
 
+#: The most preview bytes (base64) a summary inlines: Prefect refuses an event over 1.5 MB and drops
+#: the artifact (a 14-city summary with every preview inline was 3.3 MB). Beyond it, previews are linked.
+INLINE_PREVIEW_BYTES = 600_000
+
+
 def _artifacts(summary: dict, results: dict[str, Manifest], store: ReleaseStore) -> None:
     """Table of cities, markdown summary with heatmaps of the released maps (never the true one)."""
     key = _artifact_key(f"release-{summary['dataset']}-{summary['period']}")
@@ -209,6 +214,16 @@ def _artifacts(summary: dict, results: dict[str, Manifest], store: ReleaseStore)
         [{"city": r["city"], "budget": budget_label(r["epsilon"], r["rho"]), "mechanism": r["chosen_mechanism"] or r["mechanism"],
           "version": r["version"], "status": r["status"], "url": r["url"]} for r in summary["releases"]],
         key=key + "-cities", description="City-releases of this run (public configuration and noisy output only)")
+    create_markdown_artifact(summary_markdown(summary, results, store), key=key + "-summary",
+                             description="release summary")
+
+
+def summary_markdown(summary: dict, results: dict[str, Manifest], store: ReleaseStore,
+                     inline_limit: int = INLINE_PREVIEW_BYTES) -> str:
+    """The run's summary: per city its release, quality and preview of the released map, inline when
+    all previews together fit ``inline_limit`` (base64 bytes), else linked to their file in the store."""
+    previews = {city: m.file("preview.png") for city, m in results.items()}
+    inline = sum(-(-4 * f.size // 3) for f in previews.values() if f is not None) <= inline_limit
     lines = [f"# Release {summary['dataset']} / {summary['period']}", "",
              f"- store: `{summary['store']}`",
              f"- guarantee: {summary['guarantee']}",
@@ -228,8 +243,10 @@ def _artifacts(summary: dict, results: dict[str, Manifest], store: ReleaseStore)
             verdict = "worse than a blank map" if band["worse_than_blank_map"] else "informative"
             lines.append(f"- squares of {lo:g}–{hi:g} m: expected |error| {band['expected_abs_error']:.3g} vs a "
                          f"typical released count {band['typical_released_count']:.3g} ({verdict})")
-        png = m.file("preview.png")
-        if png is not None and r["url"]:
+        png = previews[r["city"]]
+        if png is not None and r["url"] and not inline:
+            lines.append(f"- preview of the released map: [{png.name}]({r['url']}/{png.path})")
+        elif png is not None and r["url"]:
             try:
                 rel = r["url"].split(store.root + "/", 1)[1]
                 data = store.read(f"{rel}/{png.path}")
@@ -237,7 +254,7 @@ def _artifacts(summary: dict, results: dict[str, Manifest], store: ReleaseStore)
             except (IndexError, OSError):
                 pass
         lines.append("")
-    create_markdown_artifact("\n".join(lines), key=key + "-summary", description="release summary")
+    return "\n".join(lines)
 
 
 def _dask_line(dask: dict | None) -> str:

@@ -30,8 +30,10 @@ def build_deployments(settings: PlatformSettings, path: str | os.PathLike | None
     evaluate/evaluate. ``path`` (the config file the settings came from) becomes every release and
     backfill run's ``config_path`` parameter."""
     extra = {"config_path": str(Path(path).resolve())} if path else {}
+    into = f"into {settings.store} unless the form names another store" if settings.store else \
+        "into the store the form names (no store is configured)"
     deployments = [release_flow.to_deployment(name="release", parameters=dict(extra),
-                                              description="manual release (typed parameters)")]
+                                              description=f"manual release (typed parameters) {into}")]
     if settings.nightly is not None:
         deployments.append(release_flow.to_deployment(
             name="nightly", cron=settings.nightly.cron,

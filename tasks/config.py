@@ -104,25 +104,59 @@ def _split_commas(v: Any) -> Any:
 NameList = Annotated[list[str], BeforeValidator(_split_commas, json_schema_input_type=list[str] | str)]
 
 
+def _mechanism_enum(schema: dict[str, Any]) -> None:
+    """The form's mechanism choice: every registered name (dpcore.mechanisms), read when a schema is
+    built, so a mechanism added to the registry appears without an edit here."""
+    from dpcore.mechanisms import mechanism_names
+
+    schema["enum"] = mechanism_names()
+
+
+def _mechanism_params_schema(schema: dict[str, Any]) -> None:
+    """The form's parameters: one typed object per mechanism, its constructor's parameters with their
+    constraints and defaults (the pydantic model the mechanism base class builds from them)."""
+    from dpcore.mechanisms import get_mechanism_class, mechanism_names
+
+    variants = []
+    for name in mechanism_names():
+        model = get_mechanism_class(name)._params_model
+        variant = model.model_json_schema() if model is not None else {"type": "object", "properties": {},
+                                                                       "additionalProperties": False}
+        variants.append({**variant, "title": f"{name} parameters"})
+    schema.pop("additionalProperties", None)
+    schema["anyOf"] = variants
+
+
+def _one_budget_required(schema: dict[str, Any]) -> None:
+    """ε or ρ is required: the form and the Prefect server's parameter check refuse a run without one."""
+    schema["anyOf"] = [{"required": [name], "properties": {name: {"type": "number"}}} for name in ("epsilon", "rho")]
+
+
 class ReleaseParams(BaseModel):
     """One release: a dataset, a period, a list of cities, the mechanism and its budget."""
 
-    model_config = ConfigDict(extra="forbid")  # a misspelled key (config file, form, API) is an error
+    # extra="forbid": a misspelled key (config file, form, API) is an error
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_one_budget_required)
 
     data: str = Field(description="input point table (path or URL readable on the workers)")
     cities: NameList = Field(default_factory=list,
-                             description="catalog city slugs; empty = every catalog city (not chosen by data, see release flow)")
+                             description="catalog city slugs (see `geodp cities`); at least one, unless a center is given")
     period: str | None = Field(default=None, description="YYYY-MM-DD, YYYY-MM, A..B, or empty for the whole input")
-    epsilon: float | None = Field(default=None, gt=0, le=1000, description="ε per city-release (pure ε-DP)")
+    epsilon: float | None = Field(default=None, gt=0, le=1000,
+                                  description="ε per city-release (pure ε-DP); this or rho is required")
     rho: float | None = Field(default=None, gt=0, le=1000,
                               description="ρ per city-release (ρ-zCDP with discrete Gaussian noise), instead of ε")
-    mechanism: str = "identity"
-    mechanism_params: dict[str, Any] = Field(default_factory=dict)
+    mechanism: str = Field(default="identity", json_schema_extra=_mechanism_enum,
+                           description="the mechanism (README: which mechanism to use when), or auto")
+    mechanism_params: dict[str, Any] = Field(
+        default_factory=dict, json_schema_extra=_mechanism_params_schema,
+        description="parameters of the chosen mechanism (its own typed set; a name it does not take is refused)")
     max_points_per_user: int | None = Field(default=None, ge=1, le=1_000_000,
                                             description="k: contribution bound per person (default: the "
                                             "dataset's policy, 20 for a new dataset)")
     privacy_unit: Literal["user", "record"] = "user"
-    store: str = Field(default="./geodp-store", description="release store URL: folder, file://, s3://")
+    store: str | None = Field(default=None, description="release store URL (folder, file://, s3://); empty = "
+                              "the configuration's store, which holds the datasets' ledgers too")
     dataset: str | None = Field(default=None, description="dataset name in the store (default: file stem)")
     budget_cap: float | None = Field(default=None, gt=0,
                                      description="ε one person may lose from a NEW dataset over its life "
@@ -142,10 +176,30 @@ class ReleaseParams(BaseModel):
     n_workers: int = Field(default=2, ge=1, le=64, description="LocalCluster workers when no address is given")
 
 
+    @field_validator("mechanism")
+    @classmethod
+    def _known_mechanism(cls, v: str) -> str:
+        from dpcore.mechanisms import mechanism_names
+
+        if v not in mechanism_names():
+            raise ValueError(f"unknown mechanism {v!r}; one of {', '.join(mechanism_names())}")
+        return v
+
     @model_validator(mode="after")
     def _one_budget(self) -> ReleaseParams:
         if (self.epsilon is None) == (self.rho is None):
             raise ValueError("give exactly one of epsilon (pure ε-DP) and rho (ρ-zCDP)")
+        if not self.cities and not self.center:
+            # an empty list once meant every catalog city: one click released (and charged) all of them
+            raise ValueError("give at least one city (catalog slugs, see `geodp cities`) or a center")
+        from dpcore.mechanisms import get_mechanism_class
+
+        model = get_mechanism_class(self.mechanism)._params_model
+        known = set(model.model_fields) if model is not None else set()
+        unknown = sorted(set(self.mechanism_params) - known)
+        if unknown:
+            raise ValueError(f"{self.mechanism} takes no parameter {', '.join(unknown)}; its parameters: "
+                             f"{', '.join(sorted(known)) or 'none'}")
         return self
 
 

@@ -72,7 +72,7 @@ def plan_release(params: ReleaseParams, config_path: str | None = None, now: dat
     period = parse_period(params.period, now=now)
     settings = load_settings(config_path)
     dataset = dataset_name(params.data, params.dataset)
-    store = ReleaseStore(params.store)  # fails fast on a bad URL
+    store = ReleaseStore(settings.release_store(params.store))  # fails fast on a bad URL
     request = PolicyRequest(params.privacy_unit, params.max_points_per_user, zcdp=params.rho is not None,
                             budget=settings.explicit_budget_cap(dataset, params.budget_cap),
                             default_budget=settings.budget_cap_for(dataset))
@@ -82,13 +82,7 @@ def plan_release(params: ReleaseParams, config_path: str | None = None, now: dat
     else:
         refuse_if_experimental(store)
         resolved = resolve_policy(store.url, dataset, request)
-    cities = params.cities
-    if not cities and not params.center:
-        from dpcore.geo import city_names
-
-        # Every catalog city, whether or not it holds points: choosing cities by "has data" would let
-        # the mere existence of a release reveal that someone was there, unpaid.
-        cities = city_names()
+    cities = params.cities  # never chosen by the data: the existence of a release must not say who was there
     window = read_window(period, resolved.policy)  # never a row outside the days the run is charged for
     found = resolve_input(params.data, params.format, window)  # a missing input fails here
     plans = make_plans(dataset=dataset, cities=cities, center=params.center, side_km=params.side_km,

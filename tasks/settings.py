@@ -67,8 +67,20 @@ class PlatformSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="GEODP_", env_nested_delimiter="__", extra="forbid",
                                       nested_model_default_partial_update=True)
 
+    store: str | None = Field(default=None, description="the platform's release store URL (folder, file://, "
+                              "s3://), which holds the datasets' ledgers too: a release form or nightly without a "
+                              "store of its own releases into it")
     budget: BudgetSettings = Field(default_factory=BudgetSettings)
     nightly: NightlySettings | None = None
+
+    def release_store(self, given: str | None) -> str:
+        """The store a release goes to: the one it names, else this configuration's."""
+        if given:
+            return given
+        if not self.store:
+            raise ConfigError("no release store: name one in the release (store) or set `store` in the platform "
+                              "configuration (or GEODP_STORE)")
+        return self.store
 
     @classmethod
     def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
