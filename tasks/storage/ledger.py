@@ -176,22 +176,25 @@ class DatasetLedger:
     def check_sources(self, locators: list[str]) -> None:
         """Refuse (:class:`SourceTaken`) when any of ``locators`` belongs to another dataset. Reads only."""
         bound = set(self.store.listdir("sources"))
-        for locator in locators:
-            rel = self._source_rel(locator)
-            if rel.rsplit("/", 1)[-1] in bound:
-                self._check_owner(locator, rel)
+        self._check_owners([loc for loc in locators if self._source_rel(loc).rsplit("/", 1)[-1] in bound])
 
-    def _check_owner(self, locator: str, rel: str) -> None:
-        owner = self.store.read_json(rel)
-        if owner["dataset"] != self.dataset:
-            raise SourceTaken(f"{locator} is already the source of dataset {owner['dataset']!r} in "
-                              f"{self.store.url}; release it under that name (one source, one budget)")
+    def _check_owners(self, locators: list[str]) -> None:
+        """Every locator's binding names this dataset (one batched read of the bindings)."""
+        if not locators:
+            return
+        paths = {self.store.path(self._source_rel(loc)): loc for loc in locators}
+        for path, data in self.store.fs.cat(list(paths)).items():
+            owner = json.loads(data)["dataset"]
+            if owner != self.dataset:
+                raise SourceTaken(f"{paths[path]} is already the source of dataset {owner!r} in "
+                                  f"{self.store.url}; release it under that name (one source, one budget)")
 
     def bind_sources(self, locators: list[str]) -> None:
         """Tie every locator (an input's normalised path or URL and each file it reads:
         dpcore.data.inputs.InputSet.locators) to this dataset, create-only; one that belongs to another
         dataset is refused, so the same rows reached another way cannot be spent under two budgets."""
         bound = set(self.store.listdir("sources"))
+        taken = []
         for locator in locators:
             rel = self._source_rel(locator)
             if rel.rsplit("/", 1)[-1] not in bound:
@@ -201,7 +204,8 @@ class DatasetLedger:
                     continue
                 except FileExistsError:
                     pass
-            self._check_owner(locator, rel)
+            taken.append(locator)
+        self._check_owners(taken)
 
     def bind_source(self, locator: str) -> None:
         """:meth:`bind_sources` of one locator."""
