@@ -318,3 +318,22 @@ def test_intervals_of_identity3d_window_queries_cover_their_noise_free_answer(pu
     expected = "exact noise law" if public_total is None else "parametric bootstrap of the scaled answer"
     assert method.startswith(expected), method
     assert 0.93 <= hits / n <= 0.97, hits / n
+
+
+@pytest.mark.parametrize("epsilon", [1000.0, 20.0, 2.0])
+def test_intervals_of_a_release_whose_noise_is_below_the_lattice_step_are_finite_and_cover(epsilon):
+    """Record level at a large ε: the discrete Laplace scale (1/ε) is far below one count, the noise is 0
+    all but surely, and the interval is the answer itself, not a crash or a NaN."""
+    region = Region("r", 40.0, -74.0, 2.0)
+    x, y = np.random.default_rng(8).uniform(-1000, 1000, (2, 2000))
+    data = FitInput(x, y, region, "record")
+    truth = get_mechanism("identity", grid_size=20).fit(data, 1e9, NoiseSource.seeded(1)).answer(_BOXES)
+    hits = 0
+    for s in range(40):
+        syn = get_mechanism("identity", grid_size=20).fit(data, epsilon, NoiseSource.seeded(s))
+        lo, hi, _ = query_intervals(syn, _BOXES)
+        assert np.all(np.isfinite(lo)) and np.all(np.isfinite(hi)) and np.all(hi - lo < 1e3)
+        hits += int(np.sum((lo <= truth + 1e-9) & (truth - 1e-9 <= hi)))
+    assert hits / (40 * len(_BOXES)) >= 0.93
+    if epsilon == 1000.0:
+        assert np.allclose(hi, lo)

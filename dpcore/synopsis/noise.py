@@ -4,12 +4,12 @@ A mechanism knows the law of the noise it drew and what its post-processing does
 the noise model and stores its spec (``{"kind": "module:Class", ...}``) with the synopsis; readers ask
 the synopsis (``Synopsis.noise_model()``, ``Synopsis.intervals(boxes)``) and never name a mechanism.
 
-Every model gives, per box, the variance and excess kurtosis of the answer's error (the noise is
-symmetric, so the odd cumulants are 0). The interval is the answer ± the quantile of the error's law:
+Every model gives, per box, the variance of the answer's error and its effective number of terms
+m = (Σw²)²/Σw⁴ (the noise is symmetric; m sets the kurtosis, γ₁/m). The interval is the answer ± the quantile of the error's law:
 for a sum Σ w_i·N_i of independent terms of one discrete law, the exact law of the sum of m iid terms
 (tabulated once per release by FFT of the discrete pmf) at the effective count m = (Σw²)²/Σw⁴ (exact
 when all w are equal, as for a box of whole cells), scaled to the exact variance; beyond the table,
-the Cornish–Fisher expansion in the kurtosis. Everything reads only the release and its public noise
+the Cornish–Fisher expansion in the kurtosis γ₁/m. Everything reads only the release and its public noise
 parameters: post-processing, no budget.
 """
 
@@ -74,21 +74,23 @@ class NoiseLaw:
     def from_dict(cls, d: dict) -> NoiseLaw:
         return cls(str(d["kind"]), float(d["param"]), float(d.get("quantum", 1.0)))
 
-    def halfwidth(self, level: float, variance: np.ndarray, excess_kurtosis: np.ndarray) -> np.ndarray:
-        """The (1 + level)/2 quantile of a symmetric error of this variance and kurtosis, read as a sum of
-        m = γ₁/γ iid terms of this law (γ₁: one term's excess kurtosis)."""
+    def halfwidth(self, level: float, variance: np.ndarray, terms: np.ndarray) -> np.ndarray:
+        """The (1 + level)/2 quantile of a symmetric error of this variance, read as a sum of ``terms`` iid
+        terms of this law (the effective count (Σw²)²/Σw⁴; inf: normal)."""
         var = np.asarray(variance, dtype=np.float64)
         z_normal = NormalDist().inv_cdf((1.0 + level) / 2.0)
         if self.kind == "gaussian":
             return z_normal * np.sqrt(var)
-        g1 = self.excess_kurtosis
-        g = np.asarray(excess_kurtosis, dtype=np.float64)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            m = np.where(g > 0, g1 / np.where(g > 0, g, 1.0), np.inf)
-        m = np.maximum(m, 1.0)
+        m = np.asarray(terms, dtype=np.float64)
+        m = np.where(np.isnan(m), 1.0, np.maximum(m, 1.0))
         table = _sum_quantiles(self.param / self.quantum, level)  # z of 1..TABLE_TERMS terms
-        zcf = z_normal + (z_normal ** 3 - 3.0 * z_normal) * np.where(np.isfinite(m), g1 / m, 0.0) / 24.0
-        lo = np.clip(np.floor(m), 1, TABLE_TERMS).astype(np.int64)
+        g1 = self.excess_kurtosis
+        g = np.where(np.isfinite(m), g1 / np.where(np.isfinite(m), m, 1.0), 0.0) if np.isfinite(g1) else 0.0
+        zcf = z_normal + (z_normal ** 3 - 3.0 * z_normal) * g / 24.0
+        # Cornish–Fisher holds for a small kurtosis; a law far below its lattice step (γ₁/m large even past
+        # the table) takes the table's last exact z, or the normal one where that is 0 (conservative)
+        zcf = np.where(g <= 0.1, zcf, table[-1] if table[-1] > 0 else z_normal)
+        lo = np.clip(np.floor(np.minimum(m, TABLE_TERMS)), 1, TABLE_TERMS).astype(np.int64)
         hi = np.clip(lo + 1, 1, TABLE_TERMS)
         frac = np.clip(m - lo, 0.0, 1.0)
         z_tab = table[lo - 1] * (1 - frac) + table[hi - 1] * frac
@@ -126,20 +128,9 @@ def _sum_quantiles(scale_steps: float, level: float) -> np.ndarray:
         cdf = np.cumsum(np.clip(p, 0.0, None))
         cdf /= cdf[-1]
         q = np.searchsorted(cdf, target - 1e-12) - n // 2
-        out[m - 1] = q / np.sqrt(m * var1)
+        # a scale far below the lattice step: the noise is 0 (all but surely), and so is the quantile
+        out[m - 1] = q / np.sqrt(m * var1) if var1 > 0 else 0.0
     return out
-
-
-def cornish_fisher(level: float, variance: np.ndarray, skew: np.ndarray, excess_kurtosis: np.ndarray,
-                   ) -> tuple[np.ndarray, np.ndarray]:
-    """(lower, upper) quantiles, at (1 ∓ level)/2, of a centred error of these cumulants."""
-    sd = np.sqrt(np.asarray(variance, dtype=np.float64))
-    out = []
-    for z in (NormalDist().inv_cdf((1.0 - level) / 2.0), NormalDist().inv_cdf((1.0 + level) / 2.0)):
-        w = (z + (z * z - 1.0) * skew / 6.0 + (z ** 3 - 3.0 * z) * excess_kurtosis / 24.0
-             - (2.0 * z ** 3 - 5.0 * z) * skew * skew / 36.0)
-        out.append(w * sd)
-    return out[0], out[1]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -229,7 +220,7 @@ class NoiseModel(ABC):
 
     @abstractmethod
     def moments(self, boxes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(variance, excess kurtosis) of each box's answer error."""
+        """(variance, effective number of terms) of each box's answer error."""
 
     @property
     def law(self) -> NoiseLaw | None:
@@ -237,12 +228,12 @@ class NoiseModel(ABC):
         return None
 
     def intervals(self, boxes: np.ndarray, est: np.ndarray, level: float = 0.95) -> Intervals:
-        var, kurt = self.moments(boxes)
+        var, terms = self.moments(boxes)
         if self.law is not None:
-            h = self.law.halfwidth(level, var, kurt)
+            h = self.law.halfwidth(level, var, terms)
             return Intervals(est - h, est + h, self.method)
-        lo, hi = cornish_fisher(level, var, np.zeros_like(var), kurt)
-        return Intervals(est - hi, est - lo, self.method)
+        h = NormalDist().inv_cdf((1.0 + level) / 2.0) * np.sqrt(var)
+        return Intervals(est - h, est + h, self.method)
 
     def sd(self, boxes: np.ndarray) -> np.ndarray:
         return np.sqrt(self.moments(boxes)[0])
@@ -299,7 +290,7 @@ class CellNoise(NoiseModel):
               * axis_power_sum(boxes[:, 1], boxes[:, 3], ny, (ymin, ymax), 2))
         s4 = (axis_power_sum(boxes[:, 0], boxes[:, 2], nx, (xmin, xmax), 4)
               * axis_power_sum(boxes[:, 1], boxes[:, 3], ny, (ymin, ymax), 4))
-        return self._law.variance * s2, kurtosis(self._law, s2, s4)
+        return self._law.variance * s2, terms(s2, s4)
 
     @staticmethod
     def make_spec(law: NoiseLaw) -> dict:
@@ -310,9 +301,10 @@ class CellNoise(NoiseModel):
         return cls(NoiseLaw.from_dict(spec["law"]), synopsis.shape[:2], synopsis.region.bounds_m)
 
 
-def kurtosis(law: NoiseLaw, s2: np.ndarray, s4: np.ndarray) -> np.ndarray:
+def terms(s2: np.ndarray, s4: np.ndarray) -> np.ndarray:
+    """The effective number of terms (Σw²)²/Σw⁴ of a weighted sum (inf where no term counts)."""
     with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(s2 > 0, law.excess_kurtosis * s4 / np.where(s2 > 0, s2 * s2, 1.0), 0.0)
+        return np.where(s4 > 0, s2 * s2 / np.where(s4 > 0, s4, 1.0), np.inf)
 
 
 class LeafNoise(NoiseModel):
@@ -344,7 +336,7 @@ class LeafNoise(NoiseModel):
             a2, a4 = masked_power_sums(boxes, member, self.bounds, prefix)
             s2 += a2
             s4 += a4
-        return self._law.variance * s2, kurtosis(self._law, s2, s4)
+        return self._law.variance * s2, terms(s2, s4)
 
     @staticmethod
     def make_spec(law: NoiseLaw, name: str) -> dict:
@@ -363,7 +355,7 @@ class BootstrapNoise(NoiseModel):
     """A post-processing linear in the noise (consistency, constrained inference): fresh draws of the
     recorded noise pushed through the same post-processing give the error field on the released grid;
     the draws are shared by every box (each box's error per draw is a prefix-table lookup), and give its
-    variance. The error is read as a sum of terms of ``law`` with the kurtosis of the box's own cover
+    variance. The error is read as a sum of terms of ``law`` with the term count of the box's own cover
     of the finest noisy grid (``cell_grid``)."""
 
     #: Re-draws of the noise per release: the variance's relative standard error is √(2/draws) ≈ 14%, the
@@ -413,7 +405,7 @@ class BootstrapNoise(NoiseModel):
               * axis_power_sum(boxes[:, 1], boxes[:, 3], cy, (ymin, ymax), 2))
         s4 = (axis_power_sum(boxes[:, 0], boxes[:, 2], cx, (xmin, xmax), 4)
               * axis_power_sum(boxes[:, 1], boxes[:, 3], cy, (ymin, ymax), 4))
-        return var, kurtosis(self._law, s2, s4)
+        return var, terms(s2, s4)
 
 
 def _bilinear(p: np.ndarray, gx: np.ndarray, gy: np.ndarray) -> np.ndarray:

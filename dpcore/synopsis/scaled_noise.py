@@ -16,7 +16,7 @@ from dpcore.synopsis.noise import (
     NoiseModel,
     axis_power_sum,
     draw_noise,
-    kurtosis,
+    terms,
 )
 
 if TYPE_CHECKING:
@@ -133,12 +133,12 @@ class WindowCellNoise:
             s[p] = (axis_power_sum(boxes[:, 0], boxes[:, 2], nx, (xmin, xmax), p)
                     * axis_power_sum(boxes[:, 1], boxes[:, 3], ny, (ymin, ymax), p)
                     * axis_power_sum(m0, m1, merged, (0.0, float(merged)), p))
-        var, kurt = self.law.variance * s[2], kurtosis(self.law, s[2], s[4])
+        var, m = self.law.variance * s[2], terms(s[2], s[4])
         if self.factor == 1.0 or self.n_law is None:
-            h = self.law.halfwidth(level, var, kurt)
+            h = self.law.halfwidth(level, var, m)
             return Intervals(est - h, est + h, self.method)
         r = np.maximum(1.0, self.n_hat + draw_noise(np.random.default_rng(0), self.n_law, ScaledNoise.DRAWS))
-        lo, hi = mixture_quantiles(self.total / r, est / self.factor, self.law.halfwidth(level, var, kurt), level)
+        lo, hi = mixture_quantiles(self.total / r, est / self.factor, self.law.halfwidth(level, var, m), level)
         return Intervals(2.0 * est - hi, 2.0 * est - lo, self.method)
 
     def spec(self) -> dict:
