@@ -1,0 +1,151 @@
+"""The analyst's Python entry: :func:`open_store`, :class:`Store` (its releases), :class:`Release`
+(answers as DataFrames, the released grid as xarray)."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from dpcore.queries.answers import BOX_COLUMNS, answer_table
+from dpcore.synopsis.base import Synopsis, load_synopsis
+from tasks.storage.manifest import Manifest
+from tasks.storage.store import ReleaseRef, ReleaseStore, StoreError
+
+
+def open_store(url: str, storage_options: dict[str, Any] | None = None) -> Store:
+    """A release store to read: a local folder, ``file:///path`` or ``s3://bucket/prefix`` (S3 endpoint and
+    credentials as for the CLI: GEODP_S3_ENDPOINT_URL, AWS_* variables, or ``storage_options``)."""
+    store = ReleaseStore(url, storage_options, create=False)
+    if not store.exists("releases") and not store.listdir("releases"):
+        raise StoreError(f"{url} holds no releases/ folder: not a geodp release store")
+    return Store(store)
+
+
+@dataclass
+class Store:
+    """The committed releases of one store (a version without a manifest does not exist)."""
+
+    store: ReleaseStore
+
+    def releases(self, dataset: str | None = None, city: str | None = None,
+                 period: str | None = None) -> list[Release]:
+        """Every committed version, optionally of one dataset, city and period."""
+        return [Release(self.store, m) for m in self.store.list_releases(dataset, city, period)]
+
+    def table(self, dataset: str | None = None, city: str | None = None) -> pd.DataFrame:
+        """One row per committed version: dataset, city, period, version, mechanism, ε, k, privacy unit."""
+        rows = [{"dataset": r.manifest.dataset, "city": r.manifest.city, "period": r.manifest.period,
+                 "version": r.manifest.version, "mechanism": r.manifest.mechanism, "epsilon": r.manifest.epsilon,
+                 "max_points_per_user": r.manifest.max_points_per_user, "privacy_unit": r.manifest.privacy_unit,
+                 "url": r.url} for r in self.releases(dataset, city)]
+        return pd.DataFrame(rows, columns=["dataset", "city", "period", "version", "mechanism", "epsilon",
+                                           "max_points_per_user", "privacy_unit", "url"])
+
+    def latest(self, dataset: str, city: str, period: str) -> Release:
+        """The newest committed version of one dataset, city and period."""
+        found = self.releases(dataset, city, period)
+        if not found:
+            raise StoreError(f"no committed release of {dataset}/{city}/{period} in {self.store.url}")
+        return max(found, key=lambda r: r.manifest.version)
+
+
+@dataclass
+class Release:
+    """One committed release version. Its files are fetched and verified on first use."""
+
+    store: ReleaseStore
+    manifest: Manifest
+    _synopsis: Synopsis | None = field(default=None, repr=False)
+
+    @property
+    def url(self) -> str:
+        return self.store.url_of(self.ref.rel)
+
+    @property
+    def ref(self) -> ReleaseRef:
+        m = self.manifest
+        return ReleaseRef(m.dataset, m.city, m.period, m.version)
+
+    @property
+    def synopsis(self) -> Synopsis:
+        """The released synopsis, every file's sha256 and size checked against the manifest."""
+        if self._synopsis is None:
+            tmp = tempfile.mkdtemp(prefix="geodp-release-")
+            try:
+                self.store.fetch(self.ref.rel, tmp)
+                self._synopsis = load_synopsis(tmp)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+        return self._synopsis
+
+    @property
+    def unit(self) -> str:
+        """What the answers count: full points, bounded points or people."""
+        return self.synopsis.unit().label
+
+    def query(self, boxes: Iterable[Iterable[float]] | np.ndarray | pd.DataFrame, period: str | None = None,
+              level: float = 0.95) -> pd.DataFrame:
+        """Estimates of boxes (min_lat, min_lon, max_lat, max_lon: rows of an array, tuples, or a DataFrame
+        with those columns) with their ``level`` interval: columns min_lat, min_lon, max_lat, max_lon,
+        estimate, lower, upper, unit, interval_covers (lower/upper NaN where the release has no interval;
+        ``attrs['interval_method']`` says why). ``period``: a time window (A..B) of a spatio-temporal release."""
+        if isinstance(boxes, pd.DataFrame):
+            arr = boxes[BOX_COLUMNS].to_numpy(dtype=np.float64)
+        else:
+            arr = np.atleast_2d(np.asarray(list(boxes) if not isinstance(boxes, np.ndarray) else boxes,
+                                           dtype=np.float64))
+        if arr.ndim != 2 or arr.shape[1] != 4 or not np.isfinite(arr).all():
+            raise ValueError("boxes must be rows of 4 finite numbers: min_lat, min_lon, max_lat, max_lon")
+        window = None
+        if period is not None:
+            from flows.cli.common import parse_window
+
+            window = parse_window(period)
+        return answer_table(self.synopsis, arr, level=level, window_s=window)
+
+    def to_xarray(self):
+        """The released values on their grid as an ``xarray.DataArray``: dims (x, y) or (x, y, time), cell
+        centres in the release's local metre frame (x east, y north of the region's centre) with latitude
+        and longitude as 2-D coordinates; attrs: unit, mechanism, ε, k, privacy unit, release URL."""
+        import xarray as xr
+
+        syn = self.synopsis
+        values = released_values(syn)
+        region = syn.region
+        xmin, ymin, xmax, ymax = region.bounds_m
+        nx, ny = values.shape[:2]
+        x = xmin + (np.arange(nx) + 0.5) * (xmax - xmin) / nx
+        y = ymin + (np.arange(ny) + 0.5) * (ymax - ymin) / ny
+        xx, yy = np.meshgrid(x, y, indexing="ij")
+        lat, lon = region.unproject(xx, yy)
+        coords: dict[str, Any] = {"x": ("x", x), "y": ("y", y), "lat": (("x", "y"), lat), "lon": (("x", "y"), lon)}
+        dims = ["x", "y"]
+        if values.ndim == 3:
+            dims.append("time")
+            start, slot = getattr(syn, "window_start_s", None), getattr(syn, "slot_seconds", None)
+            if start is not None and slot:
+                coords["time"] = ("time", pd.to_datetime(start + slot * np.arange(values.shape[2]), unit="s"))
+        m = self.manifest
+        attrs = {"unit": syn.unit().label, "mechanism": m.mechanism, "epsilon": m.epsilon,
+                 "max_points_per_user": m.max_points_per_user, "privacy_unit": m.privacy_unit,
+                 "release": self.url, "crs": "local azimuthal frame of the region (metres), see dpcore/geo.py"}
+        return xr.DataArray(values, dims=dims, coords=coords, name="released", attrs=attrs)
+
+
+def released_values(synopsis: Synopsis) -> np.ndarray:
+    """The released grid (2-D, or 3-D with time) in the answers' unit: a scaled release's inner grid times
+    its factor; a synopsis without a grid (a net) rendered on 256² cells."""
+    factor, inner = 1.0, synopsis
+    while hasattr(inner, "inner") and hasattr(inner, "factor"):
+        factor *= float(inner.factor)
+        inner = inner.inner
+    values = getattr(inner, "values", None)
+    if values is not None and np.ndim(values) in (2, 3):
+        return np.asarray(values, dtype=np.float64) * factor
+    return np.asarray(synopsis.density(256), dtype=np.float64)
