@@ -12,7 +12,6 @@ logic lives in the store (tasks/storage/store.py), so a retried task finds what 
 
 from __future__ import annotations
 
-import io
 import json
 import re
 import subprocess
@@ -39,6 +38,7 @@ from dpcore.synopsis.base import Synopsis
 from dpcore.synopsis.uncertainty import release_quality
 from tasks.config import Period, canonical_hash
 from tasks.dask_path import CityData, DataPass, release_counts
+from tasks.preview import render_heatmap_png
 from tasks.public_errors import retry_unless_refused, without_private_detail
 from tasks.storage.manifest import InputRef, Manifest
 from tasks.storage.store import ReleaseRef, ReleaseStore, check_slug
@@ -367,40 +367,6 @@ def privatize(plan: CityPlan, data: CityData, profile: ContributionProfile | Non
 
         return fit_profiled(mech, fit_input, plan.epsilon, noise, profile)
     return mech.fit(fit_input, plan.epsilon, noise)
-
-
-def render_heatmap_png(synopsis: Synopsis, title: str, pixels: int = 128, note: str = "") -> bytes:
-    """PNG of the RELEASED density (post-processing); the true map is never rendered. Axes in km from
-    the region's centre (its coordinates in the title), a colour bar of released points per cell, and
-    ``note`` (how much of it is noise) under the map."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    n = min(pixels, 200)
-    dens = np.clip(synopsis.density(n, n), 0.0, None)
-    fig, ax = plt.subplots(figsize=(4.2, 4.0), dpi=90)
-    # density is [ix, iy] (x east, y north): transpose for imshow's [row, col] with north up.
-    xmin, ymin, xmax, ymax = (v / 1000.0 for v in synopsis.region.bounds_m)
-    img = ax.imshow(np.log1p(dens.T), origin="lower", cmap="magma", extent=(xmin, xmax, ymin, ymax))
-    bar = fig.colorbar(img, ax=ax, shrink=0.8)
-    ticks = bar.get_ticks()
-    bar.set_ticks(ticks)
-    bar.set_ticklabels([f"{np.expm1(t):.3g}" for t in ticks])
-    cell_m = synopsis.region.side_m / n
-    bar.set_label(f"released points per {cell_m:.0f} m cell", fontsize=7)
-    r = synopsis.region
-    ax.set_title(f"{title}\ncentre {r.center_lat:.4f}, {r.center_lon:.4f}; {r.side_km:g} km square", fontsize=7)
-    ax.set_xlabel("km east of centre", fontsize=7)
-    ax.set_ylabel("km north of centre", fontsize=7)
-    ax.tick_params(labelsize=6)
-    if note:
-        fig.text(0.02, 0.01, note, fontsize=6, wrap=True)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", bbox_inches="tight")
-    plt.close(fig)
-    return buf.getvalue()
 
 
 @task(name="render-preview", cache_policy=NO_CACHE)

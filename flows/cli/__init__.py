@@ -23,6 +23,7 @@ import sys
 import typer
 
 from flows.cli import data as data_cli
+from flows.cli import export as _export  # noqa: F401 - registers `release export`
 from flows.cli import ledger as ledger_cli
 from flows.cli import misc, query, release
 from flows.cli.common import STDOUT, validation_text
