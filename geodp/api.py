@@ -47,6 +47,54 @@ class Store:
         return pd.DataFrame(rows, columns=["dataset", "city", "period", "version", "mechanism", "epsilon",
                                            "max_points_per_user", "privacy_unit", "url"])
 
+    def series(self, dataset: str, city: str) -> list[Release]:
+        """The newest committed version of every period of one dataset and city, in time order."""
+        newest: dict[str, Release] = {}
+        for r in self.releases(dataset, city):
+            if r.manifest.period not in newest or r.manifest.version > newest[r.manifest.period].manifest.version:
+                newest[r.manifest.period] = r
+        return sorted(newest.values(), key=lambda r: (r.window_s()[0] is None, r.window_s()[0] or 0, r.manifest.period))
+
+    def query_range(self, dataset: str, city: str, boxes, period: str | None = None,
+                    level: float = 0.95) -> pd.DataFrame:
+        """Every committed release of ``dataset``/``city`` in ``period`` (A..B; default: all of them): one
+        answer table per period (a ``period`` column first), then one row per box with the sum over the
+        window and its combined interval (``period`` = 'sum A..B'; dpcore/queries/series.py). A
+        spatio-temporal release that reaches past the window is asked the part inside it; a 2-D release
+        that does is left out (``attrs['left_out']``)."""
+        from dpcore.queries.series import sum_method, sum_rows
+
+        window = None
+        if period is not None:
+            from flows.cli.common import parse_window
+
+            window = parse_window(period)
+        frames, left_out = [], []
+        for r in self.series(dataset, city):
+            start, end = r.window_s()
+            if window is not None and (start is None or end <= window[0] or start >= window[1]):
+                continue
+            ask = None
+            if window is not None and (start < window[0] or end > window[1]):
+                if not hasattr(r.synopsis, "window_intervals"):
+                    left_out.append(r.manifest.period)
+                    continue
+                ask = (max(start, window[0]), min(end, window[1]))
+            table = answer_table(r.synopsis, _boxes(boxes), level=level, window_s=ask)
+            table.insert(0, "period", r.manifest.period)
+            frames.append(table)
+        if not frames:
+            where = f" in {period}" if period else ""
+            raise StoreError(f"no committed release of {dataset}/{city}{where} in {self.store.url}")
+        per_period = pd.concat(frames, ignore_index=True)
+        label = period or f"{frames[0]['period'].iloc[0]}..{frames[-1]['period'].iloc[0]}"
+        total = sum_rows(per_period, label)
+        out = pd.concat([per_period, total], ignore_index=True)
+        out.attrs.update({"level": level, "left_out": left_out, "periods": len(frames),
+                          "interval_method": frames[0].attrs["interval_method"],
+                          "sum_method": sum_method(str(total["interval_covers"].iloc[0]))})
+        return out
+
     def latest(self, dataset: str, city: str, period: str) -> Release:
         """The newest committed version of one dataset, city and period."""
         found = self.releases(dataset, city, period)
@@ -84,6 +132,16 @@ class Release:
                 shutil.rmtree(tmp, ignore_errors=True)
         return self._synopsis
 
+    def window_s(self) -> tuple[int | None, int | None]:
+        """The release's period as [start, end) UTC seconds ((None, None) for a release of all the input)."""
+        w = self.manifest.window or {}
+        if w.get("start") and w.get("end"):
+            return int(pd.Timestamp(w["start"]).timestamp()), int(pd.Timestamp(w["end"]).timestamp())
+        from tasks.config import parse_period
+
+        p = parse_period(self.manifest.period.replace("_", ".."))
+        return p.start_s, p.end_s
+
     @property
     def unit(self) -> str:
         """What the answers count: full points, bounded points or people."""
@@ -95,13 +153,7 @@ class Release:
         with those columns) with their ``level`` interval: columns min_lat, min_lon, max_lat, max_lon,
         estimate, lower, upper, unit, interval_covers (lower/upper NaN where the release has no interval;
         ``attrs['interval_method']`` says why). ``period``: a time window (A..B) of a spatio-temporal release."""
-        if isinstance(boxes, pd.DataFrame):
-            arr = boxes[BOX_COLUMNS].to_numpy(dtype=np.float64)
-        else:
-            arr = np.atleast_2d(np.asarray(list(boxes) if not isinstance(boxes, np.ndarray) else boxes,
-                                           dtype=np.float64))
-        if arr.ndim != 2 or arr.shape[1] != 4 or not np.isfinite(arr).all():
-            raise ValueError("boxes must be rows of 4 finite numbers: min_lat, min_lon, max_lat, max_lon")
+        arr = _boxes(boxes)
         window = None
         if period is not None:
             from flows.cli.common import parse_window
@@ -136,6 +188,18 @@ class Release:
                  "max_points_per_user": m.max_points_per_user, "privacy_unit": m.privacy_unit,
                  "release": self.url, "crs": "local azimuthal frame of the region (metres), see dpcore/geo.py"}
         return xr.DataArray(values, dims=dims, coords=coords, name="released", attrs=attrs)
+
+
+def _boxes(boxes) -> np.ndarray:
+    """(q, 4) lat/lon boxes from rows of an array, tuples, or a DataFrame with the box columns."""
+    if isinstance(boxes, pd.DataFrame):
+        arr = boxes[BOX_COLUMNS].to_numpy(dtype=np.float64)
+    else:
+        arr = np.asarray(list(boxes) if not isinstance(boxes, np.ndarray) else boxes, dtype=np.float64)
+        arr = np.atleast_2d(arr)
+    if arr.ndim != 2 or arr.shape[1] != 4 or not np.isfinite(arr).all():
+        raise ValueError("boxes must be rows of 4 finite numbers: min_lat, min_lon, max_lat, max_lon")
+    return arr
 
 
 def released_values(synopsis: Synopsis) -> np.ndarray:

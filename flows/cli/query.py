@@ -44,8 +44,12 @@ def range_counts(
     fmt: Format = "text",
     csv_flag: CsvFlag = False,
     out: Out = None,
+    dataset: str | None = typer.Option(None, "--dataset", help="with a store: the dataset whose releases to ask"),
+    city: str | None = typer.Option(None, "--city", help="with a store: the city whose releases to ask"),
 ) -> int:
-    """Estimated counts in boxes, with 95% intervals where the mechanism has them (all boxes at once)."""
+    """Estimated counts in boxes, with 95% intervals where the mechanism has them (all boxes at once).
+    Given a store with --dataset and --city (or a path …/releases/DATASET/CITY), every committed release
+    in --period: one row per period, and their sum with its combined interval."""
     from dpcore.queries.answers import answer_table
     from dpcore.queries.range import parse_box, read_boxes_csv
 
@@ -56,6 +60,11 @@ def range_counts(
         raise CLIError(f"--format must be text, json or csv, got {fmt!r}")
     boxes_ll = np.concatenate([parse_box(b) for b in box]) if box else read_boxes_csv(boxes)
     window = _window(period, time)
+    series = _series_target(release, dataset, city)
+    if series is not None:
+        _range_series(*series, boxes_ll, window, fmt, json_out if fmt == "json" and json_out not in (None, STDOUT)
+                      else out)
+        return 0
     times = parse_window(window) if window is not None else None
     with fetch_release(release) as (_, synopsis):
         if times is not None:
@@ -66,6 +75,65 @@ def range_counts(
         region_bbox = synopsis.region.bbox_latlon()
     _note_odd_boxes(boxes_ll, region_bbox)
     write_answers(table, fmt, json_out if fmt == "json" and json_out not in (None, STDOUT) else out)
+    return 0
+
+
+def _series_target(target: str, dataset: str | None, city: str | None) -> tuple[str, str, str] | None:
+    """(store URL, dataset, city) when the target names several releases of one place: a store with
+    --dataset and --city, or a path …/releases/DATASET[/CITY]; None for one release."""
+    import re
+
+    m = re.match(r"^(.*?)/?releases/([^/]+)(?:/([^/]+))?/?$", str(target).rstrip("/"))
+    if m is not None:
+        if (dataset and dataset != m.group(2)) or (city and m.group(3) and city != m.group(3)):
+            raise CLIError(f"{target} is {m.group(2)}/{m.group(3) or '*'}; --dataset/--city name another")
+        root, dataset, city = m.group(1) or ".", m.group(2), city or m.group(3)
+    elif dataset is None and city is None:
+        return None
+    else:
+        root = target
+    if not dataset or not city:
+        raise CLIError("a time series needs both the dataset and the city: --dataset D --city C, or a path "
+                       "…/releases/DATASET/CITY")
+    return root, dataset, city
+
+
+def _range_series(root: str, dataset: str, city: str, boxes_ll: np.ndarray, window: str | None, fmt: str,
+                  dest: str | None) -> None:
+    from geodp.api import open_store
+
+    table = open_store(root).query_range(dataset, city, boxes_ll, period=window)
+    if table.attrs["left_out"]:
+        eprint(f"note: left out {', '.join(table.attrs['left_out'])}: their periods reach past --period and a "
+               "2-D release cannot be split in time")
+    eprint(f"{table.attrs['periods']} releases of {dataset}/{city}; the sum's interval: {table.attrs['sum_method']}")
+    write_answers(table, fmt, dest)
+
+
+def _forecast_series(root: str, dataset: str, city: str, box_ll: np.ndarray, horizon: int, period: str | None,
+                     json_out: str | None) -> int:
+    """Forecast past a store's releases of one place: the series is one released answer per period."""
+    from dpcore.queries.series import SUM_PERIOD
+    from dpcore.queries.spatiotemporal import forecast_theta_interval, season_period
+    from geodp.api import open_store
+
+    table = open_store(root).query_range(dataset, city, box_ll, period=period)
+    rows = table[~table["period"].astype(str).str.startswith(SUM_PERIOD)]
+    labels = rows["period"].astype(str).tolist()
+    days = all(len(p) == 10 for p in labels)  # daily releases: a weekly season
+    fc, lower, upper, method = forecast_theta_interval(rows["estimate"].to_numpy(), horizon,
+                                                       season_period(86400) if days else None)
+    out = {"periods": labels, "history": rows["estimate"].tolist(), "forecast": fc.tolist(),
+           "lower": lower.tolist(), "upper": upper.tolist(), "interval": "95%", "interval_method": method,
+           "unit": str(rows["unit"].iloc[0])}
+    if json_out is not None:
+        emit_json(out, json_out, indent=None)
+        return 0
+    eprint(f"released series ({len(labels)} periods {labels[0]}..{labels[-1]}): "
+           + " ".join(f"{v:.0f}" for v in out["history"]))
+    for h, v in enumerate(fc):
+        print(f"+{h + 1}\t{v:.1f}\t95% [{lower[h]:.1f}, {upper[h]:.1f}]")
+    eprint(f"intervals: {method}")
     return 0
 
 
@@ -80,16 +148,20 @@ def write_answers(table, fmt: str, dest: str | None) -> None:
     elif fmt == "json":
         rec = table[["estimate", "lower", "upper", "unit", "interval_covers"]].copy()
         rec.insert(0, "box", table[["min_lat", "min_lon", "max_lat", "max_lon"]].to_numpy().tolist())
+        if "period" in table.columns:
+            rec.insert(0, "period", table["period"].astype(str))
         rec["interval"] = f"{table.attrs['level']:.0%}"
         rec["interval_method"] = method
         text = rec.to_json(orient="records", double_precision=10) + "\n"
     else:
         b = table[["min_lat", "min_lon", "max_lat", "max_lon"]].to_numpy()
         est, lo, hi = (table[c].to_numpy() for c in ("estimate", "lower", "upper"))
+        period = table["period"].astype(str).to_numpy() if "period" in table.columns else None
         lines = []
         for q in range(len(table)):
             ci = f"\t95% [{lo[q]:.1f}, {hi[q]:.1f}]" if np.isfinite(lo[q]) else ""
-            lines.append(f"{b[q, 0]:.5f},{b[q, 1]:.5f},{b[q, 2]:.5f},{b[q, 3]:.5f}\t{est[q]:.1f}{ci}")
+            when = f"{period[q]}\t" if period is not None else ""
+            lines.append(f"{when}{b[q, 0]:.5f},{b[q, 1]:.5f},{b[q, 2]:.5f},{b[q, 3]:.5f}\t{est[q]:.1f}{ci}")
         text = "\n".join(lines) + "\n"
     if dest is None:
         sys.stdout.write(text)
@@ -98,7 +170,9 @@ def write_answers(table, fmt: str, dest: str | None) -> None:
         Path(dest).parent.mkdir(parents=True, exist_ok=True)
         Path(dest).write_text(text)
         eprint(f"wrote {dest}")
-    eprint(f"{table.attrs['unit_words']}\nintervals: {method}")
+    if "unit_words" in table.attrs:
+        eprint(table.attrs["unit_words"])
+    eprint(f"intervals: {method}")
 
 
 def _check_window(synopsis, times: tuple[int, int]) -> None:
@@ -218,13 +292,21 @@ def forecast(
     box: str = typer.Option(..., "--box", metavar="MINLAT,MINLON,MAXLAT,MAXLON", help="the box to forecast"),
     horizon: int = typer.Option(..., "--horizon", metavar="H", help="slots to forecast past the release"),
     json_out: Json = None,
+    dataset: str | None = typer.Option(None, "--dataset", help="with a store: the dataset whose releases to ask"),
+    city: str | None = typer.Option(None, "--city", help="with a store: the city whose releases to ask"),
+    period: Period = None,
 ) -> int:
-    """Forecast a box's counts past the release window (ThetaModel on the released series)."""
+    """Forecast a box's counts past the release window (ThetaModel on the released series), with a 95%
+    interval. Given a store with --dataset and --city (or a path …/releases/DATASET/CITY): past its daily
+    (or monthly) releases, the series being one answer per release in --period."""
     from dpcore.queries.range import parse_box
     from dpcore.queries.spatiotemporal import forecast_theta_interval, season_period
 
     at_least(horizon, 1, "--horizon")
     box_ll = parse_box(box)
+    series_target = _series_target(release, dataset, city)
+    if series_target is not None:
+        return _forecast_series(*series_target, box_ll, horizon, period, json_out)
     with fetch_release(release) as (_, synopsis):
         syn, factor = _spatio_temporal(synopsis)
     series = syn.series(syn.region.box_latlon_to_m(box_ll)) * factor
