@@ -32,7 +32,7 @@ from dpcore import GeoDPError
 from dpcore.data.inputs import DataError
 from dpcore.privacy.accounting import budget_label
 from tasks.config import ReleaseParams
-from tasks.ledger_tasks import charge_ledger, committed_from, void_charge
+from tasks.ledger_tasks import charge_ledger, committed_from, give_back, settle_strays, void_charge
 from tasks.public_errors import public_data_error
 from tasks.release_plan import ReleasePlan, plan_release
 from tasks.release_tasks import (
@@ -104,7 +104,11 @@ def run_plan(plan: ReleasePlan, loaded=None, artifacts: bool = True, in_process:
                 except BaseException as exc:
                     void_charge.fn(plan.store_url, dataset, held[p.city], f"fit failed: {type(exc).__name__}")
                     raise
-                manifests[p.city] = persist_release.fn(plan.store_url, p, syn, png, held[p.city], code)
+                try:
+                    manifests[p.city] = persist_release.fn(plan.store_url, p, syn, png, held[p.city], code)
+                except Exception as exc:
+                    _give_back_quietly(plan.store_url, dataset, held[p.city], exc)
+                    raise
         else:
             manifests, placed = _run_on_workers(plan.store_url, dataset, todo, inputs, held, code, profile)
         for p in todo:
@@ -113,6 +117,8 @@ def run_plan(plan: ReleasePlan, loaded=None, artifacts: bool = True, in_process:
                 # another run's attempt was committed for this key: our noise is never published
                 step(void_charge)(plan.store_url, dataset, held[p.city], "another attempt was committed")
             results[p.city], status[p.city] = m, "committed"
+    if params.seed is None and results:
+        settle_strays(store, dataset, list(results.values()))
     experiment = params.seed is not None
     loss = None if experiment else DatasetLedger(store, dataset).loss()
     guarantee = ("seeded noise (an experiment): NOT FOR PUBLICATION and not charged; anyone with the seed "
@@ -165,12 +171,22 @@ def _run_on_workers(store_url: str, dataset: str, todo: list, inputs: dict, held
         except _FitFailed as exc:
             void_charge(store_url, dataset, held[city], f"fit failed: {type(exc.cause).__name__}")
             first_error = first_error or exc.cause
-        except Exception as exc:  # storage failed after staging may have begun: the charge stays
+        except Exception as exc:  # storage failed, or the worker was lost: nothing was committed
+            _give_back_quietly(store_url, dataset, held[city], exc)
             first_error = first_error or exc
         update_progress_artifact(progress, 100.0 * (i + 1) / len(futures))
     if first_error is not None:
         raise first_error
     return manifests, [f.result() for f in placed]
+
+
+def _give_back_quietly(store_url: str, dataset: str, held: dict, cause: BaseException) -> None:
+    """After a failed persist: delete the attempt's files and void its charge when the store answers;
+    when it does not, the charge stays held and the next run of the release takes it over."""
+    try:
+        give_back(ReleaseStore(store_url), dataset, held, f"storage failed before the commit: {type(cause).__name__}")
+    except (OSError, GeoDPError):
+        pass
 
 
 class _FitFailed(Exception):

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from dpcore import GeoDPError
 from dpcore.privacy.accounting import (
     DAY_S,
     EVERY_DAY,
@@ -25,9 +26,9 @@ from dpcore.privacy.accounting import (
     days_of_window,
 )
 from tasks.public_errors import retry_unless_refused
-from tasks.storage.ledger import ENTRY_HASH, DatasetLedger
+from tasks.storage.ledger import ENTRY_HASH, ChargeMoved, DatasetLedger
 from tasks.storage.manifest import Manifest
-from tasks.storage.store import ReleaseRef, ReleaseStore
+from tasks.storage.store import CHARGE_REF, CLAIM, ReleaseRef, ReleaseStore, StagedElsewhere
 
 DEFAULT_K = 20
 EXPERIMENTAL = "_EXPERIMENTAL"
@@ -154,18 +155,32 @@ def charge_for(plan, resolved: ResolvedPolicy, draw: str) -> LedgerCharge:
                                "config_hash": plan.config_hash})
 
 
-def staged_elsewhere(store: ReleaseStore, plan) -> bool:
-    """True when a complete attempt of this release key is already staged (a run died before its
-    manifest): the next run commits that noise and must not be charged again."""
-    prefix = f"releases/{plan.dataset}/{plan.city}/{plan.period.label}"
-    for n in store.versions(plan.dataset, plan.city, plan.period.label):
+def version_of(store: ReleaseStore, dataset: str, city: str, period: str, release_key: str) -> ReleaseRef | None:
+    """The version a release key has claimed in the store, or None (reads only)."""
+    prefix = f"releases/{dataset}/{city}/{period}"
+    for n in store.versions(dataset, city, period):
         try:
-            claim = store.read_json(f"{prefix}/v{n}/_CLAIM.json")
+            claim = store.read_json(f"{prefix}/v{n}/{CLAIM}")
         except FileNotFoundError:
             continue
-        if claim.get("release_key") == plan.release_key:
-            return store.staged_attempt(ReleaseRef(plan.dataset, plan.city, plan.period.label, n)) is not None
-    return False
+        if isinstance(claim, dict) and claim.get("release_key") == release_key:
+            return ReleaseRef(dataset, city, period, n)
+    return None
+
+
+def attempt_name(held: dict) -> str:
+    """Where a run stages its noise: named after the charge and the run (so a later run of the same
+    charge knows which attempts to seal); a run without a charge (seeded) gets a random name."""
+    if held.get("seq") is None:
+        return "a-x" + uuid.uuid4().hex[:12]
+    return f"a-{int(held['seq'])}-{held['draw']}"
+
+
+def staged_elsewhere(store: ReleaseStore, plan) -> bool:
+    """True when a complete attempt of this release key is already staged (a run died before its
+    manifest): the next run commits that noise and is not charged again."""
+    ref = version_of(store, plan.dataset, plan.city, plan.period.label, plan.release_key)
+    return ref is not None and store.staged_attempt(ref) is not None
 
 
 def check_budget(store_url: str, plans: list, resolved: ResolvedPolicy) -> None:
@@ -175,10 +190,13 @@ def check_budget(store_url: str, plans: list, resolved: ResolvedPolicy) -> None:
     if not plans:
         return
     store = ReleaseStore(store_url)
-    charges = [charge_for(p, resolved, "planned") for p in plans if not staged_elsewhere(store, p)]
+    held = DatasetLedger(store, plans[0].dataset).held()
+    # a key that holds a charge already takes it over (charge_ledger checks that against the budget)
+    taken = {h.charge.key for h in held}
+    charges = [charge_for(p, resolved, "planned") for p in plans
+               if p.release_key not in taken and not staged_elsewhere(store, p)]
     if charges:
-        held = [h.charge for h in DatasetLedger(store, plans[0].dataset).held()]
-        check_within_budget(resolved.policy, held, charges)
+        check_within_budget(resolved.policy, [h.charge for h in held], charges)
 
 
 def check_sources(store_url: str, dataset: str, locators: list[str]) -> None:
@@ -192,10 +210,13 @@ def charge_ledger(store_url: str, plans: list, resolved: ResolvedPolicy, source:
     """Charge every city of the run in one ledger entry, before any noise is drawn.
 
     Ties the source (its locators: InputSet.locators) to the dataset and stores the policy on the first
-    release. Cities with a complete
-    staged attempt are not charged (their noise was paid for by the run that drew it). Returns, per
-    city, the charge the run holds: {"seq", "draw", "key", "entry_sha256"} (seq None for a resumed city);
-    the manifest names it, so the ledger entry cannot be deleted unnoticed (DatasetLedger.verify)."""
+    release. A city with a complete staged attempt is not charged (its noise was paid for by the run
+    that drew it; it is committed as is). A city whose key already holds a charge with nothing staged
+    (a run that died or failed before its noise reached the store) takes that charge over instead of
+    paying twice. Returns, per city, the charge the run holds: {"seq", "draw", "key", "entry_sha256",
+    "city", "period", "holders"} (seq None for a resumed city; ``holders``: the earlier runs of the
+    charge, whose attempts staging seals); the manifest names the entry by seq and hash, so it cannot
+    be deleted unnoticed (DatasetLedger.verify)."""
     if not plans:
         return {}
     store = ReleaseStore(store_url)
@@ -208,25 +229,149 @@ def charge_ledger(store_url: str, plans: list, resolved: ResolvedPolicy, source:
             raise PolicyError(f"dataset {plans[0].dataset!r} got a different policy from a concurrent "
                               "release; run this one again")
     draw = uuid.uuid4().hex[:16]
-    to_charge = [p for p in plans if not staged_elsewhere(store, p)]
-    out = {p.city: {"seq": None, "draw": None, "key": p.release_key} for p in plans}
+    entries = ledger.entries()
+    held = ledger.held(entries)
+
+    def mine(p, seq=None, holders=(), entry_hash=None) -> dict:
+        return {"seq": seq, "draw": draw if seq is not None else None, "key": p.release_key, ENTRY_HASH: entry_hash,
+                "city": p.city, "period": p.period.label, "holders": list(holders)}
+
+    out, to_charge = {}, []
+    for p in plans:
+        if staged_elsewhere(store, p):
+            out[p.city] = mine(p)
+            continue
+        stale = sorted(h.seq for h in held if h.charge.key == p.release_key)
+        if stale:
+            try:
+                ledger.adopt(stale[0], p.release_key, draw, policy,
+                             "a new run of the same release takes over a charge whose noise never reached the store")
+                charged = next(e for e in entries if e["seq"] == stale[0])
+                out[p.city] = mine(p, stale[0], ledger.holders(stale[0], p.release_key, entries), charged[ENTRY_HASH])
+                continue
+            except ChargeMoved:
+                pass
+        to_charge.append(p)
     if to_charge:
         entry, _ = ledger.charge([charge_for(p, replace(resolved, policy=policy), draw) for p in to_charge], policy)
         for p in to_charge:
-            out[p.city] = {"seq": entry["seq"], "draw": draw, "key": p.release_key, ENTRY_HASH: entry[ENTRY_HASH]}
+            out[p.city] = mine(p, entry["seq"], (), entry[ENTRY_HASH])
     return out
 
 
-@task(name="void-charge", retries=3, retry_delay_seconds=1, cache_policy=NO_CACHE)
-def void_charge(store_url: str, dataset: str, held: dict, reason: str) -> None:
-    """Give back a city's charge: its noise was never published (the fit failed before staging, or
-    another run's attempt was committed for the same release key)."""
+def give_back(store: ReleaseStore, dataset: str, held: dict, reason: str) -> bool:
+    """Give back a charge this run holds whose noise is not published: seal its attempt (so nothing
+    can complete it later), delete the attempt's files, then void the charge, in that order, so the
+    charge covers every noisy file for as long as one exists. A charge another run took over, or whose
+    attempt completed, stays. Returns whether the charge was voided."""
     if held.get("seq") is None:
-        return
-    DatasetLedger(ReleaseStore(store_url), dataset).void(held["seq"], [held["key"]], reason)
+        return False
+    ref = version_of(store, dataset, held["city"], held["period"], held["key"])
+    if ref is not None:
+        attempt = attempt_name(held)
+        if store.exists(f"{ref.rel}/{attempt}/{CHARGE_REF}") or store.attempt_data(ref, attempt):
+            try:
+                store.seal_attempt(ref, attempt)
+            except StagedElsewhere:
+                return False  # complete: the next run commits it with this charge
+            store.delete_attempt_data(ref, attempt)
+    try:
+        DatasetLedger(store, dataset).void(held["seq"], [held["key"]], reason, holder=held["draw"])
+    except ChargeMoved:
+        return False
+    return True
+
+
+@task(name="void-charge", retries=3, retry_delay_seconds=1, cache_policy=NO_CACHE)
+def void_charge(store_url: str, dataset: str, held: dict, reason: str) -> bool:
+    """Give back a city's charge: its noise was never published (the fit failed, storage failed before
+    the commit, or another run's attempt was committed for the same release key)."""
+    return give_back(ReleaseStore(store_url), dataset, held, reason)
+
+
+class VoidRefused(GeoDPError, ValueError):
+    """An operator's void that would give back the charge of noise that is (or may become) public."""
+
+
+def void_entry(store: ReleaseStore, dataset: str, seq: int, reason: str) -> tuple[list[str], list[str]]:
+    """``geodp dataset void``: give back the held charges of ledger entry ``seq`` whose noise was never
+    published. For each, the attempts of the charge are sealed (nothing can complete them later) and
+    their files deleted, and only then is the charge voided; the void is refused while any file of
+    such an attempt is left, when the charge's release is committed, or when an attempt of it is
+    complete (a re-run of the release commits that noise). Returns (voided keys, deleted files)."""
+    ledger = DatasetLedger(store, dataset)
+    entries = ledger.entries()
+    entry = next((e for e in entries if e["seq"] == seq and e["kind"] == "charge"), None)
+    if entry is None:
+        raise VoidRefused(f"dataset {dataset!r} has no charge entry #{seq}")
+    held = {h.charge.key for h in ledger.held(entries) if h.seq == seq}
+    if not held:
+        raise VoidRefused(f"every charge of entry #{seq} is already void")
+    todo = []
+    for c in entry["charges"]:
+        if c["key"] not in held:
+            continue
+        ref = version_of(store, dataset, c["city"], c["period"], c["key"])
+        if ref is None:
+            continue
+        m = store.manifest(ref)
+        if m is not None and m.ledger is not None and m.ledger.seq == seq:
+            raise VoidRefused(f"entry #{seq} paid for the published release {c['city']} {c['period']} "
+                              f"({store.url_of(ref.rel)}); it cannot be given back")
+        names = set(store.attempts_of_charge(ref, seq))
+        names |= {attempt_name({"seq": seq, "draw": d}) for d in ledger.holders(seq, c["key"], entries)}
+        if m is None:  # an attempt of unknown charge (staged by older code, charge reference last) may be ours
+            names |= {a for a in store.attempts(ref)
+                      if not store.exists(f"{ref.rel}/{a}/{CHARGE_REF}") and store.attempt_data(ref, a)}
+        todo.append((ref, sorted(names - {m.attempt if m is not None else None})))
+    deleted = []
+    for ref, names in todo:
+        for attempt in names:
+            try:
+                store.seal_attempt(ref, attempt)
+            except StagedElsewhere:
+                raise VoidRefused(f"entry #{seq} paid for {store.url_of(ref.rel)}/{attempt}, which is completely "
+                                  f"staged: a re-run of the release commits it (no new charge)") from None
+            data = store.attempt_data(ref, attempt)
+            store.delete_attempt_data(ref, attempt)
+            deleted += [f"{store.url_of(ref.rel)}/{attempt}/{n}" for n in data]
+    try:
+        ledger.void(seq, sorted(held), reason)
+    except ChargeMoved as exc:
+        raise VoidRefused(f"entry #{seq}: {exc}") from None
+    return sorted(held), deleted
+
+
+def settle_strays(store: ReleaseStore, dataset: str, manifests: list[Manifest]) -> int:
+    """Once a release key is committed, no other charge of the key can ever publish: seal the other
+    attempts of the key, delete their files and void their charges (a race loser, or a run that died
+    after another's commit, leaves them). Returns how many charges were voided."""
+    ledger = DatasetLedger(store, dataset)
+    entries = ledger.entries()
+    by_key = {m.release_key: m for m in manifests}
+    paid = {k: (m.ledger.seq if m.ledger is not None else None) for k, m in by_key.items()}
+    strays = sorted({(h.seq, h.charge.key) for h in ledger.held(entries) if h.charge.key in by_key
+                     and h.seq != paid[h.charge.key]})
+    for seq, key in strays:
+        m = by_key[key]
+        ref = ReleaseRef(dataset, m.city, m.period, int(m.version))
+        # every attempt of the charge: those begun, and those its holders have yet to begin
+        names = set(store.attempts_of_charge(ref, seq))
+        names |= {attempt_name({"seq": seq, "draw": d}) for d in ledger.holders(seq, key, entries)}
+        for attempt in sorted(names - {m.attempt}):
+            try:
+                store.seal_attempt(ref, attempt)
+            except StagedElsewhere:
+                pass  # complete but never to be committed: its files go all the same
+            store.delete_attempt_data(ref, attempt)
+        try:
+            ledger.void(seq, [key], "the release was committed by another run's attempt")
+        except ChargeMoved:
+            continue
+    return len(strays)
 
 
 def committed_from(manifest: Manifest, held: dict) -> bool:
-    """Whether a committed manifest's noise came from the charge this run holds."""
+    """Whether a committed manifest's noise is paid for by the charge this run holds (made or taken over)."""
     paid = manifest.ledger
-    return held.get("seq") is not None and paid is not None and paid.seq == held["seq"] and paid.draw == held["draw"]
+    return held.get("seq") is not None and paid is not None and paid.seq == held["seq"]

@@ -41,10 +41,17 @@ from tasks.dask_path import CityData, DataPass, release_counts
 from tasks.preview import render_heatmap_png
 from tasks.public_errors import retry_unless_refused, without_private_detail
 from tasks.storage.manifest import InputRef, Manifest
-from tasks.storage.store import ReleaseRef, ReleaseStore, check_slug
+from tasks.storage.store import CHARGE_REF as CHARGE
+from tasks.storage.store import (
+    AttemptSealed,
+    ReleaseRef,
+    ReleaseStore,
+    StagedElsewhere,
+    StoreError,
+    check_slug,
+)
 
 PREVIEW = "preview.png"
-CHARGE = "charge.json"
 
 
 class ReleaseError(GeoDPError, ValueError):
@@ -375,6 +382,38 @@ def render_preview(plan: CityPlan, synopsis: Synopsis) -> bytes:
                               note=release_quality(synopsis)["statement"])
 
 
+def _stage(store: ReleaseStore, ref: ReleaseRef, plan: CityPlan, synopsis: Synopsis, preview: bytes | None,
+           held: dict) -> tuple[str, list[dict]]:
+    """Stage this run's noise: its charge reference first, then the files (ReleaseStore.stage); the
+    attempts of earlier holders of the same charge are sealed and emptied first."""
+    from tasks.ledger_tasks import attempt_name
+
+    paid_by = {"dataset": plan.dataset, **{k: held.get(k) for k in ("seq", "draw", "key", "entry_sha256")}}
+    earlier = tuple(attempt_name({"seq": held["seq"], "draw": d}) for d in held.get("holders", ())
+                    if d != held.get("draw")) if held.get("seq") is not None else ()
+    with tempfile.TemporaryDirectory(prefix="geodp-stage-") as tmp:
+        names = synopsis.save(tmp)
+        if preview:
+            (Path(tmp) / PREVIEW).write_bytes(preview)
+            names.append(PREVIEW)
+        return store.stage(ref, tmp, names, attempt_name(held), json.dumps(paid_by).encode(), earlier)
+
+
+def _committed_by_newer_run(store: ReleaseStore, plan: CityPlan, wait_s: float = 300.0) -> dict:
+    """This run's attempt was sealed by a newer run of the same release, which holds the charge now:
+    return its manifest once it commits."""
+    import time
+
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        found = store.find_committed(plan.dataset, plan.city, plan.period.label, plan.release_key)
+        if found is not None:
+            return found
+        time.sleep(1.0)
+    raise ReleaseError(f"{plan.city}: a newer run of the same release took this one over and has not committed "
+                       "yet; run the release again to see its result")
+
+
 def _release_cache_key(context, parameters: dict[str, Any]) -> str:
     """Public inputs only: the store (its absolute URL and instance id, so another checkout's
     relative path or a deleted and re-made store never hits a stale entry) and the release key
@@ -393,8 +432,9 @@ def persist_release(store_url: str, plan: CityPlan, synopsis: Synopsis | None, p
     A committed manifest for the key is returned as is. A complete staged attempt left by a crashed
     run is committed instead of the new synopsis, so the noise drawn first is the noise published.
     ``synopsis`` may be None only when such a staged attempt exists. ``held`` is the ledger charge this
-    run holds for the key ({"seq", "draw", "key"}); it is staged with the files (``charge.json``), so
-    the manifest always names the charge that paid for the noise it publishes."""
+    run holds for the key (tasks.ledger_tasks.charge_ledger); its reference (``charge.json``) is the
+    attempt's first file, so every noisy file sits beside the charge that covers it and the manifest
+    names that charge. An attempt sealed by a newer run of the same charge returns that run's commit."""
     store = ReleaseStore(store_url)
     committed = store.find_committed(plan.dataset, plan.city, plan.period.label, plan.release_key)
     if committed is not None:
@@ -405,25 +445,23 @@ def persist_release(store_url: str, plan: CityPlan, synopsis: Synopsis | None, p
     if existing is not None:
         return existing
     staged = store.staged_attempt(ref)
-    if staged is not None:
-        attempt, files = staged
-        privacy = json.loads(store.read(f"{ref.rel}/{attempt}/synopsis.json"))["privacy"]
-        paid_by = json.loads(store.read(f"{ref.rel}/{attempt}/{CHARGE}"))
-        resumed = True
-    else:
+    if staged is None:
         if synopsis is None:
             raise ReleaseError(f"{plan.city}: nothing staged and no synopsis to persist")
-        with tempfile.TemporaryDirectory(prefix="geodp-stage-") as tmp:
-            names = synopsis.save(tmp)
-            if preview:
-                (Path(tmp) / PREVIEW).write_bytes(preview)
-                names.append(PREVIEW)
-            paid_by = {"dataset": plan.dataset, **held}
-            (Path(tmp) / CHARGE).write_text(json.dumps(paid_by))
-            names.append(CHARGE)
-            attempt, files = store.stage(ref, tmp, names)
-        privacy = synopsis.privacy.to_dict()
-        resumed = False
+        try:
+            staged = _stage(store, ref, plan, synopsis, preview, held), False
+        except StagedElsewhere:  # an earlier run of this charge completed first: commit its noise
+            earlier = store.staged_attempt(ref)
+            staged = None if earlier is None else (earlier, True)
+        except AttemptSealed:
+            return _committed_by_newer_run(store, plan)
+    else:
+        staged = staged, True
+    if staged is None:
+        raise StoreError(f"{store.url_of(ref.rel)}: a staged attempt vanished before the commit")
+    (attempt, files), resumed = staged
+    privacy = json.loads(store.read(f"{ref.rel}/{attempt}/synopsis.json"))["privacy"]
+    paid_by = json.loads(store.read(f"{ref.rel}/{attempt}/{CHARGE}"))
     manifest = Manifest(
         dataset=plan.dataset, city=plan.city, period=plan.period.label, window=plan.period.to_dict(),
         version=version, release_key=plan.release_key, config_hash=plan.config_hash,

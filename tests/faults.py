@@ -97,3 +97,36 @@ def kill_at_write_env(n: int, log: Path) -> dict[str, str]:
     """The environment that makes a Python subprocess (a CLI run) die at its ``n``-th store write."""
     path = os.pathsep.join(p for p in (str(FAULT_SITE), str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
     return {KILL_AT_WRITE: str(n), FAULT_LOG: str(log), "PYTHONPATH": path}
+
+
+def ledger_and_committed(store: str | Path, env: dict | None = None) -> tuple[float, float]:
+    """Through the CLI, as an operator checks: the lifetime loss `geodp ledger --json` reports (summed
+    over the store's datasets) and the sum of ε over the committed releases `geodp releases list` shows."""
+    import json
+
+    from tests.cli_runner import run_geodp
+
+    ledger = json.loads(run_geodp("ledger", store, "--json", env=env).stdout)
+    releases = json.loads(run_geodp("releases", "list", store, "--json", env=env).stdout)
+    return (sum(row["loss"]["lifetime"] for row in ledger),
+            sum(r["epsilon"] for r in releases))
+
+
+def attempt_files(store_url: str) -> dict[str, list[str]]:
+    """Every attempt folder in the store (any release key) → the files in it that may hold noise, for
+    the attempts no manifest names."""
+    from tasks.storage.store import ReleaseRef, ReleaseStore
+
+    store = ReleaseStore(store_url)
+    out = {}
+    for ds in store.listdir("releases"):
+        for city in store.listdir(f"releases/{ds}"):
+            for period in store.listdir(f"releases/{ds}/{city}"):
+                for n in store.versions(ds, city, period):
+                    ref = ReleaseRef(ds, city, period, n)
+                    m = store.manifest(ref)
+                    committed = m.attempt if m is not None else None
+                    for attempt in store.attempts(ref):
+                        if attempt != committed:
+                            out[f"{ref.rel}/{attempt}"] = store.attempt_data(ref, attempt)
+    return out

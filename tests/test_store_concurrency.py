@@ -4,6 +4,10 @@ see whole releases, and every committed release reads back, on a local store and
 import json
 import multiprocessing as mp
 import os
+import random
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -11,9 +15,9 @@ from dpcore.data.synthetic import generate_checkins
 from dpcore.geo import city_region
 from tasks.storage.ledger import DatasetLedger
 from tasks.storage.store import IntegrityError, ReleaseStore, fetch_to_temp
-from tests.cli_runner import run_geodp
+from tests.cli_runner import ROOT, run_geodp
 from tests.conftest import new_s3_store
-from tests.faults import kill_at_write_env
+from tests.faults import attempt_files, kill_at_write_env, ledger_and_committed
 
 
 @pytest.fixture(scope="module")
@@ -61,43 +65,100 @@ def test_the_same_release_twice_in_parallel_leaves_one_readable_release(where, r
             held = ledger.held()
             assert [h.seq for h in held] == [manifest.ledger.seq]
             assert ledger.loss()["lifetime"] == pytest.approx(0.1)
+            # the loser deleted its noisy files before giving its charge back
+            assert all(files == [] for files in attempt_files(store).values()), attempt_files(store)
+
+
+RELEASE = ("release", "--city", "new-york", "--epsilon", "0.1", "--mechanism", "identity",
+           "--param", "cell_width_m=2000", "--period", "2024-01-01")
+
+
+def _killed_at(small, store, n, log, env=None):
+    """A release into ``store`` killed right before its ``n``-th store write; returns the writes it made
+    (None when it completed without reaching write n)."""
+    r = run_geodp(RELEASE[0], small, *RELEASE[1:], "--out", store, ok=False, env={**(env or {}), **kill_at_write_env(n, log)})
+    lines = log.read_text().splitlines() if log.exists() else []
+    counted = [ln for ln in lines if ln.split()[1] == "write"]
+    assert len({ln.split()[0] for ln in lines}) <= 1, lines  # the hook ran in the CLI process only
+    if r.returncode == 0:
+        assert len(counted) < n and not any("kill" in ln for ln in lines), lines
+        return None
+    assert r.returncode == -9, r.stderr[-2000:]
+    assert len(counted) == n and lines[-1].endswith(f"kill at write {n}"), lines
+    return [ln.split()[3] for ln in counted]
+
+
+def _s3_env():
+    return {k: os.environ[k] for k in ("GEODP_S3_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+                                       "AWS_DEFAULT_REGION")}
 
 
 @pytest.mark.slow
-def test_a_kill_at_any_store_write_never_shows_a_partial_release(small, tmp_path):
-    """kill -9 right before the N-th store write, for every N until a run completes: after each kill,
-    readers see nothing or a whole release; a clean re-run then commits exactly one readable release."""
-    store = str(tmp_path / "s")
-    n = 0
-    while True:
-        n += 1
-        log = tmp_path / f"writes-{n}.log"
-        r = run_geodp("release", small, "--city", "new-york", "--epsilon", "0.1", "--mechanism", "identity",
-                      "--param", "cell_width_m=2000", "--period", "2024-01-01", "--out", store, ok=False,
-                      env=kill_at_write_env(n, log))
-        # the hook ran in the CLI process: it counted that process's writes (and fired at the n-th)
-        lines = log.read_text().splitlines() if log.exists() else []
-        counted = [ln for ln in lines if ln.split()[1] == "write"]
-        assert len({ln.split()[0] for ln in lines}) <= 1, lines
-        if r.returncode == 0:
-            assert 0 < len(counted) < n and not any("kill" in ln for ln in lines), lines
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_a_kill_at_any_store_write_then_a_rerun_holds_one_charge_per_release(where, small, tmp_path, request):
+    """kill -9 right before the N-th store write of a release, then kill its re-run at its N-th write
+    too (which now takes the charge over, seals and deletes), then a clean re-run: after each kill
+    readers see nothing or a whole release and at most one charge is held; after the clean re-run
+    `geodp ledger` equals the ε of the one committed release. N runs over every write of a release
+    (local) and over the claim, the charge reference, the noisy files and the seal (S3)."""
+    env = {}
+    if where == "s3":
+        request.getfixturevalue("moto_s3")
+        env = _s3_env()
+    points = range(1, 40) if where == "local" else (4, 5, 6, 8)
+    for n in points:
+        store = str(tmp_path / f"s{n}") if where == "local" else new_s3_store(os.environ["GEODP_S3_ENDPOINT_URL"])
+        first = _killed_at(small, store, n, tmp_path / f"w{n}.log", env)
+        if first is None:
+            assert n > 9  # the kills hit the ledger, the claim, the charge reference, every file and the manifest
             break
-        assert r.returncode == -9, r.stderr[-2000:]
-        assert len(counted) == n and lines[-1].endswith(f"kill at write {n}"), lines
+        if not any("/ledger/" in w for w in first):  # died before its charge: nothing held, nothing to re-run
+            assert DatasetLedger(ReleaseStore(store), "small").held() == [] and not _readable_releases(store)
+            continue
+        if n in (5, 7):  # the re-run dies too: at its adoption, its seal of the dead attempt or its upload
+            _killed_at(small, store, n, tmp_path / f"w{n}b.log", env)
         assert len(_readable_releases(store)) <= 1
-        assert n < 40, "the release never completed"
-    assert n > 8  # the kills really hit the ledger, the claim, the files and the manifest
-    again = run_geodp("release", small, "--city", "new-york", "--epsilon", "0.1", "--mechanism", "identity",
-                      "--param", "cell_width_m=2000", "--period", "2024-01-01", "--out", store)
-    assert "already committed" in again.stdout
-    (manifest,) = _readable_releases(store)
-    q = run_geodp("query", manifest_url(store), "--box", "40.70,-74.02,40.72,-74.00", "--json")
+        assert len(DatasetLedger(ReleaseStore(store), "small").held()) <= 1
+        run_geodp(RELEASE[0], small, *RELEASE[1:], "--out", store, env=env)
+        (manifest,) = _readable_releases(store)
+        ledger = DatasetLedger(ReleaseStore(store), "small")
+        assert ledger.loss()["lifetime"] == pytest.approx(manifest.epsilon) == pytest.approx(0.1), (n, first)
+        # no noise is left in the store outside the committed release
+        assert all(files == [] for files in attempt_files(store).values()), (n, attempt_files(store))
+    # what an operator sees: `geodp ledger` agrees with `geodp releases list`
+    charged, committed = ledger_and_committed(store, env)
+    assert charged == pytest.approx(committed) == pytest.approx(0.1)
+    q = run_geodp("query", manifest_url(store), "--box", "40.70,-74.02,40.72,-74.00", "--json", env=env)
     assert len(json.loads(q.stdout)) == 1
 
 
+@pytest.mark.slow
+def test_a_kill_at_random_moments_then_a_rerun_holds_one_charge_per_release(small, tmp_path):
+    """SIGKILL a release at random moments after its first store write; the re-run ends with the
+    ledger equal to the committed ε."""
+    rng = random.Random(38)
+    for i in range(3):
+        store, log = tmp_path / f"r{i}", tmp_path / f"r{i}.log"
+        env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false", **kill_at_write_env(10_000, log)}
+        proc = subprocess.Popen([sys.executable, "-m", "flows.cli", RELEASE[0], str(small), *RELEASE[1:],
+                                 "--out", str(store)], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 60
+        while not log.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(rng.uniform(0.0, 0.4))
+        proc.kill()
+        proc.wait()
+        run_geodp(RELEASE[0], small, *RELEASE[1:], "--out", store)
+        (manifest,) = _readable_releases(store)
+        ledger = DatasetLedger(ReleaseStore(str(store)), "small")
+        assert ledger.loss()["lifetime"] == pytest.approx(manifest.epsilon) == pytest.approx(0.1), i
+        assert all(files == [] for files in attempt_files(store).values()), attempt_files(store)
+
+
 def manifest_url(store: str) -> str:
-    (m,) = ReleaseStore(store).list_releases()
-    return m.url
+    (m,) = ReleaseStore(str(store)).list_releases()
+    return str(m.url)
 
 
 def test_altered_or_missing_files_are_one_line_errors(small, tmp_path):

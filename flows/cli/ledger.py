@@ -166,32 +166,19 @@ def void(
     seq: int = typer.Option(..., "--seq", help="ledger entry number (see `geodp ledger --entries`)"),
     reason: str = typer.Option(..., "--reason", help="why (recorded in the ledger)"),
 ) -> int:
-    """Give back a charge whose release was never staged or published (a run killed between its charge
-    and its files)."""
+    """Give back a charge whose noise was never published (a run killed between its charge and its
+    commit): the files of its attempts are deleted first; refused while any is left, when its release
+    is committed, or when an attempt is completely staged (re-run the release: it commits that noise)."""
+    from tasks.ledger_tasks import VoidRefused, void_entry
     from tasks.storage.store import ReleaseStore
 
-    ledger = _ledger(store, dataset)
-    entry = next((e for e in ledger.entries() if e["seq"] == seq and e["kind"] == "charge"), None)
-    if entry is None:
-        raise CLIError(f"dataset {dataset!r} has no charge entry #{seq}")
-    held = {h.charge.key for h in ledger.held() if h.seq == seq}
-    st = ReleaseStore(store, create=False)
-    published = []
-    for c in entry["charges"]:
-        if c["key"] not in held:
-            continue
-        for m in st.list_releases(dataset, c["city"], c["period"]):
-            if m.ledger is not None and m.ledger.seq == seq:
-                published.append(f"{c['city']} {c['period']}")
-        if _staged_with(st, dataset, c, seq):
-            published.append(f"{c['city']} {c['period']} (staged)")
-    if published:
-        raise CLIError(f"entry #{seq} paid for noise that was staged or published ({', '.join(published)}); "
-                       "it cannot be given back")
-    if not held:
-        raise CLIError(f"every charge of entry #{seq} is already void")
-    ledger.void(seq, sorted(held), reason)
-    print(f"voided {len(held)} charge(s) of entry #{seq}: {reason}")
+    try:
+        voided, deleted = void_entry(ReleaseStore(store, create=False), dataset, seq, reason)
+    except VoidRefused as exc:
+        raise CLIError(str(exc)) from None
+    if deleted:
+        print(f"deleted {len(deleted)} unpublished file(s) of the charge's attempts")
+    print(f"voided {len(voided)} charge(s) of entry #{seq}: {reason}")
     return 0
 
 
@@ -210,19 +197,6 @@ def ledger(
     if not found:
         eprint(f"the ledger of {st.url} is empty")
     return _print_datasets(st, found, json_out, entries=entries, policy_log=False)
-
-
-def _staged_with(store, dataset: str, charge: dict, seq: int) -> bool:
-    prefix = f"releases/{dataset}/{charge['city']}/{charge['period']}"
-    for version in store.listdir(prefix):
-        for attempt in store.listdir(f"{prefix}/{version}"):
-            try:
-                paid = store.read_json(f"{prefix}/{version}/{attempt}/charge.json")
-            except (FileNotFoundError, NotADirectoryError):
-                continue
-            if paid.get("seq") == seq:
-                return True
-    return False
 
 
 def _print_datasets(store, names: list[str], json_out: str | None, entries: bool, policy_log: bool) -> int:
@@ -270,6 +244,9 @@ def _print_datasets(store, names: list[str], json_out: str | None, entries: bool
                 for c in e["charges"]:
                     what = budget_label(c.get("epsilon"), c.get("rho"))
                     print(f"  #{e['seq']} {c['city']} {c['period']} {what} ×{c['multiplier']} {e['created_at']}")
+            elif e["kind"] == "adopt":
+                keys = ", ".join(f"#{a['seq']}" for a in e["adopts"])
+                print(f"  #{e['seq']} takes over {keys}: {e['reason']}")
             else:
                 keys = ", ".join(f"#{v['seq']}" for v in e["voids"])
                 print(f"  #{e['seq']} void of {keys}: {e['reason']}")

@@ -28,7 +28,7 @@ charge. Nothing here reads private data: policies, days, ε and regions are publ
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from dpcore import GeoDPError
 from dpcore.privacy.accounting import (
@@ -68,6 +68,10 @@ def _entry_hash(entry: dict) -> str:
 
 class SourceTaken(GeoDPError, ValueError):
     """A source already belongs to another dataset."""
+
+
+class ChargeMoved(GeoDPError, ValueError):
+    """A charge is no longer this run's to adopt or void (voided, or taken over by another run)."""
 
 
 @dataclass(frozen=True)
@@ -263,11 +267,22 @@ class DatasetLedger:
         return out
 
     def held(self, entries: list[dict] | None = None) -> list[Held]:
-        """Every charge not voided, in log order."""
+        """Every charge not voided, in log order; a charge another run took over (``adopt``) is
+        accounted under that run's bounding draw."""
         entries = self.entries() if entries is None else entries
         voided = {(v["seq"], v["key"]) for e in entries if e["kind"] == "void" for v in e["voids"]}
-        return [Held(e["seq"], LedgerCharge.from_dict(c)) for e in entries if e["kind"] == "charge"
-                for c in e["charges"] if (e["seq"], c["key"]) not in voided]
+        adopted = {(a["seq"], a["key"]): a["draw"] for e in entries if e["kind"] == "adopt" for a in e["adopts"]}
+        out = []
+        for e in entries:
+            if e["kind"] != "charge":
+                continue
+            for c in e["charges"]:
+                if (e["seq"], c["key"]) in voided:
+                    continue
+                charge = LedgerCharge.from_dict(c)
+                draw = adopted.get((e["seq"], c["key"]))
+                out.append(Held(e["seq"], charge if draw is None else replace(charge, draw=draw)))
+        return out
 
     def charge(self, charges: list[LedgerCharge], policy: PrivacyPolicy) -> tuple[dict, dict]:
         """Append one batch of charges after checking them against the policy in every window they
@@ -287,10 +302,51 @@ class DatasetLedger:
         entry = self._append(self._ledger_dir, make)
         return entry, result["loss"]
 
-    def void(self, seq: int, keys: list[str], reason: str) -> dict:
-        """Give back charges of entry ``seq`` (their noise was never published)."""
-        return self._append(self._ledger_dir, lambda log: {
-            "kind": "void", "voids": [{"seq": int(seq), "key": k} for k in keys], "reason": reason})
+    def holders(self, seq: int, key: str, entries: list[dict] | None = None) -> list[str]:
+        """The runs (bounding draws) that have held charge (seq, key), oldest first: the run that made
+        it, then each run that took it over (``adopt`` entries)."""
+        entries = self.entries() if entries is None else entries
+        out = [c["draw"] for e in entries if e["seq"] == seq and e["kind"] == "charge"
+               for c in e["charges"] if c["key"] == key]
+        return out + [a["draw"] for e in entries if e["kind"] == "adopt" for a in e["adopts"]
+                      if a["seq"] == seq and a["key"] == key]
+
+    def adopt(self, seq: int, key: str, draw: str, policy: PrivacyPolicy, reason: str) -> dict:
+        """Take over charge (seq, key) for a new run of the same release whose earlier holder died
+        before its noise was staged: the charge pays for the new run's noise instead of a second
+        charge. The charge is then accounted under the new run's bounding draw (its users were bounded
+        afresh, with the new run's other cities), checked against the budget like a charge. Raises
+        :class:`ChargeMoved` when the charge was voided meanwhile, :class:`BudgetRefused` past the cap."""
+        def make(log: list[dict]) -> dict:
+            held = self.held(log)
+            mine = [h for h in held if h.seq == seq and h.charge.key == key]
+            if not mine:
+                raise ChargeMoved(f"charge #{seq} is no longer held")
+            if self.policy() != policy:
+                raise PolicyError(f"the policy of dataset {self.dataset!r} changed while this release was "
+                                  "planned; run it again")
+            rest = [h.charge for h in held if h not in mine]
+            check_within_budget(policy, rest, [replace(mine[0].charge, draw=draw)])
+            return {"kind": "adopt", "adopts": [{"seq": int(seq), "key": key, "draw": draw}], "reason": reason}
+
+        return self._append(self._ledger_dir, make)
+
+    def void(self, seq: int, keys: list[str], reason: str, holder: str | None = None) -> dict:
+        """Give back charges of entry ``seq`` (their noise was never published). With ``holder`` (a run's
+        draw id) only while that run still holds them: a charge another run took over is its to settle
+        (raises :class:`ChargeMoved`)."""
+        def make(log: list[dict]) -> dict:
+            held = {h.charge.key for h in self.held(log) if h.seq == seq}
+            if not set(keys) <= held:
+                raise ChargeMoved(f"charge #{seq} is already void")
+            if holder is not None:
+                for k in keys:
+                    held_by = self.holders(seq, k, log)
+                    if held_by and held_by[-1] != holder:
+                        raise ChargeMoved(f"charge #{seq} was taken over by another run")
+            return {"kind": "void", "voids": [{"seq": int(seq), "key": k} for k in keys], "reason": reason}
+
+        return self._append(self._ledger_dir, make)
 
     def loss(self, policy: PrivacyPolicy | None = None) -> dict:
         policy = policy or self.policy()

@@ -45,6 +45,8 @@ from tasks.storage.manifest import MANIFEST_FORMAT, Manifest, ManifestError, Man
 MANIFEST = "_MANIFEST.json"
 CLAIM = "_CLAIM.json"
 STAGED = "_STAGED.json"
+CHARGE_REF = "charge.json"
+SEALED = "sealed"
 _MAX_APPEND_TRIES = 200
 _SLUG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
 
@@ -58,6 +60,18 @@ class StoreError(GeoDPError, OSError):
 
 class IntegrityError(StoreError):
     """A released file does not match the sha256 or size its manifest records."""
+
+
+class AttemptSealed(StoreError):
+    """A newer run of the same release took this attempt's charge over and sealed the attempt."""
+
+
+class StagedElsewhere(StoreError):
+    """An attempt this run meant to supersede completed first: commit that one instead."""
+
+    def __init__(self, attempt: str):
+        super().__init__(f"attempt {attempt} is already staged")
+        self.attempt = attempt
 
 
 MANIFEST_HASH = "manifest_sha256"
@@ -138,16 +152,26 @@ class ReleaseStore:
             # name exists (create-only) and publishes the complete content atomically, so a reader never
             # sees a half-written object.
             parent = Path(p).parent
-            parent.mkdir(parents=True, exist_ok=True)
-            tmp = parent / f".tmp-{uuid.uuid4().hex}"
-            try:
-                with open(tmp, "xb") as f:
-                    f.write(data)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.link(tmp, p)
-            finally:
-                tmp.unlink(missing_ok=True)
+            # A run deleting an abandoned attempt deletes temporary files too (they hold noise): a seal
+            # or charge reference whose temporary file vanished is written again; a data file is not.
+            tries = 5 if rel.rsplit("/", 1)[-1] in (STAGED, CHARGE_REF) else 1
+            for left in range(tries - 1, -1, -1):
+                parent.mkdir(parents=True, exist_ok=True)
+                tmp = parent / f".tmp-{uuid.uuid4().hex}"
+                try:
+                    with open(tmp, "xb") as f:
+                        f.write(data)
+                        f.flush()
+                        os.fsync(f.fileno())
+                    os.link(tmp, p)
+                    return
+                except FileNotFoundError:
+                    if Path(p).exists():
+                        raise FileExistsError(p) from None
+                    if not left:
+                        raise
+                finally:
+                    tmp.unlink(missing_ok=True)
             return
         try:
             self.fs.pipe_file(p, data, mode="create")
@@ -278,37 +302,135 @@ class ReleaseStore:
         except ManifestError as exc:
             raise IntegrityError(str(exc)) from None
 
-    def stage(self, ref: ReleaseRef, local_dir: str | Path, names: list[str]) -> tuple[str, list[dict]]:
-        """Upload data files of a new attempt under v<N>/<attempt>/, then its _STAGED.json.
+    def stage(self, ref: ReleaseRef, local_dir: str | Path, names: list[str], attempt: str,
+              charge_ref: bytes | None, supersedes: tuple[str, ...] = ()) -> tuple[str, list[dict]]:
+        """Upload a new attempt under v<N>/<attempt>/: its charge reference first, then the noisy files,
+        then its _STAGED.json (file list and hashes).
 
-        Other attempts are never touched: an attempt without _STAGED.json may be another run's upload
-        still in progress, and only a manifest decides which attempt is the release. An attempt left by
-        a crash mid-upload stays unreferenced and invisible to readers.
+        ``charge_ref`` (``charge.json``) names the ledger charge that pays for the noise; writing it
+        first means every noisy object in the store sits beside the charge that covers it. Attempts
+        named in ``supersedes`` hold the same charge for an earlier run that died (or is too slow):
+        each is *sealed* (a tombstone ``_STAGED.json`` that its writer can no longer create) and its
+        noisy files are deleted before this attempt uploads any noise. Raises :class:`StagedElsewhere`
+        when a superseded attempt turns out to be complete (commit that one), and
+        :class:`AttemptSealed` when a newer run of the same charge sealed this attempt first (its
+        files are deleted before the error is raised).
         """
-        attempt = "a-" + uuid.uuid4().hex[:12]
+        for other in supersedes:
+            self.seal_attempt(ref, other)
+            self.delete_attempt_data(ref, other)
+        if self.exists(f"{ref.rel}/{attempt}/{STAGED}"):
+            raise AttemptSealed(f"{self.url_of(ref.rel)}/{attempt} was taken over by a newer run of the same release")
         files = []
-        for name in names:
-            data = (Path(local_dir) / name).read_bytes()
-            path = f"{attempt}/{name}"
-            self.create(f"{ref.rel}/{path}", data)
-            files.append({"name": name, "path": path, "sha256": sha256_bytes(data), "size": len(data)})
-        self.create(f"{ref.rel}/{attempt}/{STAGED}", json.dumps({"files": files}, indent=2).encode())
+        try:
+            if charge_ref is not None:
+                self._create_or_same(f"{ref.rel}/{attempt}/{CHARGE_REF}", charge_ref)
+                files.append(self._entry(CHARGE_REF, f"{attempt}/{CHARGE_REF}", charge_ref))
+            for name in (n for n in names if n != CHARGE_REF or charge_ref is None):
+                data = (Path(local_dir) / name).read_bytes()
+                path = f"{attempt}/{name}"
+                self._create_or_same(f"{ref.rel}/{path}", data)
+                files.append(self._entry(name, path, data))
+            self.create(f"{ref.rel}/{attempt}/{STAGED}", json.dumps({"files": files}, indent=2).encode())
+        except OSError:
+            # a newer run sealed this attempt mid-upload (and may have deleted a file being written)
+            if not self._is_sealed(ref, attempt):
+                raise
+            self.delete_attempt_data(ref, attempt)
+            raise AttemptSealed(f"{self.url_of(ref.rel)}/{attempt} was taken over by a newer run of the same "
+                                "release; its files are deleted") from None
         return attempt, files
 
-    def _attempts(self, ref: ReleaseRef) -> list[str]:
+    def _create_or_same(self, rel: str, data: bytes) -> None:
+        """Create an object of this run's attempt; one already there with the same bytes is the upload
+        of an earlier try of the same task (a retry re-stages the same synopsis)."""
+        try:
+            self.create(rel, data)
+        except FileExistsError:
+            if self.read(rel, cache=False) != data:
+                raise StoreError(f"{self.url_of(rel)} already holds other content; not staged") from None
+
+    @staticmethod
+    def _entry(name: str, path: str, data: bytes) -> dict:
+        return {"name": name, "path": path, "sha256": sha256_bytes(data), "size": len(data)}
+
+    def seal_attempt(self, ref: ReleaseRef, attempt: str) -> None:
+        """Make ``attempt`` unable to complete (create-only tombstone ``_STAGED.json``). Raises
+        :class:`StagedElsewhere` when it completed first."""
+        try:
+            self.create(f"{ref.rel}/{attempt}/{STAGED}", json.dumps({SEALED: True, "at": utc_now()}).encode())
+            return
+        except FileExistsError:
+            pass
+        if not self._is_sealed(ref, attempt):
+            raise StagedElsewhere(attempt)
+
+    def _is_sealed(self, ref: ReleaseRef, attempt: str) -> bool:
+        try:
+            return bool(self.read_json(f"{ref.rel}/{attempt}/{STAGED}").get(SEALED))
+        except FileNotFoundError:
+            return False
+
+    def attempt_data(self, ref: ReleaseRef, attempt: str) -> list[str]:
+        """The files of an attempt that may hold noise (everything but its charge reference and seal)."""
+        prefix = f"{ref.rel}/{attempt}"
+        try:
+            self.fs.invalidate_cache(self.path(prefix))
+            found = self.fs.find(self.path(prefix))
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise StoreError(f"cannot list {self.url_of(prefix)}: {exc}") from exc
+        names = [f.rstrip("/")[len(self.path(prefix)) + 1:] for f in found]
+        # a temporary file a killed writer left (local stores) holds noise too
+        return sorted(n for n in names if n and n not in (CHARGE_REF, STAGED))
+
+    def delete_attempt_data(self, ref: ReleaseRef, attempt: str) -> None:
+        """Delete an uncommitted attempt's noisy files, keeping its charge reference and seal (so its
+        charge stays known and its writer cannot complete it later). Raises StoreError when any
+        file is left."""
+        for name in self.attempt_data(ref, attempt):
+            try:
+                self.fs.rm_file(self.path(f"{ref.rel}/{attempt}/{name}"))
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                raise StoreError(f"cannot delete {self.url_of(f'{ref.rel}/{attempt}/{name}')}: {exc}") from exc
+        # a temporary file that appears meanwhile is a live writer's, which removes it itself
+        left = [n for n in self.attempt_data(ref, attempt) if not n.rsplit("/", 1)[-1].startswith(".tmp-")]
+        if left:
+            raise StoreError(f"{self.url_of(ref.rel)}/{attempt} still holds {', '.join(left)} after deleting it")
+
+    def attempts(self, ref: ReleaseRef) -> list[str]:
+        """Every attempt folder of a version, complete or not."""
         return [n for n in self.listdir(ref.rel) if n.startswith("a-")]
+
+    def attempts_of_charge(self, ref: ReleaseRef, seq: int) -> list[str]:
+        """Attempts of this version staged (or begun) under ledger entry ``seq``: their charge
+        reference names it."""
+        out = []
+        for attempt in self.attempts(ref):
+            try:
+                paid = self.read_json(f"{ref.rel}/{attempt}/{CHARGE_REF}")
+            except FileNotFoundError:
+                continue
+            if isinstance(paid, dict) and paid.get("seq") == seq:
+                out.append(attempt)
+        return out
 
     def staged_attempt(self, ref: ReleaseRef) -> tuple[str, list[dict]] | None:
         """A complete, verified attempt of this version left by a run that died before its manifest."""
-        for attempt in self._attempts(ref):
+        for attempt in self.attempts(ref):
             try:
                 staged = self.read_json(f"{ref.rel}/{attempt}/{STAGED}")
             except FileNotFoundError:
                 continue
+            if staged.get(SEALED):
+                continue
             try:
                 for f in staged["files"]:
                     self._verified(ref.rel, f)
-            except (IntegrityError, FileNotFoundError):
+            except (IntegrityError, FileNotFoundError, KeyError, TypeError):
                 continue
             return attempt, staged["files"]
         return None
@@ -320,6 +442,9 @@ class ReleaseStore:
             try:
                 self._verified(ref.rel, f, cache=False)
             except FileNotFoundError:
+                existing = self.manifest(ref)  # another run committed and cleared the losing attempts
+                if existing is not None:
+                    return existing, False
                 raise IntegrityError(f"staged file {self.url_of(ref.rel + '/' + f.path)} is missing; "
                                      "not committed") from None
         body = {**manifest.body(), "format": MANIFEST_FORMAT, "committed_at": utc_now()}
