@@ -175,7 +175,7 @@ def test_altered_or_missing_files_are_one_line_errors(small, tmp_path):
     assert r.returncode == 2 and "altered" in r.stderr and "Traceback" not in r.stderr
     manifest_path.write_text(json.dumps(body))
     # a file the manifest lists is gone
-    grid = next(version.glob("*/grid.npz"))
+    grid = next(version.glob("*/**/grid.npz"))
     grid.unlink()
     r = run_geodp("releases", "show", str(version), ok=False)
     assert r.returncode == 2 and "missing" in r.stderr and "Traceback" not in r.stderr

@@ -43,9 +43,9 @@ def test_void_deletes_the_dead_attempts_noise_first(small, store_url, write_orde
     back; a re-run is charged once."""
     _killed_at_write(small, store_url, "synopsis.json", write_order, tmp_path)
     (files,) = attempt_files(store_url).values()
-    assert "grid.npz" in files  # noise reached the store under the charge
+    assert any(f.endswith("grid.npz") for f in files), files  # noise reached the store under the charge
     r = run_geodp("dataset", "void", store_url, "small", "--seq", "0", "--reason", "killed mid-upload")
-    assert "deleted 1 unpublished file" in r.stdout
+    assert f"deleted {len(files)} unpublished file" in r.stdout
     assert all(f == [] for f in attempt_files(store_url).values()), attempt_files(store_url)
     assert DatasetLedger(ReleaseStore(store_url), "small").held() == []
     run_geodp("release", small, *RELEASE, "--out", store_url)
