@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from dpcore.mechanisms import adopt_noise_model
 from dpcore.queries.answers import BOX_COLUMNS, answer_table
 from dpcore.synopsis.base import Synopsis, load_synopsis
 from tasks.storage.manifest import Manifest
@@ -127,7 +128,7 @@ class Release:
             tmp = tempfile.mkdtemp(prefix="geodp-release-")
             try:
                 self.store.fetch(self.ref.rel, tmp)
-                self._synopsis = load_synopsis(tmp)
+                self._synopsis = adopt_noise_model(load_synopsis(tmp))
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
         return self._synopsis

@@ -337,3 +337,46 @@ def test_intervals_of_a_release_whose_noise_is_below_the_lattice_step_are_finite
     assert hits / (40 * len(_BOXES)) >= 0.93
     if epsilon == 1000.0:
         assert np.allclose(hi, lo)
+
+
+@pytest.mark.parametrize("mechanism,params", [("identity", {"grid_size": 20}), ("ug", {}), ("privtree", {}),
+                                              ("hb", {"levels": 2, "branching": 4}), ("ag", {}),
+                                              ("auto", {"mechanisms": ["ag"]}), ("identity", {"grid_size": 20,
+                                                                                               "clamp_negative": True})])
+def test_a_release_saved_before_noise_models_were_stored_gets_its_mechanisms_model(mechanism, params, tmp_path):
+    """Older releases record no noise model; the mechanism that made them rebuilds it from their charges
+    and structure on load (dpcore.mechanisms.adopt_noise_model), so their intervals are the same."""
+    from dpcore.mechanisms import adopt_noise_model
+    from dpcore.synopsis.base import load_synopsis
+
+    region = Region("r", 40.0, -74.0, 2.0)
+    x, y = np.random.default_rng(9).normal(0, 400, (2, 3000))
+    syn = get_mechanism(mechanism, **params).fit(FitInput(x, y, region, "user", 5), 1.0, NoiseSource.seeded(3))
+    syn.save(tmp_path)
+    meta = json.loads((tmp_path / "synopsis.json").read_text())
+    del meta["extra"]["noise_model"]
+    (tmp_path / "synopsis.json").write_text(json.dumps(meta))
+    old = load_synopsis(tmp_path)
+    assert query_intervals(old, _BOXES)[2].startswith("none: this release was saved before")
+    adopted = adopt_noise_model(load_synopsis(tmp_path))
+    a, b = query_intervals(syn, _BOXES), query_intervals(adopted, _BOXES)
+    assert a[2] == b[2]
+    assert np.array_equal(a[0], b[0], equal_nan=True) and np.array_equal(a[1], b[1], equal_nan=True)
+    assert np.isnan(a[0]).all() == bool(params.get("clamp_negative"))
+
+
+def test_an_identity3d_release_saved_before_noise_models_keeps_its_window_intervals(tmp_path):
+    from dpcore.mechanisms import adopt_noise_model
+    from dpcore.synopsis.base import load_synopsis
+    from dpcore.synopsis.uncertainty import spatio_temporal_intervals
+
+    syn = get_mechanism("identity3d", grid_size=10).fit(_st_input(12_000.0), 0.5, NoiseSource.seeded(4))
+    syn.save(tmp_path)
+    meta = json.loads((tmp_path / "synopsis.json").read_text())
+    del meta["extra"]["noise_model"]
+    (tmp_path / "synopsis.json").write_text(json.dumps(meta))
+    adopted = adopt_noise_model(load_synopsis(tmp_path))
+    boxes, start, end = _BOXES[:3], np.array([0.0, 1800.0, 5400.0]), np.array([21600.0, 9000.0, 12600.0])
+    a = spatio_temporal_intervals(syn, boxes, start, end)
+    b = spatio_temporal_intervals(adopted, boxes, start, end)
+    assert a[2] == b[2] and np.allclose(a[0], b[0]) and np.allclose(a[1], b[1])

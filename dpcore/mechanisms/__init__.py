@@ -87,3 +87,47 @@ def get_mechanism(name: str, **params) -> Mechanism:
 __all__ = ["ZCDP", "Budget", "FitInput", "Mechanism", "MechanismError", "MechanismInput", "MechanismTags",
            "PointsInput", "PrivacyUnit", "PrivateSample", "PureDP", "SpatioTemporalInput", "builtin_order",
            "get_mechanism", "get_mechanism_class", "input_for", "mechanism_names", "register"]
+
+
+def charge_law(charges: list[dict], name: str):
+    """The NoiseLaw of one recorded charge (discrete Laplace or Gaussian), or None."""
+    from dpcore.synopsis.noise import NoiseLaw
+
+    c = next((c for c in charges if c.get("name") == name), None)
+    if c is None:
+        return None
+    if c.get("noise") == "discrete_gaussian" and c.get("rho"):
+        return NoiseLaw("gaussian", float(c["sensitivity"]) ** 2 / (2.0 * float(c["rho"])))
+    if c.get("noise") == "discrete_laplace" and c.get("epsilon"):
+        return NoiseLaw("laplace", float(c["sensitivity"]) / float(c["epsilon"]), float(c.get("quantum") or 1.0))
+    return None
+
+
+def adopt_noise_model(synopsis):
+    """A release saved before synopses stored their noise model gets one from the mechanism that made it
+    (``Mechanism.legacy_noise_spec``: its recorded charges and structure), so older releases keep their
+    intervals. Releases that store one, or whose mechanism has none, are left as they are."""
+    target = synopsis
+    while hasattr(target, "inner") and hasattr(target, "factor"):  # scaled to full counts
+        target = target.inner
+    extra = getattr(target, "_extra", None)
+    if extra is None or "noise_model" in extra or getattr(target, "privacy", None) is None:
+        return synopsis
+    p = target.privacy
+    name, params, charges = p.mechanism, dict(p.params), list(p.charges)
+    chosen = params.get("chosen") if name == "auto" else None
+    if isinstance(chosen, dict):  # auto: the chosen mechanism's charges, unprefixed
+        name = str(chosen.get("mechanism"))
+        charges = [{**c, "name": str(c["name"]).split("/", 1)[1]} for c in charges
+                   if str(c.get("name", "")).startswith(name + "/")]
+        params = dict(chosen.get("params") or {})
+    try:
+        cls = get_mechanism_class(name)
+    except MechanismError:
+        return synopsis
+    spec = cls.legacy_noise_spec(extra, params, charges)
+    if spec is not None:
+        extra["noise_model"] = spec
+        target.__dict__.pop("_noise_model", None)
+        synopsis.__dict__.pop("_model", None)
+    return synopsis

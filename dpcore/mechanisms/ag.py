@@ -91,6 +91,19 @@ class AdaptiveGrid(Mechanism):
         self.raster_size = raster_size
         self.clamp_negative = clamp_negative
 
+    @classmethod
+    def legacy_noise_spec(cls, extra: dict, params: dict, charges: list[dict]) -> dict | None:
+        from dpcore.mechanisms import charge_law
+
+        if params.get("clamp_negative"):
+            return NoInterval("negative counts were clamped to 0 (not linear in the noise)").spec()
+        laws = [charge_law(charges, n) for n in ("level1_counts", "level2_counts")]
+        eps = [next((c.get("epsilon") for c in charges if c.get("name") == n), None)
+               for n in ("level1_counts", "level2_counts")]
+        if extra.get("m2") is None or any(law is None or law.kind != "laplace" for law in laws) or None in eps:
+            return None
+        return AdaptiveGridNoise.make_spec(laws[0], laws[1], float(eps[0]), float(eps[1]))
+
     def _fit(self, data: PointsInput, acct: FitRecord, noise: NoiseSource) -> GridSynopsis:
         # Parameter values were checked by check_params (fit calls it before any budget is spent).
         alpha = float(self.alpha)

@@ -98,6 +98,12 @@ class Mechanism(ABC):
         check_params._declared_first = True  # type: ignore[attr-defined]
         cls.check_params = check_params  # type: ignore[method-assign]
 
+    @classmethod
+    def legacy_noise_spec(cls, extra: dict, params: dict, charges: list[dict]) -> dict | None:
+        """The noise-model spec of a release of this mechanism saved before synopses stored one, rebuilt
+        from its recorded parameters, structure (``extra``) and charges (names unprefixed); None: no model."""
+        return None
+
     def fine_grid(self, region: Region) -> int | None:
         """Cells per side R of the fine count grid a cluster builds for this mechanism over ``region``
         (public parameters only), or None when it reads the mass grid of :meth:`fine_mass` instead.

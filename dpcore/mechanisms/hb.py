@@ -131,6 +131,17 @@ class HierarchicalGrid(Mechanism):
                 raise MechanismError(f"levels must be in [1, {h_cap}] for branching {self.branching}, "
                                      f"got {self.levels}")
 
+    @classmethod
+    def legacy_noise_spec(cls, extra: dict, params: dict, charges: list[dict]) -> dict | None:
+        from dpcore.mechanisms import charge_law
+
+        if params.get("clamp_negative"):
+            return NoInterval("negative counts were clamped to 0 (not linear in the noise)").spec()
+        laws = [charge_law(charges, f"level{lvl + 1}_counts") for lvl in range(int(extra.get("levels", 0)))]
+        if not laws or any(law is None or law.kind != "laplace" for law in laws):
+            return None
+        return HierarchyNoise.make_spec(laws)
+
     def _fit(self, data: PointsInput, acct: FitRecord, noise: NoiseSource) -> GridSynopsis:
         # Parameter values were checked by check_params (fit calls it before any budget is spent).
         b = int(self.branching)

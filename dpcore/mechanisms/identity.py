@@ -112,6 +112,15 @@ class IdentityGrid(Mechanism):
                             {"grid_size": m, "cell_width_m": data.region.side_m / m,
                              "noise_model": self._noise_spec(data.count_noise_law(eps))})
 
+    @classmethod
+    def legacy_noise_spec(cls, extra: dict, params: dict, charges: list[dict]) -> dict | None:
+        from dpcore.mechanisms import charge_law
+
+        law = charge_law(charges, "cell_counts")
+        if params.get("clamp_negative"):
+            return CLAMPED
+        return None if law is None else CellNoise.make_spec(law)
+
     def _noise_spec(self, law: NoiseLaw) -> dict:
         """Every cell carries its own noise and nothing else, unless negatives were clamped."""
         return CLAMPED if self.clamp_negative else CellNoise.make_spec(law)

@@ -161,6 +161,20 @@ class IdentityGrid3D(Mechanism):
         params["rule_query_sides_m"] = list(self.rule_query_sides_m)
         return params
 
+    @classmethod
+    def legacy_noise_spec(cls, extra: dict, params: dict, charges: list[dict]) -> dict | None:
+        from dpcore.mechanisms import charge_law
+
+        if params.get("clamp_negative"):
+            return NoInterval("negative counts were clamped to 0 (not linear in the noise)").spec()
+        law, factor = charge_law(charges, "cell_counts"), float(extra.get("scale_factor") or 1.0)
+        n_law = charge_law(charges, "sample_size") if factor != 1.0 else None
+        if law is None or law.kind != "laplace" or (factor != 1.0 and n_law is None):
+            return None
+        slot_factor = int((extra.get("resolution") or {}).get("slot_factor") or 1)
+        return WindowCellNoise(law, (1, 1, 1), (0.0, 0.0, 1.0, 1.0), factor, n_law, extra.get("n_estimate"),
+                               extra.get("public_total"), slot_factor).spec()
+
     def _noise_spec(self, data: SpatioTemporalInput, acct: FitRecord, eps: float, scale: FullScale,
                     slot_factor: int) -> dict:
         """Cells with independent discrete Laplace noise (on merged slots, spread evenly, under the rule),

@@ -139,6 +139,19 @@ class PrivTree(Mechanism):
         """The deepest level's grid: the whole count pyramid is block sums of it, exactly."""
         return 2 ** depth_cap(region.side_m, float(self.min_leaf_m))
 
+    @classmethod
+    def legacy_noise_spec(cls, extra: dict, params: dict, charges: list[dict]) -> dict | None:
+        from dpcore.mechanisms import charge_law
+
+        law = charge_law(charges, "leaf_counts")
+        if params.get("clamp_negative"):
+            return NoInterval("negative counts were clamped to 0 (not linear in the noise)").spec()
+        if law is None:
+            return None
+        if law.quantum == 1.0 and extra.get("leaf_noise_quantum"):  # releases before charges recorded it
+            law = type(law)(law.kind, law.param, float(extra["leaf_noise_quantum"]))
+        return LeafNoise.make_spec(law, "PrivTree's leaves")
+
     def _fit(self, data: PointsInput, acct: FitRecord, noise: NoiseSource) -> GridSynopsis:
         # Parameter values were checked by check_params (fit calls it before any budget is spent).
         fraction = float(self.tree_fraction)

@@ -136,6 +136,15 @@ class UniformGrid(Mechanism):
         """The fixed grid, else the largest the rule may choose (max_grid): every size up to it is served."""
         return int(self.grid_size) if self.grid_size is not None else int(self.max_grid)
 
+    @classmethod
+    def legacy_noise_spec(cls, extra: dict, params: dict, charges: list[dict]) -> dict | None:
+        from dpcore.mechanisms import charge_law
+
+        law = charge_law(charges, "cell_counts")
+        if params.get("clamp_negative"):
+            return NoInterval("negative counts were clamped to 0 (not linear in the noise)").spec()
+        return None if law is None else CellNoise.make_spec(law)
+
     def _fit(self, data: PointsInput, acct: FitRecord, noise: NoiseSource) -> GridSynopsis:
         # Parameter values were checked by check_params (fit calls it before any budget is spent).
         notes: list[str] = []

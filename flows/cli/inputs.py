@@ -94,12 +94,13 @@ def fetch_release(target: str) -> Iterator[tuple[Manifest, object]]:
     """(manifest, synopsis) of a committed release, every file's sha256 checked; reads, never creates."""
     import shutil
 
+    from dpcore.mechanisms import adopt_noise_model
     from dpcore.synopsis.base import load_synopsis
     from tasks.storage.store import fetch_to_temp
 
     manifest, tmp = fetch_to_temp(target)
     try:
-        yield manifest, load_synopsis(tmp)
+        yield manifest, adopt_noise_model(load_synopsis(tmp))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
