@@ -82,7 +82,7 @@ def run_plan(plan: ReleasePlan, loaded=None, artifacts: bool = True, in_process:
     status = {city: "already committed" for city in results}
     if todo:
         # the data pass comes before the charge: bad input is a one-line error with nothing charged
-        data = loaded if loaded is not None else params.data
+        data = loaded if loaded is not None else plan.input  # the files whose version is in the keys
         args = (data, todo, params.seed, per_day, params.columns, params.format, strict, window)
         counted = count_release_data(*args) if in_process else read_bound_count.submit(*args).result()
         if in_process:  # the operator's own terminal; the flow never logs counts of private rows

@@ -13,6 +13,7 @@ import math
 import re
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
+from enum import StrEnum
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
@@ -22,6 +23,13 @@ from dpcore import GeoDPError
 
 class ConfigError(GeoDPError, ValueError):
     pass
+
+
+class PrivacyUnitName(StrEnum):
+    """Whom a release protects: a person (all their points, bounded to k) or one record."""
+
+    USER = "user"
+    RECORD = "record"
 
 
 @dataclass(frozen=True)
@@ -154,7 +162,7 @@ class ReleaseParams(BaseModel):
     max_points_per_user: int | None = Field(default=None, ge=1, le=1_000_000,
                                             description="k: contribution bound per person (default: the "
                                             "dataset's policy, 20 for a new dataset)")
-    privacy_unit: Literal["user", "record"] = "user"
+    privacy_unit: PrivacyUnitName = PrivacyUnitName.USER
     store: str | None = Field(default=None, description="release store URL (folder, file://, s3://); empty = "
                               "the configuration's store, which holds the datasets' ledgers too")
     dataset: str | None = Field(default=None, description="dataset name in the store (default: file stem)")

@@ -136,7 +136,7 @@ def _shuffle_method() -> str | None:
     return "tasks" if _cluster() is None else None
 
 
-def release_frame(source: str | LoadResult, specs: list[GridSpec], window: Window, *,
+def release_frame(source: str | InputSet | LoadResult, specs: list[GridSpec], window: Window, *,
                   columns: dict[str, str] | None = None, fmt: str = "auto", strict: bool = False,
                   max_points_per_user: int = 1, per_day: bool = False,
                   seed: int | None = None) -> tuple[dd.DataFrame, list, InputSet | None]:
@@ -153,7 +153,7 @@ def _bounded(shuffled: dd.DataFrame, specs: list[GridSpec], max_points_per_user:
                                    meta=compact_meta(specs, per_day))
 
 
-def _shuffled_frame(source: str | LoadResult, specs: list[GridSpec], window: Window,
+def _shuffled_frame(source: str | InputSet | LoadResult, specs: list[GridSpec], window: Window,
                     columns: dict[str, str] | None, fmt: str, strict: bool,
                     per_day: bool) -> tuple[dd.DataFrame, list, InputSet | None]:
     """The release's compact rows shuffled on the user key, so each person's rows are in one partition."""
@@ -165,7 +165,7 @@ def _shuffled_frame(source: str | LoadResult, specs: list[GridSpec], window: Win
         ddf = ddf.map_partitions(chunk_rows, specs, window, per_day, meta=meta)
         reports, inp = [], None
     else:
-        inp = resolve_files(source, fmt, window)
+        inp = _files(source, fmt, window)
         rows, reports = _file_reads(file_rows, inp, columns, strict, specs, window, per_day)
         ddf = dd.from_delayed(rows, meta=meta, verify_meta=False)
     # The rows' index means nothing here; dropping it saves 8 bytes a row through the shuffle.
@@ -197,7 +197,7 @@ def compute(*objs):
     return dask.compute(*objs, scheduler="threads")
 
 
-def release_counts(source: str | LoadResult, specs: list[GridSpec], window: Window, *,
+def release_counts(source: str | InputSet | LoadResult, specs: list[GridSpec], window: Window, *,
                    columns: dict[str, str] | None = None, fmt: str = "auto", strict: bool = False,
                    privacy_unit: str = "record", max_points_per_user: int = 1, per_day: bool = False,
                    seed: int | None = None) -> DataPass:
@@ -216,10 +216,10 @@ def release_counts(source: str | LoadResult, specs: list[GridSpec], window: Wind
                                                specs, window)
                     for i in range(0, max(1, len(p)), MEMORY_PARTITION_ROWS)]
     else:
-        inp = resolve_files(source, fmt, window)
+        inp = _files(source, fmt, window)
         partials, reports = _file_reads(file_counts, inp, columns, strict, specs, window)
     total, reps, profile = compute(_tree_sum(partials), reports, profile)
-    report = _sum_reports(reps, source)
+    report = _sum_reports(reps, source if isinstance(source, LoadResult) else inp.source)
     cities = {}
     for spec in specs:
         got = total[spec.city]
@@ -232,6 +232,12 @@ def release_counts(source: str | LoadResult, specs: list[GridSpec], window: Wind
     if isinstance(source, LoadResult):
         return DataPass(cities, report, source.source, source.n_files, source.n_pruned, profile)
     return DataPass(cities, report, inp.source, len(inp.files), inp.n_pruned, profile)
+
+
+def _files(source: str | InputSet, fmt: str, window: Window) -> InputSet:
+    """The files to read: the release plan's own listing (the one its release key's data version came
+    from), else a listing made here."""
+    return source if isinstance(source, InputSet) else resolve_files(source, fmt, window)
 
 
 def _sum_reports(reps: list[ValidationReport], source) -> ValidationReport:

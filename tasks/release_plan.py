@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from dpcore.data.inputs import InputSet, resolve_input
+from dpcore.data.inputs import InputSet, resolve_files
 from tasks.config import Period, ReleaseParams, parse_period
 from tasks.ledger_tasks import (
     DEFAULT_K,
@@ -84,7 +84,9 @@ def plan_release(params: ReleaseParams, config_path: str | None = None, now: dat
         resolved = resolve_policy(store.url, dataset, request)
     cities = params.cities  # never chosen by the data: the existence of a release must not say who was there
     window = read_window(period, resolved.policy)  # never a row outside the days the run is charged for
-    found = resolve_input(params.data, params.format, window)  # a missing input fails here
+    # the one listing of the input: its data version goes into the release keys, its files are what
+    # the data pass reads; a missing input, or none of its files in the window, fails here
+    found = resolve_files(params.data, params.format, window)
     plans = make_plans(dataset=dataset, cities=cities, center=params.center, side_km=params.side_km,
                        period=period, mechanism=params.mechanism, params=params.mechanism_params,
                        epsilon=params.epsilon, rho=params.rho, privacy_unit=params.privacy_unit,

@@ -26,17 +26,24 @@ from prefect.cache_policies import NO_CACHE
 
 from dpcore import GeoDPError, __version__
 from dpcore.data.chunks import GridSpec
-from dpcore.data.inputs import normalised_locator
+from dpcore.data.inputs import InputSet, normalised_locator
 from dpcore.data.points import LoadResult, load_points, parse_column_map
 from dpcore.geo import Region, parse_slot, resolve_region
 from dpcore.heatmap.mass import MassSpec
-from dpcore.mechanisms import ZCDP, PrivacyUnit, PrivateSample, get_mechanism, get_mechanism_class, input_for
+from dpcore.mechanisms import (
+    ZCDP,
+    Mechanism,
+    PrivacyUnit,
+    PrivateSample,
+    get_mechanism,
+    input_for,
+)
 from dpcore.privacy.accounting import budget_label
 from dpcore.privacy.noise import NoiseSource
 from dpcore.privacy.profile import PROFILE_FRACTION, ContributionProfile, noisy_profile
 from dpcore.synopsis.base import Synopsis
 from dpcore.synopsis.uncertainty import release_quality
-from tasks.config import Period, canonical_hash
+from tasks.config import Period, PrivacyUnitName, canonical_hash
 from tasks.dask_path import CityData, DataPass, release_counts
 from tasks.preview import render_heatmap_png
 from tasks.public_errors import retry_unless_refused, without_private_detail
@@ -82,8 +89,29 @@ def dataset_name(path: str, given: str | None = None) -> str:
 
 # -- plan ---------------------------------------------------------------------------------------
 @dataclass(frozen=True)
+class NoiseSpec:
+    """Where a release's noise comes from: the secure source (``seed`` None), or a seed, for experiments
+    whose noise anyone with the seed can remove (NOT FOR PUBLICATION)."""
+
+    seed: int | None = None
+
+    @property
+    def label(self) -> str:
+        """What the release key hashes: "secure" or "seeded:<seed>"."""
+        return "secure" if self.seed is None else f"seeded:{self.seed}"
+
+    def source(self, *stream: str) -> NoiseSource:
+        """The noise of one named stream (a city and period; the run's profile): seeded streams differ
+        by name and are the same wherever the input lives (the release key also names its path)."""
+        if self.seed is None:
+            return NoiseSource.secure()
+        return NoiseSource.seeded(self.seed).spawn(int(canonical_hash(list(stream))[:8], 16))
+
+
+@dataclass(frozen=True)
 class CityPlan:
-    """Everything public about one city-release; its release key names it in the ledger and store."""
+    """Everything public about one city-release; its release key names it in the ledger and store.
+    ``mech`` is the mechanism, built and checked once by :func:`make_plans`."""
 
     dataset: str
     city: str
@@ -92,9 +120,9 @@ class CityPlan:
     mechanism: str
     params: dict
     epsilon: float | None
-    privacy_unit: str
+    privacy_unit: PrivacyUnitName
     max_points_per_user: int
-    noise: str  # "secure" or "seeded:<seed>"
+    noise: NoiseSpec
     data_version: str
     slot_seconds: int | None = None
     public_total: float | None = None
@@ -103,6 +131,26 @@ class CityPlan:
     bound_per_day: bool = False
     rho: float | None = None
     records_per_person: int | None = None  # m: a record-level release into a person-level dataset
+    mech: Mechanism | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def built(self) -> Mechanism:
+        """The plan's mechanism (built here only for a plan made by hand, not by make_plans)."""
+        return self.mech if self.mech is not None else get_mechanism(self.mechanism, **self.params)
+
+    @property
+    def unit(self) -> PrivacyUnit:
+        return PrivacyUnit.of(self.privacy_unit, self.max_points_per_user)
+
+    @property
+    def budget(self) -> ZCDP | float:
+        """What the fit spends: ρ-zCDP, or pure ε."""
+        return ZCDP(self.rho) if self.rho is not None else float(self.epsilon)
+
+    @property
+    def n_slots(self) -> int | None:
+        """Time slots of a spatio-temporal release's period."""
+        return -(-self.period.seconds // self.slot_seconds) if self.slot_seconds and self.period.seconds else None
 
     @property
     def config_hash(self) -> str:
@@ -124,13 +172,15 @@ def make_plans(*, dataset: str, cities: list[str], center: str | None, side_km: 
     source's locator and its public data version (an operator-declared version or the files'
     modification time), the region, period, mechanism, parameters, ε and bounding. ``records_per_person``
     (m, from a person-level dataset's policy) bounds each person to m records in a record-level release."""
-    tags = get_mechanism_class(mechanism).tags
     try:
-        get_mechanism(mechanism, **params).check_params()  # bad parameters fail here, before the ledger
+        mech = get_mechanism(mechanism, **params)  # the one instance every city of the run fits with
+        mech.check_params()  # bad parameters fail here, before the ledger
+        unit_name = PrivacyUnitName(privacy_unit)
     except GeoDPError:
         raise
     except (TypeError, ValueError) as exc:  # an unknown parameter name or a value of the wrong type
         raise ReleaseError(f"{mechanism}: bad parameters {params}: {exc}") from exc
+    tags = mech.tags
     if (epsilon is None) == (rho is None):
         raise ReleaseError("give exactly one of epsilon (pure ε-DP) and rho (ρ-zCDP)")
     check_numbers(epsilon if rho is None else rho, max_points_per_user)
@@ -158,27 +208,28 @@ def make_plans(*, dataset: str, cities: list[str], center: str | None, side_km: 
     if public_total is not None and tags.heatmap:
         raise ReleaseError(f"{mechanism} releases user mass (each person adds at most 1), not point counts: "
                            "--public-total scaling does not apply")
-    unit = PrivacyUnit.of(privacy_unit, int(max_points_per_user))
+    unit = PrivacyUnit.of(unit_name, int(max_points_per_user))
+    noise = NoiseSpec(seed)
     for region in regions:
         check_grid_fits(mechanism, params, region, period, slot_seconds)
-        check_fine_grid_fits(mechanism, params, region, period, slot_seconds, unit)
+        check_fine_grid_fits(mech, region, period, slot_seconds, unit)
     plans = []
     for region in regions:
         city = re.sub(r"[^A-Za-z0-9._+-]", "-", region.name)
         config = {"dataset": dataset, "region": region.to_dict(), "period": period.to_dict(),
                   "mechanism": mechanism, "params": params,
                   "epsilon": None if epsilon is None else float(epsilon), "rho": rho,
-                  "privacy_unit": privacy_unit,
+                  "privacy_unit": unit_name.value,
                   "max_points_per_user": int(max_points_per_user) if privacy_unit == "user" else None,
-                  "noise": "secure" if seed is None else f"seeded:{seed}", "source": source,
+                  "noise": noise.label, "source": source,
                   "data_version": data_version, "slot_seconds": slot_seconds, "public_total": public_total,
                   "bound_per_day": bool(bound_per_day and privacy_unit == "user")}
         m = int(records_per_person) if records_per_person is not None and privacy_unit == "record" else None
         if m is not None:  # only when set, so the keys of every other release stay what they were
             config["records_per_person"] = m
-        plans.append(CityPlan(dataset, city, region, period, mechanism, dict(params), config["epsilon"], privacy_unit,
-                              int(max_points_per_user), config["noise"], data_version, slot_seconds, public_total,
-                              source, config, config["bound_per_day"], rho, m))
+        plans.append(CityPlan(dataset, city, region, period, mechanism, dict(params), config["epsilon"], unit_name,
+                              int(max_points_per_user), noise, data_version, slot_seconds, public_total,
+                              source, config, config["bound_per_day"], rho, m, mech))
     return plans
 
 
@@ -195,28 +246,27 @@ def check_numbers(epsilon: float, max_points_per_user: int) -> None:
         raise ReleaseError(f"max points per user must be a whole number in [1, 1000000], got {max_points_per_user!r}")
 
 
-def fine_cells(mechanism: str, params: dict, region: Region, unit: PrivacyUnit) -> tuple[int, MassSpec | None]:
+def fine_cells(mech: Mechanism, region: Region, unit: PrivacyUnit) -> tuple[int, MassSpec | None]:
     """Cells per side of the grid a release's data pass builds for this fit, and the mass it holds
     (Mechanism.fine_mass) or None for counts (Mechanism.fine_grid). A fit that declares neither is
     refused: a release hands fits grids, never points."""
-    mech = get_mechanism(mechanism, **params)
     mass = mech.fine_mass(region, unit)
     if mass is not None:
         return int(mass.resolution), mass
     cells = mech.fine_grid(region)
     if cells is None:
-        raise ReleaseError(f"{mechanism} declares neither a fine count grid (Mechanism.fine_grid) nor a mass grid "
+        raise ReleaseError(f"{mech.name} declares neither a fine count grid (Mechanism.fine_grid) nor a mass grid "
                            "(Mechanism.fine_mass): a release hands a fit one of them, never points")
     return int(cells), None
 
 
-def check_fine_grid_fits(mechanism: str, params: dict, region: Region, period: Period,
+def check_fine_grid_fits(mech: Mechanism, region: Region, period: Period,
                          slot_seconds: int | None, unit: PrivacyUnit) -> None:
     """Refuse, before the ledger, a fit without a fine grid, or one that cannot fit in memory."""
-    cells, _ = fine_cells(mechanism, params, region, unit)
+    cells, _ = fine_cells(mech, region, unit)
     total = cells * cells * (-(-period.seconds // slot_seconds) if slot_seconds and period.seconds else 1)
     if total > MAX_GRID_CELLS:
-        raise ReleaseError(f"{mechanism}: its count grid of {total:,} cells over {region.name} does not fit (at "
+        raise ReleaseError(f"{mech.name}: its count grid of {total:,} cells over {region.name} does not fit (at "
                            f"most {MAX_GRID_CELLS:,}); lower the parameter that sets the finest grid")
 
 
@@ -268,16 +318,15 @@ def grid_specs(plans: list[CityPlan]) -> list[GridSpec]:
     region (× the period's time slots for a spatio-temporal one), or a heatmap's mass grid."""
     specs = []
     for p in plans:
-        unit = PrivacyUnit.of(p.privacy_unit, p.max_points_per_user)
-        cells, mass = fine_cells(p.mechanism, p.params, p.region, unit)
-        n_slots = -(-p.period.seconds // p.slot_seconds) if p.slot_seconds and mass is None else None
-        specs.append(GridSpec(p.city, p.region, cells, p.period.start_s, p.slot_seconds, n_slots, mass=mass))
+        cells, mass = fine_cells(p.built, p.region, p.unit)
+        specs.append(GridSpec(p.city, p.region, cells, p.period.start_s, p.slot_seconds,
+                              p.n_slots if mass is None else None, mass=mass))
     return specs
 
 
 @task(name="read-bound-count", retries=2, retry_delay_seconds=1, cache_policy=NO_CACHE, persist_result=False,
       retry_condition_fn=retry_unless_refused)
-def read_bound_count(data: str | LoadResult, plans: list[CityPlan], seed: int | None, per_day: bool = False,
+def read_bound_count(data: str | InputSet | LoadResult, plans: list[CityPlan], seed: int | None, per_day: bool = False,
                      columns: str | None = None, fmt: str = "auto", strict: bool = False,
                      window: tuple[int | None, int | None] | None = None) -> DataPass:
     """:func:`count_release_data` as a Prefect task: a data error names what is wrong from public
@@ -288,7 +337,7 @@ def read_bound_count(data: str | LoadResult, plans: list[CityPlan], seed: int | 
         data, columns, fmt, strict)
 
 
-def count_release_data(data: str | LoadResult, plans: list[CityPlan], seed: int | None, per_day: bool = False,
+def count_release_data(data: str | InputSet | LoadResult, plans: list[CityPlan], seed: int | None, per_day: bool = False,
                        columns: str | None = None, fmt: str = "auto", strict: bool = False,
                        window: tuple[int | None, int | None] | None = None) -> DataPass:
     """The release's data pass on the Dask cluster it runs on (tasks/dask_path.py): read and validate
@@ -313,18 +362,10 @@ def count_release_data(data: str | LoadResult, plans: list[CityPlan], seed: int 
                           privacy_unit=unit, max_points_per_user=k, per_day=per_day, seed=seed)
 
 
-def _noise_for(plan: CityPlan) -> NoiseSource:
-    if plan.noise == "secure":
-        return NoiseSource.secure()
-    seed = int(plan.noise.split(":", 1)[1])
-    # one stream per city and period, the same wherever the input lives (the key also names its path)
-    return NoiseSource.seeded(seed).spawn(int(canonical_hash([plan.city, plan.period.label])[:8], 16))
-
-
 def profile_applies(plan: CityPlan) -> bool:
     """Whether the plan's release is scaled to full counts by the paid contribution profile: user level
     in pure ε, no public total, a mechanism that counts points and does not scale itself."""
-    tags = get_mechanism_class(plan.mechanism).tags
+    tags = plan.built.tags
     return (plan.privacy_unit == "user" and plan.rho is None and plan.public_total is None
             and not tags.scales_to_public_total and not tags.heatmap)
 
@@ -335,11 +376,7 @@ def paid_profile(plans: list[CityPlan], counts: np.ndarray | None) -> Contributi
     if counts is None or not plans or not all(profile_applies(p) for p in plans):
         return None
     first = plans[0]
-    if first.noise == "secure":
-        noise = NoiseSource.secure()
-    else:
-        noise = NoiseSource.seeded(int(first.noise.split(":", 1)[1])).spawn(
-            int(canonical_hash(["contribution-profile", first.period.label])[:8], 16))
+    noise = first.noise.source("contribution-profile", first.period.label)
     return noisy_profile(counts, PROFILE_FRACTION * min(float(p.epsilon) for p in plans), noise, first.bound_per_day)
 
 
@@ -347,23 +384,18 @@ def paid_profile(plans: list[CityPlan], counts: np.ndarray | None) -> Contributi
 def privatize(plan: CityPlan, data: CityData, profile: ContributionProfile | None = None) -> Synopsis:
     """Mechanism fit on the city's summed fine counts (or mass grid): the only step that draws noise
     (besides the run's contribution profile, :func:`paid_profile`, which it records and scales by)."""
-    n_slots = None
-    if plan.slot_seconds:
-        n_slots = -(-plan.period.seconds // plan.slot_seconds)
-    mech = get_mechanism(plan.mechanism, **plan.params)
+    mech = plan.built
     tags = mech.tags
     empty = np.empty(0, dtype=np.float64)
     # A mechanism that scales to a public full total itself (N / n̂ or γ) is handed it; others are
     # scaled by dpcore.privacy.scaling below (user level) or need none (record level: nothing is bounded).
     sample = PrivateSample(empty if data.x is None else data.x, empty if data.y is None else data.y, plan.region,
-                           PrivacyUnit.of(plan.privacy_unit, plan.max_points_per_user), user=data.user,
-                           n_slots=n_slots, slot_seconds=plan.slot_seconds, window_start_s=plan.period.start_s,
+                           plan.unit, user=data.user, n_slots=plan.n_slots, slot_seconds=plan.slot_seconds,
+                           window_start_s=plan.period.start_s,
                            public_total=plan.public_total if tags.scales_to_public_total else None, fine=data.fine,
                            fine_mass=data.mass)
     fit_input = input_for(tags.input_type, sample)
-    noise = _noise_for(plan)
-    if plan.rho is not None:
-        return mech.fit(fit_input, ZCDP(plan.rho), noise)
+    noise = plan.noise.source(plan.city, plan.period.label)
     if plan.public_total is not None and plan.privacy_unit == "user" and not tags.scales_to_public_total:
         from dpcore.privacy.scaling import fit_scaled
 
@@ -373,7 +405,7 @@ def privatize(plan: CityPlan, data: CityData, profile: ContributionProfile | Non
         from dpcore.privacy.scaling import fit_profiled
 
         return fit_profiled(mech, fit_input, plan.epsilon, noise, profile)
-    return mech.fit(fit_input, plan.epsilon, noise)
+    return mech.fit(fit_input, plan.budget, noise)
 
 
 @task(name="render-preview", cache_policy=NO_CACHE)
