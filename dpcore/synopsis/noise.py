@@ -164,23 +164,32 @@ def _rect(flat_prefix: np.ndarray, stride: int, i0, i1, j0, j1) -> np.ndarray:
     return flat_prefix[b + j1 + 1] - flat_prefix[a + j1 + 1] - flat_prefix[b + j0] + flat_prefix[a + j0]
 
 
-def masked_power_sums(boxes: np.ndarray, member: np.ndarray, bounds: tuple[float, float, float, float],
-                      prefix: np.ndarray, powers: tuple[int, ...] = (2, 4)) -> list[np.ndarray]:
+def masked_power_sums(unit_boxes: np.ndarray, member: np.ndarray, prefix: np.ndarray,
+                      powers: tuple[int, ...] = (2, 4)) -> list[np.ndarray]:
     """Σ over the cells of an n × n grid with ``member`` true of (fx·fy)^p for each p, fx, fy the covered
-    fractions: whole rows and columns from the member count's prefix table, the two border rows and
-    columns and the four corners with their own weights (exact, O(1) per box)."""
+    fractions, for boxes in unit coordinates ([0, 1] over the region, lo ≤ hi): whole rows and columns
+    from the member count's prefix table, the two border rows and columns and the four corners with their
+    own weights (exact, O(1) per box). Boxes that meet no member cell are found first, from indices only."""
     n = member.shape[0]
-    xmin, ymin, xmax, ymax = bounds
-    i0, i1, fx0, fx1, sx = axis_cover(boxes[:, 0], boxes[:, 2], n, (xmin, xmax))
-    j0, j1, fy0, fy1, sy = axis_cover(boxes[:, 1], boxes[:, 3], n, (ymin, ymax))
+    out = [np.zeros(len(unit_boxes)) for _ in powers]
+    a_x, b_x = unit_boxes[:, 0] * n, unit_boxes[:, 2] * n
+    a_y, b_y = unit_boxes[:, 1] * n, unit_boxes[:, 3] * n
+    i0 = np.minimum(a_x.astype(np.int64), n - 1)
+    j0 = np.minimum(a_y.astype(np.int64), n - 1)
+    i1 = np.maximum(np.ceil(b_x).astype(np.int64) - 1, i0)
+    j1 = np.maximum(np.ceil(b_y).astype(np.int64) - 1, j0)
     fp, st, fm = prefix.ravel(), n + 1, member.ravel()
     whole = _rect(fp, st, i0, i1, j0, j1)
-    touched = np.flatnonzero((whole > 0) & sx & sy)  # most boxes meet no member cell of a given grid
-    out = [np.zeros(len(boxes)) for _ in powers]
+    touched = np.flatnonzero((whole > 0) & (b_x > a_x) & (b_y > a_y))
     if touched.size == 0:
         return out
-    i0, i1, fx0, fx1, j0, j1, fy0, fy1, whole = (v[touched] for v in (i0, i1, fx0, fx1, j0, j1, fy0, fy1, whole))
+    i0, i1, j0, j1, whole = i0[touched], i1[touched], j0[touched], j1[touched], whole[touched]
+    a_x, b_x, a_y, b_y = a_x[touched], b_x[touched], a_y[touched], b_y[touched]
     two_x, two_y = i1 != i0, j1 != j0
+    fx0 = np.where(two_x, (i0 + 1) - a_x, b_x - a_x)
+    fx1 = b_x - i1
+    fy0 = np.where(two_y, (j0 + 1) - a_y, b_y - a_y)
+    fy1 = b_y - j1
     cols = [_rect(fp, st, i0, i0, j0, j1), _rect(fp, st, i1, i1, j0, j1)]
     rows = [_rect(fp, st, i0, i1, j0, j0), _rect(fp, st, i0, i1, j1, j1)]
     corner = [[fm[i0 * n + j0], fm[i0 * n + j1]], [fm[i1 * n + j0], fm[i1 * n + j1]]]
@@ -332,8 +341,14 @@ class LeafNoise(NoiseModel):
     def moments(self, boxes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         s2 = np.zeros(len(boxes))
         s4 = np.zeros(len(boxes))
+        xmin, ymin, xmax, ymax = self.bounds
+        unit = np.empty_like(boxes)  # [0, 1] over the region, lo ≤ hi, computed once for every depth
+        unit[:, 0] = np.clip((np.minimum(boxes[:, 0], boxes[:, 2]) - xmin) / (xmax - xmin), 0.0, 1.0)
+        unit[:, 2] = np.clip((np.maximum(boxes[:, 0], boxes[:, 2]) - xmin) / (xmax - xmin), 0.0, 1.0)
+        unit[:, 1] = np.clip((np.minimum(boxes[:, 1], boxes[:, 3]) - ymin) / (ymax - ymin), 0.0, 1.0)
+        unit[:, 3] = np.clip((np.maximum(boxes[:, 1], boxes[:, 3]) - ymin) / (ymax - ymin), 0.0, 1.0)
         for member, prefix in self.levels:
-            a2, a4 = masked_power_sums(boxes, member, self.bounds, prefix)
+            a2, a4 = masked_power_sums(unit, member, prefix)
             s2 += a2
             s4 += a4
         return self._law.variance * s2, terms(s2, s4)
