@@ -30,6 +30,7 @@ from prefect.states import Failed, State
 
 from dpcore import GeoDPError
 from dpcore.data.inputs import DataError
+from dpcore.mechanisms.st_resolution import SLOTS_MERGED
 from dpcore.privacy.accounting import budget_label
 from tasks.config import ReleaseParams
 from tasks.ledger_tasks import charge_ledger, committed_from, give_back, settle_strays, void_charge
@@ -215,7 +216,8 @@ def _row(manifest: Manifest, status: str) -> dict:
     """One city's line of a run's summary (its JSON keys are what `geodp release run --json` prints)."""
     return {"city": manifest.city, "version": manifest.version, "epsilon": manifest.epsilon,
             "rho": manifest.rho, "mechanism": manifest.mechanism, "chosen_mechanism": manifest.chosen_mechanism,
-            "status": status, "url": manifest.url, "region": manifest.region}
+            "status": status, "url": manifest.url, "region": manifest.region,
+            "slot_merges": [n for n in manifest.privacy.notes if n.startswith(SLOTS_MERGED)]}
 
 
 #: The most preview bytes (base64) a summary inlines: Prefect refuses an event over 1.5 MB and drops
@@ -251,6 +253,7 @@ def summary_markdown(summary: dict, results: dict[str, Manifest], store: Release
         lines.append(f"## {r['city']} v{r['version']} ({r['status']})")
         lines.append(f"`{r['url']}`")
         m = results[r["city"]]
+        lines.extend(f"- **{note}**" for note in r.get("slot_merges", []))
         quality = m.quality or {}
         if quality.get("statement"):
             lines.append(f"- {quality['statement']}")

@@ -11,6 +11,7 @@ bad configuration) is a one-line failure that no retry can change.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -64,11 +65,12 @@ class ReleasePlan:
 
 
 def plan_release(params: ReleaseParams, config_path: str | None = None, now: datetime | None = None,
-                 check_charges: bool = True) -> ReleasePlan:
+                 check_charges: bool = True, check_useful: bool = True) -> ReleasePlan:
     """Plan one release and check it against the store; raises the refusal as a GeoDPError (one line).
 
     ``now`` is a scheduled run's start (relative periods count from it). ``check_charges`` False
-    leaves the budget check to the caller (a backfill checks all its days' charges together)."""
+    leaves the budget check to the caller (a backfill checks all its days' charges together);
+    ``check_useful`` False skips the expected-usefulness check (tasks/release_usefulness.py)."""
     period = parse_period(params.period, now=now)
     settings = load_settings(config_path)
     dataset = dataset_name(params.data, params.dataset)
@@ -103,4 +105,9 @@ def plan_release(params: ReleaseParams, config_path: str | None = None, now: dat
         check_sources(store.url, dataset, found.locators())  # the same files under another dataset name
     if check_charges and not plan.experiment:
         check_budget(store.url, plan.todo, resolved)
+    if check_useful and plan.todo:  # worse than a blank map at every band: refused before any charge
+        from tasks.release_usefulness import check_usefulness
+
+        checked = {p.city: p for p in check_usefulness(store.url, plan.todo, params.publish_anyway)}
+        plan = dataclasses.replace(plan, plans=[checked.get(p.city, p) for p in plans])
     return plan

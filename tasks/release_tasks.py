@@ -132,6 +132,8 @@ class CityPlan:
     rho: float | None = None
     records_per_person: int | None = None  # m: a record-level release into a person-level dataset
     mech: Mechanism | None = field(default=None, compare=False, repr=False)
+    #: the plan's expected error per band (tasks/release_usefulness.py), recorded in the manifest's quality
+    expected: dict | None = field(default=None, compare=False)
 
     @property
     def built(self) -> Mechanism:
@@ -504,7 +506,8 @@ def persist_release(store_url: str, plan: CityPlan, synopsis: Synopsis | None, p
         region=plan.region.to_dict(), slot_seconds=plan.slot_seconds,
         input=InputRef(source=plan.source, data_version=plan.data_version),
         code_version=code, config=plan.config, privacy=privacy,
-        quality=release_quality(synopsis) if synopsis is not None and not resumed else None,
+        quality=({**release_quality(synopsis), **({"plan": plan.expected} if plan.expected else {})}
+                 if synopsis is not None and not resumed else None),
         ledger=paid_by, attempt=attempt, resumed_staged_attempt=resumed,
         bounding=("each user bounded to k points per UTC day over all regions of the run" if plan.bound_per_day
                   else "each user bounded to k points once over all regions of the run, before the split by city")

@@ -39,6 +39,10 @@ SLOT_SIGNAL = 400.0
 DEFAULT_QUERY_SIDES_M = (100.0, 5000.0)
 
 
+#: How a release's note of merged slots starts (STResolution.note).
+SLOTS_MERGED = "slots merged:"
+
+
 @dataclass(frozen=True)
 class STResolution:
     """The chosen resolution: ``cells`` per side, ``slot_factor`` input slots per released slot."""
@@ -57,9 +61,13 @@ class STResolution:
                 "signal": self.signal}
 
     def note(self) -> str:
-        """What the release says about its resolution."""
-        return (f"resolution rule (public inputs: n̂, ε, k, T): {self.cells}² cells, slots merged by "
-                f"{self.slot_factor} and spread evenly back over the {self.n_slots} slots")
+        """What the release says about its resolution; a merge of the requested slots starts with
+        SLOTS_MERGED, which the release's terminal summary and artifacts repeat."""
+        rule = f"resolution rule (public inputs: n̂, ε, k, T): {self.cells}² cells"
+        if self.slot_factor <= 1:
+            return f"{rule}, the {self.n_slots} slots as requested"
+        return (f"{SLOTS_MERGED} the {self.n_slots} requested slots were merged {self.slot_factor} at a time into "
+                f"{self.coarse_slots} (each spread evenly back over its slots: answers within one are flat); {rule}")
 
 
 def _power_of_two(m: float) -> int:

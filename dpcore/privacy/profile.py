@@ -171,7 +171,9 @@ class ContributionProfile:
         minus fresh noise of the same law, clamped at 0, up to :meth:`top_bucket`), each draw with its
         own slopes inside buckets."""
         top = self.top_bucket()
-        noise = NoiseSource.seeded(int(rng.integers(2**31))).discrete_laplace(self.scale, (draws, top + 1))
+        # simulation, not published noise: numpy's geometric differences have the discrete Laplace law
+        p = -np.expm1(-1.0 / self.scale)
+        noise = rng.geometric(p, (draws, top + 1)) - rng.geometric(p, (draws, top + 1))
         c = self.counts(self.noisy[None, : top + 1] - noise)
         return self._sum(c, None), self._sum(c, k)
 

@@ -52,6 +52,7 @@ Rho = Annotated[float | None, typer.Option("--rho", help=R.model_fields["rho"].d
                                            " (mechanisms that support it, into a dataset accounted in ρ)")]
 K = Annotated[int | None, typer.Option("--max-points-per-user", metavar="K",
                                        help=R.model_fields["max_points_per_user"].description)]
+PublishAnyway = Annotated[bool, typer.Option("--publish-anyway", help=R.model_fields["publish_anyway"].description)]
 ConfigFile = Annotated[str | None, typer.Option("--config", metavar="FILE",
                                                 help="platform config TOML (default: $GEODP_CONFIG, else the packaged tasks/geodp.toml)")]
 
@@ -135,6 +136,7 @@ def run(
     strict: Strict = False,
     no_prefect: bool = typer.Option(False, "--no-prefect", help="run in this process without Prefect or Dask "
                                     "(what --out does)"),
+    publish_anyway: PublishAnyway = False,
     json_out: Json = None,
 ) -> int:
     """Release one period of DATA for one or more regions (a manifest, noisy files and a ledger charge)."""
@@ -142,7 +144,7 @@ def run(
         data, cities, city, center, out, store, period, epsilon, rho, mechanism, param, side_km=side_km,
         privacy_unit=privacy_unit, max_points_per_user=max_points_per_user, data_version=data_version,
         public_total=public_total, seed=seed, dataset=dataset, budget_cap=budget_cap, dask_address=dask_address,
-        n_workers=workers, slot=slot, columns=columns, format=format, strict=strict)
+        n_workers=workers, slot=slot, columns=columns, format=format, strict=strict, publish_anyway=publish_anyway)
     _check_settings(config)
     _prevalidate(params)
     if store is not None and not no_prefect:
@@ -156,6 +158,76 @@ def run(
         if json_out == "-":
             return 0
     _print_summary(summary)
+    return 0
+
+
+@app.command("plan")
+def plan(
+    data: Data,
+    cities: Cities = None,
+    city: OneCity = None,
+    center: Center = None,
+    side_km: SideKm = None,
+    period: str | None = model_option(R, "period", "--period", metavar="P"),
+    epsilon: Epsilon = None,
+    rho: Rho = None,
+    mechanism: str = model_option(R, "mechanism", "--mechanism", help="mechanism name, or auto"),
+    param: Params = None,
+    privacy_unit: PrivacyUnit = field_default(R, "privacy_unit"),
+    max_points_per_user: K = None,
+    data_version: str | None = model_option(R, "data_version", "--data-version"),
+    public_total: float | None = model_option(R, "public_total", "--public-total"),
+    seed: int | None = model_option(R, "seed", "--seed"),
+    store: str | None = typer.Option(None, "--store", help="release store URL"),
+    out: str | None = typer.Option(None, "--out", metavar="DIR", help="a local folder used as the release store"),
+    dataset: str | None = model_option(R, "dataset", "--dataset"),
+    budget_cap: float | None = model_option(R, "budget_cap", "--budget-cap"),
+    config: ConfigFile = None,
+    dask_address: str | None = model_option(R, "dask_address", "--dask-address"),
+    workers: int = model_option(R, "n_workers", "--workers"),
+    slot: str = model_option(R, "slot", "--slot"),
+    columns: Columns = None,
+    format: Format = "auto",
+    strict: Strict = False,
+    no_prefect: bool = typer.Option(False, "--no-prefect", hidden=True),
+    publish_anyway: PublishAnyway = False,
+    json_out: Json = None,
+) -> int:
+    """What `release run` with the same options would do, from public inputs only (nothing is read from the
+    data, nothing charged): each city's expected error per band, predicted from the newest published
+    release of its region; exit 2 with one line when the run would be refused."""
+    from tasks.release_plan import plan_release
+    from tasks.release_usefulness import expectation
+    from tasks.storage.store import ReleaseStore
+
+    params = _release_params(
+        data, cities, city, center, out, store, period, epsilon, rho, mechanism, param, side_km=side_km,
+        privacy_unit=privacy_unit, max_points_per_user=max_points_per_user, data_version=data_version,
+        public_total=public_total, seed=seed, dataset=dataset, budget_cap=budget_cap, dask_address=dask_address,
+        n_workers=workers, slot=slot, columns=columns, format=format, strict=strict, publish_anyway=publish_anyway)
+    _check_settings(config)
+    _prevalidate(params)
+    planned = plan_release(params, config, check_useful=False)
+    st = ReleaseStore(planned.store_url)
+    rows = [{"city": p.city, **expectation(st, p)} for p in planned.todo]
+    if json_out is not None:
+        emit_json(rows, json_out)
+    else:
+        for p in planned.plans:
+            if p not in planned.todo:
+                print(f"{p.city} {planned.period.label}: already committed (a run is a no-op)")
+        for r in rows:
+            print(f"{r['city']} {planned.period.label}: {r['statement']}")
+            for b in r["bands"]:
+                lo, hi = b["query_sides_m"]
+                verdict = "worse than a blank map" if b["worse_than_blank_map"] else "informative"
+                print(f"  squares of {lo:g}–{hi:g} m: expected |error| {b['expected_abs_error']:.3g} vs a typical "
+                      f"count {b['typical_count']:.3g} ({verdict})")
+    bad = [r for r in rows if r.get("useless")]
+    if bad and not publish_anyway:
+        r = bad[0]
+        raise CLIError(f"{r['city']}: a release would be refused: expected worse than a blank map at every band; "
+                       f"would help: {', '.join(r.get('would_help') or []) or 'nothing tried here'}")
     return 0
 
 
@@ -186,6 +258,8 @@ def _print_summary(summary: dict) -> None:
         word = "release written to" if r["status"] == "committed" else "already committed (no-op):"
         chose = f" ({r['mechanism']} chose {r['chosen_mechanism']})" if r.get("chosen_mechanism") else ""
         print(f"{r['city']} {summary['period']} v{r['version']}: {word} {r['url']}{chose}")
+        for note in r.get("slot_merges", []):
+            print(f"  warning: {note}")
     print(f"dataset {summary['dataset']}: {summary['guarantee']}")
     if summary["loss"] is not None:
         print(f"  {_loss_line(summary['policy'], summary['loss'])}")
