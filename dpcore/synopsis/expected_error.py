@@ -21,7 +21,8 @@ import numpy as np
 from dpcore.privacy.noise import discrete_laplace_variance
 from dpcore.privacy.profile import PROFILE_FRACTION, ContributionProfile
 from dpcore.synopsis.base import Synopsis
-from dpcore.synopsis.uncertainty import DEFAULT_BANDS, linear_noise
+from dpcore.synopsis.noise import CellNoise
+from dpcore.synopsis.uncertainty import DEFAULT_BANDS
 
 #: Cell widths tried for a mechanism without one fixed width (adaptive grids, trees): the plan takes the
 #: best for each band, which is optimistic for them (they cannot pick per query).
@@ -43,11 +44,11 @@ class PlanInputs:
 def _cell_noise_sd(published: Synopsis, nx: int) -> float:
     """Noise sd of one cell of the published map on an nx × nx grid (0 when its law is not linear)."""
     inner = getattr(published, "inner", published)
-    law = linear_noise(inner)
-    if law is None or law[0] != "laplace":
+    model = inner.noise_model()
+    if not isinstance(model, CellNoise):
         return 0.0
     per_side = inner.shape[0] / nx  # published cells per side of one of these cells
-    return float(np.sqrt(discrete_laplace_variance(law[1])) * max(per_side, 1.0) * getattr(published, "factor", 1.0))
+    return float(np.sqrt(model.law.variance) * max(per_side, 1.0) * getattr(published, "factor", 1.0))
 
 
 def typical_counts(published: Synopsis, bands=DEFAULT_BANDS, queries: int = 400, seed: int = 0) -> np.ndarray:
