@@ -85,7 +85,10 @@ def run_plan(plan: ReleasePlan, loaded=None, artifacts: bool = True, in_process:
         # the data pass comes before the charge: bad input is a one-line error with nothing charged
         data = loaded if loaded is not None else plan.input  # the files whose version is in the keys
         args = (data, todo, params.seed, per_day, params.columns, params.format, strict, window)
-        counted = count_release_data(*args) if in_process else read_bound_count.submit(*args).result()
+        try:
+            counted = count_release_data(*args) if in_process else read_bound_count.submit(*args).result()
+        except Exception as exc:
+            raise _one_line(exc) from None
         if in_process:  # the operator's own terminal; the flow never logs counts of private rows
             log(f"read {params.data}: {counted.report.summary()} ({counted.n_files} file(s))")
         inputs = counted.cities
@@ -177,8 +180,22 @@ def _run_on_workers(store_url: str, dataset: str, todo: list, inputs: dict, held
             first_error = first_error or exc
         update_progress_artifact(progress, 100.0 * (i + 1) / len(futures))
     if first_error is not None:
-        raise first_error
+        raise _one_line(first_error)
     return manifests, [f.result() for f in placed]
+
+
+class RunFailed(GeoDPError, RuntimeError):
+    """A step failed for a reason outside geodp (a lost Dask worker, a backend error)."""
+
+
+def _one_line(exc: BaseException) -> BaseException:
+    """geodp's own errors as they are; anything else (KilledWorker, a backend's exception) as one
+    line that says nothing was committed, so no traceback reaches the terminal or the flow's state."""
+    if isinstance(exc, GeoDPError):
+        return exc
+    first = (str(exc).strip().splitlines() or [""])[0][:300]
+    return RunFailed(f"{type(exc).__name__}: {first} (nothing was committed for that city; its charge is "
+                     "given back, or taken over by the next run of the release)")
 
 
 def _give_back_quietly(store_url: str, dataset: str, held: dict, cause: BaseException) -> None:

@@ -32,6 +32,7 @@ READ = ("dpcore.data.chunks", "read_part")
 PRIVATIZE = ("tasks.release_tasks", "_noise_for")
 
 KILL_AT_WRITE = "GEODP_TEST_KILL_AT_WRITE"
+PAUSE_AT_WRITE = "GEODP_TEST_PAUSE_AT_WRITE"
 FAULT_LOG = "GEODP_TEST_FAULT_LOG"
 
 
@@ -91,6 +92,105 @@ def kill_at_store_write(n: int, log: str) -> None:
         return original(self, rel, data)
 
     ReleaseStore.create = create
+
+
+def pause_at_store_write(n: int, mark: str) -> None:
+    """Right before this process's ``n``-th ``ReleaseStore.create``, create ``mark`` and wait until the
+    test deletes it (having cut the storage meanwhile); then the write goes ahead."""
+    from tasks.storage.store import ReleaseStore
+
+    original = ReleaseStore.create
+    count = [0]
+
+    def create(self, rel: str, data: bytes) -> None:
+        count[0] += 1
+        if count[0] == n:
+            Path(mark).write_text(rel)
+            deadline = time.monotonic() + 120
+            while Path(mark).exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+        return original(self, rel, data)
+
+    ReleaseStore.create = create
+
+
+def pause_at_write_env(n: int, mark: Path) -> dict[str, str]:
+    """The environment that makes a CLI subprocess pause at its ``n``-th store write (see above)."""
+    path = os.pathsep.join(p for p in (str(FAULT_SITE), str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    return {PAUSE_AT_WRITE: str(n), FAULT_LOG: str(mark), "PYTHONPATH": path}
+
+
+class CuttableProxy:
+    """A TCP proxy on 127.0.0.1 in front of ``target`` (host, port) that a test can cut (every
+    connection closed, new ones refused, as when an S3 endpoint goes down) and restore on the same port."""
+
+    def __init__(self, target: tuple[str, int]):
+        import socket
+
+        self.target = target
+        probe = socket.socket()
+        probe.bind(("127.0.0.1", 0))
+        self.port = probe.getsockname()[1]
+        probe.close()
+        self._conns: list = []
+        self._server = None
+        self.restore()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def restore(self) -> None:
+        import socket
+        import threading
+
+        server = socket.socket()
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind(("127.0.0.1", self.port))
+        server.listen(64)
+        self._server = server
+        threading.Thread(target=self._accept, args=(server,), daemon=True).start()
+
+    def cut(self) -> None:
+        self._server.close()
+        for c in self._conns:
+            try:
+                c.close()
+            except OSError:
+                pass
+        self._conns.clear()
+
+    def _accept(self, server) -> None:
+        import socket
+        import threading
+
+        while True:
+            try:
+                client, _ = server.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(self.target)
+            except OSError:
+                client.close()
+                continue
+            self._conns += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src, dst) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.close()
+                except OSError:
+                    pass
 
 
 def kill_at_write_env(n: int, log: Path) -> dict[str, str]:

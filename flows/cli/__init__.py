@@ -176,6 +176,11 @@ def main(argv: list[str] | None = None) -> int:
         return _error(validation_text(exc))
     except BrokenPipeError:  # e.g. `geodp cities | head`
         return 0
+    except OSError as exc:  # a full disk or an unreadable path outside the store: one line, no traceback
+        from tasks.storage.store import short_error
+
+        where = getattr(exc, "filename", None)
+        return _error(short_error(exc) + (f": {where}" if where else ""))
     except (KeyboardInterrupt, typer.Abort):
         print("interrupted", file=sys.stderr)
         return 130

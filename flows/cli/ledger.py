@@ -189,11 +189,12 @@ def ledger(
     json_out: Json = None,
 ) -> int:
     """Per dataset: the privacy policy and the most any one person can have lost."""
-    from tasks.storage.ledger import datasets
+    from tasks.storage.ledger import DatasetLedger, datasets
     from tasks.storage.store import ReleaseStore
 
     st = ReleaseStore(store, create=False)
-    found = [dataset] if dataset else datasets(st)
+    # a dataset folder without a policy is a first release that failed before its policy was written
+    found = [dataset] if dataset else [d for d in datasets(st) if DatasetLedger(st, d).policy_log()]
     if not found:
         eprint(f"the ledger of {st.url} is empty")
     return _print_datasets(st, found, json_out, entries=entries, policy_log=False)

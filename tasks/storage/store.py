@@ -30,6 +30,8 @@ import re
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -87,6 +89,10 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def budget_text(epsilon: float | None, rho: float | None) -> str:
+    return f"ρ={rho:g}" if epsilon is None and rho is not None else f"ε={epsilon:g}" if epsilon is not None else "no budget"
+
+
 def utc_now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
@@ -95,6 +101,35 @@ def check_slug(value: str, what: str) -> str:
     if not isinstance(value, str) or not _SLUG.match(value):
         raise StoreError(f"{what} {value!r} must be letters, digits, '.', '_', '+' or '-' (no slashes)")
     return value
+
+
+def storage_errors() -> tuple[type[BaseException], ...]:
+    """What a storage backend raises when it fails (a full disk, an unreachable endpoint, a refused
+    request): turned into one-line StoreErrors, never a traceback."""
+    errors: list[type[BaseException]] = [OSError]
+    try:
+        import botocore.exceptions as boto
+
+        errors += [boto.BotoCoreError, boto.ClientError]
+    except ImportError:  # pragma: no cover - s3fs is a dependency
+        pass
+    try:
+        import aiohttp
+
+        errors.append(aiohttp.ClientError)
+    except ImportError:  # pragma: no cover
+        pass
+    return tuple(errors)
+
+
+def short_error(exc: BaseException) -> str:
+    """One line naming a storage failure: its kind and the first line of its message."""
+    if isinstance(exc, OSError) and exc.errno and exc.strerror:
+        text = exc.strerror  # e.g. "No space left on device"
+    else:
+        lines = str(exc).strip().splitlines()
+        text = lines[0] if lines else type(exc).__name__
+    return text if type(exc) in (OSError, StoreError) else f"{type(exc).__name__}: {text}"
 
 
 @dataclass(frozen=True)
@@ -132,8 +167,29 @@ class ReleaseStore:
             self.root = str(Path(self.root).resolve())
             if not create and not Path(self.root).is_dir():
                 raise StoreError(f"no release store at {self.root}")
-            Path(self.root).mkdir(parents=True, exist_ok=True)
+            with self._io("create", ""):
+                Path(self.root).mkdir(parents=True, exist_ok=True)
+        elif protocol in ("s3", "s3a"):
+            # A bucket is never created by geodp: a missing one is an error, not an empty store.
+            bucket = self.root.split("/", 1)[0]
+            try:
+                self.fs.info(bucket)
+            except FileNotFoundError:
+                raise StoreError(f"no bucket {bucket!r} for store {self.url} (create it first)") from None
+            except storage_errors() as exc:
+                raise StoreError(f"cannot reach the store {self.url}: {short_error(exc)}") from None
         self._cache: dict[str, bytes] = {}  # immutable objects only (create-only writes)
+
+    @contextmanager
+    def _io(self, what: str, rel: str) -> Iterator[None]:
+        """Storage failures as one-line StoreErrors; FileNotFoundError and FileExistsError pass (they
+        are answers, not failures)."""
+        try:
+            yield
+        except (FileNotFoundError, FileExistsError, StoreError):
+            raise
+        except storage_errors() as exc:
+            raise StoreError(f"cannot {what} {self.url_of(rel)}: {short_error(exc)}") from None
 
     # -- primitives -----------------------------------------------------------------------------
     def path(self, rel: str) -> str:
@@ -146,6 +202,10 @@ class ReleaseStore:
 
     def create(self, rel: str, data: bytes) -> None:
         """Write an object that must not exist yet; FileExistsError if it does (create-only)."""
+        with self._io("write", rel):
+            self._create(rel, data)
+
+    def _create(self, rel: str, data: bytes) -> None:
         p = self.path(rel)
         if self.local:
             # Write a private temporary file, then hard-link it to the final name: link() fails if the
@@ -173,12 +233,7 @@ class ReleaseStore:
                 finally:
                     tmp.unlink(missing_ok=True)
             return
-        try:
-            self.fs.pipe_file(p, data, mode="create")
-        except FileExistsError:
-            raise
-        except OSError as exc:
-            raise StoreError(f"cannot write {self.url_of(rel)}: {exc}") from exc
+        self.fs.pipe_file(p, data, mode="create")
 
     def instance_id(self) -> str:
         """A random id created once per store (create-only ``_STORE_ID``). A store that is deleted
@@ -192,19 +247,15 @@ class ReleaseStore:
     def read(self, rel: str, cache: bool = True) -> bytes:
         if cache and rel in self._cache:
             return self._cache[rel]
-        try:
-            data = self.fs.cat_file(self.path(rel))
-        except FileNotFoundError:
-            # s3fs may answer from a listing it cached before the object existed: ask the store itself
-            self.fs.invalidate_cache(self.path(rel))
+        with self._io("read", rel):
             try:
                 data = self.fs.cat_file(self.path(rel))
             except FileNotFoundError:
-                raise
-            except OSError as exc:
-                raise StoreError(f"cannot read {self.url_of(rel)}: {exc}") from exc
-        except OSError as exc:
-            raise StoreError(f"cannot read {self.url_of(rel)}: {exc}") from exc
+                # s3fs may answer from a listing it cached before the object existed: ask the store itself
+                self.fs.invalidate_cache(self.path(rel))
+                data = self.fs.cat_file(self.path(rel))
+            except (IsADirectoryError, NotADirectoryError):
+                raise FileNotFoundError(self.url_of(rel)) from None
         if cache:
             self._cache[rel] = data
         return data
@@ -216,24 +267,19 @@ class ReleaseStore:
             raise StoreError(f"{self.url_of(rel)} is not valid JSON: {exc}") from exc
 
     def exists(self, rel: str) -> bool:
-        return bool(self.fs.exists(self.path(rel)))
+        with self._io("read", rel):
+            return bool(self.fs.exists(self.path(rel)))
 
     def listdir(self, rel: str) -> list[str]:
         """Names directly under rel (empty when it does not exist)."""
         p = self.path(rel)
         try:
-            self.fs.invalidate_cache(p)
-            entries = self.fs.ls(p, detail=False)
-        except FileNotFoundError:
+            with self._io("list", rel):
+                self.fs.invalidate_cache(p)
+                entries = self.fs.ls(p, detail=False)
+        except (FileNotFoundError, NotADirectoryError):
             return []
         return sorted({e.rstrip("/").rsplit("/", 1)[-1] for e in entries} - {""})
-
-    def remove_tree(self, rel: str) -> None:
-        """Best-effort removal of an unreferenced attempt (never of a committed version)."""
-        try:
-            self.fs.rm(self.path(rel), recursive=True)
-        except (FileNotFoundError, OSError):
-            pass
 
     # -- create-only logs -----------------------------------------------------------------------
     def _log_entries(self, prefix: str, pattern: re.Pattern) -> list[tuple[int, str]]:
@@ -294,13 +340,45 @@ class ReleaseStore:
         m = self.read_json(f"{version_rel}/{MANIFEST}")
         if not isinstance(m, dict) or not isinstance(m.get("files"), list):
             raise IntegrityError(f"{where} is not a release manifest")
+        # Every commit writes the hash, except the first manifest format's (no "format" field, the charge
+        # under "ledger_entry"); such a manifest loads only while it names its charge, which is then
+        # checked against the ledger below like any other.
+        legacy = "format" not in m and isinstance(m.get("ledger_entry"), dict)
         if MANIFEST_HASH in m and manifest_hash(m) != m[MANIFEST_HASH]:
             raise IntegrityError(f"{where} was altered after it was committed "
                                  "(its content does not match its recorded sha256)")
         try:
-            return parse_manifest(m, where).located(self.url_of(version_rel))
+            manifest = parse_manifest(m, where).located(self.url_of(version_rel))
         except ManifestError as exc:
             raise IntegrityError(str(exc)) from None
+        if MANIFEST_HASH not in m and not legacy:
+            raise IntegrityError(f"{where} has no {MANIFEST_HASH}: a commit always writes one, so it was edited")
+        self._check_paid(manifest, where)
+        return manifest
+
+    def _check_paid(self, manifest: Manifest, where: str) -> None:
+        """The manifest agrees with the ledger entry it names: the entry's hash, and the ε or ρ charged
+        for its release key. A manifest edited with its own hash recomputed (a smaller ε claimed after
+        the fact) is an IntegrityError. A missing entry is DatasetLedger.verify's to report."""
+        paid = manifest.ledger
+        if paid is None or paid.seq is None:
+            return  # seeded experiments are never charged
+        try:
+            entry = self.read_json(f"datasets/{manifest.dataset}/ledger/{int(paid.seq):08d}.json")
+        except FileNotFoundError:
+            return
+        charges = entry.get("charges") if isinstance(entry, dict) else None
+        charge = next((c for c in charges or [] if isinstance(c, dict) and c.get("key") == manifest.release_key),
+                      None)
+
+        def same(a: float | None, b: float | None) -> bool:
+            return (a is None) == (b is None) and (a is None or abs(float(a) - float(b)) <= 1e-12 * max(1.0, abs(a)))
+
+        if charge is None or (paid.entry_sha256 and entry.get("entry_sha256") != paid.entry_sha256) \
+                or not same(charge.get("epsilon"), manifest.epsilon) or not same(charge.get("rho"), manifest.rho):
+            raise IntegrityError(f"{where} disagrees with ledger entry #{paid.seq}, which paid for its noise "
+                                 f"(the manifest says {budget_text(manifest.epsilon, manifest.rho)}; the ledger "
+                                 f"charged {budget_text(charge.get('epsilon'), charge.get('rho')) if charge else 'no such release'})")
 
     def stage(self, ref: ReleaseRef, local_dir: str | Path, names: list[str], attempt: str,
               charge_ref: bytes | None, supersedes: tuple[str, ...] = ()) -> tuple[str, list[dict]]:
@@ -375,12 +453,11 @@ class ReleaseStore:
         """The files of an attempt that may hold noise (everything but its charge reference and seal)."""
         prefix = f"{ref.rel}/{attempt}"
         try:
-            self.fs.invalidate_cache(self.path(prefix))
-            found = self.fs.find(self.path(prefix))
+            with self._io("list", prefix):
+                self.fs.invalidate_cache(self.path(prefix))
+                found = self.fs.find(self.path(prefix))
         except FileNotFoundError:
             return []
-        except OSError as exc:
-            raise StoreError(f"cannot list {self.url_of(prefix)}: {exc}") from exc
         names = [f.rstrip("/")[len(self.path(prefix)) + 1:] for f in found]
         # a temporary file a killed writer left (local stores) holds noise too
         return sorted(n for n in names if n and n not in (CHARGE_REF, STAGED))
@@ -391,11 +468,10 @@ class ReleaseStore:
         file is left."""
         for name in self.attempt_data(ref, attempt):
             try:
-                self.fs.rm_file(self.path(f"{ref.rel}/{attempt}/{name}"))
+                with self._io("delete", f"{ref.rel}/{attempt}/{name}"):
+                    self.fs.rm_file(self.path(f"{ref.rel}/{attempt}/{name}"))
             except FileNotFoundError:
                 pass
-            except OSError as exc:
-                raise StoreError(f"cannot delete {self.url_of(f'{ref.rel}/{attempt}/{name}')}: {exc}") from exc
         # a temporary file that appears meanwhile is a live writer's, which removes it itself
         left = [n for n in self.attempt_data(ref, attempt) if not n.rsplit("/", 1)[-1].startswith(".tmp-")]
         if left:
@@ -536,13 +612,13 @@ def resolve_release(target: str, storage_options: dict[str, Any] | None = None) 
     t = str(target).rstrip("/")
     m = re.match(r"^(.*?)/?(releases/[^/]+/[^/]+/[^/]+/v\d+)$", t)
     if m:
-        store = ReleaseStore(m.group(1) or ".", storage_options)
+        store = ReleaseStore(m.group(1) or ".", storage_options, create=False)  # a read never makes a store
         if not store.exists(f"{m.group(2)}/{MANIFEST}"):
             raise StoreError(f"no committed release at {t} (no {MANIFEST}; uncommitted versions do not exist)")
         return store, m.group(2)
     if "://" not in t and not Path(t).exists():
         raise StoreError(f"release {t!r} not found")
-    store = ReleaseStore(t, storage_options)
+    store = ReleaseStore(t, storage_options, create=False)
     found = store.list_releases()
     if not found:
         raise StoreError(f"{t} holds no committed release")
