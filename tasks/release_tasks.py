@@ -185,7 +185,7 @@ def make_plans(*, dataset: str, cities: list[str], center: str | None, side_km: 
     tags = mech.tags
     if (epsilon is None) == (rho is None):
         raise ReleaseError("give exactly one of epsilon (pure ε-DP) and rho (ρ-zCDP)")
-    check_numbers(epsilon if rho is None else rho, max_points_per_user)
+    check_numbers(epsilon if rho is None else rho, max_points_per_user, public_total)
     if rho is not None and not tags.supports_zcdp:
         raise ReleaseError(f"{mechanism} spends pure ε only; a ρ-zCDP release needs a mechanism that supports "
                            "it (identity)")
@@ -240,10 +240,22 @@ def make_plans(*, dataset: str, cities: list[str], center: str | None, side_km: 
 MAX_GRID_CELLS = 1 << 26
 
 
-def check_numbers(epsilon: float, max_points_per_user: int) -> None:
-    """ε and k in ranges where the noise arithmetic cannot overflow or lose its meaning."""
-    if not (isinstance(epsilon, int | float) and 0 < float(epsilon) <= 1000):
-        raise ReleaseError(f"epsilon must be a number in (0, 1000], got {epsilon!r}")
+#: The smallest ε (or ρ) a release takes: its noise scale (k/ε) must stay a number the samplers and
+#: the answers' intervals can represent; 1e-300 overflowed after the charge.
+MIN_BUDGET = 1e-6
+#: The largest public total a release scales to (--public-total): a count, not an overflow.
+MAX_PUBLIC_TOTAL = 1e15
+
+
+def check_numbers(epsilon: float, max_points_per_user: int, public_total: float | None = None) -> None:
+    """ε (or ρ), k and a public total in ranges where the noise arithmetic cannot overflow or lose its
+    meaning; checked in the plan, before the ledger is charged."""
+    if not (isinstance(epsilon, int | float) and MIN_BUDGET <= float(epsilon) <= 1000):
+        raise ReleaseError(f"epsilon (or rho) must be a number in [{MIN_BUDGET:g}, 1000], got {epsilon!r}")
+    if public_total is not None and not (isinstance(public_total, int | float)
+                                         and 0 < float(public_total) <= MAX_PUBLIC_TOTAL):
+        raise ReleaseError(f"--public-total must be a finite number of points in (0, {MAX_PUBLIC_TOTAL:g}], "
+                           f"got {public_total!r}")
     if not (isinstance(max_points_per_user, int) and 1 <= max_points_per_user <= 1_000_000):
         raise ReleaseError(f"max points per user must be a whole number in [1, 1000000], got {max_points_per_user!r}")
 

@@ -1,0 +1,32 @@
+"""Public numbers a release takes are refused in the plan, before the ledger is charged: a public total
+that is not a finite positive count, and an ε or ρ too small for its noise to be represented."""
+
+import pytest
+
+from dpcore.data.synthetic import generate_checkins
+from dpcore.geo import city_region
+from tests.cli_runner import run_geodp
+from tests.test_store_faults import one_line_error
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    p = tmp_path_factory.mktemp("data") / "small.parquet"
+    generate_checkins(city_region("new-york"), n_users=80, days=2, seed=4).to_parquet(p)
+    return p
+
+
+@pytest.mark.parametrize("args", [("--epsilon", "0.5", "--public-total", "-5"),
+                                  ("--epsilon", "0.5", "--public-total", "nan"),
+                                  ("--epsilon", "0.5", "--public-total", "inf"),
+                                  ("--epsilon", "1e-300"),
+                                  ("--rho", "1e-300")])
+def test_unrepresentable_numbers_are_refused_before_the_charge(args, small, tmp_path):
+    store = tmp_path / "s"
+    if "--rho" in args:
+        run_geodp("dataset", "create", store, "small", "--source", small, "--budget", "1", "--accounting", "zcdp")
+    r = run_geodp("release", small, "--city", "new-york", "--mechanism", "identity", "--param", "cell_width_m=2000",
+                  *args, "--out", store, ok=False)
+    one_line_error(r)
+    assert not list(store.glob("datasets/*/ledger/*.json"))  # nothing charged
+    assert not list(store.glob("releases/**/_MANIFEST.json"))
