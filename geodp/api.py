@@ -56,21 +56,16 @@ class Store:
                 newest[r.manifest.period] = r
         return sorted(newest.values(), key=lambda r: (r.window_s()[0] is None, r.window_s()[0] or 0, r.manifest.period))
 
-    def query_range(self, dataset: str, city: str, boxes, period: str | None = None,
-                    level: float = 0.95) -> pd.DataFrame:
-        """Every committed release of ``dataset``/``city`` in ``period`` (A..B; default: all of them): one
-        answer table per period (a ``period`` column first), then one row per box with the sum over the
-        window and its combined interval (``period`` = 'sum A..B'; dpcore/queries/series.py). A
-        spatio-temporal release that reaches past the window is asked the part inside it; a 2-D release
-        that does is left out (``attrs['left_out']``)."""
-        from dpcore.queries.series import sum_method, sum_rows
-
+    def in_window(self, dataset: str, city: str, period: str | None,
+                  ) -> tuple[list[tuple[Release, tuple[int, int] | None]], list[str]]:
+        """The releases of one place in ``period`` (A..B; None: all), each with the part of its own window to
+        ask (None: all of it), and the periods left out: 2-D releases that reach past ``period``."""
         window = None
         if period is not None:
             from flows.cli.common import parse_window
 
             window = parse_window(period)
-        frames, left_out = [], []
+        chosen, left_out = [], []
         for r in self.series(dataset, city):
             start, end = r.window_s()
             if window is not None and (start is None or end <= window[0] or start >= window[1]):
@@ -81,6 +76,21 @@ class Store:
                     left_out.append(r.manifest.period)
                     continue
                 ask = (max(start, window[0]), min(end, window[1]))
+            chosen.append((r, ask))
+        return chosen, left_out
+
+    def query_range(self, dataset: str, city: str, boxes, period: str | None = None,
+                    level: float = 0.95) -> pd.DataFrame:
+        """Every committed release of ``dataset``/``city`` in ``period`` (A..B; default: all of them): one
+        answer table per period (a ``period`` column first), then one row per box with the sum over the
+        window and its combined interval (``period`` = 'sum A..B'; dpcore/queries/series.py). A
+        spatio-temporal release that reaches past the window is asked the part inside it; a 2-D release
+        that does is left out (``attrs['left_out']``)."""
+        from dpcore.queries.series import sum_method, sum_rows
+
+        frames = []
+        chosen, left_out = self.in_window(dataset, city, period)
+        for r, ask in chosen:
             table = answer_table(r.synopsis, _boxes(boxes), level=level, window_s=ask)
             table.insert(0, "period", r.manifest.period)
             frames.append(table)

@@ -100,3 +100,25 @@ def test_a_forecast_past_daily_releases_uses_one_answer_per_release(daily):
     assert out["history"] == pytest.approx([_single(daily, d)["estimate"] for d in DAYS])
     assert len(out["forecast"]) == 2 and all(lo < f < hi for lo, f, hi in zip(out["lower"], out["forecast"],
                                                                               out["upper"], strict=True))
+
+
+def test_hotspots_in_every_release_of_the_window(daily):
+    import geodp
+
+    path = daily["store"] / "releases" / daily["dataset"] / "new-york"
+    grids = {r.manifest.period: r.to_xarray() for r in geodp.open_store(str(daily["store"])).series(
+        daily["dataset"], "new-york")}
+    threshold = 0.5 * min(float(g.max()) for g in grids.values())
+    rows = json.loads(run_geodp("query", "hotspot", path, "--at", "40.713,-74.006", "--threshold", str(threshold),
+                                "--extent-km", "5", "--period", "2024-01-02..2024-01-03", "--json").stdout)
+    assert [r["period"] for r in rows] == DAYS[1:]
+    for r in rows:
+        assert r["found"] and r["released_count"] >= threshold and r["distance_m"] <= 5000
+        g = grids[r["period"]]
+        cell = np.unravel_index(int(np.argmin((g.lat.values - r["cell_lat"]) ** 2 + (g.lon.values - r["cell_lon"]) ** 2)),
+                                g.shape)
+        assert float(g.values[cell]) == pytest.approx(r["released_count"])
+    above = max(float(g.max()) for g in grids.values()) + 1
+    none = json.loads(run_geodp("query", "hotspot", path, "--at", "40.713,-74.006", "--threshold", str(above),
+                                "--json").stdout)
+    assert len(none) == 3 and not any(r["found"] for r in none)

@@ -137,6 +137,47 @@ def _forecast_series(root: str, dataset: str, city: str, box_ll: np.ndarray, hor
     return 0
 
 
+def _hotspot_series(root: str, dataset: str, city: str, points: np.ndarray, threshold: float, extent_km: float,
+                    period: str | None, json_out: str | None) -> int:
+    """The nearest hotspot around each location in every release of one place in ``period`` (a
+    spatio-temporal release: over the slots inside it)."""
+    from dpcore.queries.spatiotemporal import cell_centres, nearest_hotspot
+    from geodp.api import open_store, released_values
+
+    chosen, left_out = open_store(root).in_window(dataset, city, period)
+    if not chosen:
+        raise CLIError(f"no committed release of {dataset}/{city}{f' in {period}' if period else ''} in {root}")
+    rows = []
+    for r, ask in chosen:
+        syn = r.synopsis
+        values = released_values(syn)
+        if values.ndim == 3:
+            t0, t1 = syn.slots_for_times(*ask) if ask is not None else (0, values.shape[2])
+            values = values[:, :, t0:t1].sum(axis=2)
+        x, y = syn.region.project(points[:, 0], points[:, 1])
+        ans = nearest_hotspot(values[:, :, None], syn.region, np.column_stack([x, y]), threshold,
+                              extent_km * 1000.0, np.array([[0, 1]]))
+        cx, cy = cell_centres(syn.region, *values.shape)
+        for q in range(len(points)):
+            row = {"period": r.manifest.period, "at": points[q].tolist(), "found": bool(ans.ix[q] >= 0)}
+            if row["found"]:
+                lat, lon = syn.region.unproject(cx[ans.ix[q]], cy[ans.iy[q]])
+                row.update({"cell_lat": float(lat), "cell_lon": float(lon), "distance_m": float(ans.distance_m[q]),
+                            "released_count": float(values[ans.ix[q], ans.iy[q]]), "unit": syn.unit().label})
+            rows.append(row)
+    if left_out:
+        eprint(f"note: left out {', '.join(left_out)}: their periods reach past --period")
+    if json_out is not None:
+        emit_json(rows, json_out, indent=None)
+        return 0
+    for row in rows:
+        where = f"{row['period']}\t{row['at'][0]:.5f},{row['at'][1]:.5f}"
+        print(f"{where}\thotspot at {row['cell_lat']:.5f},{row['cell_lon']:.5f}\t{row['distance_m']:.0f} m\t"
+              f"count {row['released_count']:.1f}" if row["found"] else
+              f"{where}\tno cell with count ≥ {threshold:g} within {extent_km:g} km")
+    return 0
+
+
 def write_answers(table, fmt: str, dest: str | None) -> None:
     """The answer table as text lines, JSON records (legacy keys box, estimate, lower, upper) or CSV."""
     import sys
@@ -243,14 +284,20 @@ def hotspot(
     period: Period = None,
     time: OldTime = None,
     json_out: Json = None,
+    dataset: str | None = typer.Option(None, "--dataset", help="with a store: the dataset whose releases to ask"),
+    city: str | None = typer.Option(None, "--city", help="with a store: the city whose releases to ask"),
 ) -> int:
-    """The nearest cell whose released count over the window is ≥ V, around each location."""
+    """The nearest cell whose released count over the window is ≥ V, around each location. Given a store
+    with --dataset and --city (or a path …/releases/DATASET/CITY): in every committed release in --period."""
     from dpcore.queries.spatiotemporal import cell_centres, nearest_hotspot
 
     if not extent_km > 0:
         raise CLIError("--extent-km must be > 0")
     points = np.array([_latlon(a) for a in at])
     window = _window(period, time)
+    series_target = _series_target(release, dataset, city)
+    if series_target is not None:
+        return _hotspot_series(*series_target, points, threshold, extent_km, window, json_out)
     times = parse_window(window) if window is not None else None
     with fetch_release(release) as (_, synopsis):
         syn, factor = _spatio_temporal(synopsis)
