@@ -30,3 +30,30 @@ def test_unrepresentable_numbers_are_refused_before_the_charge(args, small, tmp_
     one_line_error(r)
     assert not list(store.glob("datasets/*/ledger/*.json"))  # nothing charged
     assert not list(store.glob("releases/**/_MANIFEST.json"))
+
+
+@pytest.fixture(scope="module")
+def release_url(small, tmp_path_factory):
+    store = tmp_path_factory.mktemp("q") / "s"
+    run_geodp("release", small, "--city", "new-york", "--mechanism", "identity", "--param", "cell_width_m=2000",
+              "--epsilon", "0.5", "--out", store)
+    (version,) = store.glob("releases/*/*/*/v1")
+    return str(version)
+
+
+def test_a_boxes_csv_with_a_non_numeric_cell_is_one_line(release_url, tmp_path):
+    csv = tmp_path / "boxes.csv"
+    csv.write_text("min_lat,min_lon,max_lat,max_lon\n40.70,-74.02,40.72,-74.00\n40.70,x,40.72,-74.00\n")
+    one_line_error(run_geodp("query", release_url, "--boxes", csv, ok=False), "non-numeric")
+
+
+def test_a_forecast_horizon_is_bounded(release_url):
+    line = one_line_error(run_geodp("query", "forecast", release_url, "--box", "40.70,-74.02,40.72,-74.00",
+                                    "--horizon", "100000000", ok=False))
+    assert "--horizon" in line
+
+
+@pytest.mark.parametrize("args,words", [(("--max-points-per-user", "100000000000000000000"), "--max-points-per-user"),
+                                        (("--mechanisms", "identity", "--param", "cell_width_m=0.001"), "does not fit")])
+def test_eval_options_out_of_range_are_one_line(args, words, small):
+    one_line_error(run_geodp("eval", "range", small, "--city", "new-york", *args, ok=False), words)

@@ -149,7 +149,7 @@ def read_boxes_csv(path: str) -> np.ndarray:
         raise QueryError(f"cannot read boxes CSV {path}: {exc}") from exc
     cols = ["min_lat", "min_lon", "max_lat", "max_lon"]
     if all(c in df.columns for c in cols):
-        arr = df[cols].to_numpy(dtype=np.float64)
+        arr = df[cols].apply(pd.to_numeric, errors="coerce").to_numpy(dtype=np.float64)
     else:
         df = pd.read_csv(path, header=None)
         if df.shape[1] < 4:

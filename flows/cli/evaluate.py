@@ -136,6 +136,7 @@ def range_counts(
         check_mechanism(m, mech_params.get(m, {}))
         if bounding == "weight" and not mechanism_capability(m, "supports_weights"):
             raise MechanismError(f"{m} does not support --bounding weight")
+    _check_bounds(max_points_per_user, mechs, mech_params, city, center, side_km)
     check_public_workload(config.workload)
     out = human_out(json_out)
     if flow:
@@ -263,3 +264,21 @@ def spatio_temporal(
     if json_out is not None:
         emit_json(report, json_out)
     return 0
+
+
+def _check_bounds(k: int, mechs: list[str], mech_params: dict, city: str | None, center: str | None,
+                  side_km: float | None) -> None:
+    """k and each mechanism's grid within what a release accepts (tasks/release_tasks.py), before the
+    data is read: k = 1e20 overflowed the noise scale, cell_width_m=0.001 asked for petabytes."""
+    from dpcore.geo import resolve_region
+    from tasks.release_tasks import check_grid_fits
+
+    if not 1 <= k <= 1_000_000:
+        raise CLIError(f"--max-points-per-user must be a whole number in [1, 1000000], got {k}")
+    if city is None and center is None:
+        return  # the flow form checks each city it is given in the release plan's terms
+    regions = [resolve_region(city=c, side_km=side_km) for c in names(city)] if city else \
+        [resolve_region(center=center, side_km=side_km)]
+    for m in mechs:
+        for reg in regions:
+            check_grid_fits(m, mech_params.get(m, {}), reg, None, None)

@@ -333,6 +333,10 @@ def hotspot(
     return 0
 
 
+#: The most slots `query forecast` looks ahead (ten years of hourly slots).
+MAX_HORIZON = 87_600
+
+
 @app.command("forecast")
 def forecast(
     release: Release,
@@ -350,6 +354,8 @@ def forecast(
     from dpcore.queries.spatiotemporal import forecast_theta_interval, season_period
 
     at_least(horizon, 1, "--horizon")
+    if horizon > MAX_HORIZON:  # the forecast's work and output grow with it: a typo must not run for hours
+        raise CLIError(f"--horizon must be at most {MAX_HORIZON} slots, got {horizon}")
     box_ll = parse_box(box)
     series_target = _series_target(release, dataset, city)
     if series_target is not None:
