@@ -57,3 +57,13 @@ def test_a_forecast_horizon_is_bounded(release_url):
                                         (("--mechanisms", "identity", "--param", "cell_width_m=0.001"), "does not fit")])
 def test_eval_options_out_of_range_are_one_line(args, words, small):
     one_line_error(run_geodp("eval", "range", small, "--city", "new-york", *args, ok=False), words)
+
+
+def test_snap_lines_with_extra_fields_are_counted_as_dropped_and_fail_strict(tmp_path):
+    lines = [f"{u}\t2010-05-02T10:00:00Z\t40.71\t-74.01\t{u}" for u in range(10)]
+    lines += [f"{u}\t2010-05-02T10:00:00Z\t40.71\t-74.01\t{u}\textra" for u in range(3)]
+    snap = tmp_path / "checkins.txt"
+    snap.write_text("\n".join(lines) + "\n")
+    r = run_geodp("data", "check", snap)
+    assert "10 of 13 rows valid" in r.stdout + r.stderr
+    one_line_error(run_geodp("data", "check", snap, "--strict", ok=False), "invalid")

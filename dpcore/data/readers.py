@@ -348,8 +348,16 @@ def _read_text(inp: InputSet, f: InputFile, columns: dict[str, str] | None, show
         else:
             # Headerless TSV: columns are named by position ("0", "1", …) so that --columns can
             # map any layout; the 5-column SNAP layout is recognised without a mapping.
-            df = pd.read_csv(src, sep="\t", header=None, on_bad_lines="skip", **text_opts)
+            # a line with more fields than the first is not read; it is counted as an invalid row
+            # (so the report and --strict see it), never dropped silently
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", pd.errors.ParserWarning)
+                df = pd.read_csv(src, sep="\t", header=None, on_bad_lines="warn", **text_opts)
+            bad = sum(str(w.message).count("Skipping line") for w in caught
+                      if issubclass(w.category, pd.errors.ParserWarning))
             df.columns = [str(i) for i in range(df.shape[1])]
+            if bad:
+                df = pd.concat([df, pd.DataFrame("", index=range(bad), columns=df.columns)], ignore_index=True)
     finally:
         if not inp.local:
             src.close()
