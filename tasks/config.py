@@ -182,6 +182,8 @@ class ReleaseParams(BaseModel):
                          "run's message names the option only; `geodp data check DATA --strict` shows the row)")
     dask_address: str | None = Field(default=None, description="Dask scheduler address; empty = LocalCluster")
     n_workers: int = Field(default=2, ge=1, le=64, description="LocalCluster workers when no address is given")
+    count: Literal["points", "people"] = Field(default="points", description="what cells count: points, or "
+                                               "distinct people (each person in at most k cells, user level)")
     publish_anyway: bool = Field(default=False, description="publish a release the plan expects to be worse than "
                                  "a blank map at every band (the manifest's quality.plan records it)")
 

@@ -115,7 +115,7 @@ def _file_reads(read, inp: InputSet, columns: dict[str, str] | None, strict: boo
     return [r[0] for r in reads], [r[1] for r in reads]
 
 
-def _bound(df: pd.DataFrame, k: int, per_day: bool, seed: int | None,
+def _bound(df: pd.DataFrame, k: int, per_day: bool, seed: int | None, count_people: bool = False,
            partition_info: dict | None = None) -> pd.DataFrame:
     if seed is None:
         rng = NoiseSource.secure().rng  # a fresh OS-seeded stream per partition
@@ -126,6 +126,8 @@ def _bound(df: pd.DataFrame, k: int, per_day: bool, seed: int | None,
         df = df.sort_values(list(df.columns), kind="stable")
         number = 0 if partition_info is None else int(partition_info["number"])
         rng = np.random.default_rng([seed, 0x5A17, number])
+    if count_people:  # a person once per cell (and slot): then at most k cells, each one person
+        df = df.drop_duplicates(subset=[c for c in df.columns if c not in ("lat", "lon")], ignore_index=True)
     return bound_chunk(df, k, rng, per_day)
 
 
@@ -148,8 +150,8 @@ def release_frame(source: str | InputSet | LoadResult, specs: list[GridSpec], wi
 
 
 def _bounded(shuffled: dd.DataFrame, specs: list[GridSpec], max_points_per_user: int, per_day: bool,
-             seed: int | None) -> dd.DataFrame:
-    return shuffled.map_partitions(_bound, int(max_points_per_user), per_day, seed,
+             seed: int | None, count_people: bool = False) -> dd.DataFrame:
+    return shuffled.map_partitions(_bound, int(max_points_per_user), per_day, seed, count_people,
                                    meta=compact_meta(specs, per_day))
 
 
@@ -200,12 +202,13 @@ def compute(*objs):
 def release_counts(source: str | InputSet | LoadResult, specs: list[GridSpec], window: Window, *,
                    columns: dict[str, str] | None = None, fmt: str = "auto", strict: bool = False,
                    privacy_unit: str = "record", max_points_per_user: int = 1, per_day: bool = False,
-                   seed: int | None = None) -> DataPass:
-    """Run the data pass: each spec's city gets its summed fine grid (or its bounded points)."""
+                   seed: int | None = None, count_people: bool = False) -> DataPass:
+    """Run the data pass: each spec's city gets its summed fine grid (or its bounded points); with
+    ``count_people`` (user level) a grid of distinct people per cell, each person in at most k cells."""
     inp, profile = None, None
     if privacy_unit == "user":
         shuffled, reports, inp = _shuffled_frame(source, specs, window, columns, fmt, strict, per_day)
-        ddf = _bounded(shuffled, specs, max_points_per_user, per_day, seed)
+        ddf = _bounded(shuffled, specs, max_points_per_user, per_day, seed, count_people)
         partials = [dask.delayed(frame_counts)(p, specs) for p in ddf.to_delayed()]
         # the contribution profile is a sum too: units per bucket of their point count, per partition
         profile = _tree_sum([dask.delayed(unit_profile)(p, per_day) for p in shuffled.to_delayed()], np.add)

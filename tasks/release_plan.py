@@ -97,7 +97,8 @@ def plan_release(params: ReleaseParams, config_path: str | None = None, now: dat
                        public_total=params.public_total, source=public_locator(found.source),
                        bound_per_day=resolved.policy.bound_window == "day",
                        records_per_person=resolved.policy.max_records_per_person
-                       if params.privacy_unit == "record" and resolved.policy.privacy_unit == "user" else None)
+                       if params.privacy_unit == "record" and resolved.policy.privacy_unit == "user" else None,
+                       count=params.count)
     committed = check_committed.fn(store.url, plans)
     plan = ReleasePlan(params, dataset, period, store.url, resolved, public_locator(found.source), found, plans,
                        window, committed)

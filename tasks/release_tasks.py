@@ -12,6 +12,7 @@ logic lives in the store (tasks/storage/store.py), so a retried task finds what 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import subprocess
@@ -134,6 +135,8 @@ class CityPlan:
     mech: Mechanism | None = field(default=None, compare=False, repr=False)
     #: the plan's expected error per band (tasks/release_usefulness.py), recorded in the manifest's quality
     expected: dict | None = field(default=None, compare=False)
+    #: "points", or "people": distinct people per cell (and slot), each person in at most k (L) cells
+    count: str = "points"
 
     @property
     def built(self) -> Mechanism:
@@ -167,7 +170,8 @@ def make_plans(*, dataset: str, cities: list[str], center: str | None, side_km: 
                period: Period, mechanism: str, params: dict, epsilon: float | None, privacy_unit: str,
                max_points_per_user: int, seed: int | None, data_version: str, slot: str = "1h",
                public_total: float | None = None, source: str = "", bound_per_day: bool = False,
-               rho: float | None = None, records_per_person: int | None = None) -> list[CityPlan]:
+               rho: float | None = None, records_per_person: int | None = None,
+               count: str = "points") -> list[CityPlan]:
     """One plan per region. Validates names and parameters before any data is touched.
 
     The release key and config hash are functions of public configuration only: the dataset, the
@@ -210,6 +214,11 @@ def make_plans(*, dataset: str, cities: list[str], center: str | None, side_km: 
     if public_total is not None and tags.heatmap:
         raise ReleaseError(f"{mechanism} releases user mass (each person adds at most 1), not point counts: "
                            "--public-total scaling does not apply")
+    if count not in ("points", "people"):
+        raise ReleaseError(f"--count is points or people, got {count!r}")
+    if count == "people" and (privacy_unit != "user" or tags.heatmap or public_total is not None):
+        raise ReleaseError("--count people counts distinct people per cell at user level (each person in at most "
+                           "--max-points-per-user cells): not at record level, with a heatmap or a --public-total")
     unit = PrivacyUnit.of(unit_name, int(max_points_per_user))
     noise = NoiseSpec(seed)
     for region in regions:
@@ -229,9 +238,12 @@ def make_plans(*, dataset: str, cities: list[str], center: str | None, side_km: 
         m = int(records_per_person) if records_per_person is not None and privacy_unit == "record" else None
         if m is not None:  # only when set, so the keys of every other release stay what they were
             config["records_per_person"] = m
-        plans.append(CityPlan(dataset, city, region, period, mechanism, dict(params), config["epsilon"], unit_name,
-                              int(max_points_per_user), noise, data_version, slot_seconds, public_total,
-                              source, config, config["bound_per_day"], rho, m, mech))
+        if count == "people":  # likewise
+            config["count"] = count
+        plans.append(dataclasses.replace(
+            CityPlan(dataset, city, region, period, mechanism, dict(params), config["epsilon"], unit_name,
+                     int(max_points_per_user), noise, data_version, slot_seconds, public_total, source, config,
+                     config["bound_per_day"], rho, m, mech), count=count))
     return plans
 
 
@@ -373,7 +385,8 @@ def count_release_data(data: str | InputSet | LoadResult, plans: list[CityPlan],
         unit, k, per_day = "user", first.records_per_person, False
     return release_counts(data, grid_specs(plans), window,
                           columns=parse_column_map(columns), fmt=fmt, strict=strict,
-                          privacy_unit=unit, max_points_per_user=k, per_day=per_day, seed=seed)
+                          privacy_unit=unit, max_points_per_user=k, per_day=per_day, seed=seed,
+                          count_people=first.count == "people")
 
 
 def profile_applies(plan: CityPlan) -> bool:
@@ -381,6 +394,7 @@ def profile_applies(plan: CityPlan) -> bool:
     in pure ε, no public total, a mechanism that counts points and does not scale itself."""
     tags = plan.built.tags
     return (plan.privacy_unit == "user" and plan.rho is None and plan.public_total is None
+            and plan.count == "points"
             and not tags.scales_to_public_total and not tags.heatmap)
 
 
@@ -419,7 +433,13 @@ def privatize(plan: CityPlan, data: CityData, profile: ContributionProfile | Non
         from dpcore.privacy.scaling import fit_profiled
 
         return fit_profiled(mech, fit_input, plan.epsilon, noise, profile)
-    return mech.fit(fit_input, plan.budget, noise)
+    synopsis = mech.fit(fit_input, plan.budget, noise)
+    if plan.count == "people":
+        from dpcore.synopsis.base import PEOPLE_NOTE
+
+        synopsis.privacy.notes.append(f"{PEOPLE_NOTE} (each person in at most k = {plan.max_points_per_user} "
+                                      "cells; sensitivity k)")
+    return synopsis
 
 
 @task(name="render-preview", cache_policy=NO_CACHE)

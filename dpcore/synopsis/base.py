@@ -65,6 +65,10 @@ class PrivacyInfo:
                    d["noise_source"], list(d.get("notes", [])), d.get("rho"))
 
 
+#: How a release of distinct people per cell (`release --count people`) says so in its privacy notes.
+PEOPLE_NOTE = "counts distinct people per cell (and slot), not points"
+
+
 @dataclass(frozen=True)
 class AnswerUnit:
     """What a release's answers count: ``points`` (every point of the data), ``bounded_points`` (the points
@@ -90,7 +94,10 @@ class AnswerUnit:
 
     @classmethod
     def of_privacy(cls, privacy: PrivacyInfo | None) -> AnswerUnit:
-        """Unscaled counts: bounded points at user level, points at record level."""
+        """Unscaled counts: bounded points at user level, points at record level; people when the notes say
+        the cells count distinct people (PEOPLE_NOTE)."""
+        if privacy is not None and any(str(n).startswith(PEOPLE_NOTE) for n in privacy.notes):
+            return cls("people")
         if privacy is not None and privacy.privacy_unit == "user":
             return cls("bounded_points", privacy.max_points_per_user)
         return cls("points")

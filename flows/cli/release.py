@@ -52,6 +52,7 @@ Rho = Annotated[float | None, typer.Option("--rho", help=R.model_fields["rho"].d
                                            " (mechanisms that support it, into a dataset accounted in ρ)")]
 K = Annotated[int | None, typer.Option("--max-points-per-user", metavar="K",
                                        help=R.model_fields["max_points_per_user"].description)]
+Count = Annotated[str, typer.Option("--count", metavar="points|people", help=R.model_fields["count"].description)]
 PublishAnyway = Annotated[bool, typer.Option("--publish-anyway", help=R.model_fields["publish_anyway"].description)]
 ConfigFile = Annotated[str | None, typer.Option("--config", metavar="FILE",
                                                 help="platform config TOML (default: $GEODP_CONFIG, else the packaged tasks/geodp.toml)")]
@@ -136,6 +137,7 @@ def run(
     strict: Strict = False,
     no_prefect: bool = typer.Option(False, "--no-prefect", help="run in this process without Prefect or Dask "
                                     "(what --out does)"),
+    count: Count = "points",
     publish_anyway: PublishAnyway = False,
     json_out: Json = None,
 ) -> int:
@@ -144,7 +146,8 @@ def run(
         data, cities, city, center, out, store, period, epsilon, rho, mechanism, param, side_km=side_km,
         privacy_unit=privacy_unit, max_points_per_user=max_points_per_user, data_version=data_version,
         public_total=public_total, seed=seed, dataset=dataset, budget_cap=budget_cap, dask_address=dask_address,
-        n_workers=workers, slot=slot, columns=columns, format=format, strict=strict, publish_anyway=publish_anyway)
+        n_workers=workers, slot=slot, columns=columns, format=format, strict=strict, publish_anyway=publish_anyway,
+        count=count)
     _check_settings(config)
     _prevalidate(params)
     if store is not None and not no_prefect:
@@ -190,6 +193,7 @@ def plan(
     format: Format = "auto",
     strict: Strict = False,
     no_prefect: bool = typer.Option(False, "--no-prefect", hidden=True),
+    count: Count = "points",
     publish_anyway: PublishAnyway = False,
     json_out: Json = None,
 ) -> int:
@@ -204,7 +208,8 @@ def plan(
         data, cities, city, center, out, store, period, epsilon, rho, mechanism, param, side_km=side_km,
         privacy_unit=privacy_unit, max_points_per_user=max_points_per_user, data_version=data_version,
         public_total=public_total, seed=seed, dataset=dataset, budget_cap=budget_cap, dask_address=dask_address,
-        n_workers=workers, slot=slot, columns=columns, format=format, strict=strict, publish_anyway=publish_anyway)
+        n_workers=workers, slot=slot, columns=columns, format=format, strict=strict, publish_anyway=publish_anyway,
+        count=count)
     _check_settings(config)
     _prevalidate(params)
     planned = plan_release(params, config, check_useful=False)
