@@ -67,3 +67,12 @@ def test_snap_lines_with_extra_fields_are_counted_as_dropped_and_fail_strict(tmp
     r = run_geodp("data", "check", snap)
     assert "10 of 13 rows valid" in r.stdout + r.stderr
     one_line_error(run_geodp("data", "check", snap, "--strict", ok=False), "invalid")
+
+
+def test_timestamps_outside_a_sane_range_are_flagged(tmp_path):
+    lines = [f"{u}\t2010-05-02T10:00:00Z\t40.71\t-74.01\t{u}" for u in range(10)]
+    lines += [f"{u}\t{t}\t40.71\t-74.01\t{u}" for u, t in enumerate(["1900-05-02T10:00:00Z", "2999-05-02T10:00:00Z"])]
+    snap = tmp_path / "checkins.txt"
+    snap.write_text("\n".join(lines) + "\n")
+    r = run_geodp("data", "check", snap)
+    assert "10 of 12 rows valid" in r.stdout + r.stderr and "timestamp_out_of_range: 2" in r.stdout + r.stderr

@@ -127,6 +127,11 @@ class LoadResult:
     n_pruned: int = 0  # partitions skipped by the time window, never opened
 
 
+#: Timestamps a location record can carry, [1980-01-01, 2100-01-01) UTC in seconds: a time outside
+#: is a unit or parsing error (milliseconds read as seconds, a zero), flagged as an invalid row.
+SANE_TS = (315_532_800, 4_102_444_800)
+
+
 def check_part(part: Part) -> tuple[np.ndarray | None, ValidationReport]:
     """Which rows of one file are valid (None: all), and its report. Each dropped row counts once,
     under the first failing check in this order."""
@@ -135,7 +140,7 @@ def check_part(part: Part) -> tuple[np.ndarray | None, ValidationReport]:
     ok = np.abs(part.lat) <= 90
     ok &= np.abs(part.lon) <= 180
     if part.ts is not None:  # None: unread, its statistics prove every value valid
-        ok &= part.ts != TS_MISSING
+        ok &= (part.ts >= SANE_TS[0]) & (part.ts < SANE_TS[1])  # TS_MISSING is below the range
     if part.bad_user is None and ok.all():
         report.rows_kept = part.n
         return None, report
@@ -145,6 +150,8 @@ def check_part(part: Part) -> tuple[np.ndarray | None, ValidationReport]:
         ("lat_out_of_range", np.abs(part.lat) > 90),  # NaN compares False
         ("lon_out_of_range", np.abs(part.lon) > 180),
         ("bad_timestamp", None if part.ts is None else part.ts == TS_MISSING),
+        ("timestamp_out_of_range", None if part.ts is None else (part.ts != TS_MISSING)
+         & ((part.ts < SANE_TS[0]) | (part.ts >= SANE_TS[1]))),
     ]
     bad = None
     first_idx, first_reason = None, None
