@@ -89,6 +89,10 @@ def environment() -> dict[str, str]:
     return out
 
 
+#: Environment variable naming the log level of a LocalCluster's Dask loggers (default WARNING).
+DASK_LOG_LEVEL = "GEODP_DASK_LOG_LEVEL"
+
+
 def dask_task_runner(address: str | None = None, n_workers: int = 2) -> DaskTaskRunner:
     """A DaskTaskRunner on an existing scheduler (``address``) or a LocalCluster of processes.
 
@@ -99,7 +103,10 @@ def dask_task_runner(address: str | None = None, n_workers: int = 2) -> DaskTask
         return DaskTaskRunner(address=address)
     return DaskTaskRunner(cluster_kwargs={
         "n_workers": int(n_workers), "threads_per_worker": 1, "processes": True,
-        "dashboard_address": "127.0.0.1:0", "silence_logs": logging.WARNING,
+        "dashboard_address": "127.0.0.1:0",
+        # the CLI keeps worker logs ("Compute Failed … Traceback") off its terminal unless --verbose:
+        # a failed task's error reaches the user as the command's one error line
+        "silence_logs": logging.getLevelName(os.environ.get(DASK_LOG_LEVEL, "WARNING").upper()),
     })
 
 

@@ -76,3 +76,14 @@ def test_timestamps_outside_a_sane_range_are_flagged(tmp_path):
     snap.write_text("\n".join(lines) + "\n")
     r = run_geodp("data", "check", snap)
     assert "10 of 12 rows valid" in r.stdout + r.stderr and "timestamp_out_of_range: 2" in r.stdout + r.stderr
+
+
+def test_an_unreadable_file_in_the_dask_form_is_one_line(small, tmp_path):
+    folder = tmp_path / "input"
+    folder.mkdir()
+    (folder / "a.parquet").write_bytes(small.read_bytes())
+    (folder / "b.parquet").write_bytes(b"not a parquet file " * 200)
+    r = run_geodp("release", folder, "--city", "new-york", "--epsilon", "0.1", "--mechanism", "identity",
+                  "--param", "cell_width_m=2000", "--period", "2024-01-01", "--store", tmp_path / "s", ok=False)
+    one_line_error(r, "cannot read")
+    assert "Compute Failed" not in r.stderr

@@ -146,6 +146,7 @@ def _quiet_flow_logs(argv: list[str]) -> None:
     os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "CRITICAL")
     os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_FLOW_RUNS_LEVEL", "CRITICAL")
     os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_TASK_RUNS_LEVEL", "CRITICAL")
+    os.environ.setdefault("GEODP_DASK_LOG_LEVEL", "CRITICAL")  # tasks/runtime.py: Dask workers' own logs
 
 
 def main(argv: list[str] | None = None) -> int:
