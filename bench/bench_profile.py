@@ -168,7 +168,8 @@ def main() -> None:
                 for r in plan_vs_measured(name, k, [float(e) for e in a.plan.split(",")], a.epsilon, a.releases,
                                           a.queries, a.cell_m, a.seed):
                     print(f"| {r['dataset']} | {r['k']} | {r['epsilon']:g} | {r['band'][0]:g}–{r['band'][1]:g} | "
-                          f"{r['predicted']:.3g} | {r['measured']:.3g} | {r['typical_predicted']:.3g} | "
+                          f"{r['predicted']:.3g} | {r['measured']:.3g} | "
+                          f"{'hidden' if r['typical_predicted'] is None else format(r['typical_predicted'], '.3g')} | "
                           f"{r['median_truth']:.3g} |", flush=True)
         return
     band = tuple(float(v) for v in a.band.split(","))

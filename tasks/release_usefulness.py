@@ -83,7 +83,9 @@ def expectation(store: ReleaseStore, plan: CityPlan) -> dict:
     rows = expected_errors(inputs, typical, profile)
     out = {"bands": rows, "basis": url, "useless": useless(rows),
            "statement": "; ".join(f"{r['query_sides_m'][0]:g}–{r['query_sides_m'][1]:g} m: |error| ≈ "
-                                  f"{r['expected_abs_error']:.3g} vs a typical count {r['typical_count']:.3g}"
+                                  f"{r['expected_abs_error']:.3g} vs a typical count "
+                                  + (f"{r['typical_count']:.3g}" if r["typical_count"] is not None
+                                     else "unknown (the published release's noise hides it)")
                                   for r in rows)}
     if out["useless"]:
         out["would_help"] = what_would_help(inputs, typical, profile)

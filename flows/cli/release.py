@@ -225,6 +225,10 @@ def plan(
             print(f"{r['city']} {planned.period.label}: {r['statement']}")
             for b in r["bands"]:
                 lo, hi = b["query_sides_m"]
+                if b["typical_count"] is None:
+                    print(f"  squares of {lo:g}–{hi:g} m: expected |error| {b['expected_abs_error']:.3g}; the typical "
+                          "count is hidden by the published release's noise (no verdict)")
+                    continue
                 verdict = "worse than a blank map" if b["worse_than_blank_map"] else "informative"
                 print(f"  squares of {lo:g}–{hi:g} m: expected |error| {b['expected_abs_error']:.3g} vs a typical "
                       f"count {b['typical_count']:.3g} ({verdict})")
