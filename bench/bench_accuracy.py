@@ -241,6 +241,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--queries", type=int, default=2000)
     ap.add_argument("--trials", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--auto-band", default=None, metavar="LO:HI",
+                    help="fix auto's query band (one fit answers every band, as a release does) instead of one "
+                         "fit per band")
     ap.add_argument("--json", default=None, help="write all reports to this JSON file")
     ap.add_argument("--readme", action="store_true",
                     help="rewrite the data-centred accuracy section at the top of bench/README.md")
@@ -283,7 +286,9 @@ def main(argv: list[str] | None = None) -> int:
                     mechs = [m for m in mechs if get_mechanism_class(m).tags.supports_weights]
                 config = EvalConfig(mechanisms=mechs, epsilons=eps, privacy_unit=unit, max_points_per_user=k,
                                     query_sides_m=sides, n_queries=args.queries, trials=args.trials, seed=args.seed,
-                                    workload=args.workload, bounding=bounding)
+                                    workload=args.workload, bounding=bounding,
+                                    mechanism_params={"auto": {"query_sides_m": tuple(
+                                        float(v) for v in args.auto_band.split(":"))}} if args.auto_band else {})
                 t0 = time.perf_counter()
                 report = evaluate(points, region, config)
                 took = time.perf_counter() - t0
