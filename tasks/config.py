@@ -65,11 +65,20 @@ def _epoch(d: date) -> int:
 
 def parse_period(text: str | None, now: datetime | None = None) -> Period:
     """'2010-05-01' (a UTC day), '2010-05' (a month), '2010-05-01..2010-05-07' (days, inclusive), or
-    None / 'all' (the whole input). 'yesterday' and 'today' are relative to ``now`` (a scheduled run
-    passes its scheduled start, so a late or retried run still releases the day it was meant for)."""
+    None / 'all' (the whole input). 'yesterday', 'today' and 'last-N-days' (the N UTC days that end
+    with yesterday: a rolling window) are relative to ``now`` (a scheduled run passes its scheduled
+    start, so a late or retried run still releases the days it was meant for)."""
     if text is None or str(text).strip().lower() in ("", "all"):
         return Period("all", None, None)
     t = str(text).strip()
+    rolling = re.fullmatch(r"last-(\d{1,4})-days?", t.lower())
+    if rolling:
+        n = int(rolling.group(1))
+        if not 1 <= n <= 3660:
+            raise ConfigError(f"period {t!r}: a rolling window is 1 to 3660 days")
+        b = (now or datetime.now(UTC)).astimezone(UTC).date() - timedelta(days=1)
+        a = b - timedelta(days=n - 1)
+        return Period(f"{a.isoformat()}_{b.isoformat()}", _epoch(a), _epoch(b + timedelta(days=1)))
     if t.lower() in ("yesterday", "today"):
         d = (now or datetime.now(UTC)).astimezone(UTC).date() - timedelta(days=1 if t.lower() == "yesterday" else 0)
         return Period(d.isoformat(), _epoch(d), _epoch(d + timedelta(days=1)))
@@ -149,7 +158,8 @@ class ReleaseParams(BaseModel):
     data: str = Field(description="input point table (path or URL readable on the workers)")
     cities: NameList = Field(default_factory=list,
                              description="catalog city slugs (see `geodp cities`); at least one, unless a center is given")
-    period: str | None = Field(default=None, description="YYYY-MM-DD, YYYY-MM, A..B, or empty for the whole input")
+    period: str | None = Field(default=None, description="YYYY-MM-DD, YYYY-MM, A..B, yesterday, "
+                                  "last-N-days (rolling), or empty for the whole input")
     epsilon: float | None = Field(default=None, gt=0, le=1000,
                                   description="ε per city-release (pure ε-DP); this or rho is required")
     rho: float | None = Field(default=None, gt=0, le=1000,

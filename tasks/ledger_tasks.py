@@ -45,8 +45,13 @@ class PolicyRequest:
     budget: float | None = None
     default_budget: float = 10.0
     zcdp: bool = False
+    #: a whole policy the platform configuration declares for the dataset ([nightly.policy]): a new
+    #: dataset gets it, a stored policy must equal it
+    declared: PrivacyPolicy | None = None
 
     def new_policy(self) -> PrivacyPolicy:
+        if self.declared is not None:
+            return self.declared
         return PrivacyPolicy(privacy_unit=self.privacy_unit,
                              budget=float(self.budget if self.budget is not None else self.default_budget),
                              max_points_per_user=(self.max_points_per_user or DEFAULT_K)
@@ -68,6 +73,11 @@ def resolve_policy(store_url: str, dataset: str, request: PolicyRequest) -> Reso
     Reads only; nothing is written until :func:`charge_ledger`."""
     stored = DatasetLedger(ReleaseStore(store_url), dataset).policy()
     policy = stored or request.new_policy()
+    if stored is not None and request.declared is not None and stored != request.declared:
+        have, want = stored.to_dict(), request.declared.to_dict()
+        diff = ", ".join(f"{k} {have[k]!r} stored, {want[k]!r} configured" for k in have if have[k] != want[k])
+        raise PolicyError(f"dataset {dataset!r} has another policy than the configuration's [nightly.policy] "
+                          f"({diff}); change one of them (`geodp dataset policy` changes the stored one)")
     if stored is not None and request.budget is not None and abs(request.budget - stored.budget) > 1e-12:
         raise PolicyError(
             f"dataset {dataset!r} already has a budget of {stored.unit}={stored.budget:g} per person over "

@@ -77,7 +77,8 @@ def plan_release(params: ReleaseParams, config_path: str | None = None, now: dat
     store = ReleaseStore(settings.release_store(params.store))  # fails fast on a bad URL
     request = PolicyRequest(params.privacy_unit, params.max_points_per_user, zcdp=params.rho is not None,
                             budget=settings.explicit_budget_cap(dataset, params.budget_cap),
-                            default_budget=settings.budget_cap_for(dataset))
+                            default_budget=settings.budget_cap_for(dataset),
+                            declared=settings.declared_policy(dataset))
     if params.seed is not None:
         mark_experimental(store)  # seeded noise can be regenerated: never in a ledgered store
         resolved = ResolvedPolicy(request.new_policy(), False, params.max_points_per_user or DEFAULT_K, 1)

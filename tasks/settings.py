@@ -13,9 +13,9 @@ import math
 import os
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -23,7 +23,8 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from tasks.config import ConfigError, ReleaseParams
+from dpcore.privacy.accounting import PrivacyPolicy
+from tasks.config import ConfigError, PrivacyUnitName, ReleaseParams
 
 DEFAULT_BUDGET_CAP = 10.0
 CONFIG_ENV = "GEODP_CONFIG"
@@ -41,13 +42,68 @@ class BudgetSettings(BaseModel):
     caps: dict[str, PositiveCap] = Field(default_factory=dict, description="per-dataset budgets")
 
 
+class DatasetPolicySettings(BaseModel):
+    """[nightly.policy]: the nightly dataset's privacy policy, with the options of `geodp dataset create`.
+    The first release into the dataset stores it; a dataset whose stored policy differs is refused."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    budget: PositiveCap = Field(description="the most one person may lose over any window: ε, or ρ with "
+                                "accounting = zcdp")
+    privacy_unit: PrivacyUnitName = PrivacyUnitName.USER
+    max_points_per_user: int | None = Field(default=None, ge=1, le=1_000_000,
+                                            description="k per bound window (user level; default 20)")
+    bound_window: Literal["release", "day"] = Field(default="release", description="k applies per release or "
+                                                    "per UTC day (a day bound is charged once per covered day)")
+    window_days: Annotated[int, Field(ge=1, le=36_600)] | Literal["lifetime"] = Field(default="lifetime", description="the budget's window in UTC "
+                                                   "days (w-event privacy), or lifetime")
+    accounting: Literal["pure", "zcdp"] = "pure"
+    delta: float = Field(default=1e-9, gt=0, lt=1, description="δ shown beside ρ (zcdp)")
+    max_records_per_person: int | None = Field(default=None, ge=1, le=1_000_000)
+    horizon: str | None = Field(default=None, description="FIRST..LAST: UTC days a release without a period covers")
+
+    @model_validator(mode="after")
+    def _valid_policy(self) -> DatasetPolicySettings:
+        self.policy()  # a PolicyError is a ValueError: reported with the key like any other bad value
+        return self
+
+    def policy(self) -> PrivacyPolicy:
+        """The policy these options declare (what `geodp dataset create` would store)."""
+        if self.horizon is not None and ".." not in self.horizon:
+            raise ValueError("horizon must be FIRST..LAST (UTC days)")
+        user = self.privacy_unit == PrivacyUnitName.USER
+        return PrivacyPolicy(privacy_unit=self.privacy_unit.value, budget=float(self.budget),
+                             max_points_per_user=(self.max_points_per_user or 20) if user else None,
+                             bound_window=self.bound_window,
+                             window_days=None if self.window_days == "lifetime" else self.window_days,
+                             accounting=self.accounting, delta=self.delta,
+                             max_records_per_person=self.max_records_per_person,
+                             horizon=tuple(self.horizon.split("..", 1)) if self.horizon else None)
+
+
 class NightlySettings(BaseModel):
-    """[nightly]: the cron (UTC) and parameters of the scheduled release."""
+    """[nightly]: the cron (UTC) and parameters of the scheduled release, and its dataset's policy."""
 
     model_config = ConfigDict(extra="forbid")
 
     cron: str = "30 2 * * *"
     release: ReleaseParams
+    policy: DatasetPolicySettings | None = None
+
+    @property
+    def dataset(self) -> str:
+        from tasks.release_tasks import dataset_name
+
+        return dataset_name(self.release.data, self.release.dataset)
+
+    @model_validator(mode="after")
+    def _release_fits_policy(self) -> NightlySettings:
+        k = self.release.max_points_per_user
+        if self.policy is not None and k is not None and self.release.privacy_unit == PrivacyUnitName.USER \
+                and k != self.policy.policy().max_points_per_user:
+            raise ValueError(f"release.max_points_per_user = {k} differs from the policy's k = "
+                             f"{self.policy.policy().max_points_per_user}; drop one")
+        return self
 
     @field_validator("cron")
     @classmethod
@@ -98,6 +154,21 @@ class PlatformSettings(BaseSettings):
         if not math.isfinite(cap) or cap <= 0:
             raise ConfigError(f"budget cap must be a positive number, got {cap}")
         return cap
+
+    def declared_policy(self, dataset: str) -> PrivacyPolicy | None:
+        """The policy [nightly.policy] declares for ``dataset`` (the nightly's), else None."""
+        if self.nightly is None or self.nightly.policy is None or dataset != self.nightly.dataset:
+            return None
+        return self.nightly.policy.policy()
+
+    @model_validator(mode="after")
+    def _caps_fit_policy(self) -> PlatformSettings:
+        if self.nightly is not None and self.nightly.policy is not None:
+            cap = self.budget.caps.get(self.nightly.dataset)
+            if cap is not None and abs(cap - self.nightly.policy.budget) > 1e-12:
+                raise ValueError(f"budget.caps.{self.nightly.dataset} = {cap:g} differs from nightly.policy.budget "
+                                 f"= {self.nightly.policy.budget:g}; drop one")
+        return self
 
     def explicit_budget_cap(self, dataset: str, override: float | None = None) -> float | None:
         """A cap that was asked for explicitly (an override, or [budget.caps] naming the dataset): it must

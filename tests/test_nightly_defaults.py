@@ -1,0 +1,114 @@
+"""The shipped nightly (deploy/geodp.toml) as it is served: its [nightly.policy] becomes the policy of
+the dataset the nightly creates (a stored policy that differs is refused in one line), its rolling
+period releases the last 7 days, and its options beat a blank map on data-centred 1–5 km squares of
+real check-ins (Gowalla NYC, one week)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from dpcore.privacy.accounting import PolicyError
+from flows.cli import main
+from flows.release import release_cities
+from flows.serve import build_deployments
+from tasks.config import ReleaseParams
+from tasks.settings import load_settings
+from tasks.storage.ledger import DatasetLedger
+from tasks.storage.store import ReleaseStore
+from tests.cli_runner import run_geodp
+
+SHIPPED = Path(__file__).resolve().parents[1] / "deploy" / "geodp.toml"
+
+
+def _served_nightly(tmp_path, monkeypatch) -> tuple[ReleaseParams, str, Path]:
+    """The nightly deployment's parameters from the shipped file, its input moved to synthetic check-ins
+    of the last 7 days (same dataset name) and its store to a temporary folder, through the environment
+    overrides an operator would use."""
+    data = tmp_path / "in" / "checkins.parquet"
+    start = (datetime.now(UTC).date() - timedelta(days=7)).isoformat()
+    assert main(["synth", str(data), "--users", "80", "--days", "7", "--start", start]) == 0
+    store = str(tmp_path / "store")
+    monkeypatch.setenv("GEODP_NIGHTLY__RELEASE__DATA", str(data))
+    monkeypatch.setenv("GEODP_STORE", store)
+    monkeypatch.setenv("GEODP_NIGHTLY__RELEASE__CITIES", '["new-york"]')  # one city keeps it fast
+    (nightly,) = [d for d in build_deployments(load_settings(SHIPPED), SHIPPED) if d.name == "nightly"]
+    return ReleaseParams(**nightly.parameters["params"]), store, data
+
+
+def test_served_nightly_creates_its_dataset_with_the_configured_policy(tmp_path, monkeypatch):
+    params, store, _ = _served_nightly(tmp_path, monkeypatch)
+    declared = load_settings(SHIPPED).nightly.policy.policy()
+    release_cities(params, str(SHIPPED), in_process=True, artifacts=False)
+    stored = DatasetLedger(ReleaseStore(store), "checkins").policy()
+    assert stored == declared
+    assert (stored.window_days, stored.bound_window, stored.budget) == (7, "release", 6.5)
+    yesterday = datetime.now(UTC).date() - timedelta(days=1)
+    week = f"{(yesterday - timedelta(days=6)).isoformat()}_{yesterday.isoformat()}"
+    assert [r.period for r in ReleaseStore(store).list_releases()] == [week]
+    # the w-event budget lasts: 13 nights touch one 7-day window, at ε 0.5 each that is the budget
+    assert 13 * params.epsilon <= stored.budget < 14 * params.epsilon
+
+
+def test_served_nightly_refuses_a_dataset_with_another_policy(tmp_path, monkeypatch):
+    params, store, data = _served_nightly(tmp_path, monkeypatch)
+    assert main(["dataset", "create", store, "checkins", "--source", str(data), "--budget", "10"]) == 0
+    with pytest.raises(PolicyError, match=r"\[nightly\.policy\].*window_days None stored, 7 configured"):
+        release_cities(params, str(SHIPPED), in_process=True, artifacts=False)
+    ledger = DatasetLedger(ReleaseStore(store), "checkins")
+    assert ledger.policy().window_days is None and ledger.entries() == []
+
+
+def test_shipped_nightly_beats_a_blank_map_on_1_to_5_km(tmp_path, gowalla_nyc_path):
+    nightly = load_settings(SHIPPED).nightly
+    raw = pd.read_csv(gowalla_nyc_path, sep="\t", header=None, names=["user_id", "timestamp", "lat", "lon", "venue"])
+    raw["timestamp"] = pd.to_datetime(raw["timestamp"], utc=True)
+    week = raw[(raw.timestamp >= "2010-09-01") & (raw.timestamp < "2010-09-08")].drop(columns="venue")
+    data = tmp_path / "week.parquet"
+    week.to_parquet(data)
+    out = tmp_path / "rel"
+    run_geodp(
+        *["release", "run", str(data), "--cities", "new-york", "--period", "2010-09-01..2010-09-07",
+         "--epsilon", str(nightly.release.epsilon), "--mechanism", nightly.release.mechanism,
+         "--max-points-per-user", str(nightly.release.max_points_per_user or nightly.policy.policy().max_points_per_user), "--seed", "1", "--out", str(out)])
+    import geodp
+
+    release = geodp.open_store(str(out)).releases()[0]
+    g = release.to_xarray()
+    inside = week[(week.lat >= float(g.lat.min())) & (week.lat <= float(g.lat.max()))
+                  & (week.lon >= float(g.lon.min())) & (week.lon <= float(g.lon.max()))]
+    rng = np.random.default_rng(7)
+    centres = inside.sample(300, random_state=7)
+    side_m = rng.uniform(1000, 5000, len(centres))
+    dlat = side_m / 2 / 111_320
+    dlon = dlat / np.cos(np.radians(centres.lat.to_numpy()))
+    boxes = pd.DataFrame({"min_lat": centres.lat.to_numpy() - dlat, "min_lon": centres.lon.to_numpy() - dlon,
+                          "max_lat": centres.lat.to_numpy() + dlat, "max_lon": centres.lon.to_numpy() + dlon})
+    answers = release.query(boxes)
+    lat, lon = inside.lat.to_numpy()[:, None], inside.lon.to_numpy()[:, None]
+    truth = ((lat >= boxes.min_lat.to_numpy()) & (lat < boxes.max_lat.to_numpy())
+             & (lon >= boxes.min_lon.to_numpy()) & (lon < boxes.max_lon.to_numpy())).sum(axis=0)
+    floor = max(1.0, len(inside) / 1000)
+    released = np.mean(np.abs(answers.estimate.to_numpy() - truth) / np.maximum(truth, floor))
+    blank = np.mean(truth / np.maximum(truth, floor))
+    print(f"mean relative error on 1–5 km: release {released:.3f}, blank map {blank:.3f}")
+    assert released < 0.85 * blank, (released, blank)
+
+
+@pytest.mark.parametrize(("line", "key"), [("window_days = 0", "nightly.policy.window_days"),
+                                           ("bound_windw = \"day\"", "nightly.policy.bound_windw"),
+                                           ("max_points_per_user = 5", "nightly: Value error, release.max_points")])
+def test_nightly_policy_options_are_checked_at_load(tmp_path, line, key):
+    from tasks.config import ConfigError
+
+    text = SHIPPED.read_text().replace("window_days = 7", line)
+    if line.startswith("max_points"):  # the release asks another k than its policy
+        text = SHIPPED.read_text().replace('mechanism = "auto"', f'mechanism = "auto"\n{line}')
+    config = tmp_path / "geodp.toml"
+    config.write_text(text)
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        load_settings(config)
