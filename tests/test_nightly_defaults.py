@@ -112,3 +112,26 @@ def test_nightly_policy_options_are_checked_at_load(tmp_path, line, key):
     config.write_text(text)
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         load_settings(config)
+
+
+def test_shipped_nightly_budget_lasts_beyond_20_nights():
+    """The ledger's own arithmetic on 30 consecutive nights of the shipped nightly (every city of a
+    night in one bounding draw, each night's period the 7 days before it): none is refused, and the
+    worst 7-day window is the 13 × ε the TOML states."""
+    from dpcore.geo import city_region
+    from dpcore.privacy.accounting import LedgerCharge, check_within_budget
+    from tasks.config import parse_period
+    from tasks.ledger_tasks import charged_days
+
+    nightly = load_settings(SHIPPED).nightly
+    policy = nightly.policy.policy()
+    charges: list[LedgerCharge] = []
+    for night in range(30):
+        now = datetime(2024, 3, 1, 2, 30, tzinfo=UTC) + timedelta(days=night)
+        first, last = charged_days(parse_period(nightly.release.period, now=now), policy)
+        new = [LedgerCharge(f"{city}-{night}", f"draw-{night}", nightly.release.epsilon, None, first, last,
+                            policy.bound_window == "day", city_region(city).bbox_latlon(), city=city)
+               for city in nightly.release.cities]
+        after = check_within_budget(policy, charges, new)  # raises BudgetRefused if a night is refused
+        charges += new
+    assert after["window"] == pytest.approx(13 * nightly.release.epsilon) == pytest.approx(policy.budget)
