@@ -1,7 +1,8 @@
 """Spatial Neural Histograms (SNH), split by job:
 
 - :mod:`.mechanism`: the mechanism (data collection, the only step that reads data, and the fit);
-- :mod:`.pyramid`: the noisy pyramid's maths (pure numpy, shared with the public denoiser's training);
+- :mod:`dpcore.grid.pyramid`: the noisy pyramid's maths (pure numpy, shared with the public denoiser's
+  training, so it sits below the mechanisms and is re-exported here);
 - :mod:`.denoisers`: which public denoiser a release applies (public inputs only);
 - :mod:`.augmentation`: training squares and the public workload's weights;
 - :mod:`.training`: the nets (torch);
@@ -24,7 +25,7 @@ _WHERE = {
     "known_total": "denoisers", "choose_denoiser": "denoisers", "band_denoiser": "denoisers",
     **{n: "augmentation" for n in ("query_sides", "augment", "sample_corners", "workload_overlaps",
                                    "load_public_workload", "check_workload", "normalise_xy")},
-    **{n: "pyramid" for n in ("pyramid_upward", "pyramid_estimate", "cap_to_levels", "release_pyramid",
+    **{n: "dpcore.grid.pyramid" for n in ("pyramid_upward", "pyramid_estimate", "cap_to_levels", "release_pyramid",
                               "pyramid_size", "LEVEL_DIVISORS", "LEVEL_WEIGHTS", "shrink_down",
                               "join_fine_level", "refine_to_fine")},
     **{n: "rules" for n in ("PSI_FRACTION", "LOSSES", "ANSWER_RULES", "BLEND_SMALL_SIDE_M", "GEOMETRIC_NETS_WEIGHTS",
@@ -41,4 +42,6 @@ def __getattr__(name: str) -> Any:
     module = _WHERE.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    # a dotted name is a module outside this package (the pyramid maths live in dpcore.grid)
+    path = module if "." in module else f"{__name__}.{module}"
+    return getattr(importlib.import_module(path), name)
