@@ -32,6 +32,7 @@ READ = ("dpcore.data.chunks", "read_part")
 PRIVATIZE = ("tasks.release_tasks", "_noise_for")
 
 KILL_AT_WRITE = "GEODP_TEST_KILL_AT_WRITE"
+KILL_IN_WORKERS_ONLY = "GEODP_TEST_KILL_IN_WORKERS_ONLY"
 PAUSE_AT_WRITE = "GEODP_TEST_PAUSE_AT_WRITE"
 FAULT_LOG = "GEODP_TEST_FAULT_LOG"
 
@@ -73,15 +74,20 @@ def marked_pids(marks: str | Path, name: str) -> list[int]:
     return [int(p.name.split("-")[-2]) for p in files]
 
 
-def kill_at_store_write(n: int, log: str) -> None:
+def kill_at_store_write(n: int, log: str, workers_only: bool = False) -> None:
     """SIGKILL this process right before its ``n``-th ``ReleaseStore.create``; every counted write
-    (and the kill) is appended to ``log`` first."""
+    (and the kill) is appended to ``log`` first. With ``workers_only`` only a process that
+    multiprocessing started (a LocalCluster's Dask worker) counts and dies; the CLI's own does not."""
+    import multiprocessing
+
     from tasks.storage.store import ReleaseStore
 
     original = ReleaseStore.create
     count = [0]
 
     def create(self, rel: str, data: bytes) -> None:
+        if workers_only and multiprocessing.parent_process() is None:
+            return original(self, rel, data)
         count[0] += 1
         with open(log, "a") as f:
             f.write(f"{os.getpid()} write {count[0]} {rel}\n")
@@ -193,10 +199,12 @@ class CuttableProxy:
                     pass
 
 
-def kill_at_write_env(n: int, log: Path) -> dict[str, str]:
-    """The environment that makes a Python subprocess (a CLI run) die at its ``n``-th store write."""
+def kill_at_write_env(n: int, log: Path, workers_only: bool = False) -> dict[str, str]:
+    """The environment that makes a Python subprocess (a CLI run) die at its ``n``-th store write; with
+    ``workers_only``, each of its Dask worker processes at its own ``n``-th write instead."""
     path = os.pathsep.join(p for p in (str(FAULT_SITE), str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    return {KILL_AT_WRITE: str(n), FAULT_LOG: str(log), "PYTHONPATH": path}
+    return {KILL_AT_WRITE: str(n), FAULT_LOG: str(log), "PYTHONPATH": path,
+            **({KILL_IN_WORKERS_ONLY: "1"} if workers_only else {})}
 
 
 def ledger_and_committed(store: str | Path, env: dict | None = None) -> tuple[float, float]:

@@ -145,3 +145,23 @@ def test_an_unreachable_endpoint_is_one_line(tmp_path):
            "AWS_SECRET_ACCESS_KEY": "x", "AWS_DEFAULT_REGION": "us-east-1"}
     for args in (("releases", "list", "s3://bucket/p"), ("query", "s3://bucket/p/releases/d/c/all/v1", *BOX)):
         one_line_error(run_geodp(*args, ok=False, env=env), "cannot reach")
+
+
+@pytest.mark.slow
+def test_a_worker_lost_at_every_upload_is_one_line_and_the_rerun_pays_once(small, tmp_path):
+    """The Dask form on a LocalCluster whose worker processes die (SIGKILL) at their first store write,
+    inside persist_release, and a scheduler that gives a task up after one lost worker: KilledWorker
+    is the command's one `error:` line, the charge for noise that never reached the store is not held,
+    and the re-run pays once: `geodp ledger` equals the committed ε."""
+    store = tmp_path / "s"
+    log = tmp_path / "kills.log"
+    env = {**kill_at_write_env(1, log, workers_only=True), "DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES": "0"}
+    r = run_geodp("release", small, *RELEASE, "--store", store, "--workers", "1", ok=False, env=env)
+    line = one_line_error(r, "KilledWorker", "nothing was committed")
+    assert "kill at write 1" in log.read_text(), line  # a worker died inside the upload, not before it
+    charged, committed = ledger_and_committed(store)
+    assert committed == 0.0 and charged == 0.0
+    assert all(f == [] for f in attempt_files(str(store)).values())
+    run_geodp("release", small, *RELEASE, "--store", store, "--no-prefect")
+    charged, committed = ledger_and_committed(store)
+    assert charged == pytest.approx(committed) == pytest.approx(0.1)

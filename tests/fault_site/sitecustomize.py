@@ -5,9 +5,10 @@ GEODP_TEST_KILL_AT_WRITE or GEODP_TEST_PAUSE_AT_WRITE is set."""
 import os
 
 if os.environ.get("GEODP_TEST_KILL_AT_WRITE"):
-    from tests.faults import FAULT_LOG, KILL_AT_WRITE, kill_at_store_write
+    from tests.faults import FAULT_LOG, KILL_AT_WRITE, KILL_IN_WORKERS_ONLY, kill_at_store_write
 
-    kill_at_store_write(int(os.environ[KILL_AT_WRITE]), os.environ[FAULT_LOG])
+    kill_at_store_write(int(os.environ[KILL_AT_WRITE]), os.environ[FAULT_LOG],
+                        workers_only=bool(os.environ.get(KILL_IN_WORKERS_ONLY)))
 
 if os.environ.get("GEODP_TEST_PAUSE_AT_WRITE"):
     from tests.faults import FAULT_LOG, PAUSE_AT_WRITE, pause_at_store_write
