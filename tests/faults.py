@@ -27,9 +27,9 @@ ROOT = Path(__file__).resolve().parents[1]
 FAULT_SITE = Path(__file__).resolve().parent / "fault_site"
 
 #: (module, function) that each step of a release calls while it runs on a worker: a file read inside
-#: the data pass, and the privatize task's noise set-up (before any noise is drawn).
+#: the data pass, and the privatize task's fit input (built before any noise is drawn).
 READ = ("dpcore.data.chunks", "read_part")
-PRIVATIZE = ("tasks.release_tasks", "_noise_for")
+PRIVATIZE = ("tasks.release_tasks", "input_for")
 
 KILL_AT_WRITE = "GEODP_TEST_KILL_AT_WRITE"
 KILL_IN_WORKERS_ONLY = "GEODP_TEST_KILL_IN_WORKERS_ONLY"
