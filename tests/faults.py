@@ -27,9 +27,11 @@ ROOT = Path(__file__).resolve().parents[1]
 FAULT_SITE = Path(__file__).resolve().parent / "fault_site"
 
 #: (module, function) that each step of a release calls while it runs on a worker: a file read inside
-#: the data pass, and the privatize task's fit input (built before any noise is drawn).
+#: the data pass, and the privatize task's fit input (built before any noise is drawn). A task's function
+#: reaches the worker pickled by value, its globals by reference to their defining module: a target is
+#: patched where it is defined (dpcore.mechanisms.inputs), not where a task module imported it.
 READ = ("dpcore.data.chunks", "read_part")
-PRIVATIZE = ("tasks.release_tasks", "input_for")
+PRIVATIZE = ("dpcore.mechanisms.inputs", "input_for")
 
 KILL_AT_WRITE = "GEODP_TEST_KILL_AT_WRITE"
 KILL_IN_WORKERS_ONLY = "GEODP_TEST_KILL_IN_WORKERS_ONLY"

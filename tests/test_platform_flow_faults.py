@@ -35,8 +35,11 @@ def test_a_non_geodp_failure_is_one_line_in_the_flow_state_and_not_retried(prefe
     def broken(*args, **kwargs):
         raise RuntimeError(REMOTE_ERROR)
 
-    # worker threads in this process: the privatize task's fit step (after the charge) meets the patch
+    # worker threads in this process: the privatize task's fit input (built after the charge) fails. Its
+    # function reaches the worker pickled with the globals it names: patched where they are defined and
+    # where the task module imported them, whichever the pickling keeps
     monkeypatch.setattr(f"{module}.{name}", broken)
+    monkeypatch.setattr(f"tasks.release_tasks.{name}", broken)
     params = ReleaseParams(data=str(data), cities=["new-york"], period="2024-01-01", epsilon=0.1,
                            mechanism="identity", mechanism_params={"cell_width_m": 2000}, store=str(store),
                            dataset=f"fault-{uuid.uuid4().hex[:8]}")
