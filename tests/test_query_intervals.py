@@ -202,6 +202,44 @@ def test_privtree_intervals_cover_the_trees_noise_free_answer_95_percent_of_the_
     assert 0.93 <= hits / n <= 0.97, hits / n
 
 
+def test_privtree_interval_moments_for_many_boxes_at_once_equal_a_leaf_by_leaf_sum():
+    """The per-depth prefix tables (with the boxes each depth skips) give Σw² and Σw⁴ over the leaves,
+    w = fx·fy each leaf's covered fraction, as summing every leaf does: boxes of 1 m to 2.5 km, inverted,
+    off the region, of no area, on leaf edges, and 1 m boxes in 500 m leaves (w⁴ ~ 1e-22, which the
+    former 1 + (f² − 1) sums lost to rounding: their term counts came out 0.7 or ∞, not 1)."""
+    region = Region("r", 40.0, -74.0, 2.0)
+    rng = np.random.default_rng(11)
+    x, y = rng.normal(0, 300, (2, 4000))  # a dense centre: leaves from 500 m down to 8 m
+    syn = get_mechanism("privtree").fit(FitInput(x, y, region, "user", 5), 1.0, NoiseSource.seeded(5))
+    assert np.ptp(syn.arrays["leaf_depth"]) >= 4
+    side = np.exp(rng.uniform(0.0, np.log(2500.0), 3000))
+    cx, cy = rng.uniform(-1200.0, 1200.0, (2, 3000))
+    boxes = np.stack([cx - side / 2, cy - side / 2, cx + side / 2, cy + side / 2], axis=1)
+    boxes[::7] = boxes[::7, [2, 3, 0, 1]]  # typed inverted
+    boxes[1::11, 2] = boxes[1::11, 0]  # no area
+    boxes[2::13] = np.round(boxes[2::13] / 125.0) * 125.0  # on the edges of 125 m (and coarser) leaves
+    leaves = _leaf_boxes(syn)
+    lx0, ly0, lx1, ly1 = leaves.T
+    x0, x1 = np.minimum(boxes[:, 0:1], boxes[:, 2:3]), np.maximum(boxes[:, 0:1], boxes[:, 2:3])
+    y0, y1 = np.minimum(boxes[:, 1:2], boxes[:, 3:4]), np.maximum(boxes[:, 1:2], boxes[:, 3:4])
+    w = (np.clip(np.minimum(lx1, x1) - np.maximum(lx0, x0), 0, None) / (lx1 - lx0)
+         * np.clip(np.minimum(ly1, y1) - np.maximum(ly0, y0), 0, None) / (ly1 - ly0))
+    s2, s4 = (w ** 2).sum(axis=1), (w ** 4).sum(axis=1)
+    model = syn.noise_model()
+    var, terms = model.moments(boxes)
+    assert np.allclose(var, model.law.variance * s2, rtol=1e-9, atol=0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        expected_terms = np.where(s4 > 0, s2 * s2 / s4, np.inf)
+    assert np.array_equal(np.isinf(terms), np.isinf(expected_terms))
+    assert np.allclose(terms[np.isfinite(terms)], expected_terms[np.isfinite(terms)], rtol=1e-9, atol=0.0)
+    assert (s2 == 0).sum() > 100 and ((side < 2) & (s2 > 0)).sum() > 10  # both kinds were asked
+    # and so the intervals are those of the exact leaf-by-leaf moments
+    est = syn.answer(boxes)
+    iv = model.intervals(boxes, est)
+    h = model.law.halfwidth(0.95, model.law.variance * s2, expected_terms)
+    assert np.allclose(iv.upper - est, h, rtol=1e-9, atol=0.0) and np.allclose(est - iv.lower, h, rtol=1e-9, atol=0.0)
+
+
 def test_privtree_release_keeps_its_leaves_when_saved_and_an_old_one_answers_null_with_why(tmp_path):
     from dpcore.synopsis.base import load_synopsis
 

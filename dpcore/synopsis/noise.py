@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from dpcore.synopsis.tree_cover import TreeCover
+
 if TYPE_CHECKING:
     from dpcore.synopsis.base import Synopsis
 
@@ -158,52 +160,6 @@ def axis_power_sum(lo: np.ndarray, hi: np.ndarray, n: int, extent: tuple[float, 
     return np.where(some, f0 ** p + f1 ** p + inner, 0.0)
 
 
-def _rect(flat_prefix: np.ndarray, stride: int, i0, i1, j0, j1) -> np.ndarray:
-    """Σ of cells [i0..i1] × [j0..j1] (inclusive, i1 ≥ i0, j1 ≥ j0) from a raveled (n+1, n+1) prefix table."""
-    a, b = i0 * stride, (i1 + 1) * stride
-    return flat_prefix[b + j1 + 1] - flat_prefix[a + j1 + 1] - flat_prefix[b + j0] + flat_prefix[a + j0]
-
-
-def masked_power_sums(unit_boxes: np.ndarray, member: np.ndarray, prefix: np.ndarray,
-                      powers: tuple[int, ...] = (2, 4)) -> list[np.ndarray]:
-    """Σ over the cells of an n × n grid with ``member`` true of (fx·fy)^p for each p, fx, fy the covered
-    fractions, for boxes in unit coordinates ([0, 1] over the region, lo ≤ hi): whole rows and columns
-    from the member count's prefix table, the two border rows and columns and the four corners with their
-    own weights (exact, O(1) per box). Boxes that meet no member cell are found first, from indices only."""
-    n = member.shape[0]
-    out = [np.zeros(len(unit_boxes)) for _ in powers]
-    a_x, b_x = unit_boxes[:, 0] * n, unit_boxes[:, 2] * n
-    a_y, b_y = unit_boxes[:, 1] * n, unit_boxes[:, 3] * n
-    i0 = np.minimum(a_x.astype(np.int64), n - 1)
-    j0 = np.minimum(a_y.astype(np.int64), n - 1)
-    i1 = np.maximum(np.ceil(b_x).astype(np.int64) - 1, i0)
-    j1 = np.maximum(np.ceil(b_y).astype(np.int64) - 1, j0)
-    fp, st, fm = prefix.ravel(), n + 1, member.ravel()
-    whole = _rect(fp, st, i0, i1, j0, j1)
-    touched = np.flatnonzero((whole > 0) & (b_x > a_x) & (b_y > a_y))
-    if touched.size == 0:
-        return out
-    i0, i1, j0, j1, whole = i0[touched], i1[touched], j0[touched], j1[touched], whole[touched]
-    a_x, b_x, a_y, b_y = a_x[touched], b_x[touched], a_y[touched], b_y[touched]
-    two_x, two_y = i1 != i0, j1 != j0
-    fx0 = np.where(two_x, (i0 + 1) - a_x, b_x - a_x)
-    fx1 = b_x - i1
-    fy0 = np.where(two_y, (j0 + 1) - a_y, b_y - a_y)
-    fy1 = b_y - j1
-    cols = [_rect(fp, st, i0, i0, j0, j1), _rect(fp, st, i1, i1, j0, j1)]
-    rows = [_rect(fp, st, i0, i1, j0, j0), _rect(fp, st, i0, i1, j1, j1)]
-    corner = [[fm[i0 * n + j0], fm[i0 * n + j1]], [fm[i1 * n + j0], fm[i1 * n + j1]]]
-    for k, p in enumerate(powers):
-        da = [fx0 ** p - 1.0, np.where(two_x, fx1 ** p - 1.0, 0.0)]
-        db = [fy0 ** p - 1.0, np.where(two_y, fy1 ** p - 1.0, 0.0)]
-        total = whole + da[0] * cols[0] + da[1] * cols[1] + db[0] * rows[0] + db[1] * rows[1]
-        for a in range(2):
-            for b in range(2):
-                total = total + da[a] * db[b] * corner[a][b]
-        out[k][touched] = total
-    return out
-
-
 # ---------------------------------------------------------------------------------------------
 # the models
 # ---------------------------------------------------------------------------------------------
@@ -318,20 +274,13 @@ def terms(s2: np.ndarray, s4: np.ndarray) -> np.ndarray:
 
 class LeafNoise(NoiseModel):
     """Independent noise of one law on the leaves of a quadtree (depth d, x-major index in the 2^d grid),
-    each leaf's noisy count spread uniformly over its quadrant: Σ over depths of the per-depth grid sums."""
+    each leaf's noisy count spread uniformly over its quadrant: Σ over depths of the per-depth grid sums
+    (``dpcore.synopsis.tree_cover``)."""
 
     def __init__(self, law: NoiseLaw, leaf_depth: np.ndarray, leaf_index: np.ndarray,
                  bounds: tuple[float, float, float, float], name: str = "the tree's leaves"):
         self._law, self.bounds = law, bounds
-        self.levels = []
-        depth, index = np.asarray(leaf_depth, dtype=np.int64), np.asarray(leaf_index, dtype=np.int64)
-        for d in np.unique(depth):
-            n = 2 ** int(d)
-            member = np.zeros((n, n), dtype=np.float64)
-            member.ravel()[index[depth == d]] = 1.0
-            prefix = np.zeros((n + 1, n + 1))
-            np.cumsum(np.cumsum(member, axis=0), axis=1, out=prefix[1:, 1:])
-            self.levels.append((member, prefix))
+        self.cover = TreeCover(leaf_depth, leaf_index)
         self.method = f"exact noise law ({law.words()}) over {name}, tabulated quantiles of the sum"
 
     @property
@@ -339,18 +288,7 @@ class LeafNoise(NoiseModel):
         return self._law
 
     def moments(self, boxes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        s2 = np.zeros(len(boxes))
-        s4 = np.zeros(len(boxes))
-        xmin, ymin, xmax, ymax = self.bounds
-        unit = np.empty_like(boxes)  # [0, 1] over the region, lo ≤ hi, computed once for every depth
-        unit[:, 0] = np.clip((np.minimum(boxes[:, 0], boxes[:, 2]) - xmin) / (xmax - xmin), 0.0, 1.0)
-        unit[:, 2] = np.clip((np.maximum(boxes[:, 0], boxes[:, 2]) - xmin) / (xmax - xmin), 0.0, 1.0)
-        unit[:, 1] = np.clip((np.minimum(boxes[:, 1], boxes[:, 3]) - ymin) / (ymax - ymin), 0.0, 1.0)
-        unit[:, 3] = np.clip((np.maximum(boxes[:, 1], boxes[:, 3]) - ymin) / (ymax - ymin), 0.0, 1.0)
-        for member, prefix in self.levels:
-            a2, a4 = masked_power_sums(unit, member, prefix)
-            s2 += a2
-            s4 += a4
+        s2, s4 = self.cover.power_sums(boxes, self.bounds)
         return self._law.variance * s2, terms(s2, s4)
 
     @staticmethod
