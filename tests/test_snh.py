@@ -8,6 +8,7 @@ import torch
 
 from dpcore.geo import Region
 from dpcore.grid.histogram import grid_counts
+from dpcore.grid.pyramid import PyramidError
 from dpcore.mechanisms import FitInput, get_mechanism
 from dpcore.mechanisms.base import MechanismError
 from dpcore.mechanisms.snh import (
@@ -297,7 +298,7 @@ def test_pyramid_estimate_is_exact_without_noise_and_never_adds_mass():
     assert (est >= 0).all()
     # The total is the inverse-variance combination of the levels' totals: within noise of the truth.
     assert abs(est.sum() - counts.sum()) < 5 * np.sqrt(50.0 * 16)
-    with pytest.raises(MechanismError):
+    with pytest.raises(PyramidError, match="powers of two"):
         pyramid_estimate({3: np.zeros((3, 3)), 12: np.zeros((12, 12))}, {3: 1.0, 12: 1.0})
 
 
