@@ -470,11 +470,17 @@ def _committed_by_newer_run(store: ReleaseStore, plan: CityPlan, wait_s: float =
     return its manifest once it commits."""
     import time
 
+    from tasks.storage.ledger import DatasetLedger
+
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
         found = store.find_committed(plan.dataset, plan.city, plan.period.label, plan.release_key)
         if found is not None:
             return found
+        if not any(h.charge.key == plan.release_key for h in DatasetLedger(store, plan.dataset).held()):
+            # the newer run gave the charge back: nothing of this release will commit
+            raise ReleaseError(f"{plan.city}: a newer run of the same release took this one over and then "
+                               "failed; nothing was committed, run the release again")
         time.sleep(1.0)
     raise ReleaseError(f"{plan.city}: a newer run of the same release took this one over and has not committed "
                        "yet; run the release again to see its result")

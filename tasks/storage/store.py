@@ -396,7 +396,9 @@ class ReleaseStore:
         """
         for other in supersedes:
             self.seal_attempt(ref, other)
-            self.delete_attempt_data(ref, other)
+            # its writer may still be alive and add a file after this delete: that writer then fails
+            # at its sealed _STAGED.json and deletes its own files, so a file that reappears is left to it
+            self.delete_attempt_data(ref, other, live_writer_may_remain=True)
         if self.exists(f"{ref.rel}/{attempt}/{STAGED}"):
             raise AttemptSealed(f"{self.url_of(ref.rel)}/{attempt} was taken over by a newer run of the same release")
         files = []
@@ -462,16 +464,19 @@ class ReleaseStore:
         # a temporary file a killed writer left (local stores) holds noise too
         return sorted(n for n in names if n and n not in (CHARGE_REF, STAGED))
 
-    def delete_attempt_data(self, ref: ReleaseRef, attempt: str) -> None:
+    def delete_attempt_data(self, ref: ReleaseRef, attempt: str, live_writer_may_remain: bool = False) -> None:
         """Delete an uncommitted attempt's noisy files, keeping its charge reference and seal (so its
         charge stays known and its writer cannot complete it later). Raises StoreError when any
-        file is left."""
+        file is left, unless ``live_writer_may_remain`` (a sealed attempt whose writer may still be
+        uploading, under the same charge: that writer deletes what it adds)."""
         for name in self.attempt_data(ref, attempt):
             try:
                 with self._io("delete", f"{ref.rel}/{attempt}/{name}"):
                     self.fs.rm_file(self.path(f"{ref.rel}/{attempt}/{name}"))
             except FileNotFoundError:
                 pass
+        if live_writer_may_remain:
+            return
         # a temporary file that appears meanwhile is a live writer's, which removes it itself
         left = [n for n in self.attempt_data(ref, attempt) if not n.rsplit("/", 1)[-1].startswith(".tmp-")]
         if left:
