@@ -18,9 +18,10 @@ that applies) and must be predicted better than the others by ``SELF_TUNED_MARGI
 training rows stop far below this release's n·ε/s is not weighed (see
 dpcore.paramselect.pick_candidate). The release's parameters list every candidate's predicted error.
 By default (``choose="band"``) the query band picks the mechanism (dpcore.mechanisms.auto_rule: a
-rule-sized uniform grid under 1 km, AG from 1 km, measured on public data with queries where people
-are); the cost model still scores every candidate for the manifest, and chooses alone with
-``choose="model"`` or when the band's pick is not among the candidates.
+rule-sized uniform grid for 25–100 m, AG with band settings from 100 m, measured on public data with
+queries where people are); with no declared band (``query_sides_m`` = ``NO_BAND``, 25 m – 5 km) one
+AG fit serves every size. The cost model still scores every candidate for the manifest, and chooses
+alone with ``choose="model"`` or when the band's pick is not among the candidates.
 When the choice is a uniform grid (identity or ug), its side comes from the data-centred grid-size rule
 (dpcore.grid.size_rule) for the band ``query_sides_m``, from the same public n and the ε left for the
 grid, instead of ParamSelect's ρ or the ICDE rule: both were tuned on queries placed uniformly over the
@@ -34,7 +35,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from dpcore.mechanisms.auto_rule import decide
+from dpcore.mechanisms.auto_rule import NO_BAND, decide
 from dpcore.mechanisms.base import Mechanism, MechanismError
 from dpcore.mechanisms.contract import FitRecord, MechanismTags
 from dpcore.mechanisms.inputs import PointsInput
@@ -50,7 +51,7 @@ class AutoMechanism(Mechanism):
     tags = MechanismTags(supports_weights=True, tunes_band="query_sides_m")
 
     def __init__(self, *, mechanisms: tuple[str, ...] | str | None = None,
-                 query_sides_m: Band = (100.0, 1000.0), total_fraction: Fraction = 0.05,
+                 query_sides_m: Band = NO_BAND, total_fraction: Fraction = 0.05,
                  model_path: str | None = None, choose: Literal["band", "model"] = "band"):
         self.choose = choose
         self.mechanisms = mechanisms

@@ -12,9 +12,14 @@ uniform query centres) predicts them:
   default), which beats every uniform size on the public sets;
 - 1–5 km squares: AG with α = 0.3 and c = 5, and AG's own level-1 floor (coarser than the 100–1000 m one).
 
-The rule reads only the band and the region's side (public configuration), so it is post-processing
-of nothing private. The AG settings were chosen on the public sets by leave-one-dataset-out
-(bench/README.md, "Adaptive grids by band, public data"; docs/decisions/0016-auto-by-band.md).
+A band wider than one decade (``WIDE_RATIO``), such as ``NO_BAND`` (25 m – 5 km, what ``auto`` serves
+when no band is declared), is not one of these: one fit answers squares of every size, so it runs AG
+with a setting per privacy unit (``WIDE_PICKS``, bench/auto_no_band.py): at user level α = 0.2, c = 10
+and level-1 cells of at most 1,250 m, whose coarser leaves keep 1–5 km squares, which sum many of them,
+from drowning in the noise of k-bounded counts (the 100–1000 m setting's c = 5 is ×1.2–1.5 the best
+mechanism there on the public sets); at record level α = 0.2, c = 7 and level-1 cells of at most 850 m,
+finer, since check-ins sit on venues and at k = 1 small squares gain more from fine leaves than large
+ones lose to their noise.
 """
 
 from __future__ import annotations
@@ -39,6 +44,18 @@ class BandPick:
     level1_cell_m: float | None = None
 
 
+#: The band ``auto`` serves when none is declared: squares of 25 m to 5 km, one fit for all.
+NO_BAND: tuple[float, float] = (25.0, 5000.0)
+#: A band whose largest side is more than this many times its smallest spans several of the bands
+#: below (each is ×4–×10 wide) and gets its privacy unit's ``WIDE_PICKS`` row.
+WIDE_RATIO = 10.0
+#: The settings for wide bands by privacy unit, chosen on public data with one fit answering all three
+#: bands (bench/auto_no_band.py; leave-one-dataset-out picks the user row for 9 of 9 public sets and the
+#: record row for 8 of 9).
+WIDE_PICKS: dict[str, BandPick] = {
+    "user": BandPick(0.0, "ag", {"alpha": 0.2, "c": 10.0}, level1_cell_m=1250.0),
+    "record": BandPick(0.0, "ag", {"alpha": 0.2, "c": 7.0}, level1_cell_m=850.0),
+}
 #: The band rule, largest bands first (the first row whose ``from_side_m`` the band reaches applies).
 #: 125 m is the geometric midpoint of the 25–100 m and 100–1000 m bands' centres (50 m and 316 m).
 BAND_RULE: tuple[BandPick, ...] = (
@@ -52,17 +69,20 @@ RULE_SIZED = ("identity", "ug")
 CHOOSERS = ("band", "model")
 
 
-def band_pick(query_sides_m: tuple[float, float]) -> BandPick:
+def band_pick(query_sides_m: tuple[float, float], privacy_unit: str = "record") -> BandPick:
     lo, hi = (float(v) for v in query_sides_m)
+    if hi > WIDE_RATIO * lo:
+        return WIDE_PICKS["user" if privacy_unit == "user" else "record"]
     side = math.sqrt(lo * hi)
     return next(r for r in BAND_RULE if side >= r.from_side_m)
 
 
-def band_choice(query_sides_m: tuple[float, float], candidates: tuple[str, ...]) -> str | None:
+def band_choice(query_sides_m: tuple[float, float], candidates: tuple[str, ...],
+                privacy_unit: str = "record") -> str | None:
     """The mechanism the band rule picks, or None when it is not among ``candidates`` (then the cost
     model chooses). A grid choice may be run as ``ug`` or ``identity`` with the rule's size; they are
     the same release then."""
-    want = band_pick(query_sides_m).mechanism
+    want = band_pick(query_sides_m, privacy_unit).mechanism
     if want in candidates:
         return want
     if want in RULE_SIZED:
@@ -70,9 +90,10 @@ def band_choice(query_sides_m: tuple[float, float], candidates: tuple[str, ...])
     return None
 
 
-def band_params(query_sides_m: tuple[float, float], mechanism: str, region_side_m: float) -> dict:
+def band_params(query_sides_m: tuple[float, float], mechanism: str, region_side_m: float,
+                privacy_unit: str = "record") -> dict:
     """The parameters the band rule gives ``mechanism`` (its pick) for a region of side ``region_side_m``."""
-    pick = band_pick(query_sides_m)
+    pick = band_pick(query_sides_m, privacy_unit)
     if pick.mechanism != mechanism:
         return {}
     params = dict(pick.params)
@@ -102,7 +123,7 @@ def decide(choice: Choice, query_sides_m: tuple[float, float], candidates: tuple
     from dpcore.grid.size_rule import data_grid_size, rule_record
 
     lo, hi = (float(v) for v in query_sides_m)
-    by_band = band_choice((lo, hi), candidates) if choose == "band" else None
+    by_band = band_choice((lo, hi), candidates, privacy_unit) if choose == "band" else None
     if by_band is not None and by_band != choice.mechanism:
         predicted = {c["mechanism"]: c["predicted_error"] for c in choice.inputs["candidates"]}
         choice = dataclasses.replace(choice, mechanism=by_band, predicted_error=predicted.get(by_band))
@@ -110,7 +131,7 @@ def decide(choice: Choice, query_sides_m: tuple[float, float], candidates: tuple
     if by_band is not None:
         # the band rule's own parameters replace ParamSelect's ρ (tuned on uniformly placed queries)
         inner_params = {k: v for k, v in inner_params.items() if k != "cell_width_m"} | \
-            band_params((lo, hi), by_band, region_side_m)
+            band_params((lo, hi), by_band, region_side_m, privacy_unit)
     rule = None
     if choice.mechanism in RULE_SIZED:
         n_noised = 10 ** choice.inputs["features"]["log_n"]
