@@ -11,6 +11,7 @@ Runs on one core in a minute or two at the defaults (a subsample of releases and
 
     .venv/bin/python bench/bench_profile.py --datasets gowalla-nyc --k 10,20,50 --epsilon 1
     .venv/bin/python bench/bench_profile.py --k 20 --epsilon 1 --plan 0.1,0.5,2 --releases 3   # the plan
+    .venv/bin/python bench/bench_profile.py --choose-k 0.5,1 --k 10,20,50 --releases 3   # k = auto
 """
 
 from __future__ import annotations
@@ -146,6 +147,55 @@ def plan_vs_measured(name: str, k: int, epsilons: list[float], basis_epsilon: fl
     return rows
 
 
+HINDSIGHT_WIDTHS_M = (100.0, 250.0, 500.0, 1000.0, 2000.0)
+
+
+def choose_k_vs_fixed(name: str, epsilons: list[float], bases: int, releases: int, queries: int, cell_m: float,
+                      seed: int, fixed: tuple[int, ...] = (10, 20, 50)) -> list[dict]:
+    """``--max-points-per-user auto`` as a release makes it: the plan chooses k from a published basis
+    release (drawn at the default k = 20 and the same ε, ``bases`` times) and the identity grid of
+    ``cell_m`` releases at that k; against fixed k, answering 0 and the hindsight uniform grid (the k
+    and cell width of those tried whose error, measured with the true answers, is smallest per band)."""
+    from dpcore.privacy.profile import ContributionProfile
+    from dpcore.synopsis.expected_error import PlanInputs, choose_k, typical_counts
+    from dpcore.synopsis.uncertainty import DEFAULT_BANDS
+
+    x, y, user, region = region_points(name)
+    rng = np.random.default_rng(seed)
+    cells = int(round(region.side_m / cell_m))
+    boxes = {b: squares(x, y, b, queries, rng) for b in DEFAULT_BANDS}
+    truth = {b: true_counts(x, y, q) for b, q in boxes.items()}
+
+    def error(k: int, n_cells: int, s: int) -> dict:
+        """Mean relative error per band over ``releases`` releases at k on an n_cells² identity grid."""
+        errs = {b: [] for b in DEFAULT_BANDS}
+        for r in range(releases):
+            syn = fit(x, y, user, region, k, eps, n_cells, s + r, rng)
+            for b in DEFAULT_BANDS:
+                errs[b].append(np.abs(syn.answer(boxes[b]) - truth[b]) / np.maximum(truth[b], 1))
+        return {b: float(np.mean(np.concatenate(v))) for b, v in errs.items()}
+
+    rows = []
+    for eps in epsilons:
+        chosen = []
+        for i in range(bases):
+            basis = fit(x, y, user, region, 20, eps, cells, seed + 100 + i, rng)
+            k, _ = choose_k(PlanInputs(eps, 20, region.side_m / cells), typical_counts(basis),
+                            ContributionProfile.from_dict(basis.profile))
+            chosen.append(k)
+        ks = sorted(set(fixed) | set(chosen))
+        widths = sorted(set(HINDSIGHT_WIDTHS_M) | {cell_m})
+        at = {(k, w): error(k, int(round(region.side_m / w)), seed + 1000) for k in ks for w in widths}
+        for b in DEFAULT_BANDS:
+            best = min(at, key=lambda kw: at[kw][b])
+            rows.append({"dataset": name, "epsilon": eps, "band": b, "chosen": chosen,
+                         "auto": [at[(k, cell_m)][b] for k in chosen],
+                         "fixed": {k: at[(k, cell_m)][b] for k in fixed},
+                         "zero": float(np.mean(truth[b] / np.maximum(truth[b], 1))),
+                         "hindsight": (at[best][b], best)})
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--datasets", default="gowalla-nyc")
@@ -158,7 +208,24 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--plan", metavar="EPSILONS", help="instead: the plan's predicted against measured |error| "
                     "per band at these ε (comma-separated), predicted from a basis release at --epsilon")
+    ap.add_argument("--choose-k", metavar="EPSILONS", help="instead: k = auto (chosen from --bases basis releases) "
+                    "against fixed k, answering 0 and the hindsight grid, at these ε (comma-separated)")
+    ap.add_argument("--bases", type=int, default=3, help="basis releases auto chooses from (--choose-k)")
     a = ap.parse_args()
+    if a.choose_k:
+        fixed = tuple(int(v) for v in a.k.split(","))
+        print("| data | ε | band (m) | auto's k (per basis) | auto | " + " | ".join(f"k = {k}" for k in fixed)
+              + " | answer 0 | hindsight grid (k, cell) |")
+        print("|---" * (7 + len(fixed)) + "|")
+        for name in a.datasets.split(","):
+            for r in choose_k_vs_fixed(name, [float(e) for e in a.choose_k.split(",")], a.bases, a.releases,
+                                       a.queries, a.cell_m, a.seed, fixed):
+                err, (k, w) = r["hindsight"]
+                print(f"| {r['dataset']} | {r['epsilon']:g} | {r['band'][0]:g}–{r['band'][1]:g} | "
+                      f"{' / '.join(map(str, r['chosen']))} | {' / '.join(f'{v:.3f}' for v in r['auto'])} | "
+                      + " | ".join(f"{r['fixed'][k]:.3f}" for k in fixed)
+                      + f" | {r['zero']:.3f} | {err:.3f} (k = {k}, {w:g} m) |", flush=True)
+        return
     if a.plan:
         print("| data | k | ε | band (m) | plan: expected abs. error | measured mean abs. error | plan: typical "
               "count | median true count |")

@@ -234,7 +234,8 @@ def _row(manifest: Manifest, status: str) -> dict:
     return {"city": manifest.city, "version": manifest.version, "epsilon": manifest.epsilon,
             "rho": manifest.rho, "mechanism": manifest.mechanism, "chosen_mechanism": manifest.chosen_mechanism,
             "status": status, "url": manifest.url, "region": manifest.region,
-            "slot_merges": [n for n in manifest.privacy.notes if n.startswith(SLOTS_MERGED)]}
+            "slot_merges": [n for n in manifest.privacy.notes if n.startswith(SLOTS_MERGED)],
+            "k_choice": ((manifest.quality or {}).get("plan") or {}).get("k_choice")}
 
 
 #: The most preview bytes (base64) a summary inlines: Prefect refuses an event over 1.5 MB and drops
@@ -271,6 +272,8 @@ def summary_markdown(summary: dict, results: dict[str, Manifest], store: Release
         lines.append(f"`{r['url']}`")
         m = results[r["city"]]
         lines.extend(f"- **{note}**" for note in r.get("slot_merges", []))
+        if r.get("k_choice"):
+            lines.append(f"- {r['k_choice']['statement']}")
         quality = m.quality or {}
         if quality.get("statement"):
             lines.append(f"- {quality['statement']}")

@@ -169,9 +169,10 @@ class ReleaseParams(BaseModel):
     mechanism_params: dict[str, Any] = Field(
         default_factory=dict, json_schema_extra=_mechanism_params_schema,
         description="parameters of the chosen mechanism (its own typed set; a name it does not take is refused)")
-    max_points_per_user: int | None = Field(default=None, ge=1, le=1_000_000,
-                                            description="k: contribution bound per person (default: the "
-                                            "dataset's policy, 20 for a new dataset)")
+    max_points_per_user: Annotated[int, Field(ge=1, le=1_000_000)] | Literal["auto"] | None = Field(
+        default=None, description="k: contribution bound per person (default: the dataset's policy, 20 for a "
+        "new dataset), or auto: chosen before the charge from the newest published release of each region "
+        "(its noisy contribution profile and map), under a policy that allows it")
     privacy_unit: PrivacyUnitName = PrivacyUnitName.USER
     store: str | None = Field(default=None, description="release store URL (folder, file://, s3://); empty = "
                               "the configuration's store, which holds the datasets' ledgers too")

@@ -31,6 +31,11 @@ from tasks.storage.manifest import Manifest
 from tasks.storage.store import CHARGE_REF, CLAIM, ReleaseRef, ReleaseStore, StagedElsewhere
 
 DEFAULT_K = 20
+#: ``--max-points-per-user auto``: the plan chooses each release's k (tasks/release_k.py)
+AUTO = "auto"
+#: The bound a dataset policy created with k = auto gets: the largest k the plan tries
+#: (dpcore.synopsis.expected_error.K_CANDIDATES).
+AUTO_K_MAX = 200
 EXPERIMENTAL = "_EXPERIMENTAL"
 
 
@@ -41,7 +46,7 @@ class PolicyRequest:
     ``default_budget`` only seeds a new dataset."""
 
     privacy_unit: str
-    max_points_per_user: int | None = None
+    max_points_per_user: int | str | None = None  # a number, AUTO or None (the policy's)
     budget: float | None = None
     default_budget: float = 10.0
     zcdp: bool = False
@@ -52,20 +57,23 @@ class PolicyRequest:
     def new_policy(self) -> PrivacyPolicy:
         if self.declared is not None:
             return self.declared
+        user, auto = self.privacy_unit == "user", self.max_points_per_user == AUTO
         return PrivacyPolicy(privacy_unit=self.privacy_unit,
                              budget=float(self.budget if self.budget is not None else self.default_budget),
-                             max_points_per_user=(self.max_points_per_user or DEFAULT_K)
-                             if self.privacy_unit == "user" else None)
+                             max_points_per_user=(AUTO_K_MAX if auto else self.max_points_per_user or DEFAULT_K)
+                             if user else None, k_auto=user and auto)
 
 
 @dataclass(frozen=True)
 class ResolvedPolicy:
-    """The policy a run releases under, whether it is stored yet, and the run's k and multiplier."""
+    """The policy a run releases under, whether it is stored yet, and the run's k and multiplier. With
+    ``choose_k`` the plan chooses k (at most ``max_points_per_user``) from published releases."""
 
     policy: PrivacyPolicy
     stored: bool
     max_points_per_user: int
     multiplier: int
+    choose_k: bool = False
 
 
 def resolve_policy(store_url: str, dataset: str, request: PolicyRequest) -> ResolvedPolicy:
@@ -88,15 +96,27 @@ def resolve_policy(store_url: str, dataset: str, request: PolicyRequest) -> Reso
     if request.zcdp and policy.accounting != "zcdp":
         raise PolicyError(f"a ρ release needs a dataset accounted in ρ; create {dataset!r} with "
                           "`geodp dataset create ... --accounting zcdp` first")
-    multiplier = 1
+    multiplier, choose = 1, False
     k = request.max_points_per_user
     if request.privacy_unit == "user":
-        if policy.privacy_unit == "user" and k is not None and k != policy.max_points_per_user:
+        user = policy.privacy_unit == "user"
+        if user and k == AUTO and not policy.k_auto:
+            raise PolicyError(
+                f"dataset {dataset!r} bounds each person to k={policy.max_points_per_user} points per "
+                f"{policy.bound_window}; k = auto needs a policy that lets each release choose k "
+                "(`geodp dataset policy ... --max-points-per-user auto`)")
+        if user and policy.k_auto and k not in (None, AUTO) and k > policy.max_points_per_user:
+            raise PolicyError(
+                f"dataset {dataset!r} lets each release choose k up to {policy.max_points_per_user}; this "
+                f"release asks k={k}. Give a smaller k, auto, or change the policy with `geodp dataset policy`")
+        if user and not policy.k_auto and k is not None and k != policy.max_points_per_user:
             raise PolicyError(
                 f"dataset {dataset!r} bounds each person to k={policy.max_points_per_user} points per "
                 f"{policy.bound_window}; this release asks k={k}. Drop --max-points-per-user or change the "
                 "policy with `geodp dataset policy`")
-        k = k or policy.max_points_per_user or DEFAULT_K
+        choose = k == AUTO or (k is None and policy.k_auto)
+        k = policy.max_points_per_user if choose or k is None else k
+        k = k or DEFAULT_K
     elif policy.privacy_unit == "user":
         if policy.max_records_per_person is None:
             raise PolicyError(
@@ -107,7 +127,7 @@ def resolve_policy(store_url: str, dataset: str, request: PolicyRequest) -> Reso
         k = DEFAULT_K
     else:
         k = DEFAULT_K
-    return ResolvedPolicy(policy, stored is not None, int(k), multiplier)
+    return ResolvedPolicy(policy, stored is not None, int(k), multiplier, choose)
 
 
 def mark_experimental(store: ReleaseStore) -> None:

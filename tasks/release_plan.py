@@ -18,6 +18,7 @@ from datetime import datetime
 from dpcore.data.inputs import InputSet, resolve_files
 from tasks.config import Period, ReleaseParams, parse_period
 from tasks.ledger_tasks import (
+    AUTO,
     DEFAULT_K,
     PolicyRequest,
     ResolvedPolicy,
@@ -48,6 +49,8 @@ class ReleasePlan:
     plans: list[CityPlan]
     window: tuple[int | None, int | None]  # the time the run is charged for and reads (read_window)
     committed: dict[str, Manifest | None] = field(default_factory=dict)
+    #: how the run's k was chosen under ``--max-points-per-user auto`` (tasks/release_k.py), else None
+    k_choice: dict | None = None
 
     @property
     def experiment(self) -> bool:
@@ -81,7 +84,10 @@ def plan_release(params: ReleaseParams, config_path: str | None = None, now: dat
                             declared=settings.declared_policy(dataset))
     if params.seed is not None:
         mark_experimental(store)  # seeded noise can be regenerated: never in a ledgered store
-        resolved = ResolvedPolicy(request.new_policy(), False, params.max_points_per_user or DEFAULT_K, 1)
+        auto = params.max_points_per_user == AUTO
+        new = request.new_policy()
+        resolved = ResolvedPolicy(new, False, (new.max_points_per_user if auto else params.max_points_per_user)
+                                  or DEFAULT_K, 1, auto and params.privacy_unit == "user")
     else:
         refuse_if_experimental(store)
         resolved = resolve_policy(store.url, dataset, request)
@@ -90,19 +96,31 @@ def plan_release(params: ReleaseParams, config_path: str | None = None, now: dat
     # the one listing of the input: its data version goes into the release keys, its files are what
     # the data pass reads; a missing input, or none of its files in the window, fails here
     found = resolve_files(params.data, params.format, window)
-    plans = make_plans(dataset=dataset, cities=cities, center=params.center, side_km=params.side_km,
-                       period=period, mechanism=params.mechanism, params=params.mechanism_params,
-                       epsilon=params.epsilon, rho=params.rho, privacy_unit=params.privacy_unit,
-                       max_points_per_user=resolved.max_points_per_user, seed=params.seed,
-                       data_version=params.data_version or found.version, slot=params.slot,
-                       public_total=params.public_total, source=public_locator(found.source),
-                       bound_per_day=resolved.policy.bound_window == "day",
-                       records_per_person=resolved.policy.max_records_per_person
-                       if params.privacy_unit == "record" and resolved.policy.privacy_unit == "user" else None,
-                       count=params.count)
+
+    def plans_with(k: int) -> list[CityPlan]:
+        return make_plans(dataset=dataset, cities=cities, center=params.center, side_km=params.side_km,
+                          period=period, mechanism=params.mechanism, params=params.mechanism_params,
+                          epsilon=params.epsilon, rho=params.rho, privacy_unit=params.privacy_unit,
+                          max_points_per_user=k, seed=params.seed,
+                          data_version=params.data_version or found.version, slot=params.slot,
+                          public_total=params.public_total, source=public_locator(found.source),
+                          bound_per_day=resolved.policy.bound_window == "day",
+                          records_per_person=resolved.policy.max_records_per_person
+                          if params.privacy_unit == "record" and resolved.policy.privacy_unit == "user" else None,
+                          count=params.count)
+
+    k_choice = None
+    if resolved.choose_k:  # from published releases only, before any private row is read or charged
+        from tasks.release_k import choose_run_k
+
+        k_choice = choose_run_k(store.url, plans_with(min(DEFAULT_K, resolved.max_points_per_user)),
+                                resolved.max_points_per_user)
+        plans = [dataclasses.replace(p, expected={"k_choice": k_choice}) for p in plans_with(k_choice["k"])]
+    else:
+        plans = plans_with(resolved.max_points_per_user)
     committed = check_committed.fn(store.url, plans)
     plan = ReleasePlan(params, dataset, period, store.url, resolved, public_locator(found.source), found, plans,
-                       window, committed)
+                       window, committed, k_choice)
     if not plan.experiment:
         check_sources(store.url, dataset, found.locators())  # the same files under another dataset name
     if check_charges and not plan.experiment:
@@ -111,5 +129,8 @@ def plan_release(params: ReleaseParams, config_path: str | None = None, now: dat
         from tasks.release_usefulness import check_usefulness
 
         checked = {p.city: p for p in check_usefulness(store.url, plan.todo, params.publish_anyway)}
+        if k_choice is not None:
+            checked = {c: dataclasses.replace(p, expected={**p.expected, "k_choice": k_choice})
+                       for c, p in checked.items()}
         plan = dataclasses.replace(plan, plans=[checked.get(p.city, p) for p in plans])
     return plan

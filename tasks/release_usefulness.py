@@ -15,6 +15,8 @@ import dataclasses
 import shutil
 import tempfile
 
+import numpy as np
+
 from dpcore.mechanisms import get_mechanism_class
 from dpcore.privacy.profile import ContributionProfile
 from dpcore.synopsis.base import Synopsis, load_synopsis
@@ -25,6 +27,7 @@ from dpcore.synopsis.expected_error import (
     useless,
     what_would_help,
 )
+from dpcore.synopsis.uncertainty import DEFAULT_BANDS
 from tasks.release_tasks import CityPlan, ReleaseError, profile_applies
 from tasks.storage.store import ReleaseRef, ReleaseStore
 
@@ -64,22 +67,48 @@ def _basis(store: ReleaseStore, plan: CityPlan) -> tuple[Synopsis, float | None,
     return synopsis, seconds, str(newest.url or newest.period)
 
 
-def expectation(store: ReleaseStore, plan: CityPlan) -> dict:
-    """The plan's expected error per band for one city, from public inputs; ``bands`` is empty (and
-    ``statement`` says why) where nothing public predicts it."""
+@dataclasses.dataclass(frozen=True)
+class Basis:
+    """What the newest published release of a plan's region tells the plan (public)."""
+
+    url: str
+    inputs: PlanInputs  # the run's options, with the ratio of its period to the basis's
+    typical: np.ndarray  # per band (NaN: hidden by the basis's noise)
+    profile: ContributionProfile | None
+
+
+def no_prediction(plan: CityPlan) -> str | None:
+    """Why the plan's error cannot be predicted from a published release, or None when it can."""
     tags = get_mechanism_class(plan.mechanism).tags
     if plan.epsilon is None or tags.heatmap or tags.input_type.needs_time_slots:
-        return {"bands": [], "statement": "no prediction for ρ, heatmap or spatio-temporal releases"}
+        return "no prediction for ρ, heatmap or spatio-temporal releases"
+    return None
+
+
+def basis_of(store: ReleaseStore, plan: CityPlan, bands=DEFAULT_BANDS) -> Basis | None:
+    """The plan's basis (None when its region has no published pure-ε release of its privacy unit)."""
     basis = _basis(store, plan)
     if basis is None:
-        return {"bands": [], "statement": f"no published release of {plan.dataset}/{plan.city} to predict from"}
+        return None
     synopsis, seconds, url = basis
     profile_dict = getattr(synopsis, "profile", None)
     profile = ContributionProfile.from_dict(profile_dict) if profile_dict else None
     period_factor = plan.period.seconds / seconds if plan.period.seconds and seconds else 1.0
     inputs = PlanInputs(epsilon=float(plan.epsilon), k=plan.max_points_per_user if plan.privacy_unit == "user" else 1,
                         cell_width_m=_cell_width(plan), profiled=profile_applies(plan), period_factor=period_factor)
-    typical = typical_counts(synopsis)
+    return Basis(url, inputs, typical_counts(synopsis, bands), profile)
+
+
+def expectation(store: ReleaseStore, plan: CityPlan) -> dict:
+    """The plan's expected error per band for one city, from public inputs; ``bands`` is empty (and
+    ``statement`` says why) where nothing public predicts it."""
+    why_not = no_prediction(plan)
+    if why_not is not None:
+        return {"bands": [], "statement": why_not}
+    basis = basis_of(store, plan)
+    if basis is None:
+        return {"bands": [], "statement": f"no published release of {plan.dataset}/{plan.city} to predict from"}
+    url, inputs, typical, profile = basis.url, basis.inputs, basis.typical, basis.profile
     rows = expected_errors(inputs, typical, profile)
     out = {"bands": rows, "basis": url, "useless": useless(rows),
            "statement": "; ".join(f"{r['query_sides_m'][0]:g}–{r['query_sides_m'][1]:g} m: |error| ≈ "

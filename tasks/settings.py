@@ -51,8 +51,9 @@ class DatasetPolicySettings(BaseModel):
     budget: PositiveCap = Field(description="the most one person may lose over any window: ε, or ρ with "
                                 "accounting = zcdp")
     privacy_unit: PrivacyUnitName = PrivacyUnitName.USER
-    max_points_per_user: int | None = Field(default=None, ge=1, le=1_000_000,
-                                            description="k per bound window (user level; default 20)")
+    max_points_per_user: Annotated[int, Field(ge=1, le=1_000_000)] | Literal["auto"] | None = Field(
+        default=None, description="k per bound window (user level; default 20), or auto: each release's plan "
+        "chooses k (at most 200) from the newest published release")
     bound_window: Literal["release", "day"] = Field(default="release", description="k applies per release or "
                                                     "per UTC day (a day bound is charged once per covered day)")
     window_days: Annotated[int, Field(ge=1, le=36_600)] | Literal["lifetime"] = Field(default="lifetime", description="the budget's window in UTC "
@@ -71,9 +72,12 @@ class DatasetPolicySettings(BaseModel):
         """The policy these options declare (what `geodp dataset create` would store)."""
         if self.horizon is not None and ".." not in self.horizon:
             raise ValueError("horizon must be FIRST..LAST (UTC days)")
-        user = self.privacy_unit == PrivacyUnitName.USER
+        from tasks.ledger_tasks import AUTO, AUTO_K_MAX
+
+        user, auto = self.privacy_unit == PrivacyUnitName.USER, self.max_points_per_user == AUTO
         return PrivacyPolicy(privacy_unit=self.privacy_unit.value, budget=float(self.budget),
-                             max_points_per_user=(self.max_points_per_user or 20) if user else None,
+                             max_points_per_user=(AUTO_K_MAX if auto else self.max_points_per_user or 20)
+                             if user else None, k_auto=user and auto,
                              bound_window=self.bound_window,
                              window_days=None if self.window_days == "lifetime" else self.window_days,
                              accounting=self.accounting, delta=self.delta,
@@ -99,10 +103,15 @@ class NightlySettings(BaseModel):
     @model_validator(mode="after")
     def _release_fits_policy(self) -> NightlySettings:
         k = self.release.max_points_per_user
-        if self.policy is not None and k is not None and self.release.privacy_unit == PrivacyUnitName.USER \
-                and k != self.policy.policy().max_points_per_user:
+        if self.policy is None or k is None or self.release.privacy_unit != PrivacyUnitName.USER:
+            return self
+        policy = self.policy.policy()
+        if policy.k_auto and k != "auto" and k > policy.max_points_per_user:
+            raise ValueError(f"release.max_points_per_user = {k} is above the policy's bound of "
+                             f"{policy.max_points_per_user} (k = auto); drop one")
+        if not policy.k_auto and k != policy.max_points_per_user:
             raise ValueError(f"release.max_points_per_user = {k} differs from the policy's k = "
-                             f"{self.policy.policy().max_points_per_user}; drop one")
+                             f"{policy.max_points_per_user}; drop one")
         return self
 
     @field_validator("cron")

@@ -108,6 +108,9 @@ class PrivacyPolicy:
     delta: float = 1e-9
     max_records_per_person: int | None = None
     horizon: tuple[str, str] | None = None
+    #: True: each release's k is chosen by its plan from published releases, at most
+    #: ``max_points_per_user`` (k sets only a release's noise scale; every release still costs ε).
+    k_auto: bool = False
 
     def __post_init__(self) -> None:
         if self.privacy_unit not in ("user", "record"):
@@ -127,6 +130,8 @@ class PrivacyPolicy:
             raise PolicyError(f"the window must be 1..36600 days or lifetime, got {self.window_days!r}")
         if not 0 < self.delta < 1:
             raise PolicyError(f"delta must be in (0, 1), got {self.delta!r}")
+        if self.k_auto and self.privacy_unit != "user":
+            raise PolicyError("k = auto bounds people's points: it needs privacy unit user")
         m = self.max_records_per_person
         if m is not None and not (isinstance(m, int) and 1 <= m <= 1_000_000):
             raise PolicyError(f"max records per person must be in [1, 1e6], got {m!r}")
@@ -147,6 +152,8 @@ class PrivacyPolicy:
     def to_dict(self) -> dict:
         d = asdict(self)
         d["horizon"] = list(self.horizon) if self.horizon else None
+        if not d["k_auto"]:  # a fixed-k policy is stored as it was before k could be auto
+            del d["k_auto"]
         return d
 
     @classmethod
@@ -158,8 +165,10 @@ class PrivacyPolicy:
 
     def describe(self) -> str:
         """The guarantee in plain words."""
-        who = (f"each person (all their records; at most {self.max_points_per_user} points per person per "
-               f"{'UTC day' if self.bound_window == 'day' else 'release'} are used)"
+        chosen = (f", k ≤ {self.max_points_per_user} chosen per release from published releases"
+                  if self.k_auto else "")
+        who = (f"each person (all their records; at most {'k' if self.k_auto else self.max_points_per_user} "
+               f"points per person per {'UTC day' if self.bound_window == 'day' else 'release'} are used{chosen})"
                if self.privacy_unit == "user" else "each single record")
         over = "over the whole life of the dataset" if self.window_days is None else \
             f"over any {self.window_days} consecutive UTC days"

@@ -191,6 +191,20 @@ class ContributionProfile:
         """N̂: the median of :meth:`draws`' N (a fixed public seed)."""
         return float(np.median(self.draws(1, ESTIMATE_DRAWS, np.random.default_rng(0))[0]))
 
+    def sampling_variance(self, k: int) -> float:
+        """Variance, per full point of a box, of its bounded count / κ from which points the bound keeps:
+        a point of a unit with n points is kept with probability p = min(n, k)/n, apart from the box's
+        other points (a unit's points spread over many boxes), so Var(kept) = Σ p(1 − p) over the box's
+        points, times 1/κ²; points are drawn in proportion to the units' full points. It is what a small k
+        costs besides its bias (:meth:`cell_bias_sd` takes every unit's points as lying in one box)."""
+        c = self.counts()
+        n_mean, k_mean = self._means(c, None), self._means(c, k)
+        full = c * n_mean
+        if full.sum() <= 0:
+            return 0.0
+        p = np.clip(k_mean / np.maximum(n_mean, 1e-300), 0.0, 1.0)
+        return float(np.sum(full * p * (1.0 - p)) / full.sum() / self.kept_fraction(k) ** 2)
+
     def cell_bias_sd(self, k: int, bounded: np.ndarray) -> np.ndarray:
         """sd of a box's full count around bounded/κ, for boxes holding ``bounded`` kept points.
 

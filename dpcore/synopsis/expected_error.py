@@ -32,6 +32,9 @@ HALF_NORMAL = float(np.sqrt(2.0 / np.pi))
 #: band: the plan over-predicts the error by ×1.0–3.3 (bench/README.md), and a borderline verdict would
 #: turn on the basis release's noise.
 REFUSE_MARGIN = 2.0
+#: The k that ``--max-points-per-user auto`` tries (at most the dataset policy's bound): the range where
+#: bench/README.md ("Choice of k") finds the best k of every band, and the ends past it.
+K_CANDIDATES = (1, 2, 5, 10, 20, 50, 100, 200)
 
 
 @dataclass(frozen=True)
@@ -80,8 +83,11 @@ def typical_counts(published: Synopsis, bands=DEFAULT_BANDS) -> np.ndarray:
 
 
 def expected_errors(inputs: PlanInputs, typical: np.ndarray, profile: ContributionProfile | None,
-                    bands=DEFAULT_BANDS) -> list[dict]:
-    """Per band: the expected |error| of a full-count answer and whether it is worse than a blank map."""
+                    bands=DEFAULT_BANDS, widest_bias: bool = True) -> list[dict]:
+    """Per band: the expected |error| of a full-count answer and whether it is worse than a blank map.
+    ``widest_bias`` adds the bounding's bias from box to box as the intervals take it (every unit's points
+    in one box, ContributionProfile.cell_bias_sd: an upper bound); without it only the spread of which
+    points the bound keeps counts (ContributionProfile.sampling_variance)."""
     eps_main = inputs.epsilon * (1.0 - PROFILE_FRACTION if inputs.profiled else 1.0)
     cell_var = discrete_laplace_variance(inputs.k / eps_main)
     factor, factor_rel_sd = 1.0, 0.0
@@ -96,8 +102,10 @@ def expected_errors(inputs: PlanInputs, typical: np.ndarray, profile: Contributi
         # a square spans about (side/w)² cells (pro rata: part of one cell when it is smaller)
         noise_sd = min(np.sqrt(cell_var) * side / w for w in widths) * factor
         bias_var = (factor_rel_sd * count) ** 2
-        if profile is not None and inputs.profiled and factor > 0:
+        if profile is not None and inputs.profiled and factor > 0 and widest_bias:
             bias_var += float(profile.cell_bias_sd(inputs.k, np.array([count / factor]))[0]) ** 2
+        elif profile is not None and inputs.profiled:  # the other extreme: every unit's points spread out
+            bias_var += profile.sampling_variance(inputs.k) * count
         err = HALF_NORMAL * float(np.sqrt(noise_sd ** 2 + (0.0 if np.isnan(count) else bias_var)))
         known = bool(np.isfinite(count))
         rows.append({"query_sides_m": [lo, hi], "typical_count": float(count) if known else None,
@@ -131,3 +139,26 @@ def what_would_help(inputs: PlanInputs, typical: np.ndarray, profile: Contributi
                 found.append(f"{label} {fmt.format(v)}")
                 break
     return found
+
+
+def choose_k(inputs: PlanInputs, typical: np.ndarray, profile: ContributionProfile | None,
+             candidates=K_CANDIDATES, bands=DEFAULT_BANDS) -> tuple[int | None, list[dict]]:
+    """The candidate k whose expected |error| relative to the typical count, averaged over the bands
+    whose typical count the basis shows, is smallest (the smaller k on a tie), with each candidate's
+    mean; (None, []) when the basis shows no band or has no profile (nothing public to choose from).
+
+    The bounding's bias is taken as the spread of the kept points, not the intervals' widest case: that
+    bound barely moves with k and chose k = 50–200 on Gowalla NYC, where k = 10 measured best
+    (bench/README.md, "k = auto")."""
+    from dataclasses import replace
+
+    known = np.isfinite(np.asarray(typical, dtype=np.float64)) & (np.asarray(typical) > 0)
+    if profile is None or not known.any() or not candidates:
+        return None, []
+    scores = []
+    for k in candidates:
+        rows = expected_errors(replace(inputs, k=int(k)), typical, profile, bands, widest_bias=False)
+        rel = [r["expected_abs_error"] / r["typical_count"] for r, ok in zip(rows, known, strict=True) if ok]
+        scores.append({"k": int(k), "mean_relative_error": float(np.mean(rel))})
+    best = min(scores, key=lambda r: (r["mean_relative_error"], r["k"]))
+    return best["k"], scores

@@ -14,8 +14,9 @@ from flows.cli.inputs import Json, Store
 app = noun("dataset", "A dataset's privacy policy: create, show, change; give back a stale charge.")
 
 Dataset = Annotated[str, typer.Argument(metavar="DATASET", show_default=False, help="dataset name in the store")]
-K = Annotated[int | None, typer.Option("--max-points-per-user", metavar="K",
-                                       help="k: points kept per person per bound window (default 20)")]
+K = Annotated[str | None, typer.Option("--max-points-per-user", metavar="K|auto",
+                                       help="k: points kept per person per bound window (default 20), or auto: "
+                                       "each release's plan chooses k ≤ 200 from the newest published release")]
 BoundWindow = Annotated[str | None, typer.Option(
     "--bound-window", help="k applies per release or per UTC day (for daily schedules); default release")]
 WindowDays = Annotated[str | None, typer.Option(
@@ -42,7 +43,16 @@ def _policy(base: dict | None, **given) -> object:
     _choice(given.get("bound_window"), ("release", "day"), "--bound-window")
     _choice(given.get("accounting"), ("pure", "zcdp"), "--accounting")
     window_days, horizon = given.pop("window_days"), given.pop("horizon")
+    k = given.pop("max_points_per_user")
     d = dict(base or {})
+    if k is not None:
+        from tasks.ledger_tasks import AUTO, AUTO_K_MAX
+
+        auto = k.strip().lower() == AUTO
+        try:
+            d.update(max_points_per_user=AUTO_K_MAX if auto else int(k), k_auto=auto)
+        except ValueError:
+            raise CLIError(f"--max-points-per-user must be a whole number or auto, got {k!r}") from None
     d.update({k: v for k, v in given.items() if v is not None})
     if window_days is not None:
         text = str(window_days).strip().lower()
@@ -58,7 +68,7 @@ def _policy(base: dict | None, **given) -> object:
             raise CLIError("--horizon must be FIRST..LAST (UTC days)")
         d["horizon"] = tuple(horizon.split("..", 1))
     if d.get("privacy_unit") == "record":
-        d["max_points_per_user"] = None
+        d["max_points_per_user"], d["k_auto"] = None, False
     elif d.get("max_points_per_user") is None:
         d["max_points_per_user"] = 20
     return PrivacyPolicy.from_dict(d)

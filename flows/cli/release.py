@@ -50,8 +50,18 @@ OneCity = Annotated[str | None, typer.Option("--city", help="one catalog city sl
 Epsilon = Annotated[float | None, typer.Option("--epsilon", help=R.model_fields["epsilon"].description)]
 Rho = Annotated[float | None, typer.Option("--rho", help=R.model_fields["rho"].description +
                                            " (mechanisms that support it, into a dataset accounted in ρ)")]
-K = Annotated[int | None, typer.Option("--max-points-per-user", metavar="K",
+K = Annotated[str | None, typer.Option("--max-points-per-user", metavar="K|auto",
                                        help=R.model_fields["max_points_per_user"].description)]
+
+
+def _k(text: str | None) -> int | str | None:
+    """--max-points-per-user: a whole number or auto."""
+    if text is None or text.strip().lower() == "auto":
+        return None if text is None else "auto"
+    try:
+        return int(text)
+    except ValueError:
+        raise CLIError(f"--max-points-per-user must be a whole number or auto, got {text!r}") from None
 Count = Annotated[str, typer.Option("--count", metavar="points|people", help=R.model_fields["count"].description)]
 PublishAnyway = Annotated[bool, typer.Option("--publish-anyway", help=R.model_fields["publish_anyway"].description)]
 ConfigFile = Annotated[str | None, typer.Option("--config", metavar="FILE",
@@ -144,7 +154,7 @@ def run(
     """Release one period of DATA for one or more regions (a manifest, noisy files and a ledger charge)."""
     params = _release_params(
         data, cities, city, center, out, store, period, epsilon, rho, mechanism, param, side_km=side_km,
-        privacy_unit=privacy_unit, max_points_per_user=max_points_per_user, data_version=data_version,
+        privacy_unit=privacy_unit, max_points_per_user=_k(max_points_per_user), data_version=data_version,
         public_total=public_total, seed=seed, dataset=dataset, budget_cap=budget_cap, dask_address=dask_address,
         n_workers=workers, slot=slot, columns=columns, format=format, strict=strict, publish_anyway=publish_anyway,
         count=count)
@@ -206,7 +216,7 @@ def plan(
 
     params = _release_params(
         data, cities, city, center, out, store, period, epsilon, rho, mechanism, param, side_km=side_km,
-        privacy_unit=privacy_unit, max_points_per_user=max_points_per_user, data_version=data_version,
+        privacy_unit=privacy_unit, max_points_per_user=_k(max_points_per_user), data_version=data_version,
         public_total=public_total, seed=seed, dataset=dataset, budget_cap=budget_cap, dask_address=dask_address,
         n_workers=workers, slot=slot, columns=columns, format=format, strict=strict, publish_anyway=publish_anyway,
         count=count)
@@ -215,9 +225,13 @@ def plan(
     planned = plan_release(params, config, check_useful=False)
     st = ReleaseStore(planned.store_url)
     rows = [{"city": p.city, **expectation(st, p)} for p in planned.todo]
+    if planned.k_choice is not None:
+        rows = [{**r, "k_choice": planned.k_choice} for r in rows]
     if json_out is not None:
         emit_json(rows, json_out)
     else:
+        if planned.k_choice is not None:
+            print(planned.k_choice["statement"])
         for p in planned.plans:
             if p not in planned.todo:
                 print(f"{p.city} {planned.period.label}: already committed (a run is a no-op)")
@@ -269,6 +283,8 @@ def _print_summary(summary: dict) -> None:
         print(f"{r['city']} {summary['period']} v{r['version']}: {word} {r['url']}{chose}")
         for note in r.get("slot_merges", []):
             print(f"  warning: {note}")
+        if r.get("k_choice") and r["status"] == "committed":
+            print(f"  {r['k_choice']['statement']}")
     print(f"dataset {summary['dataset']}: {summary['guarantee']}")
     if summary["loss"] is not None:
         print(f"  {_loss_line(summary['policy'], summary['loss'])}")
@@ -334,7 +350,7 @@ def backfill(
     days = days_between(first, last)
     params = _release_params(
         data, cities, None, None, None, store, None, epsilon, None, mechanism, param, side_km=side_km,
-        privacy_unit=privacy_unit, max_points_per_user=max_points_per_user, seed=seed, dataset=dataset,
+        privacy_unit=privacy_unit, max_points_per_user=_k(max_points_per_user), seed=seed, dataset=dataset,
         budget_cap=budget_cap, dask_address=dask_address, n_workers=workers, slot=slot, columns=columns,
         format=format)
     if not deployment:  # a served deployment uses the config its serving process was started with
