@@ -235,7 +235,15 @@ def _row(manifest: Manifest, status: str) -> dict:
             "rho": manifest.rho, "mechanism": manifest.mechanism, "chosen_mechanism": manifest.chosen_mechanism,
             "status": status, "url": manifest.url, "region": manifest.region,
             "slot_merges": [n for n in manifest.privacy.notes if n.startswith(SLOTS_MERGED)],
-            "k_choice": ((manifest.quality or {}).get("plan") or {}).get("k_choice")}
+            "k_choice": ((manifest.quality or {}).get("plan") or {}).get("k_choice"),
+            "no_verdict": _no_verdict((manifest.quality or {}).get("plan") or {})}
+
+
+def _no_verdict(plan: dict) -> str | None:
+    """Why the plan gave no verdict on a release (none of its bands known), or None when it gave one."""
+    if not plan or any(b.get("typical_count") is not None for b in plan.get("bands", [])):
+        return None
+    return plan.get("statement") or None
 
 
 #: The most preview bytes (base64) a summary inlines: Prefect refuses an event over 1.5 MB and drops
@@ -274,6 +282,8 @@ def summary_markdown(summary: dict, results: dict[str, Manifest], store: Release
         lines.extend(f"- **{note}**" for note in r.get("slot_merges", []))
         if r.get("k_choice"):
             lines.append(f"- {r['k_choice']['statement']}")
+        if r.get("no_verdict"):
+            lines.append(f"- plan: {r['no_verdict']}")
         quality = m.quality or {}
         if quality.get("statement"):
             lines.append(f"- {quality['statement']}")

@@ -48,7 +48,8 @@ def _basis(store: ReleaseStore, plan: CityPlan) -> tuple[Synopsis, float | None,
     period's seconds, url)."""
     region = plan.region.to_dict()
     found = [m for m in store.list_releases(plan.dataset, plan.city)
-             if m.region == region and m.epsilon is not None and m.privacy_unit == plan.privacy_unit]
+             if m.region == region and (m.epsilon is not None or m.rho is not None)
+             and m.privacy_unit == plan.privacy_unit]
     if not found:
         return None
     newest = max(found, key=lambda m: (m.committed_at or "", m.version))
@@ -80,8 +81,15 @@ class Basis:
 def no_prediction(plan: CityPlan) -> str | None:
     """Why the plan's error cannot be predicted from a published release, or None when it can."""
     tags = get_mechanism_class(plan.mechanism).tags
-    if plan.epsilon is None or tags.heatmap or tags.input_type.needs_time_slots:
-        return "no prediction for ρ, heatmap or spatio-temporal releases"
+    if tags.heatmap:
+        return ("no verdict: a heatmap releases each person's mass (at most 1 per person, spread over cells), "
+                "not counts of points; the plan's error model predicts counts")
+    if tags.input_type.needs_time_slots:
+        return ("no verdict: the plan predicts 2-D counts per band; a spatio-temporal release's error turns on "
+                "its slots, the cells and slots its mechanism merges and the counts per slot, which it does not "
+                "model")
+    if plan.count == "people":
+        return "no verdict: the plan predicts counts of points, and this release counts people"
     return None
 
 
@@ -94,7 +102,8 @@ def basis_of(store: ReleaseStore, plan: CityPlan, bands=DEFAULT_BANDS) -> Basis 
     profile_dict = getattr(synopsis, "profile", None)
     profile = ContributionProfile.from_dict(profile_dict) if profile_dict else None
     period_factor = plan.period.seconds / seconds if plan.period.seconds and seconds else 1.0
-    inputs = PlanInputs(epsilon=float(plan.epsilon), k=plan.max_points_per_user if plan.privacy_unit == "user" else 1,
+    inputs = PlanInputs(epsilon=float(plan.epsilon or 0.0), rho=plan.rho,
+                        k=plan.max_points_per_user if plan.privacy_unit == "user" else 1,
                         cell_width_m=_cell_width(plan), profiled=profile_applies(plan), period_factor=period_factor)
     return Basis(url, inputs, typical_counts(synopsis, bands), profile)
 
@@ -107,7 +116,9 @@ def expectation(store: ReleaseStore, plan: CityPlan) -> dict:
         return {"bands": [], "statement": why_not}
     basis = basis_of(store, plan)
     if basis is None:
-        return {"bands": [], "statement": f"no published release of {plan.dataset}/{plan.city} to predict from"}
+        return {"bands": [], "statement": f"no verdict: no release of {plan.dataset}/{plan.city} at "
+                                          f"{plan.privacy_unit} level is published yet, and the plan predicts "
+                                          "only from the region's newest published release"}
     url, inputs, typical, profile = basis.url, basis.inputs, basis.typical, basis.profile
     rows = expected_errors(inputs, typical, profile)
     out = {"bands": rows, "basis": url, "useless": useless(rows),

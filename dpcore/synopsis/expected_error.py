@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dpcore.privacy.noise import discrete_laplace_variance
+from dpcore.privacy.noise import discrete_gaussian_variance, discrete_laplace_variance
 from dpcore.privacy.profile import PROFILE_FRACTION, ContributionProfile
 from dpcore.synopsis.base import Synopsis
 from dpcore.synopsis.noise import CellNoise
@@ -46,6 +46,10 @@ class PlanInputs:
     cell_width_m: float | None  # None: the mechanism sizes its own cells (PROXY_WIDTHS_M)
     profiled: bool = True  # the release spends PROFILE_FRACTION of ε on its profile and scales by it
     period_factor: float = 1.0  # the run's period length over the published release's
+    #: a ρ-zCDP release: discrete Gaussian noise of variance k²/(2ρ) per cell instead of ε's Laplace;
+    #: its answers count the bounded points (no profile scales them), so a basis's full typical count is
+    #: taken times the kept fraction κ(k) where the basis has a profile
+    rho: float | None = None
 
 
 def _cell_noise_sd(published: Synopsis, nx: int) -> float:
@@ -88,8 +92,14 @@ def expected_errors(inputs: PlanInputs, typical: np.ndarray, profile: Contributi
     ``widest_bias`` adds the bounding's bias from box to box as the intervals take it (every unit's points
     in one box, ContributionProfile.cell_bias_sd: an upper bound); without it only the spread of which
     points the bound keeps counts (ContributionProfile.sampling_variance)."""
-    eps_main = inputs.epsilon * (1.0 - PROFILE_FRACTION if inputs.profiled else 1.0)
-    cell_var = discrete_laplace_variance(inputs.k / eps_main)
+    if inputs.rho is not None:
+        cell_var = discrete_gaussian_variance(inputs.k * inputs.k / (2.0 * inputs.rho))
+    else:
+        eps_main = inputs.epsilon * (1.0 - PROFILE_FRACTION if inputs.profiled else 1.0)
+        cell_var = discrete_laplace_variance(inputs.k / eps_main)
+    typical = np.asarray(typical, dtype=np.float64)
+    if inputs.rho is not None and profile is not None:
+        typical = typical * profile.kept_fraction(inputs.k)
     factor, factor_rel_sd = 1.0, 0.0
     if profile is not None and inputs.profiled:
         draws = profile.factor_draws(inputs.k, 2001, np.random.default_rng(0))
@@ -127,7 +137,9 @@ def what_would_help(inputs: PlanInputs, typical: np.ndarray, profile: Contributi
     one band out of :func:`useless`, as phrases."""
     from dataclasses import replace
 
-    tries = [("ε", "epsilon", [inputs.epsilon * 2 ** (i / 2) for i in range(1, 21)], "{:.3g}"),
+    budget = ("ρ", "rho", inputs.rho) if inputs.rho is not None else ("ε", "epsilon", inputs.epsilon)
+    step = 2.0 if inputs.rho is not None else 2 ** 0.5  # ρ buys noise sd as √ρ, ε as ε
+    tries = [(budget[0], budget[1], [budget[2] * step ** i for i in range(1, 21)], "{:.3g}"),
              ("k", "k", [k for k in (1, 2, 5, 10, 20, 50, 100, 200) if k != inputs.k], "{}"),
              ("cell width", "cell_width_m",
               [] if inputs.cell_width_m is None else [inputs.cell_width_m * m for m in (2, 4, 8, 16, 32)], "{:.0f} m"),

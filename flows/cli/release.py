@@ -285,6 +285,8 @@ def _print_summary(summary: dict) -> None:
             print(f"  warning: {note}")
         if r.get("k_choice") and r["status"] == "committed":
             print(f"  {r['k_choice']['statement']}")
+        if r.get("no_verdict") and r["status"] == "committed":
+            print(f"  plan: {r['no_verdict']}")
     print(f"dataset {summary['dataset']}: {summary['guarantee']}")
     if summary["loss"] is not None:
         print(f"  {_loss_line(summary['policy'], summary['loss'])}")
