@@ -45,7 +45,8 @@ def _plan_days(params: BackfillParams, config_path: str | None) -> list[ReleaseP
     plans = [plan_release(params.release.model_copy(update={"period": day}), config_path, check_charges=False)
              for day in days_between(params.start, params.end)]
     if not plans[0].experiment:
-        check_budget(plans[0].store_url, [p for plan in plans for p in plan.todo], plans[0].resolved)
+        check_budget(plans[0].store_url, [p for plan in plans for p in plan.todo], plans[0].resolved,
+                     plans[0].home)
     return plans
 
 

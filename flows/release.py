@@ -46,7 +46,6 @@ from tasks.release_tasks import (
     render_preview,
 )
 from tasks.runtime import dashboard_link, dask_for_run, where_it_runs
-from tasks.storage.ledger import DatasetLedger
 from tasks.storage.manifest import Manifest
 from tasks.storage.store import ReleaseStore
 
@@ -93,7 +92,7 @@ def run_plan(plan: ReleasePlan, loaded=None, artifacts: bool = True, in_process:
             log(f"read {params.data}: {counted.report.summary()} ({counted.n_files} file(s))")
         inputs = counted.cities
         if params.seed is None:
-            held = step(charge_ledger)(plan.store_url, todo, resolved, plan.input.locators())
+            held = step(charge_ledger)(plan.store_url, todo, resolved, plan.input.locators(), plan.home)
         else:
             held = {p.city: {"seq": None, "draw": None, "key": p.release_key} for p in todo}
         code = code_version()
@@ -122,12 +121,12 @@ def run_plan(plan: ReleasePlan, loaded=None, artifacts: bool = True, in_process:
                 step(void_charge)(plan.store_url, dataset, held[p.city], "another attempt was committed")
             results[p.city], status[p.city] = m, "committed"
     if params.seed is None and results:
-        settle_strays(store, dataset, list(results.values()))
+        settle_strays(store, dataset, list(results.values()), plan.home)
     experiment = params.seed is not None
-    loss = None if experiment else DatasetLedger(store, dataset).loss()
+    loss = None if experiment else plan.home.ledger(dataset).loss()
     guarantee = ("seeded noise (an experiment): NOT FOR PUBLICATION and not charged; anyone with the seed "
                  "can remove the noise") if experiment else resolved.policy.describe()
-    summary = {"dataset": dataset, "period": period.label, "store": store.url,
+    summary = {"dataset": dataset, "period": period.label, "store": store.url, "ledger": plan.home.url,
                "policy": resolved.policy.to_dict(), "guarantee": guarantee, "loss": loss,
                "seconds": round(time.perf_counter() - t0, 2),
                "releases": [_row(results[p.city], status[p.city]) for p in plans]}
@@ -270,6 +269,7 @@ def summary_markdown(summary: dict, results: dict[str, Manifest], store: Release
     inline = sum(-(-4 * f.size // 3) for f in previews.values() if f is not None) <= inline_limit
     lines = [f"# Release {summary['dataset']} / {summary['period']}", "",
              f"- store: `{summary['store']}`",
+             f"- ledger: `{summary['ledger']}`" if summary.get("ledger") not in (None, summary["store"]) else "",
              f"- guarantee: {summary['guarantee']}",
              f"- {_loss_line(summary['policy'], summary['loss'])}" if summary["loss"] else "",
              # no wall time: the data pass's duration grows with the private row count

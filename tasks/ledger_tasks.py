@@ -1,6 +1,7 @@
 """Prefect tasks of the privacy ledger: resolve a dataset's policy, charge a run, void a charge.
 
-The policy of a dataset lives in the store (tasks/storage/ledger.py). A run asks for one through a
+The policy of a dataset lives in its ledger home (tasks/storage/ledger.py, tasks/storage/ledger_home.py:
+the release store itself unless the platform settings name one home for every store). A run asks for one through a
 :class:`PolicyRequest` built from its options; the first release into a dataset creates the policy from
 it, later ones must agree with the stored policy (a different ``--budget-cap``, privacy unit or k is a
 one-line error; changing a policy is ``geodp dataset policy``).
@@ -26,7 +27,8 @@ from dpcore.privacy.accounting import (
     days_of_window,
 )
 from tasks.public_errors import retry_unless_refused
-from tasks.storage.ledger import ENTRY_HASH, ChargeMoved, DatasetLedger
+from tasks.storage.ledger import ENTRY_HASH, ChargeMoved
+from tasks.storage.ledger_home import LEDGER_RECORD, LedgerHome, resolve_home
 from tasks.storage.manifest import Manifest
 from tasks.storage.store import CHARGE_REF, CLAIM, ReleaseRef, ReleaseStore, StagedElsewhere
 
@@ -76,10 +78,20 @@ class ResolvedPolicy:
     choose_k: bool = False
 
 
-def resolve_policy(store_url: str, dataset: str, request: PolicyRequest) -> ResolvedPolicy:
+def home_of(store: ReleaseStore, home: LedgerHome | None = None) -> LedgerHome:
+    """``home``, else the ledger home ``store`` recorded, else the store itself."""
+    return home if home is not None else resolve_home(store)
+
+
+def held_home(store: ReleaseStore, held: dict) -> LedgerHome:
+    """The ledger home of a charge a run holds for a release into ``store`` (its ``home``)."""
+    return LedgerHome.of(store, held.get("home"))
+
+
+def resolve_policy(store_url: str, dataset: str, request: PolicyRequest, home: LedgerHome | None = None) -> ResolvedPolicy:
     """Read the dataset's policy (or propose one from the request) and check the run fits it.
     Reads only; nothing is written until :func:`charge_ledger`."""
-    stored = DatasetLedger(ReleaseStore(store_url), dataset).policy()
+    stored = home_of(ReleaseStore(store_url), home).ledger(dataset).policy()
     policy = stored or request.new_policy()
     if stored is not None and request.declared is not None and stored != request.declared:
         have, want = stored.to_dict(), request.declared.to_dict()
@@ -132,8 +144,8 @@ def resolve_policy(store_url: str, dataset: str, request: PolicyRequest) -> Reso
 
 def mark_experimental(store: ReleaseStore) -> None:
     """Make ``store`` a store of seeded experiments, whose noise anyone with the seed can regenerate:
-    refused for a store that holds a ledger, so such releases never sit beside publishable ones."""
-    if store.listdir("datasets"):
+    refused for a store that holds or charges a ledger, so such releases never sit beside publishable ones."""
+    if store.listdir("datasets") or store.exists(LEDGER_RECORD):
         raise PolicyError(f"{store.url} holds a privacy ledger: seeded noise (--seed) cannot be committed "
                           "there; use a separate folder for experiments")
     try:
@@ -213,44 +225,51 @@ def staged_elsewhere(store: ReleaseStore, plan) -> bool:
     return ref is not None and store.staged_attempt(ref) is not None
 
 
-def check_budget(store_url: str, plans: list, resolved: ResolvedPolicy) -> None:
+def check_budget(store_url: str, plans: list, resolved: ResolvedPolicy, home: LedgerHome | None = None) -> None:
     """Refuse, before any data is read or a cluster starts, charges the ledger would refuse now (the
-    policy's budget in every window, a per-day bound without days). Reads only: :func:`charge_ledger`
-    checks again when it appends, since another run may charge in between."""
+    policy's budget in every window, a per-day bound without days), counting the charges of every
+    store the ledger home pays for. Reads only: :func:`charge_ledger` checks again when it appends,
+    since another run may charge in between."""
     if not plans:
         return
     store = ReleaseStore(store_url)
-    held = DatasetLedger(store, plans[0].dataset).held()
-    # a key that holds a charge already takes it over (charge_ledger checks that against the budget)
-    taken = {h.charge.key for h in held}
+    home = home_of(store, home)
+    held = home.ledger(plans[0].dataset).held()
+    # a key that holds a charge for this store already takes it over (charge_ledger checks that
+    # against the budget); the same key released into another store is another release
+    taken = {h.charge.key for h in held if h.store == home.scope}
     charges = [charge_for(p, resolved, "planned") for p in plans
                if p.release_key not in taken and not staged_elsewhere(store, p)]
     if charges:
         check_within_budget(resolved.policy, [h.charge for h in held], charges)
 
 
-def check_sources(store_url: str, dataset: str, locators: list[str]) -> None:
+def check_sources(store_url: str, dataset: str, locators: list[str], home: LedgerHome | None = None) -> None:
     """Refuse, before any data is read, an input whose files (or locator) belong to another dataset."""
-    DatasetLedger(ReleaseStore(store_url), dataset).check_sources(locators)
+    home_of(ReleaseStore(store_url), home).ledger(dataset).check_sources(locators)
 
 
 @task(name="charge-ledger", retries=3, retry_delay_seconds=1, cache_policy=NO_CACHE,
       retry_condition_fn=retry_unless_refused)
-def charge_ledger(store_url: str, plans: list, resolved: ResolvedPolicy, source: str | list[str]) -> dict[str, dict]:
+def charge_ledger(store_url: str, plans: list, resolved: ResolvedPolicy, source: str | list[str],
+                  home: LedgerHome | None = None) -> dict[str, dict]:
     """Charge every city of the run in one ledger entry, before any noise is drawn.
 
     Ties the source (its locators: InputSet.locators) to the dataset and stores the policy on the first
-    release. A city with a complete staged attempt is not charged (its noise was paid for by the run
+    release, after recording the store's ledger home on both sides (LedgerHome.bind: a store bound to
+    another home is refused here). A city with a complete staged attempt is not charged (its noise was paid for by the run
     that drew it; it is committed as is). A city whose key already holds a charge with nothing staged
     (a run that died or failed before its noise reached the store) takes that charge over instead of
     paying twice. Returns, per city, the charge the run holds: {"seq", "draw", "key", "entry_sha256",
-    "city", "period", "holders"} (seq None for a resumed city; ``holders``: the earlier runs of the
+    "city", "period", "holders", "home"} (home: the ledger home's URL, None when it is the store; seq None for a resumed city; ``holders``: the earlier runs of the
     charge, whose attempts staging seals); the manifest names the entry by seq and hash, so it cannot
     be deleted unnoticed (DatasetLedger.verify)."""
     if not plans:
         return {}
     store = ReleaseStore(store_url)
-    ledger = DatasetLedger(store, plans[0].dataset)
+    home = home_of(store, home)
+    home.bind(store)
+    ledger = home.ledger(plans[0].dataset)
     ledger.bind_sources([source] if isinstance(source, str) else list(source))
     policy = resolved.policy
     if not resolved.stored:
@@ -264,14 +283,14 @@ def charge_ledger(store_url: str, plans: list, resolved: ResolvedPolicy, source:
 
     def mine(p, seq=None, holders=(), entry_hash=None) -> dict:
         return {"seq": seq, "draw": draw if seq is not None else None, "key": p.release_key, ENTRY_HASH: entry_hash,
-                "city": p.city, "period": p.period.label, "holders": list(holders)}
+                "city": p.city, "period": p.period.label, "holders": list(holders), "home": home.ref}
 
     out, to_charge = {}, []
     for p in plans:
         if staged_elsewhere(store, p):
             out[p.city] = mine(p)
             continue
-        stale = sorted(h.seq for h in held if h.charge.key == p.release_key)
+        stale = sorted(h.seq for h in held if h.charge.key == p.release_key and h.store == home.scope)
         if stale:
             try:
                 ledger.adopt(stale[0], p.release_key, draw, policy,
@@ -283,7 +302,8 @@ def charge_ledger(store_url: str, plans: list, resolved: ResolvedPolicy, source:
                 pass
         to_charge.append(p)
     if to_charge:
-        entry, _ = ledger.charge([charge_for(p, replace(resolved, policy=policy), draw) for p in to_charge], policy)
+        entry, _ = ledger.charge([charge_for(p, replace(resolved, policy=policy), draw) for p in to_charge], policy,
+                                 store=home.scope)
         for p in to_charge:
             out[p.city] = mine(p, entry["seq"], (), entry[ENTRY_HASH])
     return out
@@ -306,7 +326,7 @@ def give_back(store: ReleaseStore, dataset: str, held: dict, reason: str) -> boo
                 return False  # complete: the next run commits it with this charge
             store.delete_attempt_data(ref, attempt)
     try:
-        DatasetLedger(store, dataset).void(held["seq"], [held["key"]], reason, holder=held["draw"])
+        held_home(store, held).ledger(dataset).void(held["seq"], [held["key"]], reason, holder=held["draw"])
     except ChargeMoved:
         return False
     return True
@@ -323,17 +343,22 @@ class VoidRefused(GeoDPError, ValueError):
     """An operator's void that would give back the charge of noise that is (or may become) public."""
 
 
-def void_entry(store: ReleaseStore, dataset: str, seq: int, reason: str) -> tuple[list[str], list[str]]:
+def void_entry(store: ReleaseStore, dataset: str, seq: int, reason: str,
+               home: LedgerHome | None = None) -> tuple[list[str], list[str]]:
     """``geodp dataset void``: give back the held charges of ledger entry ``seq`` whose noise was never
     published. For each, the attempts of the charge are sealed (nothing can complete them later) and
     their files deleted, and only then is the charge voided; the void is refused while any file of
     such an attempt is left, when the charge's release is committed, or when an attempt of it is
-    complete (a re-run of the release commits that noise). Returns (voided keys, deleted files)."""
-    ledger = DatasetLedger(store, dataset)
+    complete (a re-run of the release commits that noise). ``store`` is any store charging the ledger
+    home (``home``, else the one it recorded); the attempts are looked for in the release store the
+    entry names. Returns (voided keys, deleted files)."""
+    home = home_of(store, home)
+    ledger = home.ledger(dataset)
     entries = ledger.entries()
     entry = next((e for e in entries if e["seq"] == seq and e["kind"] == "charge"), None)
     if entry is None:
         raise VoidRefused(f"dataset {dataset!r} has no charge entry #{seq}")
+    store = ReleaseStore(entry["store"], create=False) if entry.get("store") else home.store
     held = {h.charge.key for h in ledger.held(entries) if h.seq == seq}
     if not held:
         raise VoidRefused(f"every charge of entry #{seq} is already void")
@@ -372,16 +397,17 @@ def void_entry(store: ReleaseStore, dataset: str, seq: int, reason: str) -> tupl
     return sorted(held), deleted
 
 
-def settle_strays(store: ReleaseStore, dataset: str, manifests: list[Manifest]) -> int:
-    """Once a release key is committed, no other charge of the key can ever publish: seal the other
-    attempts of the key, delete their files and void their charges (a race loser, or a run that died
-    after another's commit, leaves them). Returns how many charges were voided."""
-    ledger = DatasetLedger(store, dataset)
+def settle_strays(store: ReleaseStore, dataset: str, manifests: list[Manifest], home: LedgerHome | None = None) -> int:
+    """Once a release key is committed, no other charge of the key for this store can ever publish:
+    seal the other attempts of the key, delete their files and void their charges (a race loser, or a
+    run that died after another's commit, leaves them). Returns how many charges were voided."""
+    home = home_of(store, home)
+    ledger = home.ledger(dataset)
     entries = ledger.entries()
     by_key = {m.release_key: m for m in manifests}
     paid = {k: (m.ledger.seq if m.ledger is not None else None) for k, m in by_key.items()}
     strays = sorted({(h.seq, h.charge.key) for h in ledger.held(entries) if h.charge.key in by_key
-                     and h.seq != paid[h.charge.key]})
+                     and h.store == home.scope and h.seq != paid[h.charge.key]})
     for seq, key in strays:
         m = by_key[key]
         ref = ReleaseRef(dataset, m.city, m.period, int(m.version))

@@ -1,8 +1,8 @@
 """A release run's plan: everything that can be checked from public inputs, checked once, before any
 Dask cluster starts or any private row is read.
 
-:func:`plan_release` resolves the period, the platform settings, the dataset and its store, the
-dataset's policy, the input's files (a missing file fails here), the city plans and their release
+:func:`plan_release` resolves the period, the platform settings, the dataset, its store and its
+ledger home, the dataset's policy, the input's files (a missing file fails here), the city plans and their release
 keys, which keys are already committed, and whether the ledger would accept the charges of the rest.
 The flow (flows/release.py) starts a cluster only when the plan has something to release, so a run
 with nothing to do (every key committed) finishes without one, and a refusal (budget, missing file,
@@ -31,6 +31,7 @@ from tasks.ledger_tasks import (
 )
 from tasks.release_tasks import CityPlan, check_committed, dataset_name, make_plans, public_locator
 from tasks.settings import load_settings
+from tasks.storage.ledger_home import LedgerHome
 from tasks.storage.manifest import Manifest
 from tasks.storage.store import ReleaseStore
 
@@ -43,6 +44,7 @@ class ReleasePlan:
     dataset: str
     period: Period
     store_url: str
+    home: LedgerHome  # the ledger the run charges (the platform settings' `ledger`, else the store's own)
     resolved: ResolvedPolicy
     source: str
     input: InputSet
@@ -84,13 +86,15 @@ def plan_release(params: ReleaseParams, config_path: str | None = None, now: dat
                             declared=settings.declared_policy(dataset))
     if params.seed is not None:
         mark_experimental(store)  # seeded noise can be regenerated: never in a ledgered store
+        home = LedgerHome.of(store)
         auto = params.max_points_per_user == AUTO
         new = request.new_policy()
         resolved = ResolvedPolicy(new, False, (new.max_points_per_user if auto else params.max_points_per_user)
                                   or DEFAULT_K, 1, auto and params.privacy_unit == "user")
     else:
         refuse_if_experimental(store)
-        resolved = resolve_policy(store.url, dataset, request)
+        home = settings.ledger_home(store)  # a store bound to another home than the configured one: refused
+        resolved = resolve_policy(store.url, dataset, request, home)
     cities = params.cities  # never chosen by the data: the existence of a release must not say who was there
     window = read_window(period, resolved.policy)  # never a row outside the days the run is charged for
     # the one listing of the input: its data version goes into the release keys, its files are what
@@ -119,12 +123,12 @@ def plan_release(params: ReleaseParams, config_path: str | None = None, now: dat
     else:
         plans = plans_with(resolved.max_points_per_user)
     committed = check_committed.fn(store.url, plans)
-    plan = ReleasePlan(params, dataset, period, store.url, resolved, public_locator(found.source), found, plans,
-                       window, committed, k_choice)
+    plan = ReleasePlan(params, dataset, period, store.url, home, resolved, public_locator(found.source), found,
+                       plans, window, committed, k_choice)
     if not plan.experiment:
-        check_sources(store.url, dataset, found.locators())  # the same files under another dataset name
+        check_sources(store.url, dataset, found.locators(), home)  # the same files under another dataset name
     if check_charges and not plan.experiment:
-        check_budget(store.url, plan.todo, resolved)
+        check_budget(store.url, plan.todo, resolved, home)
     if check_useful and plan.todo:  # worse than a blank map at every band: refused before any charge
         from tasks.release_usefulness import check_usefulness
 

@@ -454,7 +454,8 @@ def _stage(store: ReleaseStore, ref: ReleaseRef, plan: CityPlan, synopsis: Synop
     attempts of earlier holders of the same charge are sealed and emptied first."""
     from tasks.ledger_tasks import attempt_name
 
-    paid_by = {"dataset": plan.dataset, **{k: held.get(k) for k in ("seq", "draw", "key", "entry_sha256")}}
+    paid_by = {"dataset": plan.dataset, **{k: held.get(k) for k in ("seq", "draw", "key", "entry_sha256")},
+               **({"home": held["home"]} if held.get("home") else {})}  # the ledger home, when not this store
     earlier = tuple(attempt_name({"seq": held["seq"], "draw": d}) for d in held.get("holders", ())
                     if d != held.get("draw")) if held.get("seq") is not None else ()
     with tempfile.TemporaryDirectory(prefix="geodp-stage-") as tmp:
@@ -465,19 +466,20 @@ def _stage(store: ReleaseStore, ref: ReleaseRef, plan: CityPlan, synopsis: Synop
         return store.stage(ref, tmp, names, attempt_name(held), json.dumps(paid_by).encode(), earlier)
 
 
-def _committed_by_newer_run(store: ReleaseStore, plan: CityPlan, wait_s: float = 300.0) -> dict:
+def _committed_by_newer_run(store: ReleaseStore, plan: CityPlan, held: dict, wait_s: float = 300.0) -> dict:
     """This run's attempt was sealed by a newer run of the same release, which holds the charge now:
     return its manifest once it commits."""
     import time
 
-    from tasks.storage.ledger import DatasetLedger
+    from tasks.ledger_tasks import held_home
 
+    home = held_home(store, held)
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
         found = store.find_committed(plan.dataset, plan.city, plan.period.label, plan.release_key)
         if found is not None:
             return found
-        if not any(h.charge.key == plan.release_key for h in DatasetLedger(store, plan.dataset).held()):
+        if not any(h.charge.key == plan.release_key and h.store == home.scope for h in home.ledger(plan.dataset).held()):
             # the newer run gave the charge back: nothing of this release will commit
             raise ReleaseError(f"{plan.city}: a newer run of the same release took this one over and then "
                                "failed; nothing was committed, run the release again")
@@ -526,7 +528,7 @@ def persist_release(store_url: str, plan: CityPlan, synopsis: Synopsis | None, p
             earlier = store.staged_attempt(ref)
             staged = None if earlier is None else (earlier, True)
         except AttemptSealed:
-            return _committed_by_newer_run(store, plan)
+            return _committed_by_newer_run(store, plan, held)
     else:
         staged = staged, True
     if staged is None:

@@ -133,8 +133,11 @@ class PlatformSettings(BaseSettings):
                                       nested_model_default_partial_update=True)
 
     store: str | None = Field(default=None, description="the platform's release store URL (folder, file://, "
-                              "s3://), which holds the datasets' ledgers too: a release form or nightly without a "
-                              "store of its own releases into it")
+                              "s3://), which holds the datasets' ledgers too unless `ledger` names another home: a "
+                              "release form or nightly without a store of its own releases into it")
+    ledger: str | None = Field(default=None, description="the ledger home: the one store (folder, file://, s3://) "
+                               "that holds the datasets' policies and charges for every release store, so a source "
+                               "released into several stores spends one budget; default: each store is its own")
     budget: BudgetSettings = Field(default_factory=BudgetSettings)
     nightly: NightlySettings | None = None
 
@@ -146,6 +149,13 @@ class PlatformSettings(BaseSettings):
             raise ConfigError("no release store: name one in the release (store) or set `store` in the platform "
                               "configuration (or GEODP_STORE)")
         return self.store
+
+    def ledger_home(self, store):
+        """The ledger home of releases into ``store`` (a ReleaseStore): this configuration's ``ledger``,
+        else the home the store recorded, else the store itself (tasks/storage/ledger_home.py)."""
+        from tasks.storage.ledger_home import resolve_home
+
+        return resolve_home(store, self.ledger)
 
     @classmethod
     def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,

@@ -86,11 +86,18 @@ def _source_locators(source: str) -> list[str]:
         return [normalised_locator(source)]
 
 
-def _ledger(store: str, dataset: str, create: bool = False):
-    from tasks.storage.ledger import DatasetLedger
+def _home(store: str, create: bool = False):
+    """The ledger home of STORE: the configured `ledger` (GEODP_LEDGER, $GEODP_CONFIG), else the one
+    STORE recorded, else STORE itself (tasks/storage/ledger_home.py)."""
+    from tasks.settings import load_settings
     from tasks.storage.store import ReleaseStore
 
-    return DatasetLedger(ReleaseStore(store, create=create), dataset)
+    st = ReleaseStore(store, create=create)
+    return st, load_settings().ledger_home(st)
+
+
+def _ledger(store: str, dataset: str, create: bool = False):
+    return _home(store, create)[1].ledger(dataset)
 
 
 @app.command("create")
@@ -113,9 +120,11 @@ def create(
     policy = _policy(None, privacy_unit=privacy_unit, max_points_per_user=max_points_per_user,
                      bound_window=bound_window, budget=budget, accounting=accounting, delta=delta,
                      max_records_per_person=max_records_per_person, window_days=window_days, horizon=horizon)
-    ledger = _ledger(store, dataset, create=True)
+    st, home = _home(store, create=True)
+    ledger = home.ledger(dataset)
     if ledger.policy() is not None:
         raise CLIError(f"dataset {dataset!r} already has a policy; change it with `geodp dataset policy`")
+    home.bind(st)  # the store charges this home from now on
     ledger.bind_sources(_source_locators(source))
     stored = ledger.create_policy(policy, reason="created with `geodp dataset create`")
     if stored != policy:
@@ -180,10 +189,10 @@ def void(
     commit): the files of its attempts are deleted first; refused while any is left, when its release
     is committed, or when an attempt is completely staged (re-run the release: it commits that noise)."""
     from tasks.ledger_tasks import VoidRefused, void_entry
-    from tasks.storage.store import ReleaseStore
 
+    st, home = _home(store)
     try:
-        voided, deleted = void_entry(ReleaseStore(store, create=False), dataset, seq, reason)
+        voided, deleted = void_entry(st, dataset, seq, reason, home)
     except VoidRefused as exc:
         raise CLIError(str(exc)) from None
     if deleted:
@@ -200,13 +209,15 @@ def ledger(
 ) -> int:
     """Per dataset: the privacy policy and the most any one person can have lost."""
     from tasks.storage.ledger import DatasetLedger, datasets
-    from tasks.storage.store import ReleaseStore
 
-    st = ReleaseStore(store, create=False)
+    _, home = _home(store)
+    st = home.store
     # a dataset folder without a policy is a first release that failed before its policy was written
     found = [dataset] if dataset else [d for d in datasets(st) if DatasetLedger(st, d).policy_log()]
     if not found:
         eprint(f"the ledger of {st.url} is empty")
+    elif home.elsewhere and json_out is None:
+        print(f"ledger home: {home.url}")
     return _print_datasets(st, found, json_out, entries=entries, policy_log=False)
 
 
@@ -254,7 +265,8 @@ def _print_datasets(store, names: list[str], json_out: str | None, entries: bool
             if e["kind"] == "charge":
                 for c in e["charges"]:
                     what = budget_label(c.get("epsilon"), c.get("rho"))
-                    print(f"  #{e['seq']} {c['city']} {c['period']} {what} ×{c['multiplier']} {e['created_at']}")
+                    where = f" into {e['store']}" if e.get("store") else ""
+                    print(f"  #{e['seq']} {c['city']} {c['period']} {what} ×{c['multiplier']} {e['created_at']}{where}")
             elif e["kind"] == "adopt":
                 keys = ", ".join(f"#{a['seq']}" for a in e["adopts"])
                 print(f"  #{e['seq']} takes over {keys}: {e['reason']}")

@@ -430,7 +430,8 @@ def show(release: Release, json_out: Json = None) -> int:
     if m.ledger is None or m.ledger.seq is None:
         print("  ledger: not charged (seeded noise: an experiment, NOT FOR PUBLICATION)")
     else:
-        print(f"  paid by ledger entry #{m.ledger.seq} of dataset {m.ledger.dataset or m.dataset}")
+        home = f" in the ledger home {m.ledger.home}" if m.ledger.home else ""
+        print(f"  paid by ledger entry #{m.ledger.seq} of dataset {m.ledger.dataset or m.dataset}{home}")
     print(f"  {m.url}")
     for f in m.files:
         print(f"  {f.name}\t{f.size} bytes\tsha256 {f.sha256[:16]}… ok")

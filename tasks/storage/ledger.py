@@ -5,6 +5,11 @@ Layout inside the store (create-only objects, see tasks/storage/store.py)::
     datasets/<dataset>/policy/<seq>.json   the dataset's policy; a higher seq is a logged change
     datasets/<dataset>/ledger/<seq>.json   a batch of charges (one run's cities) or a void of some of them
     sources/<hash of the locator>.json     which dataset a source (path or URL) belongs to
+    stores/<hash of the URL>.json          another release store whose releases this ledger pays for
+
+The store holding these is the datasets' *ledger home* (tasks/storage/ledger_home.py): the release
+store itself by default, or one home that several release stores charge. A charge entry written for
+another store names it (``store``), and so does every charge held for it (:class:`Held`).
 
 Each log is linearizable without a lock service: a writer lists it, checks what it must (no other
 policy yet; the budget holds in every window the new charges touch) and creates entry ``len(log)``;
@@ -16,7 +21,8 @@ log checks every hash, that the numbers run 0..n-1 without a gap, and that every
 one before it, so an altered, deleted or reordered entry is an :class:`IntegrityError`. The newest
 entry has no successor to betray its deletion: every committed manifest and every staged attempt
 names the charge entry that paid for it (seq and sha256), and :meth:`DatasetLedger.verify` checks
-that each such entry is there, unchanged (docs/decisions/0019-ledger-hash-chain.md). Entries written
+that each such entry is there, unchanged (docs/decisions/0019-ledger-hash-chain.md), in the home and
+in every store recorded as charging it (docs/decisions/0020-ledger-home.md). Entries written
 before the chain existed carry no ``prev_sha256``; their own hashes and numbers are still checked, and
 the first chained entry after them names the last of them.
 
@@ -39,6 +45,7 @@ from dpcore.privacy.accounting import (
     check_within_budget,
     worst_case_loss,
 )
+from tasks.storage.ledger_home import canonical_url, registered_stores, release_stores
 from tasks.storage.manifest import ManifestError, parse_manifest
 from tasks.storage.store import (
     _MAX_APPEND_TRIES,
@@ -76,10 +83,12 @@ class ChargeMoved(GeoDPError, ValueError):
 
 @dataclass(frozen=True)
 class Held:
-    """A charge held by a run: the ledger entry it lives in and the charge itself."""
+    """A charge held by a run: the ledger entry it lives in, the charge itself, and the release store
+    its noise goes to (None: the ledger's own store)."""
 
     seq: int
     charge: LedgerCharge
+    store: str | None = None
 
 
 class DatasetLedger:
@@ -225,6 +234,10 @@ class DatasetLedger:
         entry cannot hide while anything it paid for is in the store. Returns the entries."""
         references = self._paid_references()  # first: an entry always exists before anything names it
         entries = self.entries()
+        unknown = {e["store"] for e in entries if e.get("store")} - registered_stores(self.store)
+        if unknown:
+            raise self._broken(self._ledger_dir, f"entries charge store {sorted(unknown)[0]}, which the ledger's "
+                                                 "list of stores does not hold (stores/ was edited)")
         for where, ref in references:
             seq = ref.get("seq") if isinstance(ref, dict) else None
             if seq is None:
@@ -237,19 +250,30 @@ class DatasetLedger:
         return entries
 
     def _paid_references(self) -> list[tuple[str, dict | None]]:
-        """(where, the ledger reference it holds) for every manifest and staged charge of this dataset:
+        """(where, the ledger reference it holds) for every manifest and staged charge of this dataset
+        paid by this ledger, in its own store and in every store recorded as charging it."""
+        home = canonical_url(self.store)
+        out = []
+        for store in release_stores(self.store):
+            here = canonical_url(store)
+            out += [(where, ref) for where, ref in self._references_in(store)
+                    if ref is None or (ref.get("home") or here) == home]
+        return out
+
+    def _references_in(self, store: ReleaseStore) -> list[tuple[str, dict | None]]:
+        """(where, ledger reference) of every manifest and staged charge of this dataset in ``store``:
         one listing and one batched read."""
-        root = self.store.path(f"releases/{self.dataset}")
-        fs = self.store.fs
+        root = store.path(f"releases/{self.dataset}")
+        fs = store.fs
         fs.invalidate_cache(root)
         try:
             found = [p for p in fs.find(root) if p.rsplit("/", 1)[-1] in _PAID_BY_FILES]
         except FileNotFoundError:
             return []
-        base = self.store.root + "/"
+        base = store.root + "/"
         out = []
         for path, data in sorted(fs.cat(found).items()) if found else []:
-            where = self.store.url_of(path[len(base):]) if path.startswith(base) else path
+            where = store.url_of(path[len(base):]) if path.startswith(base) else path
             try:
                 body = json.loads(data)
             except json.JSONDecodeError:
@@ -281,12 +305,14 @@ class DatasetLedger:
                     continue
                 charge = LedgerCharge.from_dict(c)
                 draw = adopted.get((e["seq"], c["key"]))
-                out.append(Held(e["seq"], charge if draw is None else replace(charge, draw=draw)))
+                out.append(Held(e["seq"], charge if draw is None else replace(charge, draw=draw), e.get("store")))
         return out
 
-    def charge(self, charges: list[LedgerCharge], policy: PrivacyPolicy) -> tuple[dict, dict]:
+    def charge(self, charges: list[LedgerCharge], policy: PrivacyPolicy, store: str | None = None) -> tuple[dict, dict]:
         """Append one batch of charges after checking them against the policy in every window they
-        touch. Returns (entry, worst-case loss after it). Raises :class:`BudgetRefused`."""
+        touch; ``store``: the release store their noise goes to, when it is not the ledger's own (its
+        binding is recorded first: LedgerHome.bind). Returns (entry, worst-case loss after it).
+        Raises :class:`BudgetRefused`."""
         result: dict = {}
 
         def make(log: list[dict]) -> dict:
@@ -296,7 +322,7 @@ class DatasetLedger:
                                   "planned; run it again")
             existing = [h.charge for h in self.held(log)]
             result["loss"] = check_within_budget(policy, existing, charges)
-            return {"kind": "charge", "charges": [c.to_dict() for c in charges]}
+            return {"kind": "charge", "charges": [c.to_dict() for c in charges], **({"store": store} if store else {})}
 
         self.verify()  # a lost entry is an error here, before its budget could be spent again
         entry = self._append(self._ledger_dir, make)

@@ -36,14 +36,16 @@ class ManifestFile(_Open):
 
 
 class LedgerRef(_Open):
-    """The ledger charge that paid for the noise a release publishes ({"seq", "draw", "key"});
-    seq None for an experiment with seeded noise (never charged)."""
+    """The ledger charge that paid for the noise a release publishes ({"seq", "draw", "key"}) and the
+    ledger that holds it (``home``, tasks/storage/ledger_home.py); seq None for an experiment with
+    seeded noise (never charged)."""
 
     dataset: str | None = None
     seq: int | None = None
     draw: str | None = None
     key: str | None = None
     entry_sha256: str | None = None  # the entry's own hash: its deletion cannot hide (tasks/storage/ledger.py)
+    home: str | None = None  # the ledger home that holds the entry; None: the store holding the release
     created_at: str | None = None  # written by the first manifest format (``ledger_entry``)
 
 

@@ -364,9 +364,13 @@ class ReleaseStore:
         if paid is None or paid.seq is None:
             return  # seeded experiments are never charged
         try:
-            entry = self.read_json(f"datasets/{manifest.dataset}/ledger/{int(paid.seq):08d}.json")
+            ledger = self if paid.home is None or paid.home == self.url_of("").rstrip("/") else \
+                self._ledger_home(paid.home)
+            entry = ledger.read_json(f"datasets/{manifest.dataset}/ledger/{int(paid.seq):08d}.json")
         except FileNotFoundError:
             return
+        except StoreError:
+            return  # a ledger home this reader cannot reach: `geodp ledger` verifies it where it can
         charges = entry.get("charges") if isinstance(entry, dict) else None
         charge = next((c for c in charges or [] if isinstance(c, dict) and c.get("key") == manifest.release_key),
                       None)
@@ -379,6 +383,13 @@ class ReleaseStore:
             raise IntegrityError(f"{where} disagrees with ledger entry #{paid.seq}, which paid for its noise "
                                  f"(the manifest says {budget_text(manifest.epsilon, manifest.rho)}; the ledger "
                                  f"charged {budget_text(charge.get('epsilon'), charge.get('rho')) if charge else 'no such release'})")
+
+    def _ledger_home(self, url: str) -> ReleaseStore:
+        """The ledger home a manifest names (tasks/storage/ledger_home.py), opened once for reading."""
+        homes = self.__dict__.setdefault("_homes", {})
+        if url not in homes:
+            homes[url] = ReleaseStore(url, create=False)
+        return homes[url]
 
     def stage(self, ref: ReleaseRef, local_dir: str | Path, names: list[str], attempt: str,
               charge_ref: bytes | None, supersedes: tuple[str, ...] = ()) -> tuple[str, list[dict]]:
