@@ -27,14 +27,14 @@ CLUSTER_STARTED = "Dask dashboard"  # the line dask_for_run logs when it starts 
 
 @pytest.fixture(scope="module")
 def served(prefect_harness, tmp_path_factory):
-    """A serving process with a 0.6 budget, a data file and a store holding one committed release
-    (ε = 0.5, made in-process): yields (data, store, config)."""
+    """A serving process with a 0.6 budget and the store as the configured ledger home, a data file and
+    the store holding one committed release (ε = 0.5, made in-process): yields (data, store, config)."""
     base = tmp_path_factory.mktemp("served")
     data = base / "checkins.parquet"
     generate_checkins(city_region("new-york"), n_users=200, days=3, seed=4, start=DAY).to_parquet(data)
     config = base / "geodp.toml"
-    config.write_text("[budget]\ndefault_cap = 0.6\n")
     store = base / "store"
+    config.write_text(f'ledger = "{store}"\n[budget]\ndefault_cap = 0.6\n')  # every store charges this one
     run_geodp("release", data, "--city", "new-york", "--period", DAY, "--epsilon", "0.5",
               "--max-points-per-user", "5", "--store", store, "--no-prefect", "--config", config)
     log = open(base / "serve.log", "w")
@@ -101,6 +101,18 @@ def test_a_budget_refusal_is_one_line_at_once(served):
     message = _refused_at_once(flow_run, tasks, logs)
     assert message.startswith("budget exceeded") and "0.6" in message
     assert len(DatasetLedger(ReleaseStore(str(store)), "checkins").entries()) == entries
+
+
+def test_a_second_store_charges_the_configured_ledger(served, tmp_path):
+    data, store, _ = served
+    entries = len(DatasetLedger(ReleaseStore(str(store)), "checkins").entries())
+    # the same release into another store: the configured ledger already holds its 0.5 of 0.6
+    other = tmp_path / "other-store"
+    flow_run, tasks, logs = _served_run(_params(data, other))
+    message = _refused_at_once(flow_run, tasks, logs)
+    assert message.startswith("budget exceeded") and "0.6" in message
+    assert len(DatasetLedger(ReleaseStore(str(store)), "checkins").entries()) == entries
+    assert ReleaseStore(str(other)).list_releases() == [] and not (other / "datasets").exists()
 
 
 def test_a_missing_input_is_one_line_at_once(served, tmp_path):
