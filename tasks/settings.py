@@ -226,6 +226,37 @@ def load_settings(path: str | os.PathLike | None = None) -> PlatformSettings:
         raise ConfigError(f"{p} is not valid TOML: {exc}") from None
 
 
+class _LedgerSetting(BaseSettings):
+    """The `ledger` key alone, from the same sources as PlatformSettings (the ledger commands need it
+    and nothing else, so a nightly configured for another process does not stop them)."""
+
+    model_config = SettingsConfigDict(env_prefix="GEODP_", extra="ignore")
+
+    ledger: str | None = None
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+                                   env_settings: PydanticBaseSettingsSource,
+                                   dotenv_settings: PydanticBaseSettingsSource,
+                                   file_secret_settings: PydanticBaseSettingsSource) -> tuple[PydanticBaseSettingsSource, ...]:
+        return PlatformSettings.settings_customise_sources.__func__(
+            cls, settings_cls, init_settings, env_settings, dotenv_settings, file_secret_settings)
+
+
+def configured_ledger(path: str | os.PathLike | None = None) -> str | None:
+    """The configured ledger home (``ledger``, GEODP_LEDGER) from the file :func:`config_path` picks;
+    None: each store is its own. A bad file is a one-line ConfigError."""
+    p = config_path(path)
+    bound = type("LedgerSettingFromFile", (_LedgerSetting,), {"model_config": {**_LedgerSetting.model_config,
+                                                                               "toml_file": p}})
+    try:
+        return bound().ledger
+    except ValidationError as exc:
+        raise ConfigError(f"{p}: {describe_errors(exc)}") from None
+    except ValueError as exc:
+        raise ConfigError(f"{p} is not valid TOML: {exc}") from None
+
+
 def describe_errors(exc: ValidationError) -> str:
     """A pydantic error list on one line: 'nightly.release.citys: unknown key; budget.default_cap: …'."""
     parts = []

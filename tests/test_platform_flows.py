@@ -35,18 +35,25 @@ def test_backfill_7_days_3_cities_commits_21_then_nothing(prefect_harness, gowal
     assert len(store.list_releases()) == 21 and len(ledger.entries()) == 7
 
 
-def test_release_flow_two_cities_then_over_budget(prefect_harness, gowalla_sample_path, tmp_path):
+def test_release_flow_two_cities_then_over_budget(prefect_harness, gowalla_sample_path, tmp_path, monkeypatch):
+    home = tmp_path / "ledger"
+    monkeypatch.setenv("GEODP_LEDGER", str(home))  # the configured ledger home, outside the store
     store_url = str(tmp_path / "store")
     rp = ReleaseParams(data=str(gowalla_sample_path), cities=["austin", "new-york"], period="2010-05",
                        epsilon=0.4, store=store_url, max_points_per_user=20, n_workers=2, budget_cap=0.6)
     summary = run_release(rp)
     assert [r["status"] for r in summary["releases"]] == ["committed", "committed"]
     assert summary["loss"]["lifetime"] == pytest.approx(0.4)  # disjoint cities, one bounding draw
-    # a different config for the same period would take a person to 0.8 > 0.6: refused, nothing noised
-    with pytest.raises(BudgetRefused, match=r"0\.2 left"):
-        run_release(rp.model_copy(update={"mechanism_params": {"cell_width_m": 500}}))
+    assert summary["ledger"] == str(home.resolve())
+    # a different config for the same period, or the same release into another store, would take a
+    # person to 0.8 > 0.6: refused, nothing noised
+    for other in (rp.model_copy(update={"mechanism_params": {"cell_width_m": 500}}),
+                  rp.model_copy(update={"store": str(tmp_path / "other-store")})):
+        with pytest.raises(BudgetRefused, match=r"0\.2 left"):
+            run_release(other)
     store = ReleaseStore(store_url)
-    assert len(DatasetLedger(store, summary["dataset"]).held()) == 2 and len(store.list_releases()) == 2
+    assert len(DatasetLedger(ReleaseStore(str(home)), summary["dataset"]).held()) == 2
+    assert len(store.list_releases()) == 2 and not (tmp_path / "store" / "datasets").exists()
 
 
 def test_a_store_made_again_at_the_same_url_gets_a_real_release(prefect_harness, gowalla_sample_path, tmp_path):

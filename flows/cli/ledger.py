@@ -89,11 +89,12 @@ def _source_locators(source: str) -> list[str]:
 def _home(store: str, create: bool = False):
     """The ledger home of STORE: the configured `ledger` (GEODP_LEDGER, $GEODP_CONFIG), else the one
     STORE recorded, else STORE itself (tasks/storage/ledger_home.py)."""
-    from tasks.settings import load_settings
+    from tasks.settings import configured_ledger
+    from tasks.storage.ledger_home import resolve_home
     from tasks.storage.store import ReleaseStore
 
     st = ReleaseStore(store, create=create)
-    return st, load_settings().ledger_home(st)
+    return st, resolve_home(st, configured_ledger())
 
 
 def _ledger(store: str, dataset: str, create: bool = False):
