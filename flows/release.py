@@ -240,7 +240,7 @@ def _row(manifest: Manifest, status: str) -> dict:
 
 def _no_verdict(plan: dict) -> str | None:
     """Why the plan gave no verdict on a release (none of its bands known), or None when it gave one."""
-    if not plan or any(b.get("typical_count") is not None for b in plan.get("bands", [])):
+    if not plan or any(b.get("worse_than_blank_map") is not None for b in plan.get("bands", [])):
         return None
     return plan.get("statement") or None
 

@@ -76,6 +76,7 @@ class Basis:
     inputs: PlanInputs  # the run's options, with the ratio of its period to the basis's
     typical: np.ndarray  # per band (NaN: hidden by the basis's noise)
     profile: ContributionProfile | None
+    at_most: np.ndarray  # per band, the largest typical count the basis leaves possible
 
 
 def no_prediction(plan: CityPlan) -> str | None:
@@ -105,7 +106,7 @@ def basis_of(store: ReleaseStore, plan: CityPlan, bands=DEFAULT_BANDS) -> Basis 
     inputs = PlanInputs(epsilon=float(plan.epsilon or 0.0), rho=plan.rho,
                         k=plan.max_points_per_user if plan.privacy_unit == "user" else 1,
                         cell_width_m=_cell_width(plan), profiled=profile_applies(plan), period_factor=period_factor)
-    return Basis(url, inputs, typical_counts(synopsis, bands), profile)
+    return Basis(url, inputs, typical_counts(synopsis, bands), profile, typical_counts(synopsis, bands, at_most=True))
 
 
 def expectation(store: ReleaseStore, plan: CityPlan) -> dict:
@@ -120,15 +121,18 @@ def expectation(store: ReleaseStore, plan: CityPlan) -> dict:
                                           f"{plan.privacy_unit} level is published yet, and the plan predicts "
                                           "only from the region's newest published release"}
     url, inputs, typical, profile = basis.url, basis.inputs, basis.typical, basis.profile
-    rows = expected_errors(inputs, typical, profile)
+    rows = expected_errors(inputs, typical, profile, at_most=basis.at_most)
     out = {"bands": rows, "basis": url, "useless": useless(rows),
            "statement": "; ".join(f"{r['query_sides_m'][0]:g}–{r['query_sides_m'][1]:g} m: |error| ≈ "
                                   f"{r['expected_abs_error']:.3g} vs a typical count "
                                   + (f"{r['typical_count']:.3g}" if r["typical_count"] is not None
-                                     else "unknown (the published release's noise hides it)")
+                                     else "unknown (the published release's noise hides it"
+                                     + (f"; at most {r['typical_count_at_most']:.3g}" if "typical_count_at_most" in r
+                                        else "") + ")")
+                                  + (f" (no verdict: {r['verdict_open']})" if r.get("verdict_open") else "")
                                   for r in rows)}
     if out["useless"]:
-        out["would_help"] = what_would_help(inputs, typical, profile)
+        out["would_help"] = what_would_help(inputs, typical, profile, at_most=basis.at_most)
     return out
 
 

@@ -65,3 +65,20 @@ def test_heatmaps_and_spatio_temporal_releases_say_the_plan_has_no_verdict(check
     assert f"plan: {why}" in text
     plan = json.loads(next(store.rglob("v1/_MANIFEST.json")).read_text())["quality"]["plan"]
     assert plan["statement"].startswith(why) and plan["bands"] == []
+
+
+def test_a_noise_made_heavy_bucket_in_the_basis_profile_gives_no_verdict_instead_of_a_refusal(tmp_path):
+    """300 people: with --seed 115 the first release's profile shows a bucket of 2^15 points per person
+    that noise alone lifted over the visibility threshold (1/κ̂ ≈ 1,260), and the next release was refused
+    as 27 times worse than a blank map. Without that bucket the verdict differs, so there is none."""
+    data = tmp_path / "small.parquet"
+    generate_checkins(city_region("new-york"), n_users=300, days=4, seed=5).to_parquet(data)
+    args = ["--city", "new-york", "--epsilon", "1", "--mechanism", "identity", "--param", "cell_width_m=1000",
+            "--max-points-per-user", "20", "--seed", "115", "--out", tmp_path / "s"]
+    run_geodp("release", "run", data, *args)
+    basis = json.loads(next((tmp_path / "s").rglob("all/v1/*/synopsis.json")).read_text())
+    assert basis["extra"]["profile"]["noisy_counts"][15] > 50  # the profile this test is about
+    text = run_geodp("release", "run", data, *args, "--period", "2024-01-02").stdout
+    assert "release written" in text
+    plan = _plan(tmp_path / "s", "2024-01-02")
+    assert not plan["published_anyway"] and any(b.get("verdict_open") for b in plan["bands"])

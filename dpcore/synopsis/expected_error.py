@@ -62,13 +62,14 @@ def _cell_noise_sd(published: Synopsis, nx: int) -> float:
     return float(np.sqrt(model.law.variance) * max(per_side, 1.0) * getattr(published, "factor", 1.0))
 
 
-def typical_counts(published: Synopsis, bands=DEFAULT_BANDS) -> np.ndarray:
+def typical_counts(published: Synopsis, bands=DEFAULT_BANDS, at_most: bool = False) -> np.ndarray:
     """The mean count of a square of each band centred on a data point, from a published release (full
     counts when it was scaled): on a grid whose cells are the band's middle side, a point's square holds
     about its cell's count, so the mean over points is Σ c² / Σ c over cells. The released counts carry
     noise of known variance σ² per cell, which adds σ² to every c²: it is taken out (Σ (ĉ² − σ²) / Σ ĉ,
     NaN where that is within noise), so a noise-dominated basis does not look busy. A mean, not a median: it errs towards
-    publishing."""
+    publishing. ``at_most``: instead, the largest typical count the basis leaves possible in every band
+    (the excess plus twice its noise), which bounds a band the noise hides."""
     inner = getattr(published, "inner", published)
     fine_n = int(getattr(inner, "shape", (128,))[0])
     fine_sd = _cell_noise_sd(published, fine_n)
@@ -82,16 +83,42 @@ def typical_counts(published: Synopsis, bands=DEFAULT_BANDS) -> np.ndarray:
         total = max(float(counts.sum()), 1.0)
         excess = float(np.sum(counts ** 2 - var))
         # noise alone moves Σ(ĉ² − σ²) by about √(2·cells)·σ²: below twice that the basis cannot tell
-        out.append(excess / total if excess > 2.0 * np.sqrt(2.0 * counts.size) * var else np.nan)
+        within = 2.0 * np.sqrt(2.0 * counts.size) * var
+        if at_most:
+            out.append((max(excess, 0.0) + within) / total)
+        else:
+            out.append(excess / total if excess > within else np.nan)
     return np.asarray(out)
 
 
+#: Why a band whose typical count the basis shows still gets no verdict.
+OPEN_TOP_BUCKET = ("the published profile's heaviest visible bucket decides the verdict, and its noise leaves "
+                   "open whether those people exist")
+
+
 def expected_errors(inputs: PlanInputs, typical: np.ndarray, profile: ContributionProfile | None,
-                    bands=DEFAULT_BANDS, widest_bias: bool = True) -> list[dict]:
+                    bands=DEFAULT_BANDS, widest_bias: bool = True, at_most: np.ndarray | None = None) -> list[dict]:
     """Per band: the expected |error| of a full-count answer and whether it is worse than a blank map.
     ``widest_bias`` adds the bounding's bias from box to box as the intervals take it (every unit's points
     in one box, ContributionProfile.cell_bias_sd: an upper bound); without it only the spread of which
-    points the bound keeps counts (ContributionProfile.sampling_variance)."""
+    points the bound keeps counts (ContributionProfile.sampling_variance).
+
+    A band the basis's noise hides (typical count None) is hopeless only when even the largest count the
+    basis leaves possible (``at_most``, typical_counts(..., at_most=True)) is REFUSE_MARGIN times below its
+    error. A verdict must hold without the profile's highest visible bucket when that bucket stands alone
+    (ContributionProfile.without_top): where it does not, the band gets none (``verdict_open``; never
+    refused on it)."""
+    rows = _errors(inputs, typical, profile, bands, widest_bias, at_most)
+    trimmed = profile.without_top() if profile is not None and inputs.profiled else None
+    if trimmed is not None:
+        for row, other in zip(rows, _errors(inputs, typical, trimmed, bands, widest_bias, at_most), strict=True):
+            if (row["worse_than_blank_map"], row["hopeless"]) != (other["worse_than_blank_map"], other["hopeless"]):
+                row.update(worse_than_blank_map=None, hopeless=False, verdict_open=OPEN_TOP_BUCKET)
+    return rows
+
+
+def _errors(inputs: PlanInputs, typical: np.ndarray, profile: ContributionProfile | None, bands,
+            widest_bias: bool, at_most: np.ndarray | None) -> list[dict]:
     if inputs.rho is not None:
         cell_var = discrete_gaussian_variance(inputs.k * inputs.k / (2.0 * inputs.rho))
     else:
@@ -106,7 +133,10 @@ def expected_errors(inputs: PlanInputs, typical: np.ndarray, profile: Contributi
         factor = float(np.median(draws))
         factor_rel_sd = float(np.std(draws) / factor)
     rows = []
-    for (lo, hi), count in zip(bands, np.asarray(typical) * inputs.period_factor, strict=True):
+    bound = (np.full(len(bands), np.nan) if at_most is None else np.asarray(at_most, dtype=np.float64)
+             * (profile.kept_fraction(inputs.k) if inputs.rho is not None and profile is not None else 1.0))
+    for (lo, hi), count, most in zip(bands, np.asarray(typical) * inputs.period_factor,
+                                     bound * inputs.period_factor, strict=True):
         side = (lo + hi) / 2.0
         widths = PROXY_WIDTHS_M if inputs.cell_width_m is None else (inputs.cell_width_m,)
         # a square spans about (side/w)² cells (pro rata: part of one cell when it is smaller)
@@ -118,21 +148,25 @@ def expected_errors(inputs: PlanInputs, typical: np.ndarray, profile: Contributi
             bias_var += profile.sampling_variance(inputs.k) * count
         err = HALF_NORMAL * float(np.sqrt(noise_sd ** 2 + (0.0 if np.isnan(count) else bias_var)))
         known = bool(np.isfinite(count))
-        rows.append({"query_sides_m": [lo, hi], "typical_count": float(count) if known else None,
-                     "expected_abs_error": err, "worse_than_blank_map": bool(err >= count) if known else None,
-                     "hopeless": known and bool(err >= REFUSE_MARGIN * count)})
+        row = {"query_sides_m": [lo, hi], "typical_count": float(count) if known else None,
+               "expected_abs_error": err, "worse_than_blank_map": bool(err >= count) if known else None,
+               "hopeless": bool(err >= REFUSE_MARGIN * (count if known else most)) if known or np.isfinite(most)
+               else False}
+        if not known and np.isfinite(most):
+            row["typical_count_at_most"] = float(most)
+        rows.append(row)
     return rows
 
 
 def useless(rows: list[dict]) -> bool:
-    """Expected REFUSE_MARGIN times worse than a blank map at every band whose typical count the basis
-    shows (a band it hides has no verdict; with none shown, nothing is refused)."""
-    known = [r for r in rows if r["typical_count"] is not None]
-    return bool(known) and all(r["hopeless"] for r in known)
+    """Expected REFUSE_MARGIN times worse than a blank map at every band: a band the basis hides counts
+    only when even its largest possible typical count is that far below the error, and a band whose
+    verdict is open never counts."""
+    return bool(rows) and all(r["hopeless"] for r in rows)
 
 
 def what_would_help(inputs: PlanInputs, typical: np.ndarray, profile: ContributionProfile | None,
-                    bands=DEFAULT_BANDS) -> list[str]:
+                    bands=DEFAULT_BANDS, at_most: np.ndarray | None = None) -> list[str]:
     """The smallest change along each public option (ε, k, cell size, period length) that takes at least
     one band out of :func:`useless`, as phrases."""
     from dataclasses import replace
@@ -147,7 +181,7 @@ def what_would_help(inputs: PlanInputs, typical: np.ndarray, profile: Contributi
     found = []
     for label, field, values, fmt in tries:
         for v in values:
-            if not useless(expected_errors(replace(inputs, **{field: v}), typical, profile, bands)):
+            if not useless(expected_errors(replace(inputs, **{field: v}), typical, profile, bands, at_most=at_most)):
                 found.append(f"{label} {fmt.format(v)}")
                 break
     return found

@@ -240,10 +240,16 @@ def plan(
             for b in r["bands"]:
                 lo, hi = b["query_sides_m"]
                 if b["typical_count"] is None:
+                    most = b.get("typical_count_at_most")
                     print(f"  squares of {lo:g}–{hi:g} m: expected |error| {b['expected_abs_error']:.3g}; the typical "
-                          "count is hidden by the published release's noise (no verdict)")
+                          "count is hidden by the published release's noise" + (
+                              "" if most is None else f" (at most {most:.3g}" + (
+                                  ": hopeless even so)" if b["hopeless"] else ")")) + (
+                              f" (no verdict: {b['verdict_open']})" if b.get("verdict_open") else
+                              "" if b["hopeless"] else " (no verdict)"))
                     continue
-                verdict = "worse than a blank map" if b["worse_than_blank_map"] else "informative"
+                verdict = (f"no verdict: {b['verdict_open']}" if b.get("verdict_open") else
+                           "worse than a blank map" if b["worse_than_blank_map"] else "informative")
                 print(f"  squares of {lo:g}–{hi:g} m: expected |error| {b['expected_abs_error']:.3g} vs a typical "
                       f"count {b['typical_count']:.3g} ({verdict})")
     bad = [r for r in rows if r.get("useless")]
