@@ -1,8 +1,9 @@
 """One ledger wherever a source is released from: the platform setting `ledger` (GEODP_LEDGER) names
 the one ledger home that every release store charges, so the same source released into a second
 store draws on the same budget; a store keeps the home it first charged (a release configured with
-another is refused: one line, exit 2, nothing charged), and the home's verification finds the
-releases of every store that charges it. Through the CLI, on local stores and on S3 (moto)."""
+another is refused: one line, exit 2, nothing charged), the home's verification finds the
+releases of every store that charges it, and `geodp dataset void` gives a killed run's charge back in
+the home after deleting its files in the store. Through the CLI, on local stores and on S3 (moto)."""
 
 import json
 from pathlib import Path
@@ -16,6 +17,7 @@ from tasks.storage.ledger_home import canonical_url
 from tasks.storage.store import ReleaseStore
 from tests.cli_runner import run_geodp
 from tests.conftest import new_s3_store
+from tests.faults import attempt_files, kill_at_write_env
 
 DAY = "2024-01-01"
 
@@ -32,8 +34,8 @@ def _data(tmp_path: Path) -> str:
     return str(path)
 
 
-def _release(data: str, store: str, epsilon: str, *extra: str, ledger: str | None = None):
-    env = {"GEODP_LEDGER": ledger} if ledger else None
+def _release(data: str, store: str, epsilon: str, *extra: str, ledger: str | None = None, env: dict | None = None):
+    env = {**(env or {}), **({"GEODP_LEDGER": ledger} if ledger else {})}
     return run_geodp("release", data, "--city", "new-york", "--epsilon", epsilon, "--mechanism", "identity",
                      "--param", "cell_width_m=2000", "--period", DAY, "--store", store, "--no-prefect",
                      "--publish-anyway", *extra, ok=False, env=env)
@@ -91,6 +93,24 @@ def test_a_store_keeps_the_ledger_it_first_charged(tmp_path):
     assert _entries(home) == 2 and not (Path(bound) / "datasets").exists()
     (row,) = _ledger_json(bound)
     assert abs(row["loss"]["lifetime"] - 0.75) < 1e-9
+
+
+def test_void_gives_back_in_the_home_what_a_killed_run_charged_for_another_store(tmp_path):
+    data = _data(tmp_path)
+    log = tmp_path / "writes.log"
+    _release(data, str(tmp_path / "count-store"), "0.5", ledger=str(tmp_path / "count-ledger"),
+             env=kill_at_write_env(10_000, log))
+    order = [ln.split()[3] for ln in log.read_text().splitlines()]
+    n = next(i for i, w in enumerate(order, 1) if w.endswith("/synopsis.json"))
+    store, home = str(tmp_path / "store"), str(tmp_path / "ledger")
+    assert _release(data, store, "0.5", ledger=home, env=kill_at_write_env(n, tmp_path / "kill.log")).returncode == -9
+    (files,) = attempt_files(store).values()
+    assert files  # noise reached the store under the charge held in the home
+    r = run_geodp("dataset", "void", store, "checkins", "--seq", "0", "--reason", "killed", env={"GEODP_LEDGER": home})
+    assert f"deleted {len(files)} unpublished file" in r.stdout
+    assert all(f == [] for f in attempt_files(store).values())
+    assert [e["kind"] for e in DatasetLedger(ReleaseStore(home), "checkins").entries()] == ["charge", "void"]
+    assert not (Path(store) / "datasets").exists()
 
 
 def test_an_s3_ledger_home_is_charged_by_a_local_and_an_s3_store(tmp_path, moto_s3):
