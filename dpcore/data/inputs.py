@@ -48,12 +48,19 @@ DATE_KEYS = ("date", "day")
 
 
 def storage_options_from_env(protocol: str) -> dict[str, Any]:
-    """S3 endpoint from the environment, so the same command works against AWS, MinIO or moto."""
+    """S3 endpoint from the environment, so the same command works against AWS, MinIO or moto.
+
+    Three tries with the standard retry mode: a blip is retried, while an endpoint that refuses
+    connections is reported in ~3 s instead of the legacy mode's ~11 s of back-off."""
     if protocol not in ("s3", "s3a"):
         return {}
     endpoint = os.environ.get("GEODP_S3_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT_URL_S3") \
         or os.environ.get("AWS_ENDPOINT_URL")
-    return {"client_kwargs": {"endpoint_url": endpoint}} if endpoint else {}
+    opts: dict[str, Any] = {"config_kwargs": {"retries": {"max_attempts": 3, "mode": "standard"},
+                                              "connect_timeout": 5}}
+    if endpoint:
+        opts["client_kwargs"] = {"endpoint_url": endpoint}
+    return opts
 
 
 def _protocol(url: str) -> str:
