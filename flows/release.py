@@ -34,13 +34,13 @@ from dpcore.mechanisms.st_resolution import SLOTS_MERGED
 from dpcore.privacy.accounting import budget_label
 from tasks.config import ReleaseParams
 from tasks.ledger_tasks import charge_ledger, committed_from, give_back, settle_strays, void_charge
+from tasks.persist_tasks import persist_release
 from tasks.public_errors import public_data_error
 from tasks.release_plan import ReleasePlan, plan_release
 from tasks.release_tasks import (
     code_version,
     count_release_data,
     paid_profile,
-    persist_release,
     privatize,
     read_bound_count,
     render_preview,

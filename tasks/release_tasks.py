@@ -13,13 +13,10 @@ logic lives in the store (tasks/storage/store.py), so a retried task finds what 
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 import subprocess
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from prefect import task
@@ -48,14 +45,9 @@ from tasks.config import Period, PrivacyUnitName, canonical_hash
 from tasks.dask_path import CityData, DataPass, release_counts
 from tasks.preview import render_heatmap_png
 from tasks.public_errors import retry_unless_refused, without_private_detail
-from tasks.storage.manifest import InputRef, Manifest
-from tasks.storage.store import CHARGE_REF as CHARGE
+from tasks.storage.manifest import Manifest
 from tasks.storage.store import (
-    AttemptSealed,
-    ReleaseRef,
     ReleaseStore,
-    StagedElsewhere,
-    StoreError,
     check_slug,
 )
 
@@ -446,116 +438,3 @@ def privatize(plan: CityPlan, data: CityData, profile: ContributionProfile | Non
 def render_preview(plan: CityPlan, synopsis: Synopsis) -> bytes:
     return render_heatmap_png(synopsis, f"{plan.city} {plan.period.label} (released, {budget_label(plan.epsilon, plan.rho)})",
                               note=release_quality(synopsis)["statement"])
-
-
-def _stage(store: ReleaseStore, ref: ReleaseRef, plan: CityPlan, synopsis: Synopsis, preview: bytes | None,
-           held: dict) -> tuple[str, list[dict]]:
-    """Stage this run's noise: its charge reference first, then the files (ReleaseStore.stage); the
-    attempts of earlier holders of the same charge are sealed and emptied first."""
-    from tasks.ledger_tasks import attempt_name
-
-    paid_by = {"dataset": plan.dataset, **{k: held.get(k) for k in ("seq", "draw", "key", "entry_sha256")},
-               **({"home": held["home"]} if held.get("home") else {})}  # the ledger home, when not this store
-    earlier = tuple(attempt_name({"seq": held["seq"], "draw": d}) for d in held.get("holders", ())
-                    if d != held.get("draw")) if held.get("seq") is not None else ()
-    with tempfile.TemporaryDirectory(prefix="geodp-stage-") as tmp:
-        names = synopsis.save(tmp)
-        if preview:
-            (Path(tmp) / PREVIEW).write_bytes(preview)
-            names.append(PREVIEW)
-        return store.stage(ref, tmp, names, attempt_name(held), json.dumps(paid_by).encode(), earlier)
-
-
-def _committed_by_newer_run(store: ReleaseStore, plan: CityPlan, held: dict, wait_s: float = 300.0) -> dict:
-    """This run's attempt was sealed by a newer run of the same release, which holds the charge now:
-    return its manifest once it commits."""
-    import time
-
-    from tasks.ledger_tasks import held_home
-
-    home = held_home(store, held)
-    deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline:
-        found = store.find_committed(plan.dataset, plan.city, plan.period.label, plan.release_key)
-        if found is not None:
-            return found
-        if not any(h.charge.key == plan.release_key and h.store == home.scope for h in home.ledger(plan.dataset).held()):
-            # the newer run gave the charge back: nothing of this release will commit
-            raise ReleaseError(f"{plan.city}: a newer run of the same release took this one over and then "
-                               "failed; nothing was committed, run the release again")
-        time.sleep(1.0)
-    raise ReleaseError(f"{plan.city}: a newer run of the same release took this one over and has not committed "
-                       "yet; run the release again to see its result")
-
-
-def _release_cache_key(context, parameters: dict[str, Any]) -> str:
-    """Public inputs only: the store (its absolute URL and instance id, so another checkout's
-    relative path or a deleted and re-made store never hits a stale entry) and the release key
-    (dataset, city, period, config hash incl. data version)."""
-    store = ReleaseStore(parameters["store_url"])
-    parts = [store.url_of(""), store.instance_id(), parameters["plan"].release_key]
-    return f"persist-manifest-{canonical_hash(parts)[:32]}"  # cached results are typed Manifests
-
-
-@task(name="persist-release", retries=3, retry_delay_seconds=1, retry_condition_fn=retry_unless_refused,
-      cache_key_fn=_release_cache_key, persist_result=True)
-def persist_release(store_url: str, plan: CityPlan, synopsis: Synopsis | None, preview: bytes | None,
-                    held: dict, code: str) -> Manifest:
-    """Commit one city-release exactly once: claim a version, stage files, write the manifest.
-
-    A committed manifest for the key is returned as is. A complete staged attempt left by a crashed
-    run is committed instead of the new synopsis, so the noise drawn first is the noise published.
-    ``synopsis`` may be None only when such a staged attempt exists. ``held`` is the ledger charge this
-    run holds for the key (tasks.ledger_tasks.charge_ledger); its reference (``charge.json``) is the
-    attempt's first file, so every noisy file sits beside the charge that covers it and the manifest
-    names that charge. An attempt sealed by a newer run of the same charge returns that run's commit."""
-    store = ReleaseStore(store_url)
-    committed = store.find_committed(plan.dataset, plan.city, plan.period.label, plan.release_key)
-    if committed is not None:
-        return committed
-    version, _ = store.claim_version(plan.dataset, plan.city, plan.period.label, plan.release_key)
-    ref = ReleaseRef(plan.dataset, plan.city, plan.period.label, version)
-    existing = store.manifest(ref)
-    if existing is not None:
-        return existing
-    staged = store.staged_attempt(ref)
-    if staged is None:
-        if synopsis is None:
-            raise ReleaseError(f"{plan.city}: nothing staged and no synopsis to persist")
-        try:
-            staged = _stage(store, ref, plan, synopsis, preview, held), False
-        except StagedElsewhere:  # an earlier run of this charge completed first: commit its noise
-            earlier = store.staged_attempt(ref)
-            staged = None if earlier is None else (earlier, True)
-        except AttemptSealed:
-            return _committed_by_newer_run(store, plan, held)
-    else:
-        staged = staged, True
-    if staged is None:
-        raise StoreError(f"{store.url_of(ref.rel)}: a staged attempt vanished before the commit")
-    (attempt, files), resumed = staged
-    privacy = json.loads(store.read(f"{ref.rel}/{attempt}/synopsis.json"))["privacy"]
-    paid_by = json.loads(store.read(f"{ref.rel}/{attempt}/{CHARGE}"))
-    manifest = Manifest(
-        dataset=plan.dataset, city=plan.city, period=plan.period.label, window=plan.period.to_dict(),
-        version=version, release_key=plan.release_key, config_hash=plan.config_hash,
-        mechanism=plan.mechanism, params=privacy.get("params", plan.params), epsilon=plan.epsilon,
-        rho=plan.rho,
-        max_points_per_user=plan.max_points_per_user if plan.privacy_unit == "user" else None,
-        privacy_unit=plan.privacy_unit, noise_source=privacy.get("noise_source"),
-        region=plan.region.to_dict(), slot_seconds=plan.slot_seconds,
-        input=InputRef(source=plan.source, data_version=plan.data_version),
-        code_version=code, config=plan.config, privacy=privacy,
-        quality=({**release_quality(synopsis), **({"plan": plan.expected} if plan.expected else {})}
-                 if synopsis is not None and not resumed else None),
-        ledger=paid_by, attempt=attempt, resumed_staged_attempt=resumed,
-        bounding=("each user bounded to k points per UTC day over all regions of the run" if plan.bound_per_day
-                  else "each user bounded to k points once over all regions of the run, before the split by city")
-        if plan.privacy_unit == "user" else
-        f"record-level in a person-level dataset: each person bounded to m={plan.records_per_person} records "
-        "once over all regions of the run, sensitivity 1 per record" if plan.records_per_person is not None
-        else "record-level: no bounding, sensitivity 1",
-        files=files,
-    )
-    body, _ = store.commit(ref, manifest)
-    return body

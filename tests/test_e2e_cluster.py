@@ -101,6 +101,7 @@ def _bucket(cluster) -> str:
     return f"s3://{name}/geodp"
 
 
+@pytest.mark.slow
 def test_release_two_cities_to_s3_then_read_back(cluster, gowalla_sample_path):
     store = _bucket(cluster)
     r = geodp(cluster, "release", gowalla_sample_path, "--cities", "austin,san-francisco", "--period", "2010-05",
@@ -155,6 +156,7 @@ def _release_killing_a_worker(cluster, cmd: list[str], target: tuple[str, str], 
     return killed, release, out, err
 
 
+@pytest.mark.slow
 def test_killing_a_worker_mid_release_still_commits_exactly_once(cluster, gowalla_sample_path):
     store = _bucket(cluster)
     cmd = [sys.executable, "-m", "flows.cli", "release", str(gowalla_sample_path), "--cities",
@@ -170,6 +172,7 @@ def test_killing_a_worker_mid_release_still_commits_exactly_once(cluster, gowall
     assert json.loads(geodp(cluster, "ledger", store, "--json").stdout)[0]["charges"] == 2
 
 
+@pytest.mark.slow
 def test_killing_a_worker_mid_read_of_s3_files_still_commits_once(cluster, gowalla_sample_path):
     """The input is six Parquet files on S3; a worker is killed while it reads one. The data pass is
     recomputed where needed, and the release commits once with one charge."""

@@ -64,6 +64,7 @@ def _one_error_line(proc) -> str:
     return lines[-1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["local", "s3"])
 def test_deleting_the_newest_entry_is_caught_by_ledger_and_before_the_next_charge(where, checkins, tmp_path,
                                                                                      request):

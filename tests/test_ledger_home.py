@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from dpcore.geo import city_region
 from tasks.storage.ledger import DatasetLedger
@@ -57,6 +58,7 @@ def _entries(home: str) -> int:
     return len(DatasetLedger(ReleaseStore(home), "checkins").entries())
 
 
+@pytest.mark.slow
 def test_two_stores_with_one_ledger_home_charge_one_ledger(tmp_path):
     data = _data(tmp_path)
     a, b, home = (str(tmp_path / n) for n in ("store-a", "store-b", "ledger"))
@@ -78,6 +80,7 @@ def test_two_stores_with_one_ledger_home_charge_one_ledger(tmp_path):
     _refused(_release(data, a, "0.1", ledger=home), "does not verify")
 
 
+@pytest.mark.slow
 def test_a_store_keeps_the_ledger_it_first_charged(tmp_path):
     data = _data(tmp_path)
     own, bound = str(tmp_path / "own"), str(tmp_path / "bound")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pandas as pd
+import pytest
 
 from flows.cli import main
 from flows.paramselect_flow import TrainParams, public_datasets
@@ -150,6 +151,7 @@ def test_training_datasets_group_by_city(tmp_path):
     assert len({s["group"] for s in specs}) == 2
 
 
+@pytest.mark.slow
 def test_paramselect_train_flow_runs_on_a_real_server_and_caches(prefect_harness, tmp_path):
     """The `paramselect-train` flow on Prefect + a Dask LocalCluster, tiny search on two synthetic cities:
     it writes model, table and a CV report, the model predicts, and a second run reads every row from

@@ -46,6 +46,7 @@ def _wait_for_runs(ids: list[str], timeout_s: float = 400) -> dict[str, str]:
     raise AssertionError(f"flow runs did not finish: {states}")
 
 
+@pytest.mark.slow
 def test_backfill_through_the_served_deployment(prefect_harness, gowalla_sample_path, tmp_path):
     config = tmp_path / "geodp.toml"
     config.write_text("[budget]\ndefault_cap = 5.0\n")

@@ -49,6 +49,7 @@ def _pngs(markdown: str) -> list[bytes]:
     return out
 
 
+@pytest.mark.slow
 def test_spatio_temporal_evaluation_two_cities_rows_and_artifacts(prefect_harness, two_city_file, tmp_path):
     from flows.evaluate_flow import run_evaluate
 
@@ -141,6 +142,7 @@ def test_params_validation_and_store_refusal(tmp_path):
     assert check_output_dir(str(tmp_path / "images")) == (tmp_path / "images").resolve()
 
 
+@pytest.mark.slow
 def test_cli_flow_forms(prefect_harness, two_city_file, tmp_path):
     """`geodp evaluate-st --flow` and `geodp evaluate --flow` as a user types them (the subprocess
     reports to the session's Prefect server through PREFECT_API_URL)."""

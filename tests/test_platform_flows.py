@@ -14,6 +14,7 @@ pytestmark = pytest.mark.shared_data
 CITIES = ["austin", "san-francisco", "new-york"]
 
 
+@pytest.mark.slow
 def test_backfill_7_days_3_cities_commits_21_then_nothing(prefect_harness, gowalla_sample_path, tmp_path):
     store_url = str(tmp_path / "store")
     rp = ReleaseParams(data=str(gowalla_sample_path), cities=CITIES, epsilon=0.5, store=store_url,

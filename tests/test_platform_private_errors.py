@@ -94,6 +94,7 @@ def _params(data, store, **kw):
                          dataset=f"priv-{uuid.uuid4().hex[:8]}", max_points_per_user=5, n_workers=1, **kw)
 
 
+@pytest.mark.slow
 def test_no_valid_rows_names_the_problem_in_prefect_and_the_counts_in_the_terminal(prefect_harness, tmp_path):
     missing_user, bad_lat = 131_071, 104_729
     df = _frame(missing_user + bad_lat)
@@ -203,6 +204,7 @@ def test_a_cluster_worker_keeps_the_row_of_a_strict_failure_to_itself(tmp_path):
     assert not _leaks(repr(remote.value), secrets) and not _leaks(str(remote.value), secrets)
 
 
+@pytest.mark.slow
 def test_the_evaluate_flow_shows_no_n_users_or_psi_in_prefect(prefect_harness, tmp_path):
     from flows.evaluate_flow import run_evaluate
     from tasks.config import EvaluateParams, STEvaluateOptions

@@ -57,6 +57,7 @@ def _wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout_s: float 
     raise AssertionError(f"prefect server not healthy after {timeout_s} s: {log.read_text()[-3000:]}")
 
 
+@pytest.mark.slow
 def test_schedule_alone_commits_a_release_on_dask(tmp_path):
     port = _free_port()
     api = f"http://127.0.0.1:{port}/api"

@@ -44,6 +44,7 @@ def data_file(tmp_path_factory):
     return p
 
 
+@pytest.mark.slow
 def test_query_json_carries_intervals_and_never_bare_nan(data_file, tmp_path):
     out = tmp_path / "rel"
     run_geodp("release", data_file, "--city", "new-york", "--epsilon", "1", "--param", "cell_width_m=500",
@@ -118,6 +119,7 @@ def test_bootstrap_intervals_of_hb_cover_the_noise_free_answer_95_percent_of_the
     assert 0.93 <= rate <= 0.97, rate
 
 
+@pytest.mark.slow
 def test_bootstrap_intervals_of_ag_cover_the_noise_free_answer_95_percent_of_the_time():
     region = Region("r", 40.0, -74.0, 2.0)
     rng = np.random.default_rng(4)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
 from dpcore.privacy.noise import NoiseSource
 from dpcore.privacy.profile import noisy_profile, profile_counts
@@ -21,6 +22,7 @@ def _loss(store) -> tuple[float, int]:
     return row["loss"]["lifetime"], row["charges"]
 
 
+@pytest.mark.slow
 def test_a_hopeless_release_is_refused_before_its_charge_and_published_anyway_on_request(gowalla_nyc_path, tmp_path):
     store = tmp_path / "store"
     run_geodp("release", "run", gowalla_nyc_path, *OPTS, "--epsilon", "1", "--out", store)  # the public basis

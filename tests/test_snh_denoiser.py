@@ -89,6 +89,7 @@ def test_box_answers_match_the_numpy_prefix_sums():
         np.testing.assert_allclose(got[b], want, rtol=1e-9, atol=1e-9)
 
 
+@pytest.mark.slow
 def test_trained_denoiser_beats_the_pyramid_on_an_unseen_city(trained):
     """Trained on two synthetic cities, it lowers range-query error on a third it never saw. (The training
     loss is not compared over time: each batch draws its own ε, so its level moves with the draw.)"""
@@ -430,6 +431,7 @@ def test_the_plain_pyramid_blends_only_from_its_own_signal_threshold():
     assert flat.config["data_collection"] == "grid" and flat.config["answer"] == "nets"
 
 
+@pytest.mark.slow
 def test_denoiser_train_flow_runs_on_a_real_server(prefect_harness, tmp_path):
     """The `snh-denoiser-train` flow on Prefect + a Dask LocalCluster, two synthetic public cities and a
     few steps: it writes weights + metadata that load, list the training regions and keep excluded

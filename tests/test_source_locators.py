@@ -6,6 +6,7 @@ the same dataset reached that way charges the same ledger. Through the CLI."""
 import boto3
 import numpy as np
 import pandas as pd
+import pytest
 
 from dpcore.geo import city_region
 from tasks.storage.ledger import DatasetLedger
@@ -36,6 +37,7 @@ def _refused(proc) -> None:
     assert last.startswith("error: ") and "already the source of dataset 'checkins'" in last
 
 
+@pytest.mark.slow
 def test_local_locators_of_the_same_file_are_one_source(tmp_path):
     folder = tmp_path / "data"
     folder.mkdir()

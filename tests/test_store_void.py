@@ -53,6 +53,7 @@ def test_void_deletes_the_dead_attempts_noise_first(small, store_url, write_orde
     assert charged == pytest.approx(committed) == pytest.approx(0.1)
 
 
+@pytest.mark.slow
 def test_void_refuses_published_or_staged_noise(small, store_url, write_order, tmp_path):
     # killed right before the manifest: the attempt is complete; a re-run commits it, so no void
     _killed_at_write(small, store_url, "_MANIFEST.json", write_order, tmp_path)

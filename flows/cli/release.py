@@ -6,7 +6,9 @@
 
 from __future__ import annotations
 
+import functools
 import json
+from collections.abc import Callable
 from typing import Annotated
 
 import typer
@@ -114,8 +116,7 @@ def _check_settings(config: str | None) -> None:
     load_settings(config)
 
 
-@app.command("run")
-def run(
+def _release_options(
     data: Data,
     cities: Cities = None,
     city: OneCity = None,
@@ -150,22 +151,44 @@ def run(
     count: Count = "points",
     publish_anyway: PublishAnyway = False,
     json_out: Json = None,
-) -> int:
+) -> None:
+    """The options `release run` and `release plan` share (typer reads them from this signature)."""
+
+
+def _release_command(body: Callable[[dict], int]) -> Callable[..., int]:
+    """A typer command with the options of :func:`_release_options` whose body gets them as one dict."""
+    @functools.wraps(_release_options)
+    def command(**options) -> int:
+        return body(options)
+
+    command.__name__, command.__doc__ = body.__name__, body.__doc__
+    return command
+
+
+def _params_of(options: dict) -> ReleaseParams:
+    o = dict(options)
+    return _release_params(
+        o.pop("data"), o.pop("cities"), o.pop("city"), o.pop("center"), o.pop("out"), o.pop("store"),
+        o.pop("period"), o.pop("epsilon"), o.pop("rho"), o.pop("mechanism"), o.pop("param"),
+        side_km=o["side_km"], privacy_unit=o["privacy_unit"], max_points_per_user=_k(o["max_points_per_user"]),
+        data_version=o["data_version"], public_total=o["public_total"], seed=o["seed"], dataset=o["dataset"],
+        budget_cap=o["budget_cap"], dask_address=o["dask_address"], n_workers=o["workers"], slot=o["slot"],
+        columns=o["columns"], format=o["format"], strict=o["strict"], publish_anyway=o["publish_anyway"],
+        count=o["count"])
+
+
+def run(options: dict) -> int:
     """Release one period of DATA for one or more regions (a manifest, noisy files and a ledger charge)."""
-    params = _release_params(
-        data, cities, city, center, out, store, period, epsilon, rho, mechanism, param, side_km=side_km,
-        privacy_unit=privacy_unit, max_points_per_user=_k(max_points_per_user), data_version=data_version,
-        public_total=public_total, seed=seed, dataset=dataset, budget_cap=budget_cap, dask_address=dask_address,
-        n_workers=workers, slot=slot, columns=columns, format=format, strict=strict, publish_anyway=publish_anyway,
-        count=count)
+    params = _params_of(options)
+    config, json_out = options["config"], options["json_out"]
     _check_settings(config)
     _prevalidate(params)
-    if store is not None and not no_prefect:
+    if options["store"] is not None and not options["no_prefect"]:
         summary = _run_flow(params, config)
     else:
         from flows.release import release_cities
 
-        summary = release_cities(params, config, in_process=True, strict=strict)
+        summary = release_cities(params, config, in_process=True, strict=params.strict)
     if json_out is not None:
         emit_json(summary, json_out)
         if json_out == "-":
@@ -174,39 +197,7 @@ def run(
     return 0
 
 
-@app.command("plan")
-def plan(
-    data: Data,
-    cities: Cities = None,
-    city: OneCity = None,
-    center: Center = None,
-    side_km: SideKm = None,
-    period: str | None = model_option(R, "period", "--period", metavar="P"),
-    epsilon: Epsilon = None,
-    rho: Rho = None,
-    mechanism: str = model_option(R, "mechanism", "--mechanism", help="mechanism name, or auto"),
-    param: Params = None,
-    privacy_unit: PrivacyUnit = field_default(R, "privacy_unit"),
-    max_points_per_user: K = None,
-    data_version: str | None = model_option(R, "data_version", "--data-version"),
-    public_total: float | None = model_option(R, "public_total", "--public-total"),
-    seed: int | None = model_option(R, "seed", "--seed"),
-    store: str | None = typer.Option(None, "--store", help="release store URL"),
-    out: str | None = typer.Option(None, "--out", metavar="DIR", help="a local folder used as the release store"),
-    dataset: str | None = model_option(R, "dataset", "--dataset"),
-    budget_cap: float | None = model_option(R, "budget_cap", "--budget-cap"),
-    config: ConfigFile = None,
-    dask_address: str | None = model_option(R, "dask_address", "--dask-address"),
-    workers: int = model_option(R, "n_workers", "--workers"),
-    slot: str = model_option(R, "slot", "--slot"),
-    columns: Columns = None,
-    format: Format = "auto",
-    strict: Strict = False,
-    no_prefect: bool = typer.Option(False, "--no-prefect", hidden=True),
-    count: Count = "points",
-    publish_anyway: PublishAnyway = False,
-    json_out: Json = None,
-) -> int:
+def plan(options: dict) -> int:
     """What `release run` with the same options would do, from public inputs only (nothing is read from the
     data, nothing charged): each city's expected error per band, predicted from the newest published
     release of its region; exit 2 with one line when the run would be refused."""
@@ -214,12 +205,8 @@ def plan(
     from tasks.release_usefulness import expectation
     from tasks.storage.store import ReleaseStore
 
-    params = _release_params(
-        data, cities, city, center, out, store, period, epsilon, rho, mechanism, param, side_km=side_km,
-        privacy_unit=privacy_unit, max_points_per_user=_k(max_points_per_user), data_version=data_version,
-        public_total=public_total, seed=seed, dataset=dataset, budget_cap=budget_cap, dask_address=dask_address,
-        n_workers=workers, slot=slot, columns=columns, format=format, strict=strict, publish_anyway=publish_anyway,
-        count=count)
+    params = _params_of(options)
+    config, json_out = options["config"], options["json_out"]
     _check_settings(config)
     _prevalidate(params)
     planned = plan_release(params, config, check_useful=False)
@@ -253,11 +240,15 @@ def plan(
                 print(f"  squares of {lo:g}–{hi:g} m: expected |error| {b['expected_abs_error']:.3g} vs a typical "
                       f"count {b['typical_count']:.3g} ({verdict})")
     bad = [r for r in rows if r.get("useless")]
-    if bad and not publish_anyway:
+    if bad and not params.publish_anyway:
         r = bad[0]
         raise CLIError(f"{r['city']}: a release would be refused: expected worse than a blank map at every band; "
                        f"would help: {', '.join(r.get('would_help') or []) or 'nothing tried here'}")
     return 0
+
+
+app.command("run")(_release_command(run))
+app.command("plan")(_release_command(plan))
 
 
 def _run_flow(params: ReleaseParams, config: str | None) -> dict:

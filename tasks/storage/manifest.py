@@ -1,7 +1,7 @@
 """The release manifest as one typed model: what `persist_release` writes and what the store returns.
 
 A manifest is the commit point of one city-release (tasks/storage/store.py). It is written in one
-place (tasks/release_tasks.py: persist_release) and read through :class:`Manifest` everywhere else
+place (tasks/persist_tasks.py: persist_release) and read through :class:`Manifest` everywhere else
 (flows, CLI, ledger), so a field is named once. Adding a field is one line here: give it a default,
 so manifests committed before it existed still load.
 
