@@ -17,7 +17,7 @@ import sys
 import time
 from datetime import datetime
 
-from prefect import flow, get_run_logger
+from prefect import Flow, flow, get_run_logger
 from prefect.artifacts import (
     create_markdown_artifact,
     create_progress_artifact,
@@ -321,7 +321,6 @@ def _loss_line(policy: dict, loss: dict) -> str:
             f"(of {policy['budget']:g}), {unit}={loss['lifetime']:.4g} over the dataset's life")
 
 
-@flow(name="release", log_prints=True, retries=0)
 def release_flow(params: ReleaseParams, config_path: str | None = None) -> dict | State:
     """Release one dataset × period × cities; one Dask task per city, on the cluster the parameters name.
 
@@ -365,4 +364,19 @@ def refused(exc: GeoDPError, params: ReleaseParams) -> State:
 
 def run_release(params: ReleaseParams, config_path: str | None = None) -> dict:
     """Run the flow here (it starts the Dask runner its parameters ask for: LocalCluster or an address)."""
-    return release_flow(params, config_path)
+    return __getattr__("release_flow")(params, config_path)
+
+
+_release_fn = release_flow
+del release_flow
+
+
+def __getattr__(name: str) -> Flow:
+    """``release_flow``, the Prefect flow, made on first use: Prefect builds a flow's parameter schema
+    when it is made (0.5 s for ReleaseParams), which a release in this process (``--out``) never needs.
+    Served deployments load it by entrypoint (flows/release.py:release_flow), which reads it from here."""
+    if name != "release_flow":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    made = globals().get("_release_flow") or flow(name="release", log_prints=True, retries=0)(_release_fn)
+    globals()["_release_flow"] = made
+    return made
