@@ -8,8 +8,6 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import numpy as np
-import pandas as pd
 import pytest
 
 from dpcore.privacy.accounting import PolicyError
@@ -20,6 +18,7 @@ from tasks.config import ReleaseParams
 from tasks.settings import load_settings
 from tasks.storage.ledger import DatasetLedger
 from tasks.storage.store import ReleaseStore
+from tests.blank_map import error_against_blank_map, gowalla_days
 from tests.cli_runner import run_geodp
 
 SHIPPED = Path(__file__).resolve().parents[1] / "deploy" / "geodp.toml"
@@ -65,9 +64,7 @@ def test_served_nightly_refuses_a_dataset_with_another_policy(tmp_path, monkeypa
 
 def test_shipped_nightly_beats_a_blank_map_on_1_to_5_km(tmp_path, gowalla_nyc_path):
     nightly = load_settings(SHIPPED).nightly
-    raw = pd.read_csv(gowalla_nyc_path, sep="\t", header=None, names=["user_id", "timestamp", "lat", "lon", "venue"])
-    raw["timestamp"] = pd.to_datetime(raw["timestamp"], utc=True)
-    week = raw[(raw.timestamp >= "2010-09-01") & (raw.timestamp < "2010-09-08")].drop(columns="venue")
+    week = gowalla_days(gowalla_nyc_path, "2010-09-01", "2010-09-08")
     data = tmp_path / "week.parquet"
     week.to_parquet(data)
     out = tmp_path / "rel"
@@ -77,24 +74,7 @@ def test_shipped_nightly_beats_a_blank_map_on_1_to_5_km(tmp_path, gowalla_nyc_pa
          "--max-points-per-user", str(nightly.release.max_points_per_user or nightly.policy.policy().max_points_per_user), "--seed", "1", "--out", str(out)])
     import geodp
 
-    release = geodp.open_store(str(out)).releases()[0]
-    g = release.to_xarray()
-    inside = week[(week.lat >= float(g.lat.min())) & (week.lat <= float(g.lat.max()))
-                  & (week.lon >= float(g.lon.min())) & (week.lon <= float(g.lon.max()))]
-    rng = np.random.default_rng(7)
-    centres = inside.sample(300, random_state=7)
-    side_m = rng.uniform(1000, 5000, len(centres))
-    dlat = side_m / 2 / 111_320
-    dlon = dlat / np.cos(np.radians(centres.lat.to_numpy()))
-    boxes = pd.DataFrame({"min_lat": centres.lat.to_numpy() - dlat, "min_lon": centres.lon.to_numpy() - dlon,
-                          "max_lat": centres.lat.to_numpy() + dlat, "max_lon": centres.lon.to_numpy() + dlon})
-    answers = release.query(boxes)
-    lat, lon = inside.lat.to_numpy()[:, None], inside.lon.to_numpy()[:, None]
-    truth = ((lat >= boxes.min_lat.to_numpy()) & (lat < boxes.max_lat.to_numpy())
-             & (lon >= boxes.min_lon.to_numpy()) & (lon < boxes.max_lon.to_numpy())).sum(axis=0)
-    floor = max(1.0, len(inside) / 1000)
-    released = np.mean(np.abs(answers.estimate.to_numpy() - truth) / np.maximum(truth, floor))
-    blank = np.mean(truth / np.maximum(truth, floor))
+    released, blank = error_against_blank_map(geodp.open_store(str(out)).releases()[0], week)
     print(f"mean relative error on 1–5 km: release {released:.3f}, blank map {blank:.3f}")
     assert released < 0.85 * blank, (released, blank)
 

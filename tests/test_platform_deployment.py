@@ -39,8 +39,12 @@ def _wait_for_runs(ids: list[str], timeout_s: float = 400) -> dict[str, str]:
     deadline = time.monotonic() + timeout_s
     with get_client(sync_client=True) as client:
         while time.monotonic() < deadline:
-            states = {i: client.read_flow_run(i).state.type.value for i in ids}
+            runs = {i: client.read_flow_run(i).state for i in ids}
+            states = {i: s.type.value for i, s in runs.items()}
             if all(s in FINAL for s in states.values()):
+                failed = [f"{i}: {s.message}" for i, s in runs.items() if s.type.value != "COMPLETED"]
+                if failed:  # the runs' own one-line state messages say why, before the serving log
+                    print("\n".join(failed))
                 return states
             time.sleep(2)
     raise AssertionError(f"flow runs did not finish: {states}")

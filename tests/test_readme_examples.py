@@ -9,10 +9,9 @@ import re
 import shlex
 from pathlib import Path
 
-import numpy as np
-import pandas as pd
 import pytest
 
+from tests.blank_map import error_against_blank_map, gowalla_days
 from tests.cli_runner import run_geodp
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -50,9 +49,7 @@ def test_the_readme_has_one_day_examples() -> None:
 
 @pytest.mark.parametrize("options", one_day_examples(), ids=" ".join)
 def test_a_one_day_readme_example_beats_a_blank_map_on_1_to_5_km(options, tmp_path, gowalla_nyc_path):
-    raw = pd.read_csv(gowalla_nyc_path, sep="\t", header=None, names=["user_id", "timestamp", "lat", "lon", "venue"])
-    raw["timestamp"] = pd.to_datetime(raw["timestamp"], utc=True)
-    day = raw[(raw.timestamp >= "2010-05-01") & (raw.timestamp < "2010-05-02")].drop(columns="venue")
+    day = gowalla_days(gowalla_nyc_path, "2010-05-01", "2010-05-02")
     data = tmp_path / "day.parquet"
     day.to_parquet(data)
     out = tmp_path / "rel"
@@ -60,20 +57,5 @@ def test_a_one_day_readme_example_beats_a_blank_map_on_1_to_5_km(options, tmp_pa
               "--out", out)
     import geodp
 
-    release = geodp.open_store(str(out)).releases()[0]
-    g = release.to_xarray()
-    inside = day[(day.lat >= float(g.lat.min())) & (day.lat <= float(g.lat.max()))
-                 & (day.lon >= float(g.lon.min())) & (day.lon <= float(g.lon.max()))]
-    rng = np.random.default_rng(7)
-    centres = inside.iloc[rng.integers(0, len(inside), 300)]
-    half = rng.uniform(1000, 5000, len(centres)) / 2 / 111_320
-    hlon = half / np.cos(np.radians(centres.lat.to_numpy()))
-    boxes = pd.DataFrame({"min_lat": centres.lat.to_numpy() - half, "min_lon": centres.lon.to_numpy() - hlon,
-                          "max_lat": centres.lat.to_numpy() + half, "max_lon": centres.lon.to_numpy() + hlon})
-    lat, lon = inside.lat.to_numpy()[:, None], inside.lon.to_numpy()[:, None]
-    truth = ((lat >= boxes.min_lat.to_numpy()) & (lat < boxes.max_lat.to_numpy())
-             & (lon >= boxes.min_lon.to_numpy()) & (lon < boxes.max_lon.to_numpy())).sum(axis=0)
-    floor = max(1.0, len(inside) / 1000)
-    released = np.mean(np.abs(release.query(boxes).estimate.to_numpy() - truth) / np.maximum(truth, floor))
-    blank = np.mean(truth / np.maximum(truth, floor))
+    released, blank = error_against_blank_map(geodp.open_store(str(out)).releases()[0], day)
     assert released < blank, (options, released, blank)
