@@ -135,8 +135,10 @@ def store_url(request, tmp_path):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Modules holding a `slow` test run first (in file order otherwise): under `-n 2 --dist loadfile`
-    (scripts/test.sh) the long modules start at once and the short ones fill in behind them, instead
-    of one worker running a long module alone at the end."""
-    slow = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.nodeid.split("::")[0] not in slow)
+    """Modules run in order of how many `slow` tests they hold, most first (file order otherwise): under
+    `-n 2 --dist loadfile` (scripts/test.sh) the long modules start at once and the short ones fill in
+    behind them, instead of one worker running a long module alone at the end."""
+    from collections import Counter
+
+    slow = Counter(item.nodeid.split("::")[0] for item in items if item.get_closest_marker("slow"))
+    items.sort(key=lambda item: -slow[item.nodeid.split("::")[0]])

@@ -62,6 +62,7 @@ def test_served_nightly_refuses_a_dataset_with_another_policy(tmp_path, monkeypa
     assert ledger.policy().window_days is None and ledger.entries() == []
 
 
+@pytest.mark.slow
 def test_shipped_nightly_beats_a_blank_map_on_1_to_5_km(tmp_path, gowalla_nyc_path):
     nightly = load_settings(SHIPPED).nightly
     week = gowalla_days(gowalla_nyc_path, "2010-09-01", "2010-09-08")

@@ -47,6 +47,7 @@ def test_the_readme_has_one_day_examples() -> None:
     assert one_day_examples()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("options", one_day_examples(), ids=" ".join)
 def test_a_one_day_readme_example_beats_a_blank_map_on_1_to_5_km(options, tmp_path, gowalla_nyc_path):
     day = gowalla_days(gowalla_nyc_path, "2010-05-01", "2010-05-02")

@@ -53,6 +53,7 @@ def released(light_and_heavy, tmp_path_factory) -> dict:
     return out
 
 
+@pytest.mark.slow
 def test_auto_k_follows_the_published_profile_and_the_manifest_records_it(released):
     for r in released.values():
         assert "k = 20, the default: nothing public to choose it from" in r["first_text"]
