@@ -19,18 +19,25 @@ ROOT = Path(__file__).resolve().parents[1]
 FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 
 
-def _wait_for_deployment(name: str, proc: subprocess.Popen, timeout_s: float = 120):
+def _wait_for_deployment(name: str, proc: subprocess.Popen, config: Path, timeout_s: float = 120):
+    """The deployment as ``proc`` (serving ``config``) registered it. An earlier serving process of the
+    session's Prefect server left a deployment of the same name with its own config_path: a run
+    submitted before this process updates it would be planned with that other config."""
     from prefect.client.orchestration import get_client
 
+    want = str(Path(config).resolve())
     deadline = time.monotonic() + timeout_s
     with get_client(sync_client=True) as client:
         while time.monotonic() < deadline:
             assert proc.poll() is None, "geodp serve exited early"
             try:
-                return client.read_deployment_by_name(name)
+                deployment = client.read_deployment_by_name(name)
             except Exception:  # not registered yet
-                time.sleep(1)
-    raise AssertionError(f"deployment {name} never appeared")
+                deployment = None
+            if deployment is not None and (deployment.parameters or {}).get("config_path") == want:
+                return deployment
+            time.sleep(1)
+    raise AssertionError(f"deployment {name} of {want} never appeared")
 
 
 def _wait_for_runs(ids: list[str], timeout_s: float = 400) -> dict[str, str]:
@@ -59,7 +66,7 @@ def test_backfill_through_the_served_deployment(prefect_harness, gowalla_sample_
     proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "serve", "--config", str(config)], cwd=ROOT,
                             env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        _wait_for_deployment("release/release", proc)
+        _wait_for_deployment("release/release", proc, config)
         store_url = str(tmp_path / "store")
         rp = ReleaseParams(data=str(gowalla_sample_path), cities=["austin"], epsilon=0.5, store=store_url,
                            max_points_per_user=10, n_workers=1)

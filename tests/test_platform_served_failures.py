@@ -42,7 +42,7 @@ def served(prefect_harness, tmp_path_factory):
     proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "serve", "--config", str(config)], cwd=ROOT,
                             env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        _wait_for_deployment("release/release", proc)
+        _wait_for_deployment("release/release", proc, config)
         yield data, store, config
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
