@@ -16,17 +16,7 @@ import os
 import sys
 import time
 from datetime import datetime
-
-from prefect import Flow, flow, get_run_logger
-from prefect.artifacts import (
-    create_markdown_artifact,
-    create_progress_artifact,
-    create_table_artifact,
-    update_progress_artifact,
-)
-from prefect.exceptions import UnfinishedRun
-from prefect.futures import PrefectFuture
-from prefect.states import Failed, State
+from typing import TYPE_CHECKING
 
 from dpcore import GeoDPError
 from dpcore.data.inputs import DataError
@@ -48,6 +38,14 @@ from tasks.release_tasks import (
 from tasks.runtime import dashboard_link, dask_for_run, where_it_runs
 from tasks.storage.manifest import Manifest
 from tasks.storage.store import ReleaseStore
+
+if TYPE_CHECKING:
+    from prefect import Flow
+    from prefect.futures import PrefectFuture
+    from prefect.states import State
+
+# Prefect is imported where a flow run uses it: the in-process form (`geodp release --out`, the CLI's
+# `--no-prefect`) runs the same pipeline without importing it (0.7 s of CPU a command).
 
 
 def _artifact_key(text: str) -> str:
@@ -151,6 +149,8 @@ def _scheduled_start():
 def _log(in_process: bool):
     if in_process:
         return lambda msg: print(msg, file=sys.stderr, flush=True)
+    from prefect import get_run_logger
+
     logger = get_run_logger()
     return logger.info
 
@@ -159,6 +159,8 @@ def _run_on_workers(store_url: str, dataset: str, todo: list, inputs: dict, held
                     profile=None) -> tuple[dict[str, Manifest], list[dict]]:
     """One privatize → preview → persist chain per city on the Dask task runner. A city whose fit
     failed (nothing staged) gives its charge back before the error is raised."""
+    from prefect.artifacts import create_progress_artifact, update_progress_artifact
+
     futures = {}
     placed = [where_it_runs.submit() for _ in todo]
     for p in todo:
@@ -216,6 +218,8 @@ def _persisted(persist: PrefectFuture, upstream: tuple[PrefectFuture, ...]) -> M
     """The persist task's manifest. When a task before it failed (a fit the mechanism refused), persist
     never ran and its result is only "not ready"; that task's own error is raised instead (wrapped in
     _FitFailed, since nothing was staged), so the caller sees why and can give the charge back."""
+    from prefect.exceptions import UnfinishedRun
+
     try:
         return persist.result()
     except UnfinishedRun as exc:
@@ -252,6 +256,8 @@ INLINE_PREVIEW_BYTES = 600_000
 
 def _artifacts(summary: dict, results: dict[str, Manifest], store: ReleaseStore) -> None:
     """Table of cities, markdown summary with heatmaps of the released maps (never the true one)."""
+    from prefect.artifacts import create_markdown_artifact, create_table_artifact
+
     key = _artifact_key(f"release-{summary['dataset']}-{summary['period']}")
     create_table_artifact(
         [{"city": r["city"], "budget": budget_label(r["epsilon"], r["rho"]), "mechanism": r["chosen_mechanism"] or r["mechanism"],
@@ -357,6 +363,8 @@ def refused(exc: GeoDPError, params: ReleaseParams) -> State:
     """A refusal (budget, policy, missing input, bad configuration or parameters, bad data) as the run's
     final state: its one public line is the state message the UI shows, with no traceback. A flow run
     has no retries: the same public inputs would be refused again. Calling the flow raises ``exc``."""
+    from prefect.states import Failed
+
     if isinstance(exc, DataError) and exc.public != str(exc):
         exc = public_data_error(exc, params.data, params.columns, params.format, params.strict)
     return Failed(message=" ".join(str(exc).split()), data=exc)
@@ -377,6 +385,12 @@ def __getattr__(name: str) -> Flow:
     Served deployments load it by entrypoint (flows/release.py:release_flow), which reads it from here."""
     if name != "release_flow":
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from prefect import flow
+    from prefect.states import State
+
+    # Prefect evaluates the function's annotations (``-> dict | State``) for the parameter schema; with
+    # Prefect imported only here, State joins the module's names here, before the flow is made
+    globals()["State"] = State
     made = globals().get("_release_flow") or flow(name="release", log_prints=True, retries=0)(_release_fn)
     globals()["_release_flow"] = made
     return made

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from prefect import task
-
 from dpcore.geo import city_region
 from dpcore.models.pyramid_denoiser import (
     DenoiserTrainConfig,
@@ -14,6 +12,7 @@ from dpcore.models.pyramid_denoiser import (
     save_denoiser,
     train_denoiser,
 )
+from tasks.lazy_task import task
 from tasks.paramselect_tasks import dataset_points
 from tasks.runtime import ProgressClock, run_logger
 

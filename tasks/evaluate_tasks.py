@@ -18,14 +18,13 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 
 import numpy as np
-from prefect import task
-from prefect.cache_policies import NO_CACHE
 
 from dpcore.data.points import Points
 from dpcore.evaluation.range import EvalConfig, evaluate
 from dpcore.geo import city_region, parse_slot
 from dpcore.grid.histogram import block_sum
 from tasks.config import STEvaluateOptions
+from tasks.lazy_task import NO_CACHE, task
 from tasks.runtime import run_logger
 
 OPERATOR_ONLY = ("Operator diagnostics: these images show TRUE counts of the private data next to the "

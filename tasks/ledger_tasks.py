@@ -12,9 +12,6 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, replace
 
-from prefect import task
-from prefect.cache_policies import NO_CACHE
-
 from dpcore import GeoDPError
 from dpcore.privacy.accounting import (
     DAY_S,
@@ -26,6 +23,7 @@ from dpcore.privacy.accounting import (
     day_number,
     days_of_window,
 )
+from tasks.lazy_task import NO_CACHE, task
 from tasks.public_errors import retry_unless_refused
 from tasks.storage.ledger import ENTRY_HASH, ChargeMoved
 from tasks.storage.ledger_home import LEDGER_RECORD, LedgerHome, resolve_home

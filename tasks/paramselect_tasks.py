@@ -8,11 +8,11 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from prefect import task
 
 from dpcore.data.points import clip_to_region, load_points
 from dpcore.geo import city_region
 from dpcore.paramselect import PublicProfile, training_rows
+from tasks.lazy_task import task
 from tasks.runtime import ProgressClock, environment, run_logger
 
 # bump when training_rows or the evaluation protocol it uses changes (v2: scaling floor; v3: query

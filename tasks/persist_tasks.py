@@ -11,11 +11,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from prefect import task
-
 from dpcore.synopsis.base import Synopsis
 from dpcore.synopsis.uncertainty import release_quality
 from tasks.config import canonical_hash
+from tasks.lazy_task import task
 from tasks.public_errors import retry_unless_refused
 from tasks.release_tasks import PREVIEW, CityPlan, ReleaseError
 from tasks.storage.manifest import InputRef, Manifest

@@ -19,8 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from prefect import task
-from prefect.cache_policies import NO_CACHE
 
 from dpcore import GeoDPError, __version__
 from dpcore.data.chunks import GridSpec
@@ -43,6 +41,7 @@ from dpcore.synopsis.base import Synopsis
 from dpcore.synopsis.uncertainty import release_quality
 from tasks.config import Period, PrivacyUnitName, canonical_hash
 from tasks.dask_path import CityData, DataPass, release_counts
+from tasks.lazy_task import NO_CACHE, task
 from tasks.preview import render_heatmap_png
 from tasks.public_errors import retry_unless_refused, without_private_detail
 from tasks.storage.manifest import Manifest

@@ -13,9 +13,12 @@ import logging
 import os
 import time
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
-from prefect import task
-from prefect_dask import DaskTaskRunner
+from tasks.lazy_task import task
+
+if TYPE_CHECKING:
+    from prefect_dask import DaskTaskRunner
 
 
 def run_logger() -> logging.Logger | logging.LoggerAdapter:
@@ -99,6 +102,8 @@ def dask_task_runner(address: str | None = None, n_workers: int = 2) -> DaskTask
     The LocalCluster serves the Dask dashboard (task stream, progress) on a free loopback port, whose link
     the run log prints: a fixed :8787 collides when two flows or a flow and a test run at once, and
     ``dashboard_address=None`` still binds the scheduler's bare HTTP server to 8787."""
+    from prefect_dask import DaskTaskRunner
+
     if address:
         return DaskTaskRunner(address=address)
     return DaskTaskRunner(cluster_kwargs={
@@ -120,6 +125,7 @@ def dask_for_run(address: str | None = None, n_workers: int = 2) -> Iterator[Das
     makes served runs, CLI runs and deployments run alike. A run already on Dask (a backfill's releases)
     keeps its cluster; outside a flow run (the in-process pipeline) nothing changes."""
     from prefect.context import FlowRunContext
+    from prefect_dask import DaskTaskRunner
 
     ctx = FlowRunContext.get()
     if ctx is None or isinstance(ctx.task_runner, DaskTaskRunner):
@@ -135,6 +141,8 @@ def dask_for_run(address: str | None = None, n_workers: int = 2) -> Iterator[Das
 
 def dashboard_link(runner: object | None = None) -> str | None:
     """The dashboard URL of ``runner`` (default: the current flow run's) when it is a Dask runner."""
+    from prefect_dask import DaskTaskRunner
+
     if runner is None:
         from prefect.context import FlowRunContext
 
