@@ -321,7 +321,10 @@ def give_back(store: ReleaseStore, dataset: str, held: dict, reason: str) -> boo
             try:
                 store.seal_attempt(ref, attempt)
             except StagedElsewhere:
-                return False  # complete: the next run commits it with this charge
+                committed = store.manifest(ref)
+                if committed is None or committed.attempt == attempt:
+                    return False  # complete: the next run commits it with this charge
+                # complete, but the version committed another attempt: this noise is never published
             store.delete_attempt_data(ref, attempt)
     try:
         held_home(store, held).ledger(dataset).void(held["seq"], [held["key"]], reason, holder=held["draw"])
@@ -406,23 +409,34 @@ def settle_strays(store: ReleaseStore, dataset: str, manifests: list[Manifest], 
     paid = {k: (m.ledger.seq if m.ledger is not None else None) for k, m in by_key.items()}
     strays = sorted({(h.seq, h.charge.key) for h in ledger.held(entries) if h.charge.key in by_key
                      and h.store == home.scope and h.seq != paid[h.charge.key]})
+    voided = 0
     for seq, key in strays:
         m = by_key[key]
         ref = ReleaseRef(dataset, m.city, m.period, int(m.version))
         # every attempt of the charge: those begun, and those its holders have yet to begin
-        names = set(store.attempts_of_charge(ref, seq))
-        names |= {attempt_name({"seq": seq, "draw": d}) for d in ledger.holders(seq, key, entries)}
+        holders = ledger.holders(seq, key, entries)
+        names = set(store.attempts_of_charge(ref, seq)) | {attempt_name({"seq": seq, "draw": d}) for d in holders}
+        left = False
         for attempt in sorted(names - {m.attempt}):
             try:
                 store.seal_attempt(ref, attempt)
             except StagedElsewhere:
                 pass  # complete but never to be committed: its files go all the same
-            store.delete_attempt_data(ref, attempt)
+            # a stray's run may still be uploading (a race loser): the seal stops it, and it deletes
+            # what it adds and gives its charge back itself
+            store.delete_attempt_data(ref, attempt, live_writer_may_remain=True)
+            left = left or any(not n.rsplit("/", 1)[-1].startswith(".tmp-") for n in store.attempt_data(ref, attempt))
+        if left:
+            continue  # the charge keeps covering noise that is still in the store
         try:
-            ledger.void(seq, [key], "the release was committed by another run's attempt")
+            # only while the holder seen above still holds it: a run that took the charge over since
+            # stages an attempt not sealed here, which it settles itself once it sees the commit
+            ledger.void(seq, [key], "the release was committed by another run's attempt",
+                        holder=holders[-1] if holders else None)
+            voided += 1
         except ChargeMoved:
             continue
-    return len(strays)
+    return voided
 
 
 def committed_from(manifest: Manifest, held: dict) -> bool:

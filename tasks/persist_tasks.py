@@ -114,8 +114,15 @@ def persist_release(store_url: str, plan: CityPlan, synopsis: Synopsis | None, p
     if staged is None:
         raise StoreError(f"{store.url_of(ref.rel)}: a staged attempt vanished before the commit")
     (attempt, files), resumed = staged
-    privacy = json.loads(store.read(f"{ref.rel}/{attempt}/synopsis.json"))["privacy"]
-    paid_by = json.loads(store.read(f"{ref.rel}/{attempt}/{CHARGE}"))
+    try:
+        privacy = json.loads(store.read(f"{ref.rel}/{attempt}/synopsis.json"))["privacy"]
+        paid_by = json.loads(store.read(f"{ref.rel}/{attempt}/{CHARGE}"))
+    except FileNotFoundError:
+        # a run of another charge committed the version and deleted this attempt as a stray
+        existing = store.manifest(ref)
+        if existing is None:
+            raise StoreError(f"{store.url_of(ref.rel)}/{attempt}: a staged attempt vanished before the commit") from None
+        return existing
     manifest = Manifest(
         dataset=plan.dataset, city=plan.city, period=plan.period.label, window=plan.period.to_dict(),
         version=version, release_key=plan.release_key, config_hash=plan.config_hash,
@@ -137,5 +144,9 @@ def persist_release(store_url: str, plan: CityPlan, synopsis: Synopsis | None, p
         else "record-level: no bounding, sensitivity 1",
         files=files,
     )
-    body, _ = store.commit(ref, manifest)
+    body, created = store.commit(ref, manifest)
+    if not created and body.attempt != attempt:
+        # another attempt (of this charge or another) is the release: this complete one is never
+        # published, and no later run commits it, so its noise goes now
+        store.delete_attempt_data(ref, attempt)
     return body
