@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import dask
-import dask.dataframe as dd
 import dask.threaded
 import numpy as np
 import pandas as pd
@@ -45,6 +45,9 @@ from dpcore.data.points import DataError, LoadResult, ValidationReport, check_so
 from dpcore.data.readers import release_arrow_memory
 from dpcore.heatmap.mass import MassGrid
 from dpcore.privacy.noise import NoiseSource
+
+if TYPE_CHECKING:
+    import dask.dataframe as dd
 
 #: Rows per partition when an in-memory table (a backfill's one read) goes through the graph.
 MEMORY_PARTITION_ROWS = 4_000_000
@@ -163,6 +166,9 @@ def _shuffled_frame(source: str | InputSet | LoadResult, specs: list[GridSpec], 
                     columns: dict[str, str] | None, fmt: str, strict: bool,
                     per_day: bool) -> tuple[dd.DataFrame, list, InputSet | None]:
     """The release's compact rows shuffled on the user key, so each person's rows are in one partition."""
+    # imported here: only a user-level pass shuffles, and dask.dataframe costs 0.5 s of CPU to import
+    import dask.dataframe as dd
+
     meta = compact_meta(specs, per_day)
     if isinstance(source, LoadResult):
         pts = points_chunk(source.points)
