@@ -140,3 +140,18 @@ def test_the_plan_takes_its_ledger_from_the_configuration(tmp_path, monkeypatch)
     assert plan_release(params, str(cfg), check_useful=False).home.url == str(home.resolve())
     monkeypatch.setenv("GEODP_LEDGER", str(tmp_path / "from-env"))
     assert plan_release(params, str(cfg), check_useful=False).home.url == str((tmp_path / "from-env").resolve())
+
+
+def test_the_ledger_commands_take_the_ledger_home_from_config(tmp_path):
+    store, home = str(tmp_path / "store"), str(tmp_path / "ledger")
+    config = tmp_path / "geodp.toml"
+    config.write_text(f'ledger = "{home}"\n')
+    run_geodp("dataset", "create", store, "checkins", "--source", str(tmp_path / "checkins.parquet"),
+              "--budget", "2", "--config", str(config))
+    # the policy lives in the configured home, which the store now names; the store holds no ledger
+    assert DatasetLedger(ReleaseStore(home), "checkins").policy().budget == 2
+    assert not (Path(store) / "datasets").exists()
+    for where in (["--config", str(config)], []):
+        (row,) = json.loads(run_geodp("ledger", store, "--json", *where).stdout)
+        assert row["dataset"] == "checkins" and row["policy"]["budget"] == 2, row
+    _refused(run_geodp("ledger", store, "--config", str(tmp_path / "missing.toml"), ok=False), "missing.toml")

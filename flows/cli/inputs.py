@@ -37,6 +37,8 @@ Release = Annotated[str, typer.Argument(
          "holding one release")]
 Store = Annotated[str, typer.Argument(metavar="STORE", show_default=False,
                                       help="release store: a folder, file:///path or s3://bucket/prefix")]
+ConfigFile = Annotated[str | None, typer.Option("--config", metavar="FILE",
+                                                help="platform config TOML (default: $GEODP_CONFIG, else the packaged tasks/geodp.toml)")]
 Json = Annotated[str | None, typer.Option(
     "--json", metavar="[PATH]", help="JSON output: into PATH, or to stdout when no PATH follows")]
 Params = Annotated[list[str] | None, typer.Option(

@@ -9,7 +9,7 @@ import typer
 
 from dpcore.privacy.accounting import budget_label
 from flows.cli.common import CLIError, emit_json, eprint, noun
-from flows.cli.inputs import Json, Store
+from flows.cli.inputs import ConfigFile, Json, Store
 
 app = noun("dataset", "A dataset's privacy policy: create, show, change; give back a stale charge.")
 
@@ -86,19 +86,20 @@ def _source_locators(source: str) -> list[str]:
         return [normalised_locator(source)]
 
 
-def _home(store: str, create: bool = False):
-    """The ledger home of STORE: the configured `ledger` (GEODP_LEDGER, $GEODP_CONFIG), else the one
-    STORE recorded, else STORE itself (tasks/storage/ledger_home.py)."""
+def _home(store: str, create: bool = False, config: str | None = None):
+    """The ledger home of STORE: the configured `ledger` (GEODP_LEDGER, else the `ledger` setting of
+    --config or $GEODP_CONFIG), else the one STORE recorded, else STORE itself
+    (tasks/storage/ledger_home.py)."""
     from tasks.settings import configured_ledger
     from tasks.storage.ledger_home import resolve_home
     from tasks.storage.store import ReleaseStore
 
     st = ReleaseStore(store, create=create)
-    return st, resolve_home(st, configured_ledger())
+    return st, resolve_home(st, configured_ledger(config))
 
 
-def _ledger(store: str, dataset: str, create: bool = False):
-    return _home(store, create)[1].ledger(dataset)
+def _ledger(store: str, dataset: str, config: str | None = None):
+    return _home(store, config=config)[1].ledger(dataset)
 
 
 @app.command("create")
@@ -116,12 +117,13 @@ def create(
     delta: Delta = None,
     max_records_per_person: MaxRecords = None,
     horizon: Horizon = None,
+    config: ConfigFile = None,
 ) -> int:
     """Create a dataset with an explicit policy (before its first release)."""
     policy = _policy(None, privacy_unit=privacy_unit, max_points_per_user=max_points_per_user,
                      bound_window=bound_window, budget=budget, accounting=accounting, delta=delta,
                      max_records_per_person=max_records_per_person, window_days=window_days, horizon=horizon)
-    st, home = _home(store, create=True)
+    st, home = _home(store, create=True, config=config)
     ledger = home.ledger(dataset)
     if ledger.policy() is not None:
         raise CLIError(f"dataset {dataset!r} already has a policy; change it with `geodp dataset policy`")
@@ -135,9 +137,9 @@ def create(
 
 
 @app.command("show")
-def show(store: Store, dataset: Dataset, json_out: Json = None) -> int:
+def show(store: Store, dataset: Dataset, json_out: Json = None, config: ConfigFile = None) -> int:
     """The policy, its change log and the worst-case loss so far."""
-    ledger = _ledger(store, dataset)
+    ledger = _ledger(store, dataset, config)
     if not ledger.policy_log():
         raise CLIError(f"dataset {dataset!r} has no policy in {ledger.store.url}")
     return _print_datasets(ledger.store, [dataset], json_out, entries=False, policy_log=True)
@@ -157,9 +159,10 @@ def change_policy(
     delta: Delta = None,
     max_records_per_person: MaxRecords = None,
     horizon: Horizon = None,
+    config: ConfigFile = None,
 ) -> int:
     """Change a dataset's policy (logged, with its reason)."""
-    ledger = _ledger(store, dataset)
+    ledger = _ledger(store, dataset, config)
     current = ledger.policy()
     if current is None:
         raise CLIError(f"dataset {dataset!r} has no policy yet; create it with `geodp dataset create`")
@@ -185,13 +188,14 @@ def void(
     dataset: Dataset,
     seq: int = typer.Option(..., "--seq", help="ledger entry number (see `geodp ledger --entries`)"),
     reason: str = typer.Option(..., "--reason", help="why (recorded in the ledger)"),
+    config: ConfigFile = None,
 ) -> int:
     """Give back a charge whose noise was never published (a run killed between its charge and its
     commit): the files of its attempts are deleted first; refused while any is left, when its release
     is committed, or when an attempt is completely staged (re-run the release: it commits that noise)."""
     from tasks.ledger_tasks import VoidRefused, void_entry
 
-    st, home = _home(store)
+    st, home = _home(store, config=config)
     try:
         voided, deleted = void_entry(st, dataset, seq, reason, home)
     except VoidRefused as exc:
@@ -207,11 +211,12 @@ def ledger(
     dataset: str | None = typer.Option(None, "--dataset", help="one dataset (default: every dataset in the store)"),
     entries: bool = typer.Option(False, "--entries", help="also list every ledger entry"),
     json_out: Json = None,
+    config: ConfigFile = None,
 ) -> int:
     """Per dataset: the privacy policy and the most any one person can have lost."""
     from tasks.storage.ledger import DatasetLedger, datasets
 
-    _, home = _home(store)
+    _, home = _home(store, config=config)
     st = home.store
     # a dataset folder without a policy is a first release that failed before its policy was written
     found = [dataset] if dataset else [d for d in datasets(st) if DatasetLedger(st, d).policy_log()]

@@ -29,6 +29,7 @@ from flows.cli.common import (
 from flows.cli.inputs import (
     Center,
     Columns,
+    ConfigFile,
     Data,
     Format,
     Json,
@@ -66,8 +67,6 @@ def _k(text: str | None) -> int | str | None:
         raise CLIError(f"--max-points-per-user must be a whole number or auto, got {text!r}") from None
 Count = Annotated[str, typer.Option("--count", metavar="points|people", help=R.model_fields["count"].description)]
 PublishAnyway = Annotated[bool, typer.Option("--publish-anyway", help=R.model_fields["publish_anyway"].description)]
-ConfigFile = Annotated[str | None, typer.Option("--config", metavar="FILE",
-                                                help="platform config TOML (default: $GEODP_CONFIG, else the packaged tasks/geodp.toml)")]
 
 
 def _release_params(data: str, cities: str | None, city: str | None, center: str | None, out: str | None,
