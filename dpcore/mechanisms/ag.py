@@ -21,6 +21,11 @@ weights, v' = (α²·m2²·v + (1−α)²·Σu) / (α²·m2² + (1−α)²); the
 equally over the children (mean consistency), so the children add up to v'. Negative leaf counts
 that remain are kept (unbiased range sums); ``clamp_negative=True`` zeroes them after inference.
 
+``levels=3`` adds a third level (dpcore.mechanisms.ag_levels): level 2 gets ``level2_fraction`` of what
+remains after level 1, and every level-2 cell is cut into m3 × m3 cells, m3 = ⌈√(u⁺·ε3/(c3/2))⌉ from its
+noisy count u (post-processing), whose counts use the rest (``level3_counts``); the three levels are made
+consistent by least squares on the tree (AG's inference with two levels).
+
 The leaves are rasterised onto a public ``raster_size`` grid (default: ~10 m cells, at most 2048 per
 axis), each leaf's count spread exactly uniformly over its area, so the synopsis answers by prefix
 sums.
@@ -29,10 +34,12 @@ sums.
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 import numpy as np
 
 from dpcore.grid.histogram import cell_index
+from dpcore.mechanisms.ag_levels import AdaptiveGrid3Noise, ThreeLevelStructure, point_child, tree_inference
 from dpcore.mechanisms.base import Mechanism
 from dpcore.mechanisms.contract import FitRecord, MechanismTags
 from dpcore.mechanisms.inputs import PointsInput
@@ -81,8 +88,15 @@ class AdaptiveGrid(Mechanism):
 
     def __init__(self, *, alpha: Fraction = 0.5, c: Positive = DEFAULT_C, total_fraction: Fraction = 0.05,
                  min_m1: PositiveInt = 10, max_m2: PositiveInt = 256, raster_size: PositiveInt | None = None,
-                 clamp_negative: bool = False, m1: PositiveInt | None = None):
+                 clamp_negative: bool = False, m1: PositiveInt | None = None, levels: Literal[2, 3] = 2,
+                 level2_fraction: Fraction = 0.375, c3: Positive = 10.0, max_m3: PositiveInt = 64,
+                 merge_unsplit: bool = True):
+        self.merge_unsplit = merge_unsplit
         self.m1 = m1
+        self.levels = levels
+        self.level2_fraction = level2_fraction
+        self.c3 = c3
+        self.max_m3 = max_m3
         self.alpha = alpha
         self.min_m1 = min_m1
         self.c = c
@@ -128,6 +142,8 @@ class AdaptiveGrid(Mechanism):
 
         # Level-2 sizes from the noisy level-1 counts (post-processing), then one leaf id per point.
         eps2_planned = eps_rest - eps1
+        if int(self.levels) == 3:
+            return self._fit_three_levels(data, acct, noise, v, eps1, eps_rest, m1, raster_size, notes)
         m2 = np.ceil(np.sqrt(np.maximum(v, 0.0) * eps2_planned / ((self.c / 2.0) * k))).astype(np.int64)
         m2 = np.clip(m2, 1, int(self.max_m2))
         n_leaves = m2 * m2
@@ -182,6 +198,71 @@ class AdaptiveGrid(Mechanism):
                                                                          data.count_noise_law(eps2), eps1, eps2)}
         acct.describe(notes)
         return GridSynopsis(raster, data.region, None, extra)
+
+    def _fit_three_levels(self, data: PointsInput, acct: FitRecord, noise: NoiseSource, v: np.ndarray, eps1: float,
+                          eps_rest: float, m1: int, raster_size: int, notes: list[str]) -> GridSynopsis:
+        """Levels 2 and 3 after the noisy level-1 counts ``v`` (see dpcore.mechanisms.ag_levels)."""
+        k = data.sensitivity
+        merge = bool(self.merge_unsplit)
+        eps2 = acct.spend("level2_counts", float(self.level2_fraction) * (eps_rest - eps1), k,
+                          note="level-2 cells, m2 from the noisy level-1 counts; disjoint, L1 sensitivity = "
+                               "contribution bound" + ("; a level-1 cell with m2 = 1 is not measured here: its "
+                                                       "level-3 cells use this ε too" if merge else ""))
+        eps3_planned = eps_rest - eps1 - eps2
+        m2 = np.clip(np.ceil(np.sqrt(np.maximum(v, 0.0) * eps2 / ((self.c / 2.0) * k))).astype(np.int64), 1,
+                     int(self.max_m2))
+        x, y, mass = data.point_masses()
+        xmin, ymin, xmax, ymax = data.region.bounds_m
+        inside = (x >= xmin) & (x < xmax) & (y >= ymin) & (y < ymax)
+        px, py = x[inside], y[inside]
+        pw = None if mass is None else mass[inside]
+        cell1 = cell_index(px, xmin, xmax, m1) * m1 + cell_index(py, ymin, ymax, m1)
+        shape2 = ThreeLevelStructure(data.region, m1, m2, np.ones(int((m2 * m2).sum()), dtype=np.int64), merge)
+        cell2 = point_child(shape2.level1, m2, px, py, cell1)
+        measured = ~shape2.unmeasured
+        u = np.zeros(shape2.parent2.size)
+        u[measured] = data.add_count_noise(
+            np.bincount(cell2, weights=pw, minlength=u.size)[measured], eps2, noise).astype(np.float64)
+        # m3 from each level-2 cell's noisy count, or, where level 2 was skipped, the level-1 count with
+        # level 2's ε added to level 3's
+        basis = np.where(measured, u, v[shape2.parent2])
+        eps_basis = np.where(measured, eps3_planned, eps2 + eps3_planned)
+        m3 = np.clip(np.ceil(np.sqrt(np.maximum(basis, 0.0) * eps_basis / ((float(self.c3) / 2.0) * k))).astype(np.int64),
+                     1, int(self.max_m3))
+        shape = ThreeLevelStructure(data.region, m1, m2, m3, merge)
+        leaf = point_child(shape.level2, m3, px, py, cell2)
+        eps3 = acct.spend_rest("level3_counts", k,
+                               note=f"{shape.parent3.size} level-3 cells (m3 in [{m3.min()}, {m3.max()}]); disjoint, "
+                                    "L1 sensitivity = contribution bound"
+                                    + ("; cells under an unmeasured level-2 cell use level 2's ε as well (each "
+                                       "point's path still spends ε once)" if merge else ""))
+        merged = shape.unmeasured[shape.parent3]
+        true_leaf = np.bincount(leaf, weights=pw, minlength=shape.parent3.size)
+        w = np.empty(true_leaf.size)
+        w[~merged] = data.add_count_noise(true_leaf[~merged], eps3, noise)
+        w[merged] = data.add_count_noise(true_leaf[merged], eps2 + eps3, noise)
+        laws = tuple(data.count_noise_law(e) for e in (eps1, eps2, eps3, eps2 + eps3))
+        leaves = tree_inference([v, u, w], shape.variances(laws), [shape.parent2, shape.parent3])
+        notes.append(f"three levels: alpha = {float(self.alpha):g}, level-2 share {float(self.level2_fraction):g} of "
+                     f"the rest, c = {self.c:g} (level 2), c3 = {float(self.c3):g}, m1 = {m1}, "
+                     f"{int(measured.sum())} level-2 cells measured ({int((~measured).sum())} merged into level 3), "
+                     f"{shape.parent3.size} level-3 cells; least squares on the tree (inverse-variance bottom-up, "
+                     "variance-shared top-down)")
+        if self.clamp_negative:
+            leaves = np.maximum(leaves, 0.0)
+            notes.append("negative leaf counts clamped to 0 after inference")
+        else:
+            notes.append("negative leaf counts kept after inference (unbiased range sums)")
+        raster = rasterise_rectangles(*shape.leaves, leaves, data.region, raster_size)
+        # m2 and m3 (functions of the noisy level-1 and level-2 counts: post-processing) let a reader redo the
+        # linear inference on fresh noise: the release's 95% intervals.
+        extra = {"m1": m1, "m2_min": int(m2.min()), "m2_max": int(m2.max()), "m3_min": int(m3.min()),
+                 "m3_max": int(m3.max()), "n_leaves": int(leaves.size), "raster_size": raster_size,
+                 "m2": m2.astype(int).tolist(),
+                 "noise_model": NoInterval("negative counts were clamped to 0 (not linear in the noise)").spec()
+                 if self.clamp_negative else AdaptiveGrid3Noise.make_spec(laws, merge)}
+        acct.describe(notes)
+        return GridSynopsis(raster, data.region, None, extra, {"m3": m3.astype(np.uint16)})
 
 
 #: The finest grid AG's bootstrap re-draws its error field on.
