@@ -18,7 +18,7 @@ with a setting per privacy unit (``WIDE_PICKS``, bench/auto_no_band.py): at user
 and level-1 cells of at most 1,250 m, whose coarser leaves keep 1–5 km squares, which sum many of them,
 from drowning in the noise of k-bounded counts (the 100–1000 m setting's c = 5 is ×1.2–1.5 the best
 mechanism there on the public sets); at record level a three-level AG (``levels=3``: level 1 with
-α = 0.2 on cells of at most 850 m, level 2 with c = 20 on 0.3 of ε, level 3 cut by each level-2 cell's
+α = 0.2 on cells of at most 850 m, level 2 with c = 14 on 0.3 of ε, level 3 cut by each level-2 cell's
 noisy count with c3 = 10 on the rest), whose third level cuts finely only where check-ins pile up on
 venues, so small squares get PrivTree-like leaves while large squares keep AG's few precise counts.
 """
@@ -56,7 +56,7 @@ WIDE_RATIO = 10.0
 #: after the total: level 1 0.2, level 2 0.375 of the rest (0.3 of it all), level 3 the rest (0.5).
 WIDE_PICKS: dict[str, BandPick] = {
     "user": BandPick(0.0, "ag", {"alpha": 0.2, "c": 10.0}, level1_cell_m=1250.0),
-    "record": BandPick(0.0, "ag", {"alpha": 0.2, "c": 20.0, "levels": 3, "level2_fraction": 0.375, "c3": 10.0,
+    "record": BandPick(0.0, "ag", {"alpha": 0.2, "c": 14.0, "levels": 3, "level2_fraction": 0.375, "c3": 10.0,
                                    "merge_unsplit": True}, level1_cell_m=850.0),
 }
 #: The band rule, largest bands first (the first row whose ``from_side_m`` the band reaches applies).
