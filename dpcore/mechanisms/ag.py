@@ -24,7 +24,10 @@ that remain are kept (unbiased range sums); ``clamp_negative=True`` zeroes them 
 ``levels=3`` adds a third level (dpcore.mechanisms.ag_levels): level 2 gets ``level2_fraction`` of what
 remains after level 1, and every level-2 cell is cut into m3 × m3 cells, m3 = ⌈√(u⁺·ε3/(c3/2))⌉ from its
 noisy count u (post-processing), whose counts use the rest (``level3_counts``); the three levels are made
-consistent by least squares on the tree (AG's inference with two levels).
+consistent by least squares on the tree (AG's inference with two levels). With ``merge_unsplit`` (default) a
+level-1 cell that level 2 would not cut (m2 = 1, from its noisy count) is not measured at level 2: its
+level-3 cells, sized from the level-1 count, use level 2's ε as well; cells are disjoint, so every point's
+path still spends level 1 + level 2 + level 3 = the budget.
 
 The leaves are rasterised onto a public ``raster_size`` grid (default: ~10 m cells, at most 2048 per
 axis), each leaf's count spread exactly uniformly over its area, so the synopsis answers by prefix
