@@ -1,0 +1,84 @@
+"""A process that has imported the CLI's modules and forks one child per `geodp` command (tests/cli_runner.py).
+
+Importing the CLI and what a release uses (pandas, dask.dataframe, matplotlib, the mechanisms) is most of
+a short command's CPU: 1.5 of a small release's 1.8 s. A child forked from here skips it and is
+otherwise the command run as ``python -m flows.cli ARGS``: its own process with the request's
+environment, working directory, argv, stdout and stderr files, signals, exit status and interpreter
+shutdown (atexit). The runner uses a template only when the variables read at import time (DASK_*,
+FSSPEC_*, MPL*, PYTHON*, thread counts, locale) are the ones this process started with.
+
+Protocol, one JSON object per line: {"ready"} on the fd given as argv[2] once the modules are imported;
+then per request {"argv", "env", "path", "out", "err", "sitecustomize"} on argv[1], answered on argv[2]
+with {"pid"} once forked and {"status"} (the wait status) when the child is done.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import sys
+
+
+def _preload() -> None:
+    import dask.dataframe  # noqa: F401 - the user-level data pass
+    import matplotlib.pyplot  # noqa: F401 - release previews
+
+    import flows.cli
+    import flows.release  # noqa: F401 - release run
+    import tasks.release_plan  # noqa: F401 - release plan
+
+    # Prefect and distributed read their settings (PREFECT_API_URL, PREFECT_HOME…) from the environment
+    # when imported: a command that runs a flow must import them under its own
+    stale = sorted(m for m in ("prefect", "distributed") if m in sys.modules)
+    if stale:
+        raise SystemExit(f"the CLI's modules imported {stale}: a template would hold their start-up settings")
+
+
+def _become_command(request: dict) -> None:
+    """In the forked child: the request's fds, environment and path, then ``python -m flows.cli ARGV``."""
+    null = os.open(os.devnull, os.O_RDONLY)
+    out = os.open(request["out"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    err = os.open(request["err"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    for fd, target in ((null, 0), (out, 1), (err, 2)):
+        os.dup2(fd, target)
+        os.close(fd)
+    os.environ.clear()
+    os.environ.update(request["env"])
+    sys.path[:0] = request["path"]  # PYTHONPATH entries this process did not start with (the fault site)
+    import numpy as np
+
+    # numpy's legacy global generator starts from fresh entropy in a new process, not from the template's
+    np.random.seed()  # noqa: NPY002
+    if request["sitecustomize"]:  # what Python runs at start-up when that folder is on PYTHONPATH
+        runpy.run_path(request["sitecustomize"], run_name="sitecustomize")
+    sys.argv = ["flows.cli", *request["argv"]]
+    runpy.run_module("flows.cli", run_name="__main__", alter_sys=True)
+
+
+def serve(requests_fd: int, answers_fd: int) -> None:
+    requests = os.fdopen(requests_fd, "r")
+    answers = os.fdopen(answers_fd, "w")
+    answers.write(json.dumps({"ready": True}) + "\n")
+    answers.flush()
+    for line in requests:
+        request = json.loads(line)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            requests.close()
+            answers.close()
+            _become_command(request)
+            return  # the command returned without sys.exit: the child exits 0, with normal shutdown
+        answers.write(json.dumps({"pid": pid}) + "\n")
+        answers.flush()
+        _, status = os.waitpid(pid, 0)
+        answers.write(json.dumps({"status": status}) + "\n")
+        answers.flush()
+    os._exit(0)  # the runner closed its end: the test session is over
+
+
+if __name__ == "__main__":
+    _preload()
+    serve(int(sys.argv[1]), int(sys.argv[2]))
