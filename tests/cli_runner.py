@@ -36,8 +36,10 @@ def run_geodp(*args, ok: bool = True, env: dict | None = None, timeout: float = 
     else:
         try:
             proc = template.run(cmd, full_env, timeout)
-        finally:
-            _Template.give_back(template)
+        except BaseException:
+            template.close()  # a command may still be in flight: its answers must not reach the next one
+            raise
+        _Template.give_back(template)
     if ok:
         assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
