@@ -16,7 +16,14 @@ from dpcore.grid.histogram import grid_counts
 from dpcore.mechanisms import FitInput, get_mechanism
 from dpcore.privacy.bounding import bound_contributions
 from dpcore.privacy.noise import NoiseSource
-from dpcore.privacy.profile import PROFILE_BUCKETS, PROFILE_FRACTION, noisy_profile, profile_counts
+from dpcore.privacy.profile import (
+    PROFILE_BUCKETS,
+    PROFILE_FRACTION,
+    ContributionProfile,
+    noisy_profile,
+    profile_counts,
+    visible_threshold,
+)
 from dpcore.privacy.scaling import fit_profiled
 from dpcore.synopsis.uncertainty import query_intervals
 from tests.cli_runner import run_geodp
@@ -139,3 +146,58 @@ def test_a_user_level_release_without_a_total_answers_full_counts_and_says_so_th
     assert sum(c["epsilon"] for c in charges.values()) == pytest.approx(1.0)
     text = run_geodp("query", "range", out, "--box", ",".join(f"{v:.5f}" for v in corners[0]))
     assert "full point counts" in text.stderr
+
+
+#: Gowalla NYC 2010-05-06 (379 check-ins, one person made 87): people per bucket, and the profile noise
+#: (ε_p = 0.1) that `--seed 2` drew, with a noise-made 57 people in [32, 64) and 15 in [128, 256).
+DAY_0506 = np.array([100, 45, 14, 2, 0, 0, 1] + [0] * (PROFILE_BUCKETS - 7))
+NOISE_0506 = np.array([-3, 0, 8, -13, 7, 57, -10, 15, -7, -9, -13, 1] + [0] * (PROFILE_BUCKETS - 12))
+
+
+def _people(counts: np.ndarray) -> np.ndarray:
+    """A point count per person with these people per bucket (each at its bucket's low end, 87 for the
+    one in [64, 128) as on 2010-05-06)."""
+    n = np.repeat(2 ** np.arange(PROFILE_BUCKETS), counts)
+    return np.where(n == 64, 87, n)
+
+
+def test_a_lone_noise_made_heavy_bucket_does_not_set_the_factor() -> None:
+    """The 2010-05-06 profile of seed 2: a bucket cleared the visibility threshold by noise alone, five
+    buckets above the only other visible one, and its phantom people (and the two tail buckets above it) gave
+    N̂ ≈ 5,955 and 1/κ̂(5) = 8.5 against a true 1.3; the estimates now leave out a visible bucket that
+    is not the largest and whose buckets within TAIL_BUCKETS all look empty."""
+    profile = ContributionProfile((DAY_0506 + NOISE_0506).astype(float), 0.1)
+    assert profile.noisy[5] >= visible_threshold(0.1) > profile.noisy[1]  # the profile this test is about
+    n = _people(DAY_0506)
+    true_factor = n.sum() / np.minimum(n, 5).sum()
+    assert profile.factor(5) < 1.5 * true_factor
+    assert profile.total_estimate() < 1.5 * n.sum()
+    draws = profile.factor_draws(5, 2001, np.random.default_rng(1))
+    assert np.quantile(draws, 0.975) < 2 * true_factor
+
+
+def test_a_run_of_visible_heavy_buckets_still_counts() -> None:
+    """Heavy people spread over neighbouring buckets are real: the same day with 60 people in each of
+    [32, 64) and [128, 256) (two buckets apart) keeps both in N̂."""
+    counts = DAY_0506.copy()
+    counts[[5, 7]] = 60
+    profile = ContributionProfile((counts + NOISE_0506 * (np.arange(PROFILE_BUCKETS) < 5)).astype(float), 0.1)
+    n = _people(counts)  # at their buckets' low ends: the fewest points they can hold
+    assert profile.visible_top() == 7
+    assert profile.total_estimate() > 0.8 * n.sum()  # without them N̂ is about 300
+
+
+def test_k_auto_is_not_pulled_up_by_a_noise_made_heavy_bucket() -> None:
+    """choose_k reads the factor from the same estimates: a profile of light people (at most 15 points
+    each) whose only heavy bucket ([64, 128), 58 people) is noise clearing the threshold chooses the k
+    the light people alone choose (10 on a busy basis), not 100."""
+    from dpcore.synopsis.expected_error import PlanInputs, choose_k
+
+    light = np.array([300, 120, 40, 5] + [0] * (PROFILE_BUCKETS - 4), dtype=float)
+    phantom = light.copy()
+    phantom[6] = 58.0
+    inputs = PlanInputs(epsilon=1.0, k=20, cell_width_m=250.0)
+    typical = np.array([np.nan, 1000.0, 30000.0])  # squares of 25–100 m (hidden), 100–1000 m, 1–5 km
+    k_light, _ = choose_k(inputs, typical, ContributionProfile(light, 0.1))
+    k_phantom, _ = choose_k(inputs, typical, ContributionProfile(phantom, 0.1))
+    assert k_light <= 20 and k_phantom == k_light
