@@ -165,7 +165,7 @@ def test_a_lone_noise_made_heavy_bucket_does_not_set_the_factor() -> None:
     """The 2010-05-06 profile of seed 2: a bucket cleared the visibility threshold by noise alone, five
     buckets above the only other visible one, and its phantom people (and the two tail buckets above it) gave
     N̂ ≈ 5,955 and 1/κ̂(5) = 8.5 against a true 1.3; the estimates now leave out a visible bucket that
-    is not the largest and whose buckets within TAIL_BUCKETS all look empty."""
+    is not the largest and whose TAIL_BUCKETS buckets below all look empty."""
     profile = ContributionProfile((DAY_0506 + NOISE_0506).astype(float), 0.1)
     assert profile.noisy[5] >= visible_threshold(0.1) > profile.noisy[1]  # the profile this test is about
     n = _people(DAY_0506)

@@ -18,7 +18,7 @@ Within a bucket, counts follow a density ∝ n^−α whose α comes from the rat
 the next one's (:func:`tail_slopes`; the bootstrap recomputes it on each draw). The profile cannot see a bucket holding fewer people
 than its noise: buckets more than TAIL_BUCKETS above the highest bucket that clears
 :func:`visible_threshold` are taken as empty, and so is a visible bucket other than the largest
-whose buckets within TAIL_BUCKETS all look empty (:meth:`ContributionProfile.visible_top`;
+whose TAIL_BUCKETS buckets below all look empty (:meth:`ContributionProfile.visible_top`;
 docs/decisions/0018-contribution-profile.md).
 """
 
@@ -69,7 +69,7 @@ def visible_threshold(epsilon: float) -> float:
 
 def nonzero_threshold(epsilon: float) -> float:
     """A noisy count above this is not noise alone with probability ≥ 1 − VISIBLE_FALSE_RATE for one
-    bucket on its own (what a visible bucket's neighbour must clear to support it)."""
+    bucket on its own (what a bucket just below a visible one clears when that one is real)."""
     return math.log(1.0 / (2 * VISIBLE_FALSE_RATE)) / float(epsilon)
 
 
@@ -137,24 +137,24 @@ class ContributionProfile:
     # -- post-processing -------------------------------------------------------------------------
     def visible_top(self) -> int:
         """The highest visible bucket (its noisy count clears :func:`visible_threshold`) that is the largest
-        bucket or has a bucket at most TAIL_BUCKETS away whose count clears :func:`nonzero_threshold`
-        (−1 when none is visible).
+        bucket or has one of the TAIL_BUCKETS buckets below it clear :func:`nonzero_threshold` (−1 when
+        none is visible).
 
-        A visible bucket whose neighbours all look empty is taken as noise: an empty bucket clears the
-        visibility threshold by noise alone in 5% of profiles, and its empty neighbours stay below the
-        one-bucket threshold in about 80% of those; real people per doubling change gradually, so a real
-        heavy bucket has non-empty neighbours (on 2,000 draws of Gowalla NYC's profile at ε_p = 0.1 this
-        drops no real top bucket and 35 noise-made ones; on the 333 people of the San Francisco sample
-        10 real and 22 noise-made ones). Counted, a lone
-        noise-made bucket sets N̂ on a small dataset: Gowalla NYC 2010-05-06, 379 points, a noisy 57
-        people in [32, 64) and its two tail buckets gave N̂ = 5,955 and 1/κ̂(5) = 8.5 where the truth is
-        1.33 (docs/decisions/0018-contribution-profile.md)."""
+        A visible bucket whose buckets below all look empty is taken as noise: an empty bucket clears the
+        visibility threshold by noise alone in 5% of profiles, and two empty buckets below it stay under
+        the one-bucket threshold in about 90% of those; people per doubling change gradually, so a real
+        heavy bucket above the largest has people in the buckets just below it. On 2,000 draws of Gowalla
+        NYC's profile at ε_p = 0.1 this leaves out 41 noise-made top buckets and one real one (5 people
+        that noise lifted to 81); on the 333 people of the Gowalla sample's San Francisco 27 and 11.
+        Counted, a lone noise-made bucket sets N̂ on a small dataset: Gowalla NYC 2010-05-06, 379 points,
+        a noisy 57 people in [32, 64) and its two tail buckets gave N̂ = 5,955 and 1/κ̂(5) = 8.5 where
+        the truth is 1.33 (docs/decisions/0018-contribution-profile.md)."""
         noisy = np.asarray(self.noisy, dtype=np.float64)
         visible = np.flatnonzero(noisy >= visible_threshold(self.epsilon))
         if not visible.size:
             return -1
         nonzero = np.flatnonzero(noisy >= nonzero_threshold(self.epsilon))
-        gaps = np.abs(visible[:, None] - nonzero[None, :])
+        gaps = visible[:, None] - nonzero[None, :]
         supported = ((gaps > 0) & (gaps <= TAIL_BUCKETS)).any(axis=1) | (visible == int(np.argmax(noisy)))
         return int(visible[supported][-1])
 
@@ -164,8 +164,8 @@ class ContributionProfile:
         bucket is noise. A bucket clears the visibility threshold by noise alone in 5% of profiles, far
         above the real ones as often as not, and on a small dataset its phantom heavy units then set N̂
         (κ̂ near 0, 1/κ̂ up to 2·10⁵ on 300 people). A real heavy tail shows as a run of visible buckets.
-        The estimates already leave out such a bucket unless it is the largest or a bucket near it looks
-        non-empty (:meth:`visible_top`)."""
+        The estimates already leave out such a bucket unless it is the largest or a bucket just below it
+        looks non-empty (:meth:`visible_top`)."""
         visible = np.flatnonzero(self.noisy >= visible_threshold(self.epsilon))
         if visible.size < 2 or visible[-1] - visible[-2] <= TAIL_BUCKETS or visible[-1] > self.visible_top():
             return None  # none stands alone, or the estimates already leave it out (visible_top)
