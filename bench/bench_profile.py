@@ -91,7 +91,7 @@ def run(name: str, ks: list[int], epsilon: float, band: tuple[float, float], rel
             boxes = squares(x, y, band, queries, rng)
             truth = true_counts(x, y, boxes)
             est = syn.answer(boxes)
-            lo, hi, _ = query_intervals(syn, boxes, draws=2000, seed=r)
+            lo, hi, _ = query_intervals(syn, boxes)
             cover.append((lo <= truth) & (truth <= hi))
             err.append(np.abs(est - truth) / np.maximum(truth, 1))
             width.append((hi - lo) / 2 / np.maximum(truth, 1))
