@@ -25,11 +25,12 @@ from dpcore.privacy.accounting import budget_label
 from tasks.config import ReleaseParams
 from tasks.ledger_tasks import charge_ledger, committed_from, give_back, settle_strays, void_charge
 from tasks.persist_tasks import persist_release
-from tasks.public_errors import public_data_error
+from tasks.public_errors import PrivateDataFailure, public_data_error
 from tasks.release_plan import ReleasePlan, plan_release
 from tasks.release_tasks import (
     code_version,
     count_release_data,
+    fit_city,
     paid_profile,
     privatize,
     read_bound_count,
@@ -100,7 +101,7 @@ def run_plan(plan: ReleasePlan, loaded=None, artifacts: bool = True, in_process:
             manifests = {}
             for p in todo:
                 try:
-                    syn = privatize.fn(p, inputs[p.city], profile)
+                    syn = fit_city(p, inputs[p.city], profile)
                     png = render_preview.fn(p, syn)
                 except BaseException as exc:
                     void_charge.fn(plan.store_url, dataset, held[p.city], f"fit failed: {type(exc).__name__}")
@@ -194,7 +195,8 @@ def _one_line(exc: BaseException) -> BaseException:
     line that says nothing was committed, so no traceback reaches the terminal or the flow's state."""
     if isinstance(exc, GeoDPError):
         return exc
-    first = (str(exc).strip().splitlines() or [""])[0][:300]
+    # a PrivateDataFailure is public and one line already; whole, it keeps where to see the detail
+    first = str(exc) if isinstance(exc, PrivateDataFailure) else (str(exc).strip().splitlines() or [""])[0][:300]
     return RunFailed(f"{type(exc).__name__}: {first} (nothing was committed for that city; its charge is "
                      "given back, or taken over by the next run of the release)")
 

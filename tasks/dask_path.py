@@ -25,6 +25,7 @@ import dask.threaded
 import numpy as np
 import pandas as pd
 
+from dpcore import GeoDPError
 from dpcore.data.chunks import (
     GridSpec,
     Window,
@@ -45,6 +46,7 @@ from dpcore.data.points import DataError, LoadResult, ValidationReport, check_so
 from dpcore.data.readers import release_arrow_memory
 from dpcore.heatmap.mass import MassGrid
 from dpcore.privacy.noise import NoiseSource
+from tasks.public_errors import public_failure
 
 if TYPE_CHECKING:
     import dask.dataframe as dd
@@ -100,16 +102,24 @@ def _read_file(read, inp: InputSet, *args):
     """``read(inp, *args)`` for one file (chunks.file_counts or chunks.file_rows), its arrow memory
     released after. On a cluster worker a data error leaves with its public part only: the worker logs
     a failed task's exception and its scheduler keeps it for the dashboard, which the run's summary
-    links. The local threaded scheduler keeps the detail for the in-process form's operator."""
+    links; any other exception leaves as a PrivateDataFailure naming its type (tasks/public_errors.py).
+    The local threaded scheduler keeps the detail for the in-process form's operator."""
     try:
         return read(inp, *args)
     except DataError as exc:
         if _cluster() != "worker":
             raise
-        failed = exc
+        failed: Exception = DataError(exc.public or f"reading {inp.source} failed on the data's content",
+                                      public=exc.public)
+    except GeoDPError:
+        raise
+    except Exception as exc:  # a library's own error may quote a value of the file
+        if _cluster() != "worker":
+            raise
+        failed = public_failure(exc, inp.source)
     finally:
         release_arrow_memory()
-    raise DataError(failed.public or f"reading {inp.source} failed on the data's content", public=failed.public)
+    raise failed
 
 
 def _file_reads(read, inp: InputSet, columns: dict[str, str] | None, strict: bool, specs: list[GridSpec],

@@ -25,7 +25,11 @@ from dpcore.geo import city_region, parse_slot
 from dpcore.grid.histogram import block_sum
 from tasks.config import STEvaluateOptions
 from tasks.lazy_task import NO_CACHE, task
+from tasks.public_errors import without_private_detail
 from tasks.runtime import run_logger
+
+#: Where the operator sees a failed evaluation's own message (tasks/public_errors.py): the in-process form.
+IN_PROCESS = "run the same `geodp eval` command without --flow"
 
 OPERATOR_ONLY = ("Operator diagnostics: these images show TRUE counts of the private data next to the "
                  "released ones. Not a publication; never copy them into a release.")
@@ -56,7 +60,8 @@ def evaluate_one(points: Points, city: str, mechanism: str, epsilon: float, priv
                              "losses": [float(v) for v in losses]})
 
     with forward_logs("dpcore.mechanisms.snh", run_logger()):  # SNH's per-epoch progress into the task log
-        report = evaluate(points, city_region(city), config, on_fit=keep_losses)
+        report = without_private_detail(lambda: evaluate(points, city_region(city), config, on_fit=keep_losses),
+                                        city, step=f"evaluating {mechanism} at ε={epsilon:g}", hint=IN_PROCESS)
     return {"city": city, "n_points": report["n_points"], "n_users": report["n_users"], "psi": report["psi"],
             "results": report["results"], "training": training,
             "reference_answer_zero": report["reference_answer_zero"],
@@ -145,8 +150,10 @@ def evaluate_st_one(points: Points, city: str, mechanism: str, epsilon: float, o
     def progress(done: int, total: int, what: str) -> None:
         logger.info("%s evaluate-st %d/%d %s", city, done, total, what)
 
-    report = evaluate_st(points, city_region(city), config, progress=progress,
-                         train_progress=train_progress, on_fit=keep_images)
+    report = without_private_detail(
+        lambda: evaluate_st(points, city_region(city), config, progress=progress, train_progress=train_progress,
+                            on_fit=keep_images),
+        city, step=f"evaluating {mechanism} at ε={epsilon:g} in space and time", hint=IN_PROCESS)
     meta = {k: v for k, v in report.items() if k != "results"}
     training = [{"mechanism": mechanism, "epsilon": epsilon, "trial": None, "steps": [s for s, _ in curve],
                  "losses": [v for _, v in curve]}] if curve else []

@@ -6,6 +6,13 @@ workspace. A DataError's own message is written for the operator's terminal and 
 private rows, a row's number or its values (dpcore.data.points.ValidationReport.summary, --strict),
 so the tasks that read private data raise, in its place, a DataError built from its ``public`` part
 only, with a pointer to the command that shows the detail in the operator's own terminal.
+
+Any other exception raised there (pandas, pyarrow, numpy or dask failing on an unusual input, a
+KeyError or ValueError whose message quotes an id, a value or a count) is replaced likewise, by a
+:class:`PrivateDataFailure` that names only its type. geodp's other refusals (GeoDPError: a store, a
+policy, a bad configuration) pass as they are: their messages are built from public facts. The
+in-process form (``--no-prefect``, ``--out``) calls the steps' functions directly and shows every
+detail in the operator's terminal.
 """
 
 from __future__ import annotations
@@ -40,17 +47,41 @@ def public_data_error(exc: DataError, data: object, columns: str | None = None, 
     return DataError(message, public=message)
 
 
-def without_private_detail(run: Callable[[], T], data: object, columns: str | None = None, fmt: str = "auto",
-                           strict: bool = False) -> T:
-    """``run()``; a DataError it raises is replaced by :func:`public_data_error`'s.
+class PrivateDataFailure(RuntimeError):
+    """A step that reads private data failed with an exception that is not geodp's (its type only).
 
-    The replacement is raised outside the ``except`` block, so it has no ``__context__``: the
-    traceback Prefect logs cannot print the private message as "during handling of ..."."""
+    Not a GeoDPError: a task may retry it (a lost worker, a storage hiccup inside a library), which
+    :func:`retry_unless_refused` refuses only for geodp's refusals."""
+
+
+def public_failure(exc: BaseException, data: object, columns: str | None = None, fmt: str = "auto",
+                   strict: bool = False, step: str = "the data pass", hint: str | None = None) -> PrivateDataFailure:
+    """A one-line failure naming ``exc``'s type only: its message and traceback may quote private data.
+    ``hint`` says where the operator sees it (default: the check command, or --no-prefect)."""
+    hint = hint or f"run `{check_command(data, columns, fmt, strict)}`, or the same command with --no-prefect,"
+    return PrivateDataFailure(f"{step} over {data} failed with {type(exc).__name__} (its message is not shown "
+                              f"here: it may quote private data; {hint} in your own terminal to see it)")
+
+
+def without_private_detail(run: Callable[[], T], data: object, columns: str | None = None, fmt: str = "auto",
+                           strict: bool = False, step: str = "the data pass", hint: str | None = None) -> T:
+    """``run()``; a DataError it raises is replaced by :func:`public_data_error`'s, any other exception
+    but geodp's public refusals (a GeoDPError) by :func:`public_failure`'s.
+
+    The replacement is raised outside the ``except`` block, so it has no ``__context__`` or
+    ``__cause__``: the traceback Prefect logs cannot print the private message as "during handling
+    of ...", and the original's frames, notes and chain are dropped with it."""
+    from dpcore import GeoDPError
+
     try:
         return run()
     except DataError as exc:
-        failed = exc
-    raise public_data_error(failed, _shown(data), columns, fmt, strict)
+        failed: Exception = public_data_error(exc, _shown(data), columns, fmt, strict)
+    except (GeoDPError, PrivateDataFailure):  # public already (a worker's read made the latter)
+        raise
+    except Exception as exc:
+        failed = public_failure(exc, _shown(data), columns, fmt, strict, step, hint)
+    raise failed
 
 
 def _shown(data: object) -> str:

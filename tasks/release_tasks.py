@@ -402,7 +402,15 @@ def paid_profile(plans: list[CityPlan], counts: np.ndarray | None) -> Contributi
 @task(name="privatize", cache_policy=NO_CACHE)
 def privatize(plan: CityPlan, data: CityData, profile: ContributionProfile | None = None) -> Synopsis:
     """Mechanism fit on the city's summed fine counts (or mass grid): the only step that draws noise
-    (besides the run's contribution profile, :func:`paid_profile`, which it records and scales by)."""
+    (besides the run's contribution profile, :func:`paid_profile`, which it records and scales by).
+    A failure that is not geodp's names only its type (tasks/public_errors.py): a library's message may
+    quote the private counts the fit reads; the in-process form calls :func:`fit_city`."""
+    return without_private_detail(lambda: fit_city(plan, data, profile), plan.source or plan.dataset,
+                                  step=f"the {plan.mechanism} fit of {plan.city}")
+
+
+def fit_city(plan: CityPlan, data: CityData, profile: ContributionProfile | None = None) -> Synopsis:
+    """:func:`privatize`'s fit, with every failure as it is (the operator's own terminal)."""
     mech = plan.built
     tags = mech.tags
     empty = np.empty(0, dtype=np.float64)

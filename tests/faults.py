@@ -34,6 +34,7 @@ READ = ("dpcore.data.chunks", "read_part")
 PRIVATIZE = ("dpcore.mechanisms.inputs", "input_for")
 
 KILL_AT_WRITE = "GEODP_TEST_KILL_AT_WRITE"
+QUOTE_AT_CHECK = "GEODP_TEST_QUOTE_AT_CHECK"
 KILL_IN_WORKERS_ONLY = "GEODP_TEST_KILL_IN_WORKERS_ONLY"
 PAUSE_AT_WRITE = "GEODP_TEST_PAUSE_AT_WRITE"
 FAULT_LOG = "GEODP_TEST_FAULT_LOG"
@@ -120,6 +121,30 @@ def pause_at_store_write(n: int, mark: str) -> None:
         return original(self, rel, data)
 
     ReleaseStore.create = create
+
+
+def quote_data_at_check() -> None:
+    """Make each file's validation (dpcore.data.chunks.check_part, right after its read) fail as a
+    library's error does when it quotes the data it choked on: a KeyError naming the file's first user
+    id, with a note quoting the first row's latitude, raised from a ValueError that quotes it too."""
+    from dpcore.data import chunks
+
+    def check_part(part):
+        user = part.uniques[part.codes[0]] if part.codes is not None else part.user_int[0]
+        try:
+            raise ValueError(f"could not convert latitude {float(part.lat[0])!r}")
+        except ValueError as exc:
+            failed = KeyError(str(user))
+            failed.add_note(f"while checking user {user} at latitude {float(part.lat[0])!r}")
+            raise failed from exc
+
+    chunks.check_part = check_part
+
+
+def quote_data_env() -> dict[str, str]:
+    """The environment that makes a CLI subprocess and its Dask workers fail as :func:`quote_data_at_check`."""
+    path = os.pathsep.join(p for p in (str(FAULT_SITE), str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    return {QUOTE_AT_CHECK: "1", "PYTHONPATH": path}
 
 
 def pause_at_write_env(n: int, mark: Path) -> dict[str, str]:

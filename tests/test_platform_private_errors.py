@@ -263,3 +263,75 @@ def test_tasks_that_return_private_data_never_persist_it(prefect_harness, tmp_pa
             id=FlowRunFilterId(any_=[state.state_details.flow_run_id])))
     persisted = {r.name.rsplit("-", 1)[0]: r.state.data is not None for r in runs}
     assert persisted == {"control": True, "load-and-validate": False}
+
+
+def _flow_run_of(dataset: str):
+    """The id of the (one) release flow run of ``dataset`` on the session's Prefect server."""
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        runs = [r for r in client.read_flow_runs(limit=200)
+                if dataset in str(r.parameters.get("params", {}))]
+    assert len(runs) == 1, [r.name for r in runs]
+    return runs[0].id
+
+
+def test_a_library_error_quoting_private_data_shows_only_its_type_in_prefect(prefect_harness, tmp_path):
+    """A failure that is not a DataError while the data pass reads private data (a library's KeyError
+    naming a user id, with a note and a cause quoting a latitude; tests/faults.py makes each file's
+    validation fail so, on the Dask worker): the Prefect UI (state messages, logs with their
+    tracebacks) and the CLI's Prefect form name its type and the check command only; the in-process
+    form shows the operator what it quotes."""
+    from tests.faults import quote_data_env
+
+    df = _frame(2_000)
+    df["user_id"] = "u" + df["user_id"].astype(str)
+    df.loc[0, ["user_id", "lat"]] = ("SECRET-USER-4242", 40.123456789)
+    path = tmp_path / "quoted.parquet"
+    df.to_parquet(path)
+    secrets = ["SECRET-USER-4242", "40.123456789"]
+    env = quote_data_env()
+
+    proc = run_geodp("release", "run", path, "--cities", "new-york", "--epsilon", "1", "--store", tmp_path / "s",
+                     "--workers", "1", "--dataset", "quoted", ok=False, env=env)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    (line,) = [s for s in proc.stderr.splitlines() if s.startswith("error:")]
+    assert "KeyError" in line and "geodp data check" in line, proc.stderr[-3000:]
+    assert not _leaks(proc.stderr + proc.stdout, secrets), proc.stderr[-3000:]
+    shown = _shown_in_prefect(_flow_run_of("quoted"), "KeyError")
+    assert not _leaks(shown, secrets), [shown[max(0, shown.find(s) - 1500):shown.find(s) + 200] for s in secrets
+                                        if s in shown]
+
+    # the operator's own terminal: the in-process form shows what the error quotes
+    proc = run_geodp("release", "run", path, "--city", "new-york", "--epsilon", "1", "--out", tmp_path / "out",
+                     ok=False, env=env)
+    assert proc.returncode != 0 and "SECRET-USER-4242" in proc.stderr, proc.stderr[-3000:]
+
+
+def test_strict_on_a_date_python_cannot_hold_is_the_public_strict_error(prefect_harness, tmp_path):
+    """--strict names the first bad row; a Parquet timestamp past year 9999 there made reading the row
+    back for the message raise OverflowError ("date value out of range"), whose message told the Prefect
+    UI why that private row was bad. Both forms now fail with the strict error: public in Prefect, the
+    row in the operator's terminal."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    df = _frame(5_000)
+    ts = df["timestamp"].dt.tz_convert(None).to_numpy().astype("datetime64[s]").astype(np.int64)
+    ts[4_320] = 4242 * 10**9  # year 5325, in row 4321
+    pq.write_table(pa.table({"user_id": pa.array("u" + df["user_id"].astype(str)),
+                             "timestamp": pa.array(ts, type=pa.timestamp("s")),
+                             "lat": df["lat"], "lon": df["lon"]}), path := tmp_path / "far.parquet")
+    secrets = ["4321", "5325", "out of range", "OverflowError"]
+
+    proc = run_geodp("release", "run", path, "--cities", "new-york", "--epsilon", "1", "--store", tmp_path / "s",
+                     "--workers", "1", "--dataset", "farstrict", "--period", "2024-01-01", "--strict", ok=False)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    (line,) = [s for s in proc.stderr.splitlines() if s.startswith("error:")]
+    assert "--strict" in line and "geodp data check" in line and not _leaks(line, secrets), line
+    shown = _shown_in_prefect(_flow_run_of("farstrict"), "--strict")
+    assert not _leaks(shown, secrets), _leaks(shown, secrets)
+
+    proc = run_geodp("release", "run", path, "--city", "new-york", "--epsilon", "1", "--out", tmp_path / "out",
+                     "--period", "2024-01-01", "--strict", ok=False)
+    assert proc.returncode == 2 and "row 4321 is invalid (timestamp_out_of_range)" in proc.stderr, proc.stderr[-3000:]

@@ -222,13 +222,23 @@ def _arrow_users(col: Any, part: Part) -> None:
     part.codes, part.uniques, part.bad_user = _coded_users(codes, uniques)
 
 
+def _raw_value(col: Any, i: int) -> Any:
+    """Row ``i`` of an arrow column as Python, for a --strict error's row; a date or time Python cannot
+    hold (a year past 9999) as arrow writes it: the row --strict names is often the one that is wrong."""
+    scalar = col[i]
+    try:
+        return scalar.as_py()
+    except (OverflowError, ValueError):
+        return repr(scalar)  # e.g. <pyarrow.TimestampScalar: '5321-08-18T05:20:00'>
+
+
 def part_from_table(table: Any) -> Part:
     """An arrow table with the standard columns (a column left out is unread: None in the Part) →
     :class:`Part`, vectorised."""
     names = table.column_names
     part = Part(table.num_rows, _arrow_epoch(table.column("timestamp")) if "timestamp" in names else None,
                 _arrow_float(table.column("lat")), _arrow_float(table.column("lon")), None,
-                raw_row=lambda i: {c: table.column(c)[i].as_py() for c in STANDARD_COLUMNS if c in names})
+                raw_row=lambda i: {c: _raw_value(table.column(c), i) for c in STANDARD_COLUMNS if c in names})
     if "user_id" in names:
         _arrow_users(table.column("user_id"), part)
     return part

@@ -1,6 +1,6 @@
 """Test-only start-up hook: Python imports ``sitecustomize`` when this folder is on PYTHONPATH
 (tests/faults.py puts it there for the crash tests' CLI subprocesses). It patches nothing unless
-GEODP_TEST_KILL_AT_WRITE or GEODP_TEST_PAUSE_AT_WRITE is set."""
+GEODP_TEST_KILL_AT_WRITE, GEODP_TEST_PAUSE_AT_WRITE or GEODP_TEST_QUOTE_AT_CHECK is set."""
 
 import os
 
@@ -14,3 +14,8 @@ if os.environ.get("GEODP_TEST_PAUSE_AT_WRITE"):
     from tests.faults import FAULT_LOG, PAUSE_AT_WRITE, pause_at_store_write
 
     pause_at_store_write(int(os.environ[PAUSE_AT_WRITE]), os.environ[FAULT_LOG])
+
+if os.environ.get("GEODP_TEST_QUOTE_AT_CHECK"):
+    from tests.faults import quote_data_at_check
+
+    quote_data_at_check()
