@@ -25,7 +25,7 @@ from dpcore.privacy.accounting import budget_label
 from tasks.config import ReleaseParams
 from tasks.ledger_tasks import charge_ledger, committed_from, give_back, settle_strays, void_charge
 from tasks.persist_tasks import persist_release
-from tasks.public_errors import PrivateDataFailure, public_data_error
+from tasks.public_errors import PrivateDataFailure, public_data_error, without_private_detail
 from tasks.release_plan import ReleasePlan, plan_release
 from tasks.release_tasks import (
     code_version,
@@ -96,7 +96,9 @@ def run_plan(plan: ReleasePlan, loaded=None, artifacts: bool = True, in_process:
             held = {p.city: {"seq": None, "draw": None, "key": p.release_key} for p in todo}
         code = code_version()
         # after the charge: the profile's noise is paid for by it (PROFILE_FRACTION of each region's ε)
-        profile = paid_profile(todo, counted.profile)
+        # (in the flow's own process: a failure here would be the flow run's state, so only its type is)
+        profile = paid_profile(todo, counted.profile) if in_process else without_private_detail(
+            lambda: paid_profile(todo, counted.profile), params.data, step="the contribution profile")
         if in_process:
             manifests = {}
             for p in todo:

@@ -335,3 +335,45 @@ def test_strict_on_a_date_python_cannot_hold_is_the_public_strict_error(prefect_
     proc = run_geodp("release", "run", path, "--city", "new-york", "--epsilon", "1", "--out", tmp_path / "out",
                      "--period", "2024-01-01", "--strict", ok=False)
     assert proc.returncode == 2 and "row 4321 is invalid (timestamp_out_of_range)" in proc.stderr, proc.stderr[-3000:]
+
+
+def test_a_step_keeps_geodp_refusals_and_replaces_every_other_exception():
+    """without_private_detail: a store's refusal (public) passes as it is; a library's ValueError quoting
+    a value becomes a PrivateDataFailure naming its type, with no cause, context or notes to log, which a
+    task still retries (it is not a refusal)."""
+    from types import SimpleNamespace
+
+    from tasks.public_errors import PrivateDataFailure, retry_unless_refused, without_private_detail
+    from tasks.storage.store import StoreError
+
+    refusal = StoreError("cannot reach s3://bucket/p")
+
+    def refuse():
+        raise refusal
+
+    with pytest.raises(StoreError) as kept:
+        without_private_detail(refuse, "d.parquet")
+    assert kept.value is refusal
+
+    def quote():
+        try:
+            raise KeyError("SECRET-USER-4242")
+        except KeyError as exc:
+            failed = ValueError("could not convert '40.123456789'")
+            failed.add_note("user SECRET-USER-4242")
+            raise failed from exc
+
+    with pytest.raises(PrivateDataFailure) as replaced:
+        without_private_detail(quote, "d.parquet", step="the fit")
+    exc = replaced.value
+    assert exc.__cause__ is None and exc.__context__ is None and not getattr(exc, "__notes__", None)
+    assert "ValueError" in str(exc) and "geodp data check d.parquet" in str(exc)
+    assert not _leaks(str(exc), ["SECRET-USER-4242", "40.123456789"])
+
+    def state_of(e):
+        def result():
+            raise e
+        return SimpleNamespace(result=result)
+
+    assert retry_unless_refused(None, None, state_of(exc)) is True
+    assert retry_unless_refused(None, None, state_of(DataError("bad", public="bad"))) is False
