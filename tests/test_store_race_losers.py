@@ -33,6 +33,17 @@ def _second_charge(store_url: str, plan, first: dict) -> dict:
     return {**first, "seq": entry["seq"], "draw": draw, ENTRY_HASH: entry[ENTRY_HASH], "holders": []}
 
 
+def _committed_with_a_stray(store_url: str):
+    """A release committed by one run, and the charge of a second run of the same key that read the
+    ledger too early to take the first one over: (store, plan, committed manifest, the second charge)."""
+    (plan,) = _plan(store_url)
+    winner = _charge(store_url, [plan])["austin"]
+    stray = _second_charge(store_url, plan, winner)
+    committed = persist_release.fn(store_url, plan, privatize.fn(plan, _counted(plan, 1)["austin"]), None,
+                                   winner, "test")
+    return ReleaseStore(store_url), plan, committed, stray
+
+
 def _ref(store: ReleaseStore, plan) -> ReleaseRef:
     version, _ = store.claim_version(plan.dataset, plan.city, plan.period.label, plan.release_key)
     return ReleaseRef(plan.dataset, plan.city, plan.period.label, version)
@@ -43,12 +54,7 @@ def _held_seqs(store_url: str, plan) -> list[int]:
 
 
 def test_a_loser_whose_attempt_completed_after_the_commit_deletes_it_and_gives_its_charge_back(store_url):
-    store = ReleaseStore(store_url)
-    (plan,) = _plan(store_url)
-    winner = _charge(store_url, [plan])["austin"]
-    loser = _second_charge(store_url, plan, winner)
-    committed = persist_release.fn(store_url, plan, privatize.fn(plan, _counted(plan, 1)["austin"]), None,
-                                   winner, "test")
+    store, plan, committed, loser = _committed_with_a_stray(store_url)
     # the loser had passed its "already committed?" check and finishes staging its own noise
     _stage(store, _ref(store, plan), plan, privatize.fn(plan, _counted(plan, 2)["austin"]), None, loser)
     assert any(attempt_files(store_url).values())
@@ -59,12 +65,7 @@ def test_a_loser_whose_attempt_completed_after_the_commit_deletes_it_and_gives_i
 
 
 def test_a_stray_taken_over_while_the_winner_settles_it_is_left_to_its_new_holder(store_url, monkeypatch):
-    store = ReleaseStore(store_url)
-    (plan,) = _plan(store_url)
-    winner = _charge(store_url, [plan])["austin"]
-    stray = _second_charge(store_url, plan, winner)
-    committed = persist_release.fn(store_url, plan, privatize.fn(plan, _counted(plan, 1)["austin"]), None,
-                                   winner, "test")
+    store, plan, committed, stray = _committed_with_a_stray(store_url)
     ledger = DatasetLedger(store, plan.dataset)
     resolved = resolve_policy(store_url, plan.dataset, PolicyRequest("user", 5, 1.0))
     newer = {**stray, "draw": uuid.uuid4().hex[:16], "holders": [stray["draw"]]}
@@ -90,12 +91,7 @@ def test_a_stray_taken_over_while_the_winner_settles_it_is_left_to_its_new_holde
 
 @pytest.mark.parametrize("store_url", ["local"], indirect=True)
 def test_a_stray_whose_writer_is_still_uploading_is_sealed_not_voided(store_url, monkeypatch):
-    store = ReleaseStore(store_url)
-    (plan,) = _plan(store_url)
-    winner = _charge(store_url, [plan])["austin"]
-    stray = _second_charge(store_url, plan, winner)
-    committed = persist_release.fn(store_url, plan, privatize.fn(plan, _counted(plan, 1)["austin"]), None,
-                                   winner, "test")
+    store, plan, committed, stray = _committed_with_a_stray(store_url)
     ref = _ref(store, plan)
     attempt = f"a-{stray['seq']}-{stray['draw']}"
     real_delete = ReleaseStore.delete_attempt_data

@@ -121,6 +121,14 @@ class AdaptiveGrid(Mechanism):
             return None
         return AdaptiveGridNoise.make_spec(laws[0], laws[1], float(eps[0]), float(eps[1]))
 
+    def _clamped(self, leaves: np.ndarray, notes: list[str]) -> np.ndarray:
+        """The leaf counts after inference, negatives zeroed when ``clamp_negative`` (post-processing)."""
+        if self.clamp_negative:
+            notes.append("negative leaf counts clamped to 0 after inference")
+            return np.maximum(leaves, 0.0)
+        notes.append("negative leaf counts kept after inference (unbiased range sums)")
+        return leaves
+
     def _fit(self, data: PointsInput, acct: FitRecord, noise: NoiseSource) -> GridSynopsis:
         # Parameter values were checked by check_params (fit calls it before any budget is spent).
         alpha = float(self.alpha)
@@ -177,11 +185,7 @@ class AdaptiveGrid(Mechanism):
                      "constrained inference: "
                      "inverse-variance average of each level-1 count with its children's sum, then "
                      "mean-consistency spreading")
-        if self.clamp_negative:
-            u = np.maximum(u, 0.0)
-            notes.append("negative leaf counts clamped to 0 after inference")
-        else:
-            notes.append("negative leaf counts kept after inference (unbiased range sums)")
+        u = self._clamped(u, notes)
 
         # Leaf rectangles for the raster.
         local = np.arange(u.size) - offset[leaf_cell]
@@ -251,11 +255,7 @@ class AdaptiveGrid(Mechanism):
                      f"{int(measured.sum())} level-2 cells measured ({int((~measured).sum())} merged into level 3), "
                      f"{shape.parent3.size} level-3 cells; least squares on the tree (inverse-variance bottom-up, "
                      "variance-shared top-down)")
-        if self.clamp_negative:
-            leaves = np.maximum(leaves, 0.0)
-            notes.append("negative leaf counts clamped to 0 after inference")
-        else:
-            notes.append("negative leaf counts kept after inference (unbiased range sums)")
+        leaves = self._clamped(leaves, notes)
         raster = rasterise_rectangles(*shape.leaves, leaves, data.region, raster_size)
         # m2 and m3 (functions of the noisy level-1 and level-2 counts: post-processing) let a reader redo the
         # linear inference on fresh noise: the release's 95% intervals.
