@@ -19,6 +19,7 @@ import functools
 import importlib
 import os
 import signal
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -28,8 +29,9 @@ FAULT_SITE = Path(__file__).resolve().parent / "fault_site"
 
 #: (module, function) that each step of a release calls while it runs on a worker: a file read inside
 #: the data pass, and the privatize task's fit input (built before any noise is drawn). A task's function
-#: reaches the worker pickled by value, its globals by reference to their defining module: a target is
-#: patched where it is defined (dpcore.mechanisms.inputs), not where a task module imported it.
+#: reaches the worker pickled by value or by reference, so a name it calls may be looked up where it is
+#: defined or where a module imported it: :func:`slow_down` patches every loaded module that holds it
+#: (a package's re-export included), and modules imported afterwards take the patched one from them.
 READ = ("dpcore.data.chunks", "read_part")
 PRIVATIZE = ("dpcore.mechanisms.inputs", "input_for")
 
@@ -53,8 +55,14 @@ def slow_down(module: str, name: str, seconds: float, marks: str) -> int:
         return original(*args, **kwargs)
 
     slowed.__fault_original__ = original
-    setattr(mod, name, slowed)
+    for holder in _holders(name, original):
+        setattr(holder, name, slowed)
     return os.getpid()
+
+
+def _holders(name: str, value: object) -> list:
+    """The loaded modules whose attribute ``name`` is ``value`` (where it is defined, and re-exports)."""
+    return [m for m in list(sys.modules.values()) if m is not None and getattr(m, name, None) is value]
 
 
 def is_slowed(module: str, name: str) -> bool:
@@ -64,10 +72,12 @@ def is_slowed(module: str, name: str) -> bool:
 def restore(module: str, name: str) -> bool:
     """Undo :func:`slow_down` in this process; False when it was not patched here."""
     mod = importlib.import_module(module)
-    original = getattr(getattr(mod, name), "__fault_original__", None)
+    slowed = getattr(mod, name)
+    original = getattr(slowed, "__fault_original__", None)
     if original is None:
         return False
-    setattr(mod, name, original)
+    for holder in _holders(name, slowed):
+        setattr(holder, name, original)
     return True
 
 

@@ -147,8 +147,8 @@ def test_over_budget_release_is_refused_before_noise(tmp_path, monkeypatch):
     url = str(tmp_path / "store")
     data = _points_csv(tmp_path / "synthetic.csv", _points())
     fits = []
-    real_fn = release.privatize.fn
-    monkeypatch.setattr(release.privatize, "fn", lambda *a, **k: fits.append(a) or real_fn(*a, **k))
+    real_fit = release.fit_city  # the privatize step's fit, as the in-process form calls it
+    monkeypatch.setattr(release, "fit_city", lambda *a, **k: fits.append(a) or real_fit(*a, **k))
     params = ReleaseParams(data=str(data), cities=["austin", "new-york"], period="2010-05-02", epsilon=0.3,
                            mechanism="identity", mechanism_params={"cell_width_m": 1000}, store=url,
                            max_points_per_user=5, budget_cap=0.5)
