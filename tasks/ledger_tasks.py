@@ -424,8 +424,7 @@ def settle_strays(store: ReleaseStore, dataset: str, manifests: list[Manifest], 
                 pass  # complete but never to be committed: its files go all the same
             # a stray's run may still be uploading (a race loser): the seal stops it, and it deletes
             # what it adds and gives its charge back itself
-            store.delete_attempt_data(ref, attempt, live_writer_may_remain=True)
-            left = left or any(not n.rsplit("/", 1)[-1].startswith(".tmp-") for n in store.attempt_data(ref, attempt))
+            left = bool(store.delete_attempt_data(ref, attempt, live_writer_may_remain=True)) or left
         if left:
             continue  # the charge keeps covering noise that is still in the store
         try:

@@ -94,16 +94,20 @@ def test_a_stray_whose_writer_is_still_uploading_is_sealed_not_voided(store_url,
     store, plan, committed, stray = _committed_with_a_stray(store_url)
     ref = _ref(store, plan)
     attempt = f"a-{stray['seq']}-{stray['draw']}"
-    real_delete = ReleaseStore.delete_attempt_data
+    real_listing = ReleaseStore.attempt_data
+    listings = []
 
-    def delete_while_the_writer_adds_a_file(self, r, name, live_writer_may_remain=False):
-        real_delete(self, r, name, live_writer_may_remain)
-        if name == attempt and not self.exists(f"{r.rel}/{name}/late.npz"):
-            self.create(f"{r.rel}/{name}/late.npz", b"noise uploaded right after the delete")
+    def listing_while_the_writer_adds_a_file(self, r, name):
+        if name == attempt:
+            listings.append(name)
+            if len(listings) == 2:  # the delete's look after deleting: the writer's next file has landed
+                self.create(f"{r.rel}/{name}/late.npz", b"noise uploaded right after the delete")
+        return real_listing(self, r, name)
 
-    monkeypatch.setattr(ReleaseStore, "delete_attempt_data", delete_while_the_writer_adds_a_file)
+    monkeypatch.setattr(ReleaseStore, "attempt_data", listing_while_the_writer_adds_a_file)
     assert settle_strays(store, plan.dataset, [committed]) == 0  # no error: the writer's file is its own
-    monkeypatch.setattr(ReleaseStore, "delete_attempt_data", real_delete)
+    monkeypatch.setattr(ReleaseStore, "attempt_data", real_listing)
+    assert len(listings) == 2  # the attempt was listed to delete it, then to see what is left
     # its charge still covers the file; the writer, sealed, deletes it and gives the charge back
     assert stray["seq"] in _held_seqs(store_url, plan)
     assert store.exists(f"{ref.rel}/{attempt}/late.npz")

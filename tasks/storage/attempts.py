@@ -111,23 +111,23 @@ class AttemptProtocol:
         # a temporary file a killed writer left (local stores) holds noise too
         return sorted(n for n in names if n and n not in (CHARGE_REF, STAGED))
 
-    def delete_attempt_data(self, ref: ReleaseRef, attempt: str, live_writer_may_remain: bool = False) -> None:
+    def delete_attempt_data(self, ref: ReleaseRef, attempt: str, live_writer_may_remain: bool = False) -> list[str]:
         """Delete an uncommitted attempt's noisy files, keeping its charge reference and seal (so its
-        charge stays known and its writer cannot complete it later). Raises StoreError when any
-        file is left, unless ``live_writer_may_remain`` (a sealed attempt whose writer may still be
-        uploading, under the same charge: that writer deletes what it adds)."""
+        charge stays known and its writer cannot complete it later). Returns the files still there
+        afterwards: with ``live_writer_may_remain`` (a sealed attempt whose writer may still be
+        uploading, under the same charge: that writer deletes what it adds) they may be some; otherwise
+        any is a StoreError."""
         for name in self.attempt_data(ref, attempt):
             try:
                 with self._io("delete", f"{ref.rel}/{attempt}/{name}"):
                     self.fs.rm_file(self.path(f"{ref.rel}/{attempt}/{name}"))
             except FileNotFoundError:
                 pass
-        if live_writer_may_remain:
-            return
         # a temporary file that appears meanwhile is a live writer's, which removes it itself
         left = [n for n in self.attempt_data(ref, attempt) if not n.rsplit("/", 1)[-1].startswith(".tmp-")]
-        if left:
+        if left and not live_writer_may_remain:
             raise StoreError(f"{self.url_of(ref.rel)}/{attempt} still holds {', '.join(left)} after deleting it")
+        return left
 
     def attempts(self, ref: ReleaseRef) -> list[str]:
         """Every attempt folder of a version, complete or not."""
