@@ -78,6 +78,22 @@ def constrained_inference(v: np.ndarray, u: np.ndarray, n_children: np.ndarray, 
     return np.asarray(u, dtype=np.float64) + ((v_prime - child_sum) / n_children)[leaf_cell]
 
 
+def split_sides(noisy_counts: np.ndarray, epsilon: float | np.ndarray, c: float, sensitivity: float,
+                most: int) -> np.ndarray:
+    """AG's rule for cutting each cell by its noisy count n (post-processing): an m × m grid with
+    m = ⌈√(n⁺·ε / (c/2 · sensitivity))⌉, kept within [1, most]."""
+    m = np.ceil(np.sqrt(np.maximum(noisy_counts, 0.0) * epsilon / ((c / 2.0) * sensitivity))).astype(np.int64)
+    return np.clip(m, 1, int(most))
+
+
+def points_in_region(data: PointsInput) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """The points (or a fine grid's cell centres) inside the region, and their masses (None: one each)."""
+    x, y, mass = data.point_masses()
+    xmin, ymin, xmax, ymax = data.region.bounds_m
+    inside = (x >= xmin) & (x < xmax) & (y >= ymin) & (y < ymax)
+    return x[inside], y[inside], None if mass is None else mass[inside]
+
+
 def default_raster(side_m: float, cell_m: float = 10.0) -> int:
     """Raster cells per axis: about ``cell_m`` metres each, between 16 and MAX_RASTER."""
     return int(min(MAX_RASTER, max(16, math.ceil(side_m / cell_m))))
@@ -155,14 +171,10 @@ class AdaptiveGrid(Mechanism):
         eps2_planned = eps_rest - eps1
         if int(self.levels) == 3:
             return self._fit_three_levels(data, acct, noise, v, eps1, eps_rest, m1, raster_size, notes)
-        m2 = np.ceil(np.sqrt(np.maximum(v, 0.0) * eps2_planned / ((self.c / 2.0) * k))).astype(np.int64)
-        m2 = np.clip(m2, 1, int(self.max_m2))
+        m2 = split_sides(v, eps2_planned, self.c, k, self.max_m2)
         n_leaves = m2 * m2
         offset = np.cumsum(n_leaves) - n_leaves
-        x, y, mass = data.point_masses()  # points, or a fine grid's cell centres with their counts
-        inside = ((x >= xmin) & (x < xmax) & (y >= ymin) & (y < ymax))
-        px, py = x[inside], y[inside]
-        pw = None if mass is None else mass[inside]
+        px, py, pw = points_in_region(data)
         ix = cell_index(px, xmin, xmax, m1)
         iy = cell_index(py, ymin, ymax, m1)
         cell = ix * m1 + iy
@@ -216,13 +228,9 @@ class AdaptiveGrid(Mechanism):
                                "contribution bound" + ("; a level-1 cell with m2 = 1 is not measured here: its "
                                                        "level-3 cells use this ε too" if merge else ""))
         eps3_planned = eps_rest - eps1 - eps2
-        m2 = np.clip(np.ceil(np.sqrt(np.maximum(v, 0.0) * eps2 / ((self.c / 2.0) * k))).astype(np.int64), 1,
-                     int(self.max_m2))
-        x, y, mass = data.point_masses()
+        m2 = split_sides(v, eps2, self.c, k, self.max_m2)
+        px, py, pw = points_in_region(data)
         xmin, ymin, xmax, ymax = data.region.bounds_m
-        inside = (x >= xmin) & (x < xmax) & (y >= ymin) & (y < ymax)
-        px, py = x[inside], y[inside]
-        pw = None if mass is None else mass[inside]
         cell1 = cell_index(px, xmin, xmax, m1) * m1 + cell_index(py, ymin, ymax, m1)
         shape2 = ThreeLevelStructure(data.region, m1, m2, np.ones(int((m2 * m2).sum()), dtype=np.int64), merge)
         cell2 = point_child(shape2.level1, m2, px, py, cell1)
@@ -234,8 +242,7 @@ class AdaptiveGrid(Mechanism):
         # level 2's ε added to level 3's
         basis = np.where(measured, u, v[shape2.parent2])
         eps_basis = np.where(measured, eps3_planned, eps2 + eps3_planned)
-        m3 = np.clip(np.ceil(np.sqrt(np.maximum(basis, 0.0) * eps_basis / ((float(self.c3) / 2.0) * k))).astype(np.int64),
-                     1, int(self.max_m3))
+        m3 = split_sides(basis, eps_basis, float(self.c3), k, self.max_m3)
         shape = ThreeLevelStructure(data.region, m1, m2, m3, merge)
         leaf = point_child(shape.level2, m3, px, py, cell2)
         eps3 = acct.spend_rest("level3_counts", k,

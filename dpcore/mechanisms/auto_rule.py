@@ -52,7 +52,7 @@ NO_BAND: tuple[float, float] = (25.0, 5000.0)
 WIDE_RATIO = 10.0
 #: The settings for wide bands by privacy unit, chosen on public data with one fit answering all three
 #: bands (bench/auto_no_band.py: leave-one-dataset-out picks the user row for 9 of 9 public sets;
-#: bench/auto_no_band_record.py: the record row, a three-level AG, for 9 of 9). The record row's budget
+#: bench/auto_no_band_record.py: the record row, a three-level AG, for 7 of 9). The record row's budget
 #: after the total: level 1 0.2, level 2 0.375 of the rest (0.3 of it all), level 3 the rest (0.5).
 WIDE_PICKS: dict[str, BandPick] = {
     "user": BandPick(0.0, "ag", {"alpha": 0.2, "c": 10.0}, level1_cell_m=1250.0),
