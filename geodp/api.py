@@ -62,7 +62,7 @@ class Store:
         ask (None: all of it), and the periods left out: 2-D releases that reach past ``period``."""
         window = None
         if period is not None:
-            from flows.cli.common import parse_window
+            from tasks.config import parse_window
 
             window = parse_window(period)
         chosen, left_out = [], []
@@ -167,7 +167,7 @@ class Release:
         arr = _boxes(boxes)
         window = None
         if period is not None:
-            from flows.cli.common import parse_window
+            from tasks.config import parse_window
 
             window = parse_window(period)
         return answer_table(self.synopsis, arr, level=level, window_s=window)

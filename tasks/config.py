@@ -236,15 +236,38 @@ class BackfillParams(BaseModel):
     end: str = Field(description="last day, YYYY-MM-DD (inclusive)")
 
 
-def parse_time_window(text: str) -> tuple[int, int]:
-    """'START/END' (UTC ISO dates or times; END exclusive) → (start_s, end_s)."""
+def parse_window(text: str) -> tuple[int, int]:
+    """The one time-window syntax (every command, the read API, the flows' models) → [start_s, end_s) in
+    UTC seconds. A..B with days is A to B inclusive (as a release's period); with times (2024-01-01T06:00)
+    it is A up to B; YYYY-MM-DD is one day, YYYY-MM one month, and 'yesterday' / 'last-N-days' as in
+    :func:`parse_period`. The older START/END form (END exclusive) is read too."""
+    t = str(text).strip()
+    if "/" in t and ".." not in t:
+        a, sep, b = t.partition("/")
+        return _timestamps(a, b, t, "a window must be A..B (or START/END), e.g. 2008-05-18..2008-06-07")
+    if ".." in t:
+        a, b = (s.strip() for s in t.split("..", 1))
+        if not (_DAY.fullmatch(a) and _DAY.fullmatch(b)):
+            return _timestamps(a, b, t, "a window must be A..B with dates or ISO times")
+    period = parse_period(t)
+    if period.start_s is None or period.end_s is None:
+        raise ConfigError(f"a time window is needed (A..B, a day or a month), got {t!r}")
+    return period.start_s, period.end_s
+
+
+_DAY = re.compile(r"\d{4}-\d{2}-\d{2}")
+
+
+def _timestamps(a: str, b: str, text: str, form: str) -> tuple[int, int]:
+    """[a, b) from two ISO dates or times (UTC unless they say otherwise)."""
     import pandas as pd
 
     try:
-        a, b = str(text).split("/")
-        t0, t1 = (pd.Timestamp(v) for v in (a, b))
+        t0, t1 = (pd.Timestamp(v.strip()) for v in (a, b))
     except (ValueError, TypeError) as exc:
-        raise ConfigError(f"a window must be START/END, e.g. 2008-05-18/2008-06-08, got {text!r}") from exc
+        raise ConfigError(f"{form}, got {text!r}") from exc
+    if pd.isna(t0) or pd.isna(t1):
+        raise ConfigError(f"{form}, got {text!r}")
     t0, t1 = (t if t.tzinfo is not None else t.tz_localize("UTC") for t in (t0, t1))
     if t1 <= t0:
         raise ConfigError(f"window {text!r} ends before it starts")
@@ -254,7 +277,7 @@ def parse_time_window(text: str) -> tuple[int, int]:
 class STEvaluateOptions(BaseModel):
     """The spatio-temporal part of an evaluation (dpcore.evaluation.spatiotemporal), run per (city, mechanism, ε)."""
 
-    window: str = Field(description="public time window START/END (UTC ISO dates), e.g. 2008-05-18/2008-06-08")
+    window: str = Field(description="public time window A..B (UTC days inclusive, or ISO times), e.g. 2008-05-18..2008-06-07")
     slot: str = Field(default="1d", description="time slot: 1h, 1d, ...")
     mechanisms: NameList = Field(default_factory=lambda: ["identity3d", "vdr"])
     epsilons: list[Annotated[float, Field(gt=0)]] = Field(default_factory=lambda: [0.1, 0.2, 0.5, 1.0])
@@ -278,7 +301,7 @@ class STEvaluateOptions(BaseModel):
     @field_validator("window")
     @classmethod
     def _window(cls, v: str) -> str:
-        parse_time_window(v)
+        parse_window(v)
         return v
 
     @field_validator("slot")
@@ -298,7 +321,7 @@ class STEvaluateOptions(BaseModel):
         return self
 
     def window_seconds(self) -> tuple[int, int]:
-        return parse_time_window(self.window)
+        return parse_window(self.window)
 
     def drawn_epsilon(self) -> float:
         """The ε whose releases go into the image and forecast artifacts."""

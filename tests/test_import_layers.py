@@ -94,3 +94,11 @@ def test_the_check_sees_an_upward_import(tmp_path):
         assert _imports(f, module_level_only=True) == {"typing", "typing.TYPE_CHECKING"}
     finally:
         f.unlink()
+
+
+def test_the_read_api_imports_nothing_from_the_cli():
+    """Issue 46: geodp/api.py took its window parser from flows.cli.common (a Release.query(period=…)
+    loaded typer and the CLI); the read API parses windows with tasks.config.parse_window."""
+    bad = {str(f.relative_to(ROOT)): sorted(m for m in _imports(f, False) if m.startswith("flows.cli"))
+           for f in _files("geodp")}
+    assert {k: v for k, v in bad.items() if v} == {}

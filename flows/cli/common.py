@@ -162,44 +162,19 @@ def at_least(value: int | float, minimum: int | float, what: str) -> None:
         raise CLIError(f"{what} must be ≥ {minimum}, got {value}")
 
 
-def _is_day(text: str) -> bool:
-    import re
-
-    return re.fullmatch(r"\d{4}-\d{2}-\d{2}", text.strip()) is not None
-
-
 def parse_window(text: str, what: str = "--period") -> tuple[int, int]:
-    """The time-window syntax of every command → [start_s, end_s) in UTC seconds.
-
-    A..B with days is A to B inclusive (as a release's --period); with times (2024-01-01T06:00) it is A up
-    to B; YYYY-MM-DD is one day and YYYY-MM one month. The older START/END form (END exclusive) is read
-    with a note."""
-    from tasks.config import ConfigError, parse_period, parse_time_window
+    """A command's time window (tasks.config.parse_window, the one parser) → [start_s, end_s) in UTC
+    seconds; the older START/END form is read with a note."""
+    from tasks.config import ConfigError
+    from tasks.config import parse_window as parse
 
     t = str(text).strip()
     if "/" in t and ".." not in t:
         eprint(f"note: {what} {t}: START/END is the older form (END exclusive); every command takes A..B")
-        return parse_time_window(t)
-    if ".." in t:
-        a, b = (s.strip() for s in t.split("..", 1))
-        if not (_is_day(a) and _is_day(b)):
-            import pandas as pd
-
-            try:
-                t0, t1 = (pd.Timestamp(v) for v in (a, b))
-            except ValueError as exc:
-                raise CLIError(f"{what} must be A..B with dates or ISO times, got {t!r}") from exc
-            t0, t1 = (v if v.tzinfo is not None else v.tz_localize("UTC") for v in (t0, t1))
-            if t1 <= t0:
-                raise CLIError(f"{what} {t!r} ends before it starts")
-            return int(t0.timestamp()), int(t1.timestamp())
     try:
-        period = parse_period(t)
+        return parse(t)
     except ConfigError as exc:
         raise CLIError(f"{what}: {exc}") from exc
-    if period.start_s is None or period.end_s is None:
-        raise CLIError(f"{what} needs a time window (A..B, a day or a month), got {t!r}")
-    return period.start_s, period.end_s
 
 
 def window_text(t0: int, t1: int) -> str:
