@@ -1,7 +1,8 @@
 """The README's one-day `geodp release run` examples, with their own options, beat a blank map on
 data-centred 1–5 km squares of a real day of check-ins (issue 35 item 5): they were identity at 100 m
 cells with k = 20, 44–80 times worse than answering 0 on Gowalla NYC days (bench/README.md, "README
-examples on real check-ins"). The options are read from README.md, so the test follows the text."""
+examples on real check-ins"). The options are read from README.md and docs/*.md (where the README's
+platform examples moved), so the test follows the text."""
 
 from __future__ import annotations
 
@@ -14,15 +15,16 @@ import pytest
 from tests.blank_map import error_against_blank_map, gowalla_days
 from tests.cli_runner import run_geodp
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 #: Options that say where data comes from and goes to, not what is released.
 PLACE = {"--cities", "--city", "--store", "--out", "--workers", "--period", "--dataset"}
 
 
 def one_day_examples() -> list[list[str]]:
-    """The release options of every README `geodp release run` command whose --period is one UTC day,
-    each set once (the same options in another order are one example)."""
-    text = README.read_text().replace("\\\n", " ")
+    """The release options of every `geodp release run` command of the README and docs pages whose
+    --period is one UTC day, each set once (the same options in another order are one example)."""
+    text = "\n".join(page.read_text() for page in DOCS).replace("\\\n", " ")
     out = []
     for line in text.splitlines():
         if "geodp release run" not in line or "`" in line:
