@@ -16,7 +16,9 @@ release's fits never receive points.
 
 from __future__ import annotations
 
+import contextlib
 import sys
+import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -98,14 +100,35 @@ def _cluster() -> str | None:
     return None
 
 
-def _read_file(read, inp: InputSet, *args):
+#: Per data pass (its topic): what to call in this process when one of its files is read.
+_LOCAL_LISTENERS: dict[str, object] = {}
+
+
+def _file_read(topic: str | None, rows: int) -> None:
+    """Tell the data pass's progress that one more file (of ``rows`` rows) is read: a Dask event to
+    the client that computes the pass (tasks run in other processes), or a call in this process."""
+    if topic is None:
+        return
+    if _cluster() == "worker":
+        from distributed import get_worker
+
+        get_worker().log_event(topic, {"rows": int(rows)})
+        return
+    listener = _LOCAL_LISTENERS.get(topic)
+    if listener is not None:
+        listener({"rows": int(rows)})
+
+
+def _read_file(read, inp: InputSet, *args, topic: str | None = None):
     """``read(inp, *args)`` for one file (chunks.file_counts or chunks.file_rows), its arrow memory
     released after. On a cluster worker a data error leaves with its public part only: the worker logs
     a failed task's exception and its scheduler keeps it for the dashboard, which the run's summary
     links; any other exception leaves as a PrivateDataFailure naming its type (tasks/public_errors.py).
     The local threaded scheduler keeps the detail for the in-process form's operator."""
     try:
-        return read(inp, *args)
+        out = read(inp, *args)
+        _file_read(topic, out[1].rows_read)
+        return out
     except DataError as exc:
         if _cluster() != "worker":
             raise
@@ -123,11 +146,12 @@ def _read_file(read, inp: InputSet, *args):
 
 
 def _file_reads(read, inp: InputSet, columns: dict[str, str] | None, strict: bool, specs: list[GridSpec],
-                window: Window, *extra) -> tuple[list, list]:
+                window: Window, *extra, topic: str | None = None) -> tuple[list, list]:
     """One delayed :func:`_read_file` per file of ``inp``: (their results, their validation reports)."""
     # one graph node each for the input and the specs, which every read shares (not one copy per read)
     shared_inp, shared_specs = dask.delayed(inp, traverse=False), dask.delayed(specs, traverse=False)
-    reads = [dask.delayed(_read_file, nout=2)(read, shared_inp, f, columns, strict, shared_specs, window, *extra)
+    reads = [dask.delayed(_read_file, nout=2)(read, shared_inp, f, columns, strict, shared_specs, window, *extra,
+                                              topic=topic)
              for f in inp.files]
     return [r[0] for r in reads], [r[1] for r in reads]
 
@@ -174,7 +198,7 @@ def _bounded(shuffled: dd.DataFrame, specs: list[GridSpec], max_points_per_user:
 
 def _shuffled_frame(source: str | InputSet | LoadResult, specs: list[GridSpec], window: Window,
                     columns: dict[str, str] | None, fmt: str, strict: bool,
-                    per_day: bool) -> tuple[dd.DataFrame, list, InputSet | None]:
+                    per_day: bool, topic: str | None = None) -> tuple[dd.DataFrame, list, InputSet | None]:
     """The release's compact rows shuffled on the user key, so each person's rows are in one partition."""
     # imported here: only a user-level pass shuffles, and dask.dataframe costs 0.5 s of CPU to import
     import dask.dataframe as dd
@@ -188,7 +212,7 @@ def _shuffled_frame(source: str | InputSet | LoadResult, specs: list[GridSpec], 
         reports, inp = [], None
     else:
         inp = _files(source, fmt, window)
-        rows, reports = _file_reads(file_rows, inp, columns, strict, specs, window, per_day)
+        rows, reports = _file_reads(file_rows, inp, columns, strict, specs, window, per_day, topic=topic)
         ddf = dd.from_delayed(rows, meta=meta, verify_meta=False)
     # The rows' index means nothing here; dropping it saves 8 bytes a row through the shuffle.
     ddf = ddf.shuffle(on="user", npartitions=ddf.npartitions, ignore_index=True,
@@ -203,22 +227,32 @@ def _tree_sum(parts: list, merge=merge_counts):
     return parts[0]
 
 
-def compute(*objs):
+def compute(*objs, listen: tuple[str, object] | None = None):
     """Compute on the cluster this code runs in (from inside a task on a Dask worker, or with a
-    distributed client in this process), else on the local threaded scheduler."""
+    distributed client in this process), else on the local threaded scheduler. ``listen`` (topic,
+    callback): the callback gets the events that the graph's tasks send on the topic (:func:`_file_read`)."""
     where = _cluster()
-    if where == "worker":
-        from distributed import worker_client
+    if where in ("worker", "client"):
+        from distributed import default_client, worker_client
 
-        with worker_client() as client:
-            return tuple(client.compute(list(objs), sync=True))
-    if where == "client":
-        from distributed import default_client
-
-        return tuple(default_client().compute(list(objs), sync=True))
-    # the threaded scheduler's function itself: dask resolves the name "threads" by importing
-    # distributed first, to look for a client that cannot exist here (0.15 s of CPU)
-    return dask.compute(*objs, scheduler=dask.threaded.get)
+        with (worker_client() if where == "worker" else contextlib.nullcontext(default_client())) as client:
+            if listen is not None:
+                topic, callback = listen
+                client.subscribe_topic(topic, lambda event: callback(event[1]))
+            try:
+                return tuple(client.compute(list(objs), sync=True))
+            finally:
+                if listen is not None:
+                    client.unsubscribe_topic(topic)
+    if listen is not None:
+        _LOCAL_LISTENERS[listen[0]] = listen[1]
+    try:
+        # the threaded scheduler's function itself: dask resolves the name "threads" by importing
+        # distributed first, to look for a client that cannot exist here (0.15 s of CPU)
+        return dask.compute(*objs, scheduler=dask.threaded.get)
+    finally:
+        if listen is not None:
+            _LOCAL_LISTENERS.pop(listen[0], None)
 
 
 def release_counts(source: str | InputSet | LoadResult, specs: list[GridSpec], window: Window, *,
@@ -228,8 +262,9 @@ def release_counts(source: str | InputSet | LoadResult, specs: list[GridSpec], w
     """Run the data pass: each spec's city gets its summed fine grid (or its bounded points); with
     ``count_people`` (user level) a grid of distinct people per cell, each person in at most k cells."""
     inp, profile = None, None
+    topic = f"geodp-data-pass-{uuid.uuid4().hex}"
     if privacy_unit == "user":
-        shuffled, reports, inp = _shuffled_frame(source, specs, window, columns, fmt, strict, per_day)
+        shuffled, reports, inp = _shuffled_frame(source, specs, window, columns, fmt, strict, per_day, topic)
         ddf = _bounded(shuffled, specs, max_points_per_user, per_day, seed, count_people)
         partials = [dask.delayed(frame_counts)(p, specs) for p in ddf.to_delayed()]
         # the contribution profile is a sum too: units per bucket of their point count, per partition
@@ -242,8 +277,9 @@ def release_counts(source: str | InputSet | LoadResult, specs: list[GridSpec], w
                     for i in range(0, max(1, len(p)), MEMORY_PARTITION_ROWS)]
     else:
         inp = _files(source, fmt, window)
-        partials, reports = _file_reads(file_counts, inp, columns, strict, specs, window)
-    total, reps, profile = compute(_tree_sum(partials), reports, profile)
+        partials, reports = _file_reads(file_counts, inp, columns, strict, specs, window, topic=topic)
+    with _data_pass_progress(inp) as listener:
+        total, reps, profile = compute(_tree_sum(partials), reports, profile, listen=(topic, listener))
     report = _sum_reports(reps, source if isinstance(source, LoadResult) else inp.source)
     cities = {}
     for spec in specs:
@@ -257,6 +293,25 @@ def release_counts(source: str | InputSet | LoadResult, specs: list[GridSpec], w
     if isinstance(source, LoadResult):
         return DataPass(cities, report, source.source, source.n_files, source.n_pruned, profile)
     return DataPass(cities, report, inp.source, len(inp.files), inp.n_pruned, profile)
+
+
+@contextlib.contextmanager
+def _data_pass_progress(inp: InputSet | None):
+    """A callback for the pass's file events, driving a progress reporter (tasks/progress.py): files
+    read of the input's files, and elapsed time, in a run's log; rows read only on a terminal bar."""
+    from tasks.progress import Progress
+
+    if inp is None:  # an in-memory table: read already, nothing to count
+        yield lambda event: None
+        return
+    rows = 0
+    with Progress("data pass", total=len(inp.files), unit="files") as progress:
+        def listener(event: dict) -> None:
+            nonlocal rows
+            rows += int(event.get("rows", 0))
+            progress.advance(private=f"{rows:,} rows")
+
+        yield listener
 
 
 def _files(source: str | InputSet, fmt: str, window: Window) -> InputSet:

@@ -1,0 +1,64 @@
+"""Progress of long work (issue 45 item 5): the data pass reports files read, as a bar with rows on the
+operator's terminal (in-process form) and as log lines with files only in the Prefect UI, where a count
+of private rows must never appear. Before tasks/progress.py neither form showed any progress."""
+
+from __future__ import annotations
+
+import os
+import pty
+import subprocess
+import sys
+import uuid
+
+import pandas as pd
+
+from tests.cli_runner import ROOT, run_geodp
+from tests.test_platform_private_errors import _flow_run_of, _frame, _leaks, _shown_in_prefect
+
+ROWS = (1_733, 1_291)  # two files; their sum and each count are private
+
+
+def _two_files(folder) -> str:
+    folder.mkdir()
+    for i, n in enumerate(ROWS):
+        _frame(n).to_parquet(folder / f"part-{i}.parquet")
+    return str(folder)
+
+
+def _on_a_terminal(args: list[str], env: dict | None = None, timeout: float = 180) -> tuple[int, str]:
+    """``geodp ARGS`` with stdout and stderr on a pseudo-terminal, as an operator runs it: (status, output)."""
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "flows.cli", *map(str, args)], cwd=ROOT, stdin=subprocess.DEVNULL,
+                            stdout=follower, stderr=follower, env={**os.environ, **(env or {}), "COLUMNS": "160"})
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            data = os.read(leader, 65536)
+        except OSError:  # the terminal's other end closed: the command exited
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(leader)
+    return proc.wait(timeout=timeout), b"".join(chunks).decode("utf-8", "replace")
+
+
+def test_the_in_process_data_pass_draws_a_bar_with_files_and_rows_on_a_terminal(tmp_path):
+    data = _two_files(tmp_path / "in")
+    status, shown = _on_a_terminal(["release", "run", data, "--city", "new-york", "--epsilon", "1",
+                                    "--out", tmp_path / "out", "--max-points-per-user", "5"])
+    assert status == 0, shown[-3000:]
+    assert "data pass" in shown and "2/2" in shown and f"{sum(ROWS):,} rows" in shown, shown[-3000:]
+
+
+def test_the_prefect_form_logs_files_read_and_never_the_rows(prefect_harness, tmp_path):
+    data = _two_files(tmp_path / "in")
+    dataset = f"progress-{uuid.uuid4().hex[:8]}"
+    proc = run_geodp("release", "run", data, "--cities", "new-york", "--epsilon", "1", "--store", tmp_path / "s",
+                     "--workers", "1", "--dataset", dataset, "--max-points-per-user", "5")
+    assert "Traceback" not in proc.stderr
+    shown = _shown_in_prefect(_flow_run_of(dataset), "data pass: 2/2 files")
+    secrets = [s for n in (*ROWS, sum(ROWS)) for s in (str(n), f"{n:,}")]
+    assert not _leaks(shown, secrets), _leaks(shown, secrets)
+    assert pd.read_parquet(data).shape[0] == sum(ROWS)
