@@ -93,13 +93,12 @@ def test_the_sums_interval_covers_the_noise_free_sum_95_percent_of_the_time():
     assert 0.925 <= hits / (250 * len(boxes)) <= 0.995, hits / (250 * len(boxes))
 
 
-def test_a_forecast_past_daily_releases_uses_one_answer_per_release(daily):
+def test_a_forecast_past_three_daily_releases_is_refused_naming_their_slots(daily):
+    """Three releases are too few for the model to judge its own error (issue 43 item 3): one line, exit 2."""
     path = daily["store"] / "releases" / daily["dataset"] / "new-york"
-    out = json.loads(run_geodp("query", "forecast", path, "--box", BOX, "--horizon", "2", "--json").stdout)
-    assert out["periods"] == DAYS
-    assert out["history"] == pytest.approx([_single(daily, d)["estimate"] for d in DAYS])
-    assert len(out["forecast"]) == 2 and all(lo < f < hi for lo, f, hi in zip(out["lower"], out["forecast"],
-                                                                              out["upper"], strict=True))
+    bad = run_geodp("query", "forecast", path, "--box", BOX, "--horizon", "2", "--json", ok=False)
+    assert bad.returncode == 2 and bad.stdout == "" and len(bad.stderr.strip().splitlines()) == 1
+    assert "3 slots of 1 day" in bad.stderr and "at least 8" in bad.stderr
 
 
 def test_hotspots_in_every_release_of_the_window(daily):

@@ -113,18 +113,21 @@ def _range_series(root: str, dataset: str, city: str, boxes_ll: np.ndarray, wind
 def _forecast_series(root: str, dataset: str, city: str, box_ll: np.ndarray, horizon: int, period: str | None,
                      json_out: str | None) -> int:
     """Forecast past a store's releases of one place: the series is one released answer per period."""
+    from dpcore.queries.forecast import check_forecastable, forecast_interval, noise_sd_from
     from dpcore.queries.series import SUM_PERIOD
-    from dpcore.queries.spatiotemporal import forecast_theta_interval, season_period
+    from dpcore.queries.spatiotemporal import season_period
     from geodp.api import open_store
 
     table = open_store(root).query_range(dataset, city, box_ll, period=period)
     rows = table[~table["period"].astype(str).str.startswith(SUM_PERIOD)]
     labels = rows["period"].astype(str).tolist()
     days = all(len(p) == 10 for p in labels)  # daily releases: a weekly season
-    fc, lower, upper, method = forecast_theta_interval(rows["estimate"].to_numpy(), horizon,
-                                                       season_period(86400) if days else None)
+    check_forecastable(len(labels), 86400 if days else None, what=f"the series of {dataset}/{city}")
+    fc, lower, upper, method = forecast_interval(rows["estimate"].to_numpy(), horizon,
+                                                 season_period(86400) if days else None,
+                                                 noise_sd_from(rows["lower"].to_numpy(), rows["upper"].to_numpy()))
     out = {"periods": labels, "history": rows["estimate"].tolist(), "forecast": fc.tolist(),
-           "lower": lower.tolist(), "upper": upper.tolist(), "interval": "95%", "interval_method": method,
+           "lower": _finite(lower), "upper": _finite(upper), "interval": "95%", "interval_method": method,
            "unit": str(rows["unit"].iloc[0])}
     if json_out is not None:
         emit_json(out, json_out, indent=None)
@@ -132,9 +135,45 @@ def _forecast_series(root: str, dataset: str, city: str, box_ll: np.ndarray, hor
     eprint(f"released series ({len(labels)} periods {labels[0]}..{labels[-1]}): "
            + " ".join(f"{v:.0f}" for v in out["history"]))
     for h, v in enumerate(fc):
-        print(f"+{h + 1}\t{v:.1f}\t95% [{lower[h]:.1f}, {upper[h]:.1f}]")
+        print(f"+{h + 1}\t{v:.1f}\t{_band(lower[h], upper[h])}")
     eprint(f"intervals: {method}")
     return 0
+
+
+def _cell_boxes(region, nx: int, ny: int, ix: np.ndarray, iy: np.ndarray) -> np.ndarray:
+    """(q, 4) metre boxes of cells (ix, iy) of an nx × ny grid over the region."""
+    xmin, ymin, xmax, ymax = region.bounds_m
+    w, h = (xmax - xmin) / nx, (ymax - ymin) / ny
+    return np.column_stack([xmin + ix * w, ymin + iy * h, xmin + (ix + 1) * w, ymin + (iy + 1) * h])
+
+
+def _qualifying_intervals(syn, boxes_m: np.ndarray, times: tuple[float, float] | None, factor: float = 1.0):
+    """The 95% interval of each qualifying cell's released count over the window (what made it a
+    hotspot), from the release's own noise model: (lower, upper, method)."""
+    if len(boxes_m) == 0:
+        return np.empty(0), np.empty(0), ""
+    if times is not None and hasattr(syn, "window_intervals"):
+        n = len(boxes_m)
+        _, iv = syn.window_intervals(boxes_m, np.full(n, float(times[0])), np.full(n, float(times[1])))
+    else:
+        _, iv = syn.intervals(boxes_m)
+    return iv.lower * factor, iv.upper * factor, iv.method
+
+
+def _hotspot_fields(row: dict, lower: float, upper: float, method: str, threshold: float) -> None:
+    """The uncertainty of the count that qualified a hotspot: its interval and whether the threshold lies
+    inside it (then the cell may not truly reach it)."""
+    known = bool(np.isfinite(lower) and np.isfinite(upper))
+    row.update({"count_lower": float(lower) if known else None, "count_upper": float(upper) if known else None,
+                "interval": "95%", "interval_method": method,
+                "qualifies": ("unknown" if not known else "surely" if lower >= threshold else "maybe")})
+
+
+def _hotspot_text(row: dict) -> str:
+    ci = (f" 95% [{row['count_lower']:.1f}, {row['count_upper']:.1f}]" if row.get("count_lower") is not None
+          else " (no interval)")
+    maybe = "; the threshold lies inside its interval" if row.get("qualifies") == "maybe" else ""
+    return f"count {row['released_count']:.1f}{ci}{maybe}"
 
 
 def _hotspot_series(root: str, dataset: str, city: str, points: np.ndarray, threshold: float, extent_km: float,
@@ -158,12 +197,18 @@ def _hotspot_series(root: str, dataset: str, city: str, points: np.ndarray, thre
         ans = nearest_hotspot(values[:, :, None], syn.region, np.column_stack([x, y]), threshold,
                               extent_km * 1000.0, np.array([[0, 1]]))
         cx, cy = cell_centres(syn.region, *values.shape)
+        found = np.flatnonzero(ans.ix >= 0)
+        lo, hi, method = _qualifying_intervals(
+            syn, _cell_boxes(syn.region, *values.shape, ans.ix[found], ans.iy[found]),
+            ask if ask is not None and hasattr(syn, "window_intervals") else None)
+        at = {int(q): i for i, q in enumerate(found)}
         for q in range(len(points)):
             row = {"period": r.manifest.period, "at": points[q].tolist(), "found": bool(ans.ix[q] >= 0)}
             if row["found"]:
                 lat, lon = syn.region.unproject(cx[ans.ix[q]], cy[ans.iy[q]])
                 row.update({"cell_lat": float(lat), "cell_lon": float(lon), "distance_m": float(ans.distance_m[q]),
                             "released_count": float(values[ans.ix[q], ans.iy[q]]), "unit": syn.unit().label})
+                _hotspot_fields(row, lo[at[q]], hi[at[q]], method, threshold)
             rows.append(row)
     if left_out:
         eprint(f"note: left out {', '.join(left_out)}: their periods reach past --period")
@@ -173,7 +218,7 @@ def _hotspot_series(root: str, dataset: str, city: str, points: np.ndarray, thre
     for row in rows:
         where = f"{row['period']}\t{row['at'][0]:.5f},{row['at'][1]:.5f}"
         print(f"{where}\thotspot at {row['cell_lat']:.5f},{row['cell_lon']:.5f}\t{row['distance_m']:.0f} m\t"
-              f"count {row['released_count']:.1f}" if row["found"] else
+              + _hotspot_text(row) if row["found"] else
               f"{where}\tno cell with count ≥ {threshold:g} within {extent_km:g} km")
     return 0
 
@@ -311,6 +356,13 @@ def hotspot(
     nx, ny = values.shape[:2]
     cx, cy = cell_centres(syn.region, nx, ny)
     window_counts = values[:, :, t0:t1].sum(axis=2)
+    found = np.flatnonzero(ans.ix >= 0)
+    span = None
+    if syn.window_start_s is not None and syn.slot_seconds:
+        span = (syn.window_start_s + t0 * syn.slot_seconds, syn.window_start_s + t1 * syn.slot_seconds)
+    lo, hi, method = _qualifying_intervals(syn, _cell_boxes(syn.region, nx, ny, ans.ix[found], ans.iy[found]),
+                                           span, factor)
+    at = {int(q): i for i, q in enumerate(found)}
     rows = []
     for q in range(points.shape[0]):
         if ans.ix[q] < 0:
@@ -320,6 +372,7 @@ def hotspot(
         rows.append({"at": points[q].tolist(), "found": True, "cell_lat": float(lat), "cell_lon": float(lon),
                      "distance_m": float(ans.distance_m[q]),
                      "released_count": float(window_counts[ans.ix[q], ans.iy[q]]), "slots": [t0, t1]})
+        _hotspot_fields(rows[-1], lo[at[q]], hi[at[q]], method, threshold)
     if json_out is not None:
         emit_json(rows, json_out, indent=None)
         return 0
@@ -327,7 +380,7 @@ def hotspot(
         where = f"{r['at'][0]:.5f},{r['at'][1]:.5f}"
         if r["found"]:
             print(f"{where}\thotspot at {r['cell_lat']:.5f},{r['cell_lon']:.5f}\t{r['distance_m']:.0f} m\t"
-                  f"count {r['released_count']:.1f}")
+                  + _hotspot_text(r))
         else:
             print(f"{where}\tno cell with count ≥ {threshold:g} within {extent_km:g} km")
     return 0
@@ -335,6 +388,26 @@ def hotspot(
 
 #: The most slots `query forecast` looks ahead (ten years of hourly slots).
 MAX_HORIZON = 87_600
+
+
+def _finite(values: np.ndarray) -> list[float | None]:
+    return [float(v) if np.isfinite(v) else None for v in values]
+
+
+def _band(lower: float, upper: float) -> str:
+    return f"95% [{lower:.1f}, {upper:.1f}]" if np.isfinite(lower) and np.isfinite(upper) else "no interval"
+
+
+def _slot_noise_sd(syn, box_m: np.ndarray, factor: float) -> float | None:
+    """The noise sd of one slot's answer for the box, from the release's own intervals (None without)."""
+    from dpcore.queries.forecast import noise_sd_from
+
+    if syn.window_start_s is None or not syn.slot_seconds:
+        return None
+    starts = syn.window_start_s + np.arange(syn.n_slots) * syn.slot_seconds
+    boxes = np.repeat(np.atleast_2d(box_m), syn.n_slots, axis=0)
+    _, iv = syn.window_intervals(boxes, starts, starts + syn.slot_seconds)
+    return noise_sd_from(iv.lower * factor, iv.upper * factor)
 
 
 @app.command("forecast")
@@ -350,8 +423,9 @@ def forecast(
     """Forecast a box's counts past the release window (ThetaModel on the released series), with a 95%
     interval. Given a store with --dataset and --city (or a path …/releases/DATASET/CITY): past its daily
     (or monthly) releases, the series being one answer per release in --period."""
+    from dpcore.queries.forecast import check_forecastable, forecast_interval
     from dpcore.queries.range import parse_box
-    from dpcore.queries.spatiotemporal import forecast_theta_interval, season_period
+    from dpcore.queries.spatiotemporal import season_period
 
     at_least(horizon, 1, "--horizon")
     if horizon > MAX_HORIZON:  # the forecast's work and output grow with it: a typo must not run for hours
@@ -362,12 +436,16 @@ def forecast(
         return _forecast_series(*series_target, box_ll, horizon, period, json_out)
     with fetch_release(release) as (_, synopsis):
         syn, factor = _spatio_temporal(synopsis)
-    series = syn.series(syn.region.box_latlon_to_m(box_ll)) * factor
-    fc, lower, upper, method = forecast_theta_interval(series[0], horizon, season_period(syn.slot_seconds))
+    merged = int((syn.extra_meta().get("resolution") or {}).get("slot_factor") or 1)
+    box_m = syn.region.box_latlon_to_m(box_ll)
+    series = syn.series(box_m) * factor
+    check_forecastable(syn.n_slots, syn.slot_seconds, merged)  # a one-line refusal (exit 2)
+    fc, lower, upper, method = forecast_interval(series[0], horizon, season_period(syn.slot_seconds),
+                                                 _slot_noise_sd(syn, box_m, factor))
     start = None
     if syn.window_start_s is not None and syn.slot_seconds:
         start = syn.window_start_s + syn.n_slots * syn.slot_seconds
-    out = {"history": series[0].tolist(), "forecast": fc.tolist(), "lower": lower.tolist(), "upper": upper.tolist(),
+    out = {"history": series[0].tolist(), "forecast": fc.tolist(), "lower": _finite(lower), "upper": _finite(upper),
            "interval": "95%", "interval_method": method, "unit": synopsis.unit().label,
            "slot_seconds": syn.slot_seconds, "forecast_start_s": start}
     if json_out is not None:
@@ -380,6 +458,6 @@ def forecast(
             import pandas as pd
 
             when = pd.Timestamp(start + h * syn.slot_seconds, unit="s", tz="UTC").isoformat() + "\t"
-        print(f"{when}{v:.1f}\t95% [{lower[h]:.1f}, {upper[h]:.1f}]")
+        print(f"{when}{v:.1f}\t{_band(lower[h], upper[h])}")
     eprint(f"intervals: {method}")
     return 0
