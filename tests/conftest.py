@@ -142,3 +142,41 @@ def pytest_collection_modifyitems(config, items):
 
     slow = Counter(item.nodeid.split("::")[0] for item in items if item.get_closest_marker("slow"))
     items.sort(key=lambda item: -slow[item.nodeid.split("::")[0]])
+
+
+# -- CPU accounting: GEODP_TEST_CPU_LOG=DIR writes each test's CPU-seconds (setup + call + teardown, this
+# process and every descendant, live or reaped) to DIR/<worker>.jsonl, for scripts/test_cpu.py to sum.
+def _tree_cpu() -> float:
+    import resource
+
+    import psutil
+
+    total = 0.0
+    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
+        r = resource.getrusage(who)
+        total += r.ru_utime + r.ru_stime
+    for p in psutil.Process().children(recursive=True):
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system + t.children_user + t.children_system
+        except psutil.Error:
+            pass
+    return total
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    log = os.environ.get("GEODP_TEST_CPU_LOG")
+    if not log:
+        yield
+        return
+    import json
+    import time
+
+    c0, t0 = _tree_cpu(), time.monotonic()
+    yield
+    c1, t1 = _tree_cpu(), time.monotonic()
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    Path(log).mkdir(parents=True, exist_ok=True)
+    with open(Path(log) / f"{worker}.jsonl", "a") as f:
+        f.write(json.dumps({"test": item.nodeid, "cpu_s": round(c1 - c0, 3), "wall_s": round(t1 - t0, 3)}) + "\n")
