@@ -271,7 +271,7 @@ def test_a_mechanism_refuses_an_input_of_another_shape(sample: PrivateSample) ->
 def test_fit_refuses_a_mechanism_that_builds_its_own_privacy_record(sample: PrivateSample) -> None:
     """``fit`` owns the privacy record; a ``_fit`` that sets one is a contract violation, not overwritten."""
     from dpcore.mechanisms import Mechanism
-    from dpcore.mechanisms.contract import MechanismTags
+    from dpcore.mechanisms.tags import MechanismTags
     from dpcore.synopsis.base import GridSynopsis, PrivacyInfo
 
     class SelfRecording(Mechanism):

@@ -11,7 +11,7 @@ import importlib
 from collections.abc import Callable
 
 from dpcore.mechanisms.base import FitInput, Mechanism, MechanismError
-from dpcore.mechanisms.contract import ZCDP, Budget, MechanismTags, PrivacyUnit, PureDP
+from dpcore.mechanisms.contract import ZCDP, Budget, PrivacyUnit, PureDP
 from dpcore.mechanisms.inputs import (
     MechanismInput,
     PointsInput,
@@ -19,6 +19,7 @@ from dpcore.mechanisms.inputs import (
     SpatioTemporalInput,
     input_for,
 )
+from dpcore.mechanisms.tags import MechanismTags
 
 _BUILTIN: dict[str, str] = {
     "identity": "dpcore.mechanisms.identity:IdentityGrid",

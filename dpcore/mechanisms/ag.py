@@ -42,11 +42,18 @@ from typing import Literal
 import numpy as np
 
 from dpcore.grid.histogram import cell_index
-from dpcore.mechanisms.ag_levels import AdaptiveGrid3Noise, ThreeLevelStructure, point_child, tree_inference
+from dpcore.mechanisms.ag_levels import (
+    BOOTSTRAP_GRID,
+    AdaptiveGrid3Noise,
+    ThreeLevelStructure,
+    point_child,
+    tree_inference,
+)
 from dpcore.mechanisms.base import Mechanism
-from dpcore.mechanisms.contract import FitRecord, MechanismTags
+from dpcore.mechanisms.contract import FitRecord
 from dpcore.mechanisms.inputs import PointsInput
 from dpcore.mechanisms.params import Fraction, Positive, PositiveInt
+from dpcore.mechanisms.tags import MechanismTags
 from dpcore.mechanisms.ug import (
     DEFAULT_C,
     MAX_RASTER,
@@ -273,10 +280,6 @@ class AdaptiveGrid(Mechanism):
                  if self.clamp_negative else AdaptiveGrid3Noise.make_spec(laws, merge)}
         acct.describe(notes)
         return GridSynopsis(raster, data.region, None, extra, {"m3": m3.astype(np.uint16)})
-
-
-#: The finest grid AG's bootstrap re-draws its error field on.
-BOOTSTRAP_GRID = 256
 
 
 class AdaptiveGridNoise(BootstrapNoise):

@@ -26,6 +26,9 @@ from dpcore.synopsis.noise import BootstrapNoise, NoiseLaw, NoiseModel, draw_noi
 
 Rects = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
+#: The finest grid AG's bootstrap re-draws its error field on (two and three levels alike).
+BOOTSTRAP_GRID = 256
+
 
 def child_rects(rects: Rects, m: np.ndarray) -> tuple[Rects, np.ndarray]:
     """Cut rectangle i into an m[i] × m[i] grid (x-major): the children's rectangles and their parents."""
@@ -123,8 +126,6 @@ class AdaptiveGrid3Noise(BootstrapNoise):
 
     @classmethod
     def from_spec(cls, spec: dict, synopsis: Synopsis) -> NoiseModel:
-        from dpcore.mechanisms.ag import BOOTSTRAP_GRID
-
         extra, arrays = synopsis._extra, synopsis.arrays
         structure = ThreeLevelStructure(synopsis.region, int(extra["m1"]), np.asarray(extra["m2"]), arrays["m3"],
                                         bool(spec.get("merge_unsplit", False)))

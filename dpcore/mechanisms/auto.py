@@ -37,10 +37,11 @@ from typing import Literal
 
 from dpcore.mechanisms.auto_rule import NO_BAND, decide
 from dpcore.mechanisms.base import Mechanism, MechanismError
-from dpcore.mechanisms.contract import FitRecord, MechanismTags
+from dpcore.mechanisms.contract import FitRecord
 from dpcore.mechanisms.inputs import PointsInput
 from dpcore.mechanisms.params import Band, Fraction
 from dpcore.mechanisms.sample_size import public_n_for_fit
+from dpcore.mechanisms.tags import MechanismTags
 from dpcore.privacy.noise import NoiseSource
 from dpcore.synopsis.base import Synopsis
 

@@ -3,7 +3,7 @@
 Modelled on scikit-learn's estimator contract: constructor arguments are the (public) parameters,
 stored unchanged and validated on construction against their annotations (pydantic, so a wrong type
 or range is a one-line :class:`MechanismError` before anything is read or charged); capabilities are
-declared once on the class as :class:`~dpcore.mechanisms.contract.MechanismTags`. :meth:`Mechanism.fit`
+declared once on the class as :class:`~dpcore.mechanisms.tags.MechanismTags`. :meth:`Mechanism.fit`
 reads a typed input (:mod:`dpcore.mechanisms.inputs`), spends a typed budget and returns a
 :class:`~dpcore.synopsis.base.Synopsis` whose privacy record it builds itself. Modelled on OpenDP for being
 explicit: the privacy unit, the sensitivity each noisy step is calibrated to and the budget each step
@@ -29,13 +29,13 @@ from dpcore.mechanisms.contract import (
     Budget,
     FitRecord,
     MechanismError,
-    MechanismTags,
     PrivacyUnit,
     PureDP,
     ZCDPRecord,
     as_budget,
 )
 from dpcore.mechanisms.inputs import FitInput, MechanismInput, PointsInput, SpatioTemporalInput
+from dpcore.mechanisms.tags import MechanismTags
 from dpcore.privacy.bounding import SamplingError
 from dpcore.privacy.noise import NoiseSource
 from dpcore.synopsis.base import PrivacyInfo, Synopsis

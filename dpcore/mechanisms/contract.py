@@ -3,23 +3,19 @@
 scikit-learn describes what an estimator can do with *tags* read by its checks and meta-estimators;
 geodp's mechanisms do the same with :class:`MechanismTags`, so ParamSelect, the evaluators, release
 planning, the CLI and the contract test ask a class what it can do instead of knowing it by name.
-The privacy unit and the budget are values (as in OpenDP and Tumult Analytics), not strings.
+Capability tags live in dpcore.mechanisms.tags (they name an input type, so they sit above
+dpcore.mechanisms.inputs, which uses this module). The privacy unit and the budget are values (as in OpenDP and Tumult Analytics), not strings.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Literal
 
 from dpcore import GeoDPError
 from dpcore.privacy.bounding import check_privacy_unit, count_sensitivity
 from dpcore.privacy.budget import Accountant, BudgetError, check_epsilon
-
-if TYPE_CHECKING:
-    from dpcore.mechanisms.inputs import MechanismInput
 
 
 class MechanismError(GeoDPError, ValueError):
@@ -96,56 +92,6 @@ Budget = PureDP | ZCDP
 def as_budget(budget: Budget | float) -> Budget:
     """A bare number is a pure ε (what every caller passed before budgets had a type)."""
     return budget if isinstance(budget, PureDP | ZCDP) else PureDP(budget)
-
-
-# -- capability tags -----------------------------------------------------------------------------------
-#: How ParamSelect (and so ``auto``) treats a mechanism: it searches the cell width for it ("width"),
-#: the mechanism picks its own width through ParamSelect ("self_tuned"), or it has no width ("fixed").
-AutoRole = Literal["width", "self_tuned", "fixed"]
-
-
-@dataclass(frozen=True)
-class MechanismTags:
-    """What a mechanism class can do, declared once on the class (``Mechanism.tags``).
-
-    - ``input_type``: the data shape it reads (a :class:`~dpcore.mechanisms.inputs.MechanismInput`
-      subclass that knows how to build itself from a bounded sample).
-    - ``sensitivity``: every charge is calibrated to the count sensitivity of the privacy unit ("count":
-      k, or 1 at record level) or to 1 per privacy unit whatever k is ("unit": user-normalised mass).
-    - ``supports_weights``: every count goes through the input's weighted helpers (weighted bounding).
-    - ``supports_zcdp``: it can spend a :class:`ZCDP` budget.
-    - ``tunes_band``: the parameter naming the query band it tunes itself to, if any.
-    - ``auto_role``: whether ``auto``/ParamSelect weighs it, and how (see :data:`AutoRole`).
-    - ``heatmap``: its output is a user-mass heatmap (evaluated by the heatmap harness).
-    - ``scales_to_public_total``: it scales its own output to ``public_total`` (else the release
-      pipeline wraps it in dpcore.privacy.scaling).
-    - ``fast_params``: cheap parameters for tests (training mechanisms default to real-release sizes).
-    """
-
-    input_type: type[MechanismInput] | None = None
-    sensitivity: Literal["count", "unit"] = "count"
-    supports_weights: bool = False
-    supports_zcdp: bool = False
-    tunes_band: str | None = None
-    auto_role: AutoRole | None = None
-    heatmap: bool = False
-    scales_to_public_total: bool = False
-    fast_params: Mapping[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "fast_params", MappingProxyType(dict(self.fast_params)))
-        if self.input_type is None:
-            from dpcore.mechanisms.inputs import PointsInput
-
-            object.__setattr__(self, "input_type", PointsInput)
-
-    @property
-    def auto_candidate(self) -> bool:
-        return self.auto_role is not None
-
-    def charge_sensitivity(self, unit: PrivacyUnit) -> float:
-        """The L1 sensitivity every charge of this mechanism is calibrated to under ``unit``."""
-        return 1.0 if self.sensitivity == "unit" else float(unit.count_sensitivity)
 
 
 # -- what a fit records --------------------------------------------------------------------------------

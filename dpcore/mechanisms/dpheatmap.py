@@ -50,9 +50,10 @@ from dpcore.heatmap.quadtree import (
     user_normalised_grid,
 )
 from dpcore.mechanisms.base import Mechanism, MechanismError
-from dpcore.mechanisms.contract import FitRecord, MechanismTags, PrivacyUnit
+from dpcore.mechanisms.contract import FitRecord, PrivacyUnit
 from dpcore.mechanisms.inputs import PointsInput
 from dpcore.mechanisms.params import NonNegative, OptionalFraction, Positive, PositiveInt
+from dpcore.mechanisms.tags import MechanismTags
 from dpcore.privacy.budget import Accountant
 from dpcore.privacy.noise import NoiseSource
 

@@ -39,9 +39,10 @@ from pydantic import Field
 from dpcore.geo import Region
 from dpcore.grid.histogram import block_sum, expand
 from dpcore.mechanisms.base import Mechanism, MechanismError
-from dpcore.mechanisms.contract import FitRecord, MechanismTags
+from dpcore.mechanisms.contract import FitRecord
 from dpcore.mechanisms.inputs import PointsInput
 from dpcore.mechanisms.params import Fraction, Positive, PositiveInt, Whole
+from dpcore.mechanisms.tags import MechanismTags
 from dpcore.mechanisms.ug import DEFAULT_C, MAX_RASTER, grid_size_rule, private_total
 from dpcore.privacy.noise import NoiseSource
 from dpcore.synopsis.base import GridSynopsis, Synopsis

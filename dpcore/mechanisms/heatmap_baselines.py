@@ -20,10 +20,11 @@ from dpcore.heatmap.quadtree import (
     check_resolution,
 )
 from dpcore.mechanisms.base import Mechanism, MechanismError
-from dpcore.mechanisms.contract import FitRecord, MechanismTags, PrivacyUnit
+from dpcore.mechanisms.contract import FitRecord, PrivacyUnit
 from dpcore.mechanisms.dpheatmap import Normalisation, Percent, heatmap_units, mass_spec
 from dpcore.mechanisms.inputs import PointsInput
 from dpcore.mechanisms.params import PositiveInt
+from dpcore.mechanisms.tags import MechanismTags
 from dpcore.privacy.noise import NoiseSource
 
 

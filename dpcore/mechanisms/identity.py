@@ -18,9 +18,10 @@ import numpy as np
 
 from dpcore.geo import Region
 from dpcore.mechanisms.base import Mechanism, MechanismError
-from dpcore.mechanisms.contract import FitRecord, MechanismTags, ZCDPRecord
+from dpcore.mechanisms.contract import FitRecord, ZCDPRecord
 from dpcore.mechanisms.inputs import PointsInput
 from dpcore.mechanisms.params import Band, Fraction, Positive, PositiveInt
+from dpcore.mechanisms.tags import MechanismTags
 from dpcore.privacy.noise import NoiseSource
 from dpcore.synopsis.base import GridSynopsis
 from dpcore.synopsis.noise import CellNoise, NoInterval, NoiseLaw

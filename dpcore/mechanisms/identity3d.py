@@ -23,7 +23,7 @@ import numpy as np
 
 from dpcore.geo import Region
 from dpcore.mechanisms.base import Mechanism, MechanismError
-from dpcore.mechanisms.contract import FitRecord, MechanismTags
+from dpcore.mechanisms.contract import FitRecord
 from dpcore.mechanisms.inputs import SpatioTemporalInput
 from dpcore.mechanisms.params import Fraction, Positive, PositiveInt
 from dpcore.mechanisms.st_resolution import (
@@ -35,6 +35,7 @@ from dpcore.mechanisms.st_resolution import (
     spread_slots,
     st_resolution,
 )
+from dpcore.mechanisms.tags import MechanismTags
 from dpcore.privacy.budget import Accountant
 from dpcore.privacy.noise import NoiseSource
 from dpcore.synopsis.noise import NoInterval, NoiseLaw

@@ -48,9 +48,10 @@ import numpy as np
 from dpcore.geo import Region
 from dpcore.grid.histogram import block_sum, expand
 from dpcore.mechanisms.base import Mechanism
-from dpcore.mechanisms.contract import FitRecord, MechanismTags
+from dpcore.mechanisms.contract import FitRecord
 from dpcore.mechanisms.inputs import PointsInput
 from dpcore.mechanisms.params import Fraction, Number, Positive
+from dpcore.mechanisms.tags import MechanismTags
 from dpcore.privacy.bounding import WEIGHT_QUANTUM
 from dpcore.privacy.exact_noise import BITS, _LazyUniform, exp_bounds, floor_exact, rational_at_least
 from dpcore.privacy.noise import NoiseSource

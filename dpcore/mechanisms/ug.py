@@ -28,9 +28,10 @@ from scipy import sparse
 
 from dpcore.geo import Region
 from dpcore.mechanisms.base import Mechanism, MechanismError
-from dpcore.mechanisms.contract import FitRecord, MechanismTags
+from dpcore.mechanisms.contract import FitRecord
 from dpcore.mechanisms.inputs import PointsInput
 from dpcore.mechanisms.params import Band, Fraction, Positive, PositiveInt
+from dpcore.mechanisms.tags import MechanismTags
 from dpcore.privacy.budget import Accountant
 from dpcore.privacy.noise import NoiseSource
 from dpcore.synopsis.base import GridSynopsis

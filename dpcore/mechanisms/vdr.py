@@ -60,7 +60,7 @@ from pydantic import AfterValidator, Field
 
 from dpcore.geo import Region
 from dpcore.mechanisms.base import Mechanism
-from dpcore.mechanisms.contract import FitRecord, MechanismTags
+from dpcore.mechanisms.contract import FitRecord
 from dpcore.mechanisms.identity3d import (
     paid_resolution,
     paid_sample_size,
@@ -72,6 +72,7 @@ from dpcore.mechanisms.identity3d import (
 from dpcore.mechanisms.inputs import SpatioTemporalInput
 from dpcore.mechanisms.params import Fraction, NonNegativeInt, Positive, PositiveInt
 from dpcore.mechanisms.st_resolution import DEFAULT_QUERY_SIDES_M, SLOT_SIGNAL, spread_slots
+from dpcore.mechanisms.tags import MechanismTags
 from dpcore.privacy.noise import NoiseSource, discrete_laplace_variance
 from dpcore.synopsis.noise import NoInterval
 from dpcore.synopsis.spatiotemporal import SpatioTemporalSynopsis

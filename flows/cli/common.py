@@ -106,7 +106,7 @@ def params_by_mechanism(items: list[str] | None, mechanisms: list[str]) -> dict[
 
 def mechanism_capability(name: str, capability: str) -> bool:
     """Whether mechanism ``name``'s tags declare ``capability`` (e.g. supports_weights): the one place the
-    CLI asks a mechanism class what it can do (dpcore.mechanisms.contract.MechanismTags)."""
+    CLI asks a mechanism class what it can do (dpcore.mechanisms.tags.MechanismTags)."""
     from dpcore.mechanisms import get_mechanism_class
 
     return bool(getattr(get_mechanism_class(name).tags, capability))

@@ -45,7 +45,7 @@ from dpcore.privacy.accounting import (
     check_within_budget,
     worst_case_loss,
 )
-from tasks.storage.ledger_home import canonical_url, registered_stores, release_stores
+from tasks.storage.home_stores import canonical_url, registered_stores, release_stores
 from tasks.storage.manifest import ManifestError, parse_manifest
 from tasks.storage.store import (
     _MAX_APPEND_TRIES,

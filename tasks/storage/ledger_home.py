@@ -22,21 +22,17 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from dpcore import GeoDPError
+from tasks.storage.home_stores import STORES, canonical_url, registered_stores, release_stores
+from tasks.storage.ledger import DatasetLedger
 from tasks.storage.store import ReleaseStore, StoreError, sha256_bytes, utc_now
 
 LEDGER_RECORD = "_LEDGER.json"
-STORES = "stores"
 #: What a store's record names when the store is its own ledger home.
 ITSELF = "."
 
 
 class LedgerHomeConflict(GeoDPError, ValueError):
     """A store is bound to another ledger home than the one this release is configured with."""
-
-
-def canonical_url(store: ReleaseStore) -> str:
-    """The one spelling of a store's URL that ledger records and manifests use."""
-    return store.url_of("").rstrip("/")
 
 
 def recorded_home(store: ReleaseStore) -> str | None:
@@ -87,9 +83,7 @@ class LedgerHome:
     def __getstate__(self) -> dict:
         return {"url": self.url, "store_url": self.store_url}  # an opened store is not sent along
 
-    def ledger(self, dataset: str):
-        from tasks.storage.ledger import DatasetLedger
-
+    def ledger(self, dataset: str) -> DatasetLedger:
         return DatasetLedger(self.store, dataset)
 
     def bind(self, release_store: ReleaseStore) -> None:
@@ -137,30 +131,5 @@ def resolve_home(store: ReleaseStore, configured: str | None = None) -> LedgerHo
     return LedgerHome.of(store, recorded) if recorded else here
 
 
-def release_stores(home: ReleaseStore) -> list[ReleaseStore]:
-    """The home and every store recorded as charging it (a local store that no longer exists holds no
-    release, and is left out)."""
-    out = [home]
-    names = [n for n in home.listdir(STORES) if n.endswith(".json")]
-    if not names:
-        return out
-    for data in home.fs.cat([home.path(f"{STORES}/{n}") for n in names]).values():
-        url = json.loads(data)["store"]
-        try:
-            out.append(ReleaseStore(url, create=False))
-        except StoreError:
-            if "://" in url and not url.startswith("file://"):
-                raise  # an unreachable remote store: its releases cannot be checked
-    return out
-
-
-def registered_stores(home: ReleaseStore) -> set[str]:
-    """The canonical URLs of the stores recorded as charging ``home``."""
-    names = [n for n in home.listdir(STORES) if n.endswith(".json")]
-    if not names:
-        return set()
-    return {json.loads(d)["store"] for d in home.fs.cat([home.path(f"{STORES}/{n}") for n in names]).values()}
-
-
-__all__ = ["LEDGER_RECORD", "LedgerHome", "LedgerHomeConflict", "canonical_url", "recorded_home",
-           "release_stores", "resolve_home"]
+__all__ = ["LEDGER_RECORD", "STORES", "LedgerHome", "LedgerHomeConflict", "canonical_url", "recorded_home",
+           "registered_stores", "release_stores", "resolve_home"]

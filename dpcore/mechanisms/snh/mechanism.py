@@ -83,7 +83,7 @@ from dpcore.grid.pyramid import (
     release_pyramid,
 )
 from dpcore.mechanisms.base import Mechanism, MechanismError
-from dpcore.mechanisms.contract import FitRecord, MechanismTags
+from dpcore.mechanisms.contract import FitRecord
 from dpcore.mechanisms.inputs import PointsInput
 from dpcore.mechanisms.params import Band, Fraction, NonNegative, Positive, PositiveInt
 from dpcore.mechanisms.snh import denoisers
@@ -97,6 +97,7 @@ from dpcore.mechanisms.snh.rules import (
     blend_nets_weights,
     release_signal,
 )
+from dpcore.mechanisms.tags import MechanismTags
 from dpcore.models.denoiser_meta import DENOISER_GRID
 from dpcore.privacy.noise import NoiseSource, discrete_laplace_variance
 
