@@ -23,9 +23,42 @@ def open_store(url: str, storage_options: dict[str, Any] | None = None) -> Store
     """A release store to read: a local folder, ``file:///path`` or ``s3://bucket/prefix`` (S3 endpoint and
     credentials as for the CLI: GEODP_S3_ENDPOINT_URL, AWS_* variables, or ``storage_options``)."""
     store = ReleaseStore(url, storage_options, create=False)
-    if not store.exists("releases") and not store.listdir("releases"):
+    if not _holds_releases(store):
         raise StoreError(f"{url} holds no releases/ folder: not a geodp release store")
     return Store(store)
+
+
+def _holds_releases(store: ReleaseStore) -> bool:
+    return store.exists("releases") or bool(store.listdir("releases"))
+
+
+def is_store(url: str, storage_options: dict[str, Any] | None = None) -> bool:
+    """Whether ``url`` is a release store's root (it holds a releases/ folder); False for anything else,
+    a missing folder or bucket included."""
+    try:
+        return _holds_releases(ReleaseStore(url, storage_options, create=False))
+    except StoreError:
+        return False
+
+
+def place_of(target: str, storage_options: dict[str, Any] | None = None) -> tuple[str, str, str | None] | None:
+    """(store URL, dataset, city or None) when ``target`` is a dataset's or a place's folder in a store,
+    STORE/releases/DATASET[/CITY]; None for a store itself, a version folder or anything else.
+
+    Decided by what the folders hold, not by the path's words alone: a store may sit in a folder named
+    ``releases`` (``--out releases/nyc-demo``), and a dataset may be named ``releases``."""
+    t = str(target).rstrip("/")
+    if is_store(t, storage_options):
+        return None
+    parts = t.split("/")
+    for i, part in enumerate(parts):
+        tail = parts[i + 1:]
+        if part != "releases" or not 1 <= len(tail) <= 2 or not all(tail) or ("://" in t and i < 3):
+            continue  # a URL's bucket is no store's releases/ folder
+        root = "/".join(parts[:i]) or ("/" if t.startswith("/") else ".")
+        if is_store(root, storage_options):
+            return root, tail[0], tail[1] if len(tail) == 2 else None
+    return None
 
 
 @dataclass
@@ -170,6 +203,7 @@ class Release:
             from tasks.config import parse_window
 
             window = parse_window(period)
+            check_window(self.synopsis, window, f"period={period!r}")
         return answer_table(self.synopsis, arr, level=level, window_s=window)
 
     def to_xarray(self):
@@ -199,6 +233,32 @@ class Release:
                  "max_points_per_user": m.max_points_per_user, "privacy_unit": m.privacy_unit,
                  "release": self.url, "crs": "local azimuthal frame of the region (metres), see dpcore/geo.py"}
         return xr.DataArray(values, dims=dims, coords=coords, name="released", attrs=attrs)
+
+
+def check_window(synopsis: Synopsis, times: tuple[int, int], asked: str = "period") -> bool:
+    """Raise ValueError unless the window ``times`` (UTC seconds, [start, end)) meets the release's own: it
+    needs a spatio-temporal release, and outside its window every count would read 0. True when the
+    window reaches past the release's (only the part inside it is counted)."""
+    from dpcore.synopsis.spatiotemporal import SpatioTemporalSynopsis
+
+    if not isinstance(synopsis, SpatioTemporalSynopsis):
+        from dpcore.mechanisms import mechanism_names
+
+        st = ", ".join(mechanism_names(lambda tags: tags.input_type.needs_time_slots))
+        raise ValueError(f"{asked} needs a spatio-temporal release (mechanism {st}); this release has no time "
+                         "axis: ask it without a period, or ask a store's releases of one place over a period "
+                         "(Store.query_range; in the CLI, STORE/releases/DATASET/CITY)")
+    if synopsis.window_start_s is None or synopsis.slot_seconds is None:
+        raise ValueError(f"this release records no time window; {asked} cannot be placed in it")
+    start = int(synopsis.window_start_s)
+    end = start + int(synopsis.slot_seconds) * int(synopsis.n_slots)
+    if times[1] <= start or times[0] >= end:
+        def day(t: int) -> str:
+            return pd.Timestamp(t, unit="s", tz="UTC").isoformat()
+
+        raise ValueError(f"{asked} ({day(times[0])}..{day(times[1])}) lies outside this release's window "
+                         f"{day(start)}..{day(end)}")
+    return times[0] < start or times[1] > end
 
 
 def _boxes(boxes) -> np.ndarray:

@@ -26,16 +26,22 @@ FAULT_SITE = Path(__file__).resolve().parent / "fault_site"
 IMPORT_TIME = ("DASK_", "FSSPEC_", "MPL", "PYTHON", "OMP_", "OPENBLAS_", "MKL_", "ARROW_", "NUMEXPR_", "LANG", "LC_")
 
 
-def run_geodp(*args, ok: bool = True, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    """``geodp ARGS``; with ``ok`` the exit status must be 0 (stderr is shown otherwise)."""
+def run_geodp(*args, ok: bool = True, env: dict | None = None, timeout: float = 300,
+              cwd: str | Path | None = None) -> subprocess.CompletedProcess:
+    """``geodp ARGS`` in ``cwd`` (default: the repository root); with ``ok`` the exit status must be 0 (stderr
+    is shown otherwise)."""
     full_env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false", **(env or {})}
     cmd = [sys.executable, "-m", "flows.cli", *map(str, args)]
+    cwd = str(cwd or ROOT)
     template = None if os.environ.get("GEODP_TEST_FRESH_CLI") == "1" else _Template.idle_one(full_env)
     if template is None:
-        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=full_env, timeout=timeout)
+        # the repository root stays importable from another folder, as it is in the template
+        fresh_env = {**full_env, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), full_env.get("PYTHONPATH"))
+                                                                if p)} if cwd != str(ROOT) else full_env
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, env=fresh_env, timeout=timeout)
     else:
         try:
-            proc = template.run(cmd, full_env, timeout)
+            proc = template.run(cmd, full_env, timeout, cwd)
         except BaseException:
             template.close()  # a command may still be in flight: its answers must not reach the next one
             raise
@@ -103,12 +109,12 @@ class _Template:
             if template.proc.poll() is None:
                 cls._idle.append(template)
 
-    def run(self, cmd: list[str], env: dict, timeout: float) -> subprocess.CompletedProcess:
+    def run(self, cmd: list[str], env: dict, timeout: float, cwd: str) -> subprocess.CompletedProcess:
         _, path = _import_time_view(env)
         extra = [p for p in path if p not in self.path]
         with tempfile.TemporaryDirectory(prefix="geodp-cli-") as tmp:
             out, err = Path(tmp) / "out", Path(tmp) / "err"
-            request = {"argv": cmd[3:], "env": env, "out": str(out), "err": str(err), "path": extra,
+            request = {"argv": cmd[3:], "env": env, "out": str(out), "err": str(err), "path": extra, "cwd": cwd,
                        "sitecustomize": str(FAULT_SITE / "sitecustomize.py") if str(FAULT_SITE) in extra else None}
             os.write(self._req_w, (json.dumps(request) + "\n").encode())
             pid = self._answer(60)["pid"]

@@ -8,7 +8,7 @@ shutdown (atexit). The runner uses a template only when the variables read at im
 FSSPEC_*, MPL*, PYTHON*, thread counts, locale) are the ones this process started with.
 
 Protocol, one JSON object per line: {"ready"} on the fd given as argv[2] once the modules are imported;
-then per request {"argv", "env", "path", "out", "err", "sitecustomize"} on argv[1], answered on argv[2]
+then per request {"argv", "env", "path", "cwd", "out", "err", "sitecustomize"} on argv[1], answered on argv[2]
 with {"pid"} once forked and {"status"} (the wait status) when the child is done.
 """
 
@@ -43,6 +43,7 @@ def _become_command(request: dict) -> None:
     for fd, target in ((null, 0), (out, 1), (err, 2)):
         os.dup2(fd, target)
         os.close(fd)
+    os.chdir(request["cwd"])  # the template imported its modules from the repository root
     os.environ.clear()
     os.environ.update(request["env"])
     sys.path[:0] = request["path"]  # PYTHONPATH entries this process did not start with (the fault site)

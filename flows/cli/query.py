@@ -80,21 +80,23 @@ def range_counts(
 
 def _series_target(target: str, dataset: str | None, city: str | None) -> tuple[str, str, str] | None:
     """(store URL, dataset, city) when the target names several releases of one place: a store with
-    --dataset and --city, or a path …/releases/DATASET[/CITY]; None for one release."""
-    import re
+    --dataset and --city, or a path STORE/releases/DATASET[/CITY]; None for one release (a version
+    folder, or a store holding one release, wherever it sits)."""
+    from geodp.api import place_of
 
-    m = re.match(r"^(.*?)/?releases/([^/]+)(?:/([^/]+))?/?$", str(target).rstrip("/"))
-    if m is not None:
-        if (dataset and dataset != m.group(2)) or (city and m.group(3) and city != m.group(3)):
-            raise CLIError(f"{target} is {m.group(2)}/{m.group(3) or '*'}; --dataset/--city name another")
-        root, dataset, city = m.group(1) or ".", m.group(2), city or m.group(3)
+    place = place_of(target)
+    if place is not None:
+        root, in_path, city_in_path = place
+        if (dataset and dataset != in_path) or (city and city_in_path and city != city_in_path):
+            raise CLIError(f"{target} is {in_path}/{city_in_path or '*'}; --dataset/--city name another")
+        dataset, city = in_path, city or city_in_path
     elif dataset is None and city is None:
         return None
     else:
         root = target
     if not dataset or not city:
         raise CLIError("a time series needs both the dataset and the city: --dataset D --city C, or a path "
-                       "…/releases/DATASET/CITY")
+                       "STORE/releases/DATASET/CITY")
     return root, dataset, city
 
 
@@ -263,22 +265,13 @@ def write_answers(table, fmt: str, dest: str | None) -> None:
 
 def _check_window(synopsis, times: tuple[int, int]) -> None:
     """A --period must meet the release's time window: outside it, every count would read 0."""
-    if not is_spatio_temporal(synopsis):
-        raise CLIError("--period needs a spatio-temporal release (e.g. mechanism identity3d or vdr); "
-                       "this release has no time axis")
-    if synopsis.window_start_s is None or synopsis.slot_seconds is None:
-        raise CLIError("this release records no time window; --period cannot be placed in it")
-    start = int(synopsis.window_start_s)
-    end = start + int(synopsis.slot_seconds) * int(synopsis.n_slots)
-    if times[1] <= start or times[0] >= end:
-        import pandas as pd
+    from geodp.api import check_window
 
-        def day(t: int) -> str:
-            return pd.Timestamp(t, unit="s", tz="UTC").isoformat()
-
-        raise CLIError(f"--period {day(times[0])}..{day(times[1])} lies outside this release's window "
-                       f"{day(start)}..{day(end)}")
-    if times[0] < start or times[1] > end:
+    try:
+        past = check_window(synopsis, times, "--period")
+    except ValueError as exc:
+        raise CLIError(str(exc)) from None
+    if past:
         eprint("note: --period reaches past this release's window; only the part inside it is counted")
 
 
