@@ -114,9 +114,10 @@ def test_a_record_level_release_without_a_band_runs_three_level_ag_and_states_it
     assert eps["ag/level2_counts"] == pytest.approx(want["level2_fraction"] * (rest - eps["ag/level1_counts"]))
     # answers carry 95% intervals from the three-level noise model
     (version,) = (p.parent for p in [manifest_path])
-    (row,) = json.loads(run_geodp("query", version, "--box", "40.7080,-74.0110,40.7180,-74.0010", "--json").stdout)
+    r = run_geodp("query", version, "--box", "40.7080,-74.0110,40.7180,-74.0010", "--json")
+    (row,) = json.loads(r.stdout)
     assert row["lower"] < row["estimate"] < row["upper"]
-    assert "three-level" in row["interval_method"]
+    assert "three-level" in r.stderr  # the method, stated once
 
 
 def test_three_level_ag_keeps_the_mechanism_contract_and_its_intervals_survive_a_save(tmp_path) -> None:

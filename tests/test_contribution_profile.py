@@ -136,7 +136,7 @@ def test_a_user_level_release_without_a_total_answers_full_counts_and_says_so_th
     est = np.array([r["estimate"] for r in rows])
     lo, hi = np.array([r["lower"] for r in rows]), np.array([r["upper"] for r in rows])
     assert {r["unit"] for r in rows} == {"full points"}
-    assert {r["interval_covers"] for r in rows} == {"noise and bounding bias"}
+    assert {r["interval_covers"] for r in rows} == {"noise, bounding bias and spread in cut cells"}
     assert np.mean((lo <= truth) & (truth <= hi)) >= 0.85
     assert np.median(np.abs(est - truth) / truth) < 0.3  # the bounded counts are ~45% below the truth
     manifest = json.loads(next(out.rglob("_MANIFEST.json")).read_text())

@@ -47,10 +47,12 @@ def test_a_city_path_answers_every_period_and_their_sum(daily):
     assert [row["lower"] for row in rows[:3]] == pytest.approx([s["lower"] for s in singles])
     total = rows[3]
     assert total["estimate"] == pytest.approx(sum(s["estimate"] for s in singles))
-    # independent noises: the half-widths add in quadrature
-    half = np.sqrt(sum((s["estimate"] - s["lower"]) ** 2 for s in singles))
-    assert total["lower"] == pytest.approx(total["estimate"] - half) and total["interval_covers"] == "noise"
-    assert "3 releases" in r.stderr and "quadrature" in r.stderr
+    # the intervals cover the spread inside cut cells too, which recurs from day to day where points pile
+    # up: the half-widths add
+    half = sum(s["estimate"] - s["lower"] for s in singles)
+    assert total["lower"] == pytest.approx(total["estimate"] - half)
+    assert total["interval_covers"] == "noise and spread in cut cells"
+    assert "3 releases" in r.stderr and "half-widths added" in r.stderr
 
 
 def test_a_store_with_dataset_city_and_period_asks_only_the_window(daily):
@@ -66,9 +68,9 @@ def test_a_store_with_dataset_city_and_period_asks_only_the_window(daily):
     assert none.returncode == 2 and "no committed release" in none.stderr
 
 
-def test_the_sums_interval_covers_the_noise_free_sum_95_percent_of_the_time():
+def test_the_sums_interval_covers_the_true_sum_at_its_rate():
     """Three independently noised daily releases (ε = 0.5, fine cells: Laplace tails matter); the sum's
-    interval covers the sum of the noise-free answers at its rate."""
+    interval covers the true count of the three days' points (issue 43 item 2)."""
     region = Region("r", 40.0, -74.0, 2.0)
     rng = np.random.default_rng(2)
     days = [FitInput(*rng.uniform(-1000, 1000, (2, 1500)), region, "record") for _ in range(3)]
@@ -77,10 +79,10 @@ def test_the_sums_interval_covers_the_noise_free_sum_95_percent_of_the_time():
                        dtype=np.float64)
     boxes = np.column_stack([*region.unproject(boxes_m[:, 0], boxes_m[:, 1]),
                              *region.unproject(boxes_m[:, 2], boxes_m[:, 3])])
-    truth = sum(get_mechanism("identity", grid_size=40).fit(d, 1e9, NoiseSource.seeded(0)).answer(boxes_m)
+    truth = sum(np.array([np.sum((d.x >= b[0]) & (d.x < b[2]) & (d.y >= b[1]) & (d.y < b[3])) for b in boxes_m])
                 for d in days)
     hits = 0
-    for s in range(250):
+    for s in range(100):
         frames = []
         for i, d in enumerate(days):
             t = answer_table(get_mechanism("identity", grid_size=40).fit(d, 0.5, NoiseSource.seeded(1000 * s + i)),
@@ -89,8 +91,7 @@ def test_the_sums_interval_covers_the_noise_free_sum_95_percent_of_the_time():
             frames.append(t)
         total = sum_rows(pd.concat(frames, ignore_index=True), "w")
         hits += int(np.sum((total["lower"] <= truth) & (truth <= total["upper"])))
-    # 2,000 box-trials: the rate's standard error is 0.005
-    assert 0.925 <= hits / (250 * len(boxes)) <= 0.995, hits / (250 * len(boxes))
+    assert 0.93 <= hits / (100 * len(boxes)) <= 1.0, hits / (100 * len(boxes))
 
 
 def test_a_forecast_past_three_daily_releases_is_refused_naming_their_slots(daily):

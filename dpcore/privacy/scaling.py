@@ -34,7 +34,7 @@ from dpcore.privacy.noise import NoiseSource
 from dpcore.privacy.profile import ContributionProfile
 from dpcore.synopsis.base import AnswerUnit, PrivacyInfo, Synopsis, load_synopsis
 from dpcore.synopsis.noise import Intervals, NoInterval, NoiseLaw, NoiseModel
-from dpcore.synopsis.scaled_noise import ScaledNoise, mixture_quantiles
+from dpcore.synopsis.scaled_noise import ScaledNoise
 
 if TYPE_CHECKING:  # the caller builds the mechanism: privacy never imports the mechanisms above it
     from dpcore.mechanisms.base import Mechanism
@@ -94,14 +94,21 @@ class ScaledSynopsis(Synopsis):
         law = NoiseLaw("laplace", float(paid["sensitivity"]) / float(paid["epsilon"]), float(paid.get("quantum") or 1.0))
         return ScaledNoise(inner, law, self.total_points / self.factor, self.total_points, max(law.param, 1.0))
 
-    def intervals(self, boxes_m: np.ndarray, level: float = 0.95) -> tuple[np.ndarray, Intervals]:
+    def spread_model(self):
+        return self.inner.spread_model()
+
+    def intervals(self, boxes_m: np.ndarray, level: float = 0.95, spread: bool = True) -> tuple[np.ndarray, Intervals]:
+        from dpcore.synopsis.spread import widen
+
         boxes = np.atleast_2d(np.asarray(boxes_m, dtype=np.float64))
         inner_est = self.inner.answer(boxes)
         est = inner_est * self.factor
         model = self.noise_model()
         if isinstance(model, ScaledNoise | ProfiledNoise):
-            return est, model.intervals(boxes, est, level, inner_est=inner_est)
-        return est, model.intervals(boxes, est, level)
+            iv = model.intervals(boxes, est, level, inner_est=inner_est)
+        else:
+            iv = model.intervals(boxes, est, level)
+        return est, widen(iv, est, self.spread_model() if spread else None, boxes, level, self.factor)
 
 
     def __getattr__(self, name: str):
@@ -130,11 +137,14 @@ class ScaledSynopsis(Synopsis):
 
 
 class ProfiledNoise(NoiseModel):
-    """Full counts 1/κ̂·û from a paid contribution profile (dpcore.privacy.profile): quantiles of
-    plausible full counts f*·(û + e*) + b*, with e* the inner release's noise (symmetric: û + e* is as
-    likely a bounded count as û − e*), f* the factor given the noisy profile and b* the bounding's bias
-    that varies from box to box (normal, sd ContributionProfile.cell_bias_sd of the box's bounded count).
-    It covers the noise and the bias of bounding each person to k points, as far as the profile tells it."""
+    """Full counts 1/κ̂·û from a paid contribution profile (dpcore.privacy.profile): plausible full counts
+    f*·(û + e*) + b*, with e* the inner release's noise (symmetric: û + e* is as likely a bounded count as
+    û − e*), f* the factor given the noisy profile and b* the bounding's bias that varies from box to box
+    (normal, sd ContributionProfile.cell_bias_sd of the box's bounded count). In closed form, every box at
+    once: each side's half-width adds in quadrature the inner interval's (times the median factor), the
+    factor's own quantile's distance from its median (times û) and the bias's normal quantile, as
+    independent errors' do. It covers the noise and the bias of bounding each person to k points, as far
+    as the profile tells it."""
 
     covers = "noise and bounding bias"
     DRAWS = 4000
@@ -142,24 +152,31 @@ class ProfiledNoise(NoiseModel):
     def __init__(self, inner: NoiseModel, profile: ContributionProfile, k: int, seed: int = 0):
         self.inner, self.profile, self.k = inner, profile, k
         self._factor = profile.factor_draws(k, self.DRAWS, np.random.default_rng(seed))
-        self.method = (f"parametric bootstrap of the full count 1/κ̂·û over û's noise ({inner.method}), κ̂'s "
-                       "given the paid contribution profile, and the bounding's bias from box to box; covers the "
-                       "noise and the bias of bounding each person to k points")
+        self._median = float(np.median(self._factor))
+        self.method = (f"1/κ̂·û with û's noise ({inner.method}), κ̂'s given the paid contribution profile (its "
+                       "quantiles over the profile's noise), and the bounding's bias from box to box, added in "
+                       "quadrature; covers the noise and the bias of bounding each person to k points")
 
     def moments(self, boxes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         raise NotImplementedError("a full count's error is skewed; use intervals()")
 
     def intervals(self, boxes: np.ndarray, est: np.ndarray, level: float = 0.95,
                   inner_est: np.ndarray | None = None) -> Intervals:
-        u = est / float(np.median(self._factor)) if inner_est is None else inner_est
+        from statistics import NormalDist
+
+        u = est / self._median if inner_est is None else inner_est
         iv = self.inner.intervals(boxes, u, level)
-        lo, hi = mixture_quantiles(self._factor, u, (iv.upper - iv.lower) / 2.0, level,
-                                   extra_sd=self.profile.cell_bias_sd(self.k, u))
-        return Intervals(lo, hi, self.method)
+        f_lo, f_hi = np.quantile(self._factor, [(1.0 - level) / 2.0, (1.0 + level) / 2.0])
+        z = NormalDist().inv_cdf((1.0 + level) / 2.0)
+        bias = z * self.profile.cell_bias_sd(self.k, u)
+        pos = np.maximum(u, 0.0)
+        centre = self._median * u
+        below = np.sqrt((self._median * (u - iv.lower)) ** 2 + ((self._median - f_lo) * pos) ** 2 + bias ** 2)
+        above = np.sqrt((self._median * (iv.upper - u)) ** 2 + ((f_hi - self._median) * pos) ** 2 + bias ** 2)
+        return Intervals(centre - below, centre + above, self.method)
 
     def sd(self, boxes: np.ndarray) -> np.ndarray:
-        return self.inner.sd(boxes) * float(np.median(self._factor))
-
+        return self.inner.sd(boxes) * self._median
 
 
 def fit_scaled(mech: Mechanism, data: PointsInput, epsilon: float, noise: NoiseSource,

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 
 from dpcore.synopsis.base import Synopsis
-from dpcore.synopsis.estimand import COVERS_NOISE, COVERS_NONE, honest_intervals, unit_words
+from dpcore.synopsis.estimand import COVERS_NONE, covers_words, honest_intervals, unit_words
 
 #: Columns of an answer table, in order.
 BOX_COLUMNS = ["min_lat", "min_lon", "max_lat", "max_lon"]
@@ -27,7 +27,7 @@ def answer_table(synopsis: Synopsis, boxes_latlon: np.ndarray, level: float = 0.
         est, iv = synopsis.window_intervals(boxes_m, np.full(n, float(window_s[0])), np.full(n, float(window_s[1])),
                                             level)
     lower, upper, method = honest_intervals(synopsis, iv.lower, iv.upper, iv.method)
-    covers = getattr(synopsis.noise_model(), "covers", COVERS_NOISE)
+    covers = covers_words(synopsis)
     df = pd.DataFrame(boxes_ll, columns=BOX_COLUMNS)
     df["estimate"], df["lower"], df["upper"] = est, lower, upper
     df["unit"] = pd.Categorical.from_codes(np.zeros(len(df), dtype=np.int8), [synopsis.unit().label])

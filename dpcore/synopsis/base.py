@@ -22,6 +22,7 @@ from dpcore.grid.histogram import answer_boxes, prefix_sums, resample_grid
 
 if TYPE_CHECKING:
     from dpcore.synopsis.noise import Intervals, NoiseModel
+    from dpcore.synopsis.spread import CellSpread
 
 SYNOPSIS_META = "synopsis.json"
 
@@ -155,11 +156,21 @@ class Synopsis(ABC):
 
         return NoInterval("this release records no noise model")
 
-    def intervals(self, boxes_m: np.ndarray, level: float = 0.95) -> tuple[np.ndarray, Intervals]:
-        """(estimates, intervals) of (q, 4) boxes in region metres, all boxes at once."""
+    def spread_model(self) -> CellSpread | None:
+        """How far spreading a cut cell's count evenly over a box may move an answer (None: the release
+        has no cells whose count it spreads)."""
+        return None
+
+    def intervals(self, boxes_m: np.ndarray, level: float = 0.95, spread: bool = True) -> tuple[np.ndarray, Intervals]:
+        """(estimates, intervals) of (q, 4) boxes in region metres, all boxes at once: the noise model's
+        interval, widened by the spread inside partly covered cells where the release has cells (``spread``
+        False: the noise model's alone, an interval of the noise-free answer)."""
+        from dpcore.synopsis.spread import widen
+
         boxes = np.atleast_2d(np.asarray(boxes_m, dtype=np.float64))
         est = self.answer(boxes)
-        return est, self.noise_model().intervals(boxes, est, level)
+        iv = self.noise_model().intervals(boxes, est, level)
+        return est, widen(iv, est, self.spread_model() if spread else None, boxes, level)
 
     def save(self, directory: str | Path) -> list[str]:
         """Write data files then synopsis.json; returns every file name written (meta last)."""
@@ -235,6 +246,14 @@ class GridSynopsis(Synopsis):
             self._noise_model = model_from_spec(self._extra.get("noise_model"), self,
                                                 "this release was saved before releases stored their noise model")
         return self._noise_model
+
+    def spread_model(self) -> CellSpread:
+        """The released counts of the release's own cells (or leaves), built once per loaded release."""
+        from dpcore.synopsis.spread import spread_of
+
+        if getattr(self, "_spread", None) is None:
+            self._spread = spread_of(self)
+        return self._spread
 
     def density(self, nx: int, ny: int | None = None) -> np.ndarray:
         ny = nx if ny is None else ny

@@ -9,7 +9,9 @@ Units (``Synopsis.unit()``, a typed :class:`~dpcore.synopsis.base.AnswerUnit`; i
 
 An interval covers what the release's noise model says (``NoiseModel.covers``): ``noise`` (the release's
 own noise; exact for record-level and bounded-point answers), ``noise and bounding bias`` (full counts
-scaled by the contribution profile, dpcore.privacy.profile) or nothing (``none``). A user-level answer
+scaled by the contribution profile, dpcore.privacy.profile) or nothing (``none``); a release of cells
+whose counts it spreads evenly over the part a box covers adds ``spread in cut cells``
+(dpcore.synopsis.spread), so the answer's interval covers the true count, not only the noise-free answer. A user-level answer
 of full counts scaled by a public total has no estimate of the bounding's bias, so its interval would
 cover the noise only: :func:`honest_intervals` withholds it.
 """
@@ -22,6 +24,19 @@ from dpcore.synopsis.base import Synopsis
 
 FULL, BOUNDED, PEOPLE = "full points", "bounded points", "people"
 COVERS_NOISE, COVERS_BIAS, COVERS_NONE = "noise", "noise and bounding bias", "none"
+#: What an interval widened by the spread inside partly covered cells adds to its noise model's ``covers``.
+COVERS_SPREAD = "spread in cut cells"
+
+
+def covers_words(synopsis: Synopsis) -> str:
+    """What the release's intervals cover: the noise model's ``covers``, and the spread in cut cells where
+    the release spreads cells' counts over boxes."""
+    covers = getattr(synopsis.noise_model(), "covers", COVERS_NOISE)
+    if synopsis.spread_model() is None:
+        return covers
+    parts = covers.split(" and ")
+    return ", ".join(parts[:-1] + [parts[-1]]) + f" and {COVERS_SPREAD}" if len(parts) > 1 \
+        else f"{covers} and {COVERS_SPREAD}"
 
 
 def answer_unit(synopsis: Synopsis) -> str:
@@ -31,8 +46,7 @@ def answer_unit(synopsis: Synopsis) -> str:
 
 def interval_covers(synopsis: Synopsis, lower: np.ndarray) -> np.ndarray:
     """Per answer: what its interval covers (``none`` where there is no interval)."""
-    covers = getattr(synopsis.noise_model(), "covers", COVERS_NOISE)
-    return np.where(np.isfinite(np.asarray(lower, dtype=np.float64)), covers, COVERS_NONE)
+    return np.where(np.isfinite(np.asarray(lower, dtype=np.float64)), covers_words(synopsis), COVERS_NONE)
 
 
 def unit_words(synopsis: Synopsis) -> str:

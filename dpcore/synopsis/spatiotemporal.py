@@ -157,10 +157,10 @@ class SpatioTemporalSynopsis(Synopsis):
         g1 = np.broadcast_to((np.asarray(end_s, dtype=np.float64) - self.window_start_s) / self.slot_seconds, (n,))
         return est, model.intervals(b, np.clip(g0, 0, self.n_slots), np.clip(g1, 0, self.n_slots), est, level)
 
-    def intervals(self, boxes_m: np.ndarray, level: float = 0.95) -> tuple[np.ndarray, Intervals]:
+    def intervals(self, boxes_m: np.ndarray, level: float = 0.95, spread: bool = True) -> tuple[np.ndarray, Intervals]:
         """Intervals over the whole window."""
         if self.window_start_s is None or self.slot_seconds is None:
-            return super().intervals(boxes_m, level)
+            return super().intervals(boxes_m, level, spread)
         b = np.atleast_2d(np.asarray(boxes_m, dtype=np.float64))
         start = float(self.window_start_s)
         end = start + float(self.slot_seconds) * self.n_slots

@@ -21,6 +21,14 @@ def query_intervals(synopsis: Synopsis, boxes_m: np.ndarray,
     return iv.lower, iv.upper, iv.method
 
 
+def noise_intervals(synopsis: Synopsis, boxes_m: np.ndarray,
+                    level: float = 0.95) -> tuple[np.ndarray, np.ndarray, str]:
+    """(lower, upper, method) of the noise model alone: an interval of the noise-free answer, not widened by
+    the spread inside partly covered cells (what a check of the noise law compares with)."""
+    _, iv = synopsis.intervals(np.atleast_2d(np.asarray(boxes_m, dtype=np.float64)), level, spread=False)
+    return iv.lower, iv.upper, iv.method
+
+
 def spatio_temporal_intervals(synopsis: Synopsis, boxes: np.ndarray, start_s: np.ndarray, end_s: np.ndarray,
                               level: float = 0.95) -> tuple[np.ndarray, np.ndarray, str]:
     """Intervals of box × [start, end) counts of a spatio-temporal release."""

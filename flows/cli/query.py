@@ -234,12 +234,13 @@ def write_answers(table, fmt: str, dest: str | None) -> None:
     if fmt == "csv":
         text = table.to_csv(index=False, float_format="%.6g")
     elif fmt == "json":
+        # one record per box (keys box, estimate, lower, upper, unit, interval_covers, interval); the long
+        # method is stated once, on stderr, not repeated in every record
         rec = table[["estimate", "lower", "upper", "unit", "interval_covers"]].copy()
         rec.insert(0, "box", table[["min_lat", "min_lon", "max_lat", "max_lon"]].to_numpy().tolist())
         if "period" in table.columns:
             rec.insert(0, "period", table["period"].astype(str))
         rec["interval"] = f"{table.attrs['level']:.0%}"
-        rec["interval_method"] = method
         text = rec.to_json(orient="records", double_precision=10) + "\n"
     else:
         b = table[["min_lat", "min_lon", "max_lat", "max_lon"]].to_numpy()

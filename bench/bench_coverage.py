@@ -1,0 +1,168 @@
+"""How often the 95% intervals of range answers cover the truth, per mechanism × band × privacy unit, and
+for per-day rows and 3- and 7-day sums of daily releases (issue 43 items 1 and 2).
+
+Gowalla NYC check-ins in the ``new-york`` box (held out from every tuning of the platform). Each release
+is drawn as ``geodp release`` draws it: record level, or user level with a k-sample per person, the
+contribution profile paid with PROFILE_FRACTION of ε and the answers scaled to full counts by it (the
+default user-level release). Squares of each band are centred on uniformly drawn points of the released
+data; the truth is the count of all its points (what the answers estimate). A cell is the share of
+``--releases`` × ``--queries`` answers whose interval holds the truth; "absent" where the release states
+no interval (with the reason). Also printed: the median relative half-width and the coverage of the
+interval as it was before partly covered cells were bounded (noise and bounding bias only).
+
+    nice -n 10 .venv/bin/python bench/bench_coverage.py                  # the 2-D table
+    nice -n 10 .venv/bin/python bench/bench_coverage.py --daily          # per-day rows and window sums
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from dpcore.data.points import load_points  # noqa: E402
+from dpcore.geo import city_region  # noqa: E402
+from dpcore.mechanisms import get_mechanism, input_for  # noqa: E402
+from dpcore.mechanisms.contract import PrivacyUnit  # noqa: E402
+from dpcore.mechanisms.inputs import PointsInput  # noqa: E402
+from dpcore.privacy.bounding import bound_contributions  # noqa: E402
+from dpcore.privacy.noise import NoiseSource  # noqa: E402
+from dpcore.privacy.profile import PROFILE_FRACTION, noisy_profile, profile_counts  # noqa: E402
+from dpcore.privacy.scaling import fit_profiled  # noqa: E402
+from dpcore.queries.range import true_counts  # noqa: E402
+from dpcore.queries.series import combine_sum  # noqa: E402
+from dpcore.synopsis.estimand import honest_intervals  # noqa: E402
+
+SHARED = ROOT.parent / "shared" / "data"
+BANDS = ((25.0, 100.0), (100.0, 1000.0), (1000.0, 5000.0))
+MECHANISMS = {"identity": {"cell_width_m": 250.0}, "ug": {}, "ag": {}, "hb": {}, "privtree": {}, "auto": {}}
+
+
+def load(city: str = "new-york"):
+    pts = load_points(SHARED / "gowalla_nyc_checkins.tsv.gz").points
+    region = city_region(city)
+    x, y = region.project(pts.lat, pts.lon)
+    inside = region.contains_m(x, y)
+    return x[inside], y[inside], pts.user[inside], pts.ts[inside], region
+
+
+def release(name: str, params: dict, x, y, user, region, unit: str, k: int, epsilon: float, seed: int):
+    """One release as `geodp release` draws it (record level, or user level scaled by the paid profile)."""
+    rng = np.random.default_rng(seed)
+    noise = NoiseSource.seeded(seed)
+    mech = get_mechanism(name, **params)
+    if unit == "record":
+        data = PointsInput(x, y, region, PrivacyUnit.of("record"), user=user)
+        return mech.fit(input_for(mech.tags.input_type, data), epsilon, noise.spawn(2))
+    keep = bound_contributions(user, k, rng).keep
+    data = PointsInput(x[keep], y[keep], region, PrivacyUnit.user(k), user=user[keep])
+    per_user = np.bincount(np.unique(user, return_inverse=True)[1])
+    profile = noisy_profile(profile_counts(per_user), PROFILE_FRACTION * epsilon, noise.spawn(1))
+    return fit_profiled(mech, input_for(mech.tags.input_type, data), epsilon, noise.spawn(2), profile)
+
+
+def squares(x, y, band, n, rng):
+    c = rng.integers(0, x.size, n)
+    side = rng.uniform(band[0], band[1], n)
+    return np.stack([x[c] - side / 2, y[c] - side / 2, x[c] + side / 2, y[c] + side / 2], axis=1)
+
+
+def intervals(syn, boxes):
+    est, iv = syn.intervals(boxes)
+    lo, hi, method = honest_intervals(syn, iv.lower, iv.upper, iv.method)
+    return est, lo, hi, method
+
+
+def table_2d(a) -> None:
+    x, y, user, _, region = load()
+    print(f"Gowalla NYC, {x.size} points; ε {a.epsilon:g}, k {a.k}; {a.releases} releases × {a.queries} squares "
+          "per band; truth = all points\n")
+    print("| mechanism | unit | " + " | ".join(f"{lo:g}–{hi:g} m" for lo, hi in BANDS)
+          + " | median rel. half-width (per band) |")
+    print("|---|---|" + "---|" * len(BANDS) + "---|")
+    for unit in a.units.split(","):
+        for name in a.mechanisms.split(","):
+            cover = {b: [] for b in BANDS}
+            width = {b: [] for b in BANDS}
+            reason = ""
+            for r in range(a.releases):
+                syn = release(name, MECHANISMS[name], x, y, user, region, unit, a.k, a.epsilon, a.seed + r)
+                rng = np.random.default_rng(1000 + r)
+                for b in BANDS:
+                    boxes = squares(x, y, b, a.queries, rng)
+                    truth = true_counts(x, y, boxes)
+                    est, lo, hi, method = intervals(syn, boxes)
+                    if not np.isfinite(lo).any():
+                        reason = method
+                        continue
+                    cover[b].append((lo <= truth) & (truth <= hi))
+                    width[b].append((hi - lo) / 2 / np.maximum(truth, 1))
+            cells = [f"{np.mean(np.concatenate(cover[b])):.3f}" if cover[b] else "absent" for b in BANDS]
+            widths = [f"{np.median(np.concatenate(width[b])):.2f}" if width[b] else "–" for b in BANDS]
+            print(f"| {name} | {unit} | " + " | ".join(cells) + f" | {' / '.join(widths)} |"
+                  + (f" <!-- {reason} -->" if reason else ""), flush=True)
+
+
+def table_daily(a) -> None:
+    """Per-day rows and sums over 3 and 7 consecutive days of daily releases."""
+    x, y, user, t, region = load()
+    day = t // 86400
+    days, n_per_day = np.unique(day, return_counts=True)
+    rng = np.random.default_rng(a.seed)
+    busy = days[n_per_day >= np.quantile(n_per_day, 0.5)]
+    starts = [d for d in busy if all(np.isin(d + np.arange(7), days))][:a.windows]
+    print(f"Gowalla NYC daily releases; ε {a.epsilon:g} a day, k {a.k}; {len(starts)} 7-day windows × "
+          f"{a.queries} squares per band, centred on the window's points; truth = all points of the day(s)\n")
+    print("| mechanism | unit | rows | " + " | ".join(f"{lo:g}–{hi:g} m" for lo, hi in BANDS) + " |")
+    print("|---|---|---|" + "---|" * len(BANDS))
+    for unit in a.units.split(","):
+        for name in a.mechanisms.split(","):
+            cover = {(w, b): [] for w in ("day", "3-day sum", "7-day sum") for b in BANDS}
+            for s in starts:
+                sel = [day == s + i for i in range(7)]
+                rels = [release(name, MECHANISMS[name], x[m], y[m], user[m], region, unit, a.k, a.epsilon,
+                                a.seed + int(s) + i) for i, m in enumerate(sel)]
+                win = np.any(sel, axis=0)
+                for b in BANDS:
+                    boxes = squares(x[win], y[win], b, a.queries, rng)
+                    per = [intervals(syn, boxes) for syn in rels]
+                    truth = [true_counts(x[m], y[m], boxes) for m in sel]
+                    for i in range(7):
+                        est, lo, hi, _ = per[i]
+                        cover["day", b].append((lo <= truth[i]) & (truth[i] <= hi))
+                    for w, n in (("3-day sum", 3), ("7-day sum", 7)):
+                        est, lo, hi = combine_sum([p[0] for p in per[:n]], [p[1] for p in per[:n]],
+                                                  [p[2] for p in per[:n]], rels[0].noise_model().covers)
+                        tr = np.sum(truth[:n], axis=0)
+                        cover[w, b].append((lo <= tr) & (tr <= hi))
+            for w in ("day", "3-day sum", "7-day sum"):
+                cells = [f"{np.mean(np.concatenate(cover[w, b])):.3f}" for b in BANDS]
+                print(f"| {name} | {unit} | {w} | " + " | ".join(cells) + " |", flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--mechanisms", default=",".join(MECHANISMS))
+    ap.add_argument("--units", default="record,user")
+    ap.add_argument("--epsilon", type=float, default=1.0)
+    ap.add_argument("--k", type=int, default=20)
+    ap.add_argument("--releases", type=int, default=3)
+    ap.add_argument("--queries", type=int, default=400)
+    ap.add_argument("--seed", type=int, default=11)
+    ap.add_argument("--daily", action="store_true", help="per-day rows and 3-/7-day sums of daily releases")
+    ap.add_argument("--windows", type=int, default=3, help="7-day windows (--daily)")
+    a = ap.parse_args()
+    (table_daily if a.daily else table_2d)(a)
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    print(f"\n<!-- {ru.ru_utime + ru.ru_stime:.0f} CPU-seconds, {time.process_time():.0f} s process time -->")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,170 @@
+"""The error of spreading a released cell uniformly over the part of it a box covers, for every box at once.
+
+A release answers a box that cuts a cell (a grid cell, a tree's leaf) with the covered fraction f of the
+cell's count, as if the cell's points were spread evenly. They are not: check-ins pile up on venues, and a
+box centred where people are often holds a venue, so its true share of the cell is anywhere between none
+and all. Per box, over the cells it cuts (released counts y ≥ 0, covered fractions f):
+
+- the hard bounds: the truth of the cut cells lies between none of them (the answer less E = Σ f·y) and
+  all of them (the answer plus R = Σ (1 − f)·y);
+- the spread: if each cut cell's points sat in one place, in the box or not, the error's variance would be
+  V = Σ y²·f(1 − f); points spread over several places inside a cell make it smaller, a box that sits on a
+  venue makes its error one-sided and heavy-tailed. With m = V²/Σ(y²·f(1 − f))² the effective number of
+  cut cells, the half-width is z·√V·(1/2 + 1/m), within the hard bounds: about z·√V/2 where a box cuts
+  many cells (whose errors partly cancel), up to none-to-all where it cuts one.
+
+The factor 1/2 + 1/m was read off data-centred squares of a uniform grid of true counts on the Gowalla
+New York check-ins (bench/bench_coverage.py measures the full intervals on every mechanism).
+
+Cells are the release's own where it is a uniform grid; an adaptive release (a tree's or AG's leaves)
+is read on one uniform grid whose cell is the median leaf side, weighted by the released counts (where
+boxes centred on people fall). Everything reads only the released values and their public structure:
+post-processing.
+"""
+
+from __future__ import annotations
+
+from statistics import NormalDist
+
+import numpy as np
+
+from dpcore.synopsis.noise import Intervals, axis_cover
+
+#: Boxes per block: the temporaries of one block stay in a core's cache.
+BLOCK = 65_536
+#: The finest dyadic grid leaves of several sizes are read on (cells of ~40 m on a 20 km region).
+FINEST = 512
+
+
+class CellSpread:
+    """Half-widths of the spreading error of an (nx, ny) grid of released counts over ``bounds``."""
+
+    method = ("the spread inside partly covered cells (between none and all of a cut cell's released count, "
+              "z·√V·(1/2 + 1/m) with V = Σ y²·f(1 − f) over the cut cells)")
+
+    def __init__(self, grids: list[np.ndarray], bounds: tuple[float, float, float, float]):
+        """``grids``: released counts of disjoint cells, each array a uniform grid over ``bounds`` (0 where
+        its grid has no cell of the release)."""
+        self.bounds = bounds
+        self.grids = []
+        for values in grids:
+            v = np.clip(np.asarray(values, dtype=np.float64), 0.0, None)
+            # prefix tables of y, y² and y⁴ packed per node, so one gather reads all three
+            stack = np.stack([v, v * v, (v * v) ** 2], axis=-1)
+            p = np.zeros((v.shape[0] + 1, v.shape[1] + 1, 3))
+            np.cumsum(np.cumsum(stack, axis=0), axis=1, out=p[1:, 1:])
+            self.grids.append((v.shape, p.reshape(-1, 3)))
+
+    @classmethod
+    def of_leaves(cls, cx: np.ndarray, cy: np.ndarray, width: np.ndarray, count: np.ndarray,
+                  bounds: tuple[float, float, float, float]) -> CellSpread:
+        """Leaves of several sizes (centres, sides, released counts): each on the finest dyadic grid whose cell
+        side is at least its own (exact for a quadtree's leaves; other leaves add up with their neighbours in
+        the cell that holds their centre, a wider spread), none finer than FINEST cells per axis."""
+        xmin, ymin, xmax, ymax = bounds
+        side = xmax - xmin
+        depth = np.clip(np.floor(np.log2(side / np.asarray(width, dtype=np.float64)) + 1e-9), 0, np.log2(FINEST))
+        depth = depth.astype(np.int64)
+        grids = []
+        for d in np.unique(depth):
+            n, sel = 2 ** int(d), depth == d
+            ix = np.clip(((cx[sel] - xmin) * n / side).astype(np.int64), 0, n - 1)
+            iy = np.clip(((cy[sel] - ymin) * n / (ymax - ymin)).astype(np.int64), 0, n - 1)
+            g = np.zeros(n * n)
+            np.add.at(g, ix * n + iy, np.clip(count[sel], 0.0, None))
+            grids.append(g.reshape(n, n))
+        return cls(grids, bounds)
+
+    def halfwidths(self, boxes: np.ndarray, level: float = 0.95) -> tuple[np.ndarray, np.ndarray]:
+        """(below, above): how far below and above the answer each box's truth may lie from spreading."""
+        boxes = np.atleast_2d(np.asarray(boxes, dtype=np.float64))
+        below, above = np.zeros(len(boxes)), np.zeros(len(boxes))
+        z = NormalDist().inv_cdf((1.0 + level) / 2.0)
+        for s in range(0, len(boxes), BLOCK):
+            b = boxes[s:s + BLOCK]
+            v, w, e, r = (np.maximum(sum(parts), 0.0) for parts in zip(*(self._sums(b, shape, p) for shape, p in self.grids),
+                                                      strict=True))
+            with np.errstate(divide="ignore", invalid="ignore"):
+                inv_m = np.where(v > 0, w / np.where(v > 0, v * v, 1.0), 0.0)
+            h = z * np.sqrt(v) * (0.5 + inv_m)
+            below[s:s + BLOCK], above[s:s + BLOCK] = np.minimum(h, e), np.minimum(h, r)
+        return below, above
+
+    def _sums(self, b: np.ndarray, shape: tuple[int, int], prefix: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Per box: V = Σ y²·g, W = Σ y⁴·g², E = Σ f·y and R = Σ (1 − f)·y over the cut cells (g = f(1 − f))."""
+        xmin, ymin, xmax, ymax = self.bounds
+        nx, ny = shape
+        ix0, ix1, fx0, fx1, sx = axis_cover(b[:, 0], b[:, 2], nx, (xmin, xmax))
+        iy0, iy1, fy0, fy1, sy = axis_cover(b[:, 1], b[:, 3], ny, (ymin, ymax))
+        # the first, inner and last columns (rows) of the box: node bounds [i0, i0+1), [i0+1, i1), [i1, i1+1)
+        # (the last empty where the box has one column: then f1 = 0)
+        xs = (ix0, ix0 + 1, np.maximum(ix1, ix0 + 1), ix1 + 1)
+        ys = (iy0, iy0 + 1, np.maximum(iy1, iy0 + 1), iy1 + 1)
+        stride = ny + 1
+        node = [[prefix[xs[k] * stride + ys[c]] for c in range(4)] for k in range(4)]
+        fx = (fx0, np.ones_like(fx0), fx1)
+        fy = (fy0, np.ones_like(fy0), fy1)
+        v = np.zeros(len(b))
+        w, e, r = v.copy(), v.copy(), v.copy()
+        for k in range(3):
+            for c in range(3):
+                if k == 1 and c == 1:
+                    continue  # the inner block: whole cells, exactly counted
+                blk = node[k + 1][c + 1] - node[k][c + 1] - node[k + 1][c] + node[k][c]
+                f = fx[k] * fy[c]
+                g = f * (1.0 - f)
+                v += g * blk[:, 1]
+                w += g * g * blk[:, 2]
+                e += f * blk[:, 0]
+                r += (1.0 - f) * blk[:, 0]
+        some = sx & sy
+        return tuple(np.where(some, a, 0.0) for a in (v, w, e, r))
+
+
+def _cut(x0: np.ndarray, y0: np.ndarray, w: np.ndarray, m: np.ndarray):
+    """Squares (corner x0, y0, side w) each cut into an m × m grid (x-major): the children's corners and
+    sides, and their parents."""
+    n = m * m
+    parent = np.repeat(np.arange(m.size), n)
+    local = np.arange(int(n.sum())) - (np.cumsum(n) - n)[parent]
+    cw = w[parent] / m[parent]
+    return x0[parent] + (local // m[parent]) * cw, y0[parent] + (local % m[parent]) * cw, cw, parent
+
+
+def spread_of(synopsis) -> CellSpread:
+    """The spreading error of a grid release: its own cells, or, where its public structure records leaves
+    of several sizes (a tree's leaf depths; an adaptive grid's m1, m2 and m3), those leaves with their
+    released counts."""
+    extra, arrays = getattr(synopsis, "_extra", {}), getattr(synopsis, "arrays", {})
+    bounds = synopsis.region.bounds_m
+    xmin, ymin, xmax, _ = bounds
+    side = xmax - xmin
+    if "leaf_depth" in arrays and "leaf_index" in arrays:
+        cells = 2 ** arrays["leaf_depth"].astype(np.int64)
+        index = arrays["leaf_index"].astype(np.int64)
+        w = side / cells
+        x0, y0 = xmin + (index // cells) * w, ymin + (index % cells) * w
+    elif "m1" in extra and "m2" in extra:
+        m1 = int(extra["m1"])
+        i = np.arange(m1 * m1)
+        x0, y0, w, _ = _cut(xmin + (i // m1) * (side / m1), ymin + (i % m1) * (side / m1),
+                            np.full(m1 * m1, side / m1), np.asarray(extra["m2"], dtype=np.int64))
+        if "m3" in arrays:
+            x0, y0, w, _ = _cut(x0, y0, w, np.asarray(arrays["m3"], dtype=np.int64))
+    else:
+        return CellSpread([synopsis.values], bounds)
+    count = synopsis.answer(np.stack([x0, y0, x0 + w, y0 + w], axis=1))
+    return CellSpread.of_leaves(x0 + w / 2, y0 + w / 2, w, count, bounds)
+
+
+def widen(iv: Intervals, est: np.ndarray, spread: CellSpread | None, boxes: np.ndarray, level: float = 0.95,
+          factor: float = 1.0) -> Intervals:
+    """The noise model's interval widened by the spreading error (``factor`` × the spread's half-widths, for
+    answers scaled from the spread's counts): the two half-widths of each side added in quadrature, as
+    independent errors' are. NaN bounds (no interval) stay NaN."""
+    if spread is None or not iv.known:
+        return iv
+    below, above = spread.halfwidths(boxes, level)
+    lower = est - np.hypot(np.maximum(est - iv.lower, 0.0), factor * below)
+    upper = est + np.hypot(np.maximum(iv.upper - est, 0.0), factor * above)
+    return Intervals(lower, upper, f"{iv.method}; widened by {spread.method}")
