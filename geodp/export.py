@@ -6,6 +6,11 @@ degree of latitude). Its cell edges are therefore lines of constant longitude an
 is exactly a WGS84 (EPSG:4326) rectangle: vector formats carry those polygons, a GeoTIFF the regular
 lon/lat grid with its geotransform. Each cell carries the released value, its noise sd (the release's
 noise model, NaN where it has none) and the unit; the manifest's key facts go in the file's metadata.
+
+Exports keep the release's own resolution: a release of leaves of several sizes (PrivTree's, AG's) is
+exported leaf by leaf, one polygon each (its raster of ~10 m cells would be millions of rows that say no
+more), and only a uniform grid is written as a GeoTIFF, at its own cell size. The rows a format would
+hold are counted before anything is written: past ``MAX_ROWS`` the export refuses.
 Everything here is post-processing of the release.
 """
 
@@ -18,6 +23,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from dpcore import GeoDPError
+from dpcore.synopsis.spread import leaf_squares
+
 if TYPE_CHECKING:
     from geodp.api import Release
 
@@ -25,6 +33,13 @@ FORMATS = ("geoparquet", "geojson", "geotiff", "csv")
 SUFFIX = {"geoparquet": ".parquet", "geojson": ".geojson", "geotiff": ".tif", "csv": ".csv"}
 #: Metadata key of the release facts (Parquet schema metadata, GeoJSON member, GeoTIFF tag, CSV comment).
 META_KEY = "geodp"
+#: The most rows (cells or leaves, × slots) a format is written with: about 1 GB of GeoJSON text, a few
+#: hundred MB of Parquet or CSV, a 1 GB GeoTIFF.
+MAX_ROWS = {"geojson": 2_000_000, "geoparquet": 20_000_000, "csv": 20_000_000, "geotiff": 60_000_000}
+
+
+class ExportError(GeoDPError, ValueError):
+    """An export the release's shape or size does not allow (nothing is written)."""
 
 
 def release_facts(release: Release) -> dict:
@@ -37,12 +52,40 @@ def release_facts(release: Release) -> dict:
             "code_version": m.code_version}
 
 
+def _grid(synopsis):
+    """The grid synopsis under any scaling wrappers (``inner``), or None for a release without one."""
+    inner = synopsis
+    while hasattr(inner, "inner") and hasattr(inner, "factor"):
+        inner = inner.inner
+    return inner if getattr(inner, "values", None) is not None else None
+
+
+def _leaves(synopsis):
+    """(x0, y0, side) of the release's leaves in region metres, None where it is a uniform grid."""
+    inner = _grid(synopsis)
+    return None if inner is None or np.ndim(inner.values) != 2 else leaf_squares(inner)
+
+
+def export_rows(release: Release) -> int:
+    """Rows an export of the release holds: leaves, or cells (× slots), without building them."""
+    leaves = _leaves(release.synopsis)
+    if leaves is not None:
+        return int(leaves[0].size)
+    inner = _grid(release.synopsis)
+    shape = np.shape(inner.values) if inner is not None else (256, 256)
+    return int(np.prod(shape))
+
+
 def cell_table(release: Release) -> pd.DataFrame:
     """One row per cell (and time slot of a spatio-temporal release): ix, iy (x east, y north), [slot,
-    time], min_lat, min_lon, max_lat, max_lon, lat, lon (centre), value, noise_sd, unit."""
+    time], min_lat, min_lon, max_lat, max_lon, lat, lon (centre), value, noise_sd, unit; for a release of
+    leaves of several sizes one row per leaf: leaf, side_m, then the same columns from min_lat."""
     from geodp.api import released_values
 
     syn = release.synopsis
+    leaves = _leaves(syn)
+    if leaves is not None:
+        return _leaf_table(syn, *leaves)
     values = released_values(syn)
     region = syn.region
     nx, ny = values.shape[:2]
@@ -68,6 +111,18 @@ def cell_table(release: Release) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
+def _leaf_table(syn, x0: np.ndarray, y0: np.ndarray, w: np.ndarray) -> pd.DataFrame:
+    """One row per leaf: its square's lat/lon corners, released count (in the answers' unit) and noise sd."""
+    region = syn.region
+    boxes = np.stack([x0, y0, x0 + w, y0 + w], axis=1)
+    lat0, lon0 = region.unproject(x0, y0)
+    lat1, lon1 = region.unproject(x0 + w, y0 + w)
+    table = pd.DataFrame({"leaf": np.arange(x0.size), "side_m": w, "min_lat": lat0, "min_lon": lon0,
+                          "max_lat": lat1, "max_lon": lon1})
+    table["lat"], table["lon"] = (table.min_lat + table.max_lat) / 2, (table.min_lon + table.max_lon) / 2
+    return table.assign(value=syn.answer(boxes), noise_sd=_cell_sd(syn, boxes, False), unit=syn.unit().label)
+
+
 def _cell_sd(synopsis, boxes: np.ndarray, spatio_temporal: bool) -> np.ndarray:
     """Noise sd of each released cell (one slot of it for a spatio-temporal release): the noise model's,
     NaN where the release has none."""
@@ -86,6 +141,14 @@ def export_release(release: Release, fmt: str, out: str | Path) -> Path:
     """Write the release's cells as ``fmt`` into ``out``; returns the path."""
     if fmt not in FORMATS:
         raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    rows = export_rows(release)
+    if fmt == "geotiff" and _leaves(release.synopsis) is not None:
+        raise ExportError(f"a GeoTIFF needs a uniform grid, and this release's {rows} leaves are of several sizes: "
+                          "export them as polygons (--format geoparquet, geojson or csv)")
+    if rows > MAX_ROWS[fmt]:
+        raise ExportError(f"this release holds {rows:,} {'leaves' if _leaves(release.synopsis) is not None else 'cells'}"
+                          f", more than the {MAX_ROWS[fmt]:,} a {fmt} export is written with: export "
+                          f"{'geoparquet or csv' if fmt == 'geojson' else 'a coarser release'}")
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     facts = release_facts(release)

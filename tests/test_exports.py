@@ -106,3 +106,43 @@ def test_preview_labels_the_releases_own_cells_and_unit(release):
     d, w, r = preview_grid(heat)
     assert d.shape == (200, 200) and r
     assert colour_bar_label(heat, w, r) == "released people (each person counts 1 in total) per 100 m pixel (resampled)"
+
+
+def test_an_adaptive_release_exports_its_leaves_and_refuses_a_raster(release):
+    """Issue 43 item 6: a PrivTree release exported its ~10 m raster (4 M rows for New York); now one polygon
+    per leaf with the leaf's released count, and a GeoTIFF (a raster only at a uniform grid's own cell size)
+    is one error line, exit 2, nothing written."""
+    import geodp
+
+    tmp = release["tmp"]
+    store = tmp / "tree-store"
+    run_geodp("release", tmp / "checkins.parquet", "--city", "new-york", "--epsilon", "1", "--privacy-unit",
+              "record", "--mechanism", "privtree", "--out", store)
+    (rel,) = geodp.open_store(str(store)).releases()
+    leaves = rel.synopsis.arrays["leaf_depth"].size
+    out = tmp / "tree.parquet"
+    run_geodp("release", "export", rel.url, "--format", "geoparquet", "--out", out)
+    table = gpd.read_parquet(out)
+    assert len(table) == leaves < 100_000  # the raster has 2048² cells
+    assert table["value"].sum() == pytest.approx(rel.synopsis.values.sum(), rel=1e-6)
+    assert set(np.round(table["side_m"] * 2 ** np.round(np.log2(20000 / table["side_m"])))) == {20000.0}
+    tif = tmp / "tree.tif"
+    bad = run_geodp("release", "export", rel.url, "--format", "geotiff", "--out", tif, ok=False)
+    assert bad.returncode == 2 and bad.stderr.count("error:") == 1 and "uniform grid" in bad.stderr
+    assert not tif.exists()
+
+
+def test_an_export_too_large_for_its_format_is_refused_before_writing(release):
+    """A 10 m identity grid of New York is 4 M cells: GeoJSON of it is refused in one line (exit 2) before
+    anything is written."""
+    tmp = release["tmp"]
+    store = tmp / "fine-store"
+    run_geodp("release", tmp / "checkins.parquet", "--city", "new-york", "--epsilon", "1", "--privacy-unit",
+              "record", "--mechanism", "identity", "--param", "cell_width_m=10", "--out", store)
+    import geodp
+
+    (rel,) = geodp.open_store(str(store)).releases()
+    out = tmp / "fine.geojson"
+    bad = run_geodp("release", "export", rel.url, "--format", "geojson", "--out", out, ok=False)
+    assert bad.returncode == 2 and bad.stderr.count("error:") == 1 and "4,000,000 cells" in bad.stderr
+    assert not out.exists()

@@ -131,28 +131,36 @@ def _cut(x0: np.ndarray, y0: np.ndarray, w: np.ndarray, m: np.ndarray):
     return x0[parent] + (local // m[parent]) * cw, y0[parent] + (local % m[parent]) * cw, cw, parent
 
 
-def spread_of(synopsis) -> CellSpread:
-    """The spreading error of a grid release: its own cells, or, where its public structure records leaves
-    of several sizes (a tree's leaf depths; an adaptive grid's m1, m2 and m3), those leaves with their
-    released counts."""
+def leaf_squares(synopsis) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """(x0, y0, side) of every leaf of a release whose public structure records leaves of several sizes (a
+    tree's leaf depths; an adaptive grid's m1, m2 and m3), in region metres; None for a uniform grid."""
     extra, arrays = getattr(synopsis, "_extra", {}), getattr(synopsis, "arrays", {})
-    bounds = synopsis.region.bounds_m
-    xmin, ymin, xmax, _ = bounds
+    xmin, ymin, xmax, _ = synopsis.region.bounds_m
     side = xmax - xmin
     if "leaf_depth" in arrays and "leaf_index" in arrays:
         cells = 2 ** arrays["leaf_depth"].astype(np.int64)
         index = arrays["leaf_index"].astype(np.int64)
         w = side / cells
-        x0, y0 = xmin + (index // cells) * w, ymin + (index % cells) * w
-    elif "m1" in extra and "m2" in extra:
+        return xmin + (index // cells) * w, ymin + (index % cells) * w, w
+    if "m1" in extra and "m2" in extra:
         m1 = int(extra["m1"])
         i = np.arange(m1 * m1)
         x0, y0, w, _ = _cut(xmin + (i // m1) * (side / m1), ymin + (i % m1) * (side / m1),
                             np.full(m1 * m1, side / m1), np.asarray(extra["m2"], dtype=np.int64))
         if "m3" in arrays:
             x0, y0, w, _ = _cut(x0, y0, w, np.asarray(arrays["m3"], dtype=np.int64))
-    else:
+        return x0, y0, w
+    return None
+
+
+def spread_of(synopsis) -> CellSpread:
+    """The spreading error of a grid release: its own cells, or its leaves (:func:`leaf_squares`) with their
+    released counts."""
+    bounds = synopsis.region.bounds_m
+    leaves = leaf_squares(synopsis)
+    if leaves is None:
         return CellSpread([synopsis.values], bounds)
+    x0, y0, w = leaves
     count = synopsis.answer(np.stack([x0, y0, x0 + w, y0 + w], axis=1))
     return CellSpread.of_leaves(x0 + w / 2, y0 + w / 2, w, count, bounds)
 
