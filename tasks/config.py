@@ -52,11 +52,20 @@ class Period:
         return {"label": self.label, "start": iso(self.start_s), "end": iso(self.end_s)}
 
 
+#: The days a period may name: those whose timestamps pandas holds (nanoseconds since 1970 in 64 bits),
+#: as every step after the plan reads time so; a day outside is a one-line error, not an OverflowError.
+FIRST_DAY, LAST_DAY = date(1678, 1, 1), date(2261, 12, 31)
+
+
 def _day(text: str) -> date:
     try:
-        return date.fromisoformat(text)
+        d = date.fromisoformat(text)
     except ValueError as exc:
         raise ConfigError(f"a date must be YYYY-MM-DD, got {text!r}") from exc
+    if not FIRST_DAY <= d <= LAST_DAY:
+        raise ConfigError(f"the date {text} is outside the days geodp handles "
+                          f"({FIRST_DAY.isoformat()} to {LAST_DAY.isoformat()})")
+    return d
 
 
 def _epoch(d: date) -> int:

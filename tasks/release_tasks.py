@@ -245,7 +245,7 @@ MAX_GRID_CELLS = 1 << 26
 
 #: The smallest ε (or ρ) a release takes: its noise scale (k/ε) must stay a number the samplers and
 #: the answers' intervals can represent; 1e-300 overflowed after the charge.
-MIN_BUDGET = 1e-6
+MIN_BUDGET, MAX_BUDGET = 1e-6, 1000.0
 #: The largest public total a release scales to (--public-total): a count, not an overflow.
 MAX_PUBLIC_TOTAL = 1e15
 
@@ -253,8 +253,8 @@ MAX_PUBLIC_TOTAL = 1e15
 def check_numbers(epsilon: float, max_points_per_user: int, public_total: float | None = None) -> None:
     """ε (or ρ), k and a public total in ranges where the noise arithmetic cannot overflow or lose its
     meaning; checked in the plan, before the ledger is charged."""
-    if not (isinstance(epsilon, int | float) and MIN_BUDGET <= float(epsilon) <= 1000):
-        raise ReleaseError(f"epsilon (or rho) must be a number in [{MIN_BUDGET:g}, 1000], got {epsilon!r}")
+    if not (isinstance(epsilon, int | float) and MIN_BUDGET <= float(epsilon) <= MAX_BUDGET):
+        raise ReleaseError(f"epsilon (or rho) must be a number in [{MIN_BUDGET:g}, {MAX_BUDGET:g}], got {epsilon!r}")
     if public_total is not None and not (isinstance(public_total, int | float)
                                          and 0 < float(public_total) <= MAX_PUBLIC_TOTAL):
         raise ReleaseError(f"--public-total must be a finite number of points in (0, {MAX_PUBLIC_TOTAL:g}], "

@@ -12,6 +12,7 @@ import contextlib
 import logging
 import os
 import time
+import warnings
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -104,6 +105,10 @@ def dask_task_runner(address: str | None = None, n_workers: int = 2) -> DaskTask
     ``dashboard_address=None`` still binds the scheduler's bare HTTP server to 8787."""
     from prefect_dask import DaskTaskRunner
 
+    # A city's fit receives its fine count grid (tens of MB at fine cells) as one task argument: distributed
+    # warns "Sending large graph" on every release, though the grid goes to one worker once either way
+    # (scattered first, it would move the same bytes).
+    warnings.filterwarnings("ignore", message="Sending large graph", category=UserWarning)
     if address:
         return DaskTaskRunner(address=address)
     return DaskTaskRunner(cluster_kwargs={
@@ -206,10 +211,14 @@ def local_prefect(timeout: int = 120) -> Iterator[str | None]:
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    """Ask Linux to SIGTERM this child when the process that started it dies, even by SIGKILL."""
+    """Ask Linux to SIGTERM this child when the process that started it dies, even by SIGKILL, and put it
+    in a session of its own: Ctrl-C on the terminal then interrupts the command only, which stops the
+    server when it is done (else the server dies first and the flow waits minutes on its API)."""
     import ctypes
     import signal
 
+    with contextlib.suppress(OSError):
+        os.setsid()
     pr_set_pdeathsig = 1
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)

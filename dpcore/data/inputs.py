@@ -237,8 +237,10 @@ def resolve_input(path: str | os.PathLike, fmt: str = "auto",
         entries, base, single = _list(fs, root, source)
     except DataError:
         raise
-    except (OSError, ValueError) as exc:  # network and permission errors vary by filesystem
-        raise DataError(f"cannot list {source}: {type(exc).__name__}: {exc}") from exc
+    except Exception as exc:  # network, permission and endpoint errors vary by filesystem
+        # (an unreachable S3 endpoint is botocore's EndpointConnectionError, no OSError); the input's
+        # location and why it cannot be listed are public: no file was read
+        raise DataError.all_public(f"cannot list {source}: {_first_line(exc)}") from exc
 
     files, by_kind, n_pruned = [], {}, 0
     for p, info in entries:
@@ -279,6 +281,11 @@ def resolve_files(path: str | os.PathLike, fmt: str = "auto",
         raise DataError.all_public(f"no partition of {inp.source} lies in the time window "
                                    f"({inp.n_pruned} file(s) outside it)")
     return inp
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0][:300]}" if lines else type(exc).__name__
 
 
 def _first(item: tuple) -> Any:

@@ -25,9 +25,10 @@ def _ordered_band(v: tuple[float, float]) -> tuple[float, float]:
     return v
 
 
-Number = Annotated[float, BeforeValidator(_no_bool)]
-Positive = Annotated[float, BeforeValidator(_no_bool), Field(gt=0)]
-NonNegative = Annotated[float, BeforeValidator(_no_bool), Field(ge=0)]
+# every number is finite: an infinite cell width or a NaN share has no grid or budget behind it
+Number = Annotated[float, BeforeValidator(_no_bool), Field(allow_inf_nan=False)]
+Positive = Annotated[float, BeforeValidator(_no_bool), Field(gt=0, allow_inf_nan=False)]
+NonNegative = Annotated[float, BeforeValidator(_no_bool), Field(ge=0, allow_inf_nan=False)]
 #: A share of the budget: strictly between 0 and 1.
 Fraction = Annotated[float, BeforeValidator(_no_bool), Field(gt=0, lt=1)]
 #: A share that may be 0 (the step is then skipped): [0, 1).

@@ -16,17 +16,48 @@ Bad input of any kind is one `error:` line on stderr and exit status 2. The modu
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import signal
 import sys
 
 import typer
 
+from flows.cli import (
+    _env,  # noqa: F401 - before anything imports Prefect
+    misc,
+    query,
+    release,
+)
 from flows.cli import data as data_cli
 from flows.cli import export as _export  # noqa: F401 - registers `release export`
 from flows.cli import ledger as ledger_cli
-from flows.cli import misc, query, release
 from flows.cli.common import STDOUT, validation_text
+
+
+def _finite_float_options() -> None:
+    """Every float option refuses inf and nan as it is parsed (one usage error line, before any work):
+    typer validates options with pydantic, whose float takes 'inf' and 'nan' unless told otherwise."""
+    from typing import Annotated
+
+    from pydantic import Field, TypeAdapter
+    from typer import _adapters
+
+    plain = getattr(_adapters, "_build_number_adapter", None)
+    if plain is None or getattr(plain, "finite", False):
+        return
+
+    def build(number_class, *, min, max, clamp):
+        if number_class is not float or clamp:
+            return plain(number_class, min=min, max=max, clamp=clamp)
+        bounds = {k: v for k, v in (("ge", min), ("le", max)) if v is not None}
+        return TypeAdapter(Annotated[float, Field(allow_inf_nan=False, **bounds)])
+
+    build.finite = True
+    _adapters._build_number_adapter = build
+
+
+_finite_float_options()
 
 #: Commands whose module loads when the command is named: name → (module, attribute, help, hidden).
 LAZY: dict[str, tuple[str, str, str, bool]] = {
@@ -47,8 +78,19 @@ ORDER = ["release", "query", "eval", "ledger", "dataset", "paramselect", "denois
          "serve"]
 
 
+class Interrupted(Exception):
+    """Ctrl-C (SIGINT) during a command: typer turns a KeyboardInterrupt into a silent exit 130, so the
+    root group re-raises it as this, which :func:`main` prints as one line."""
+
+
 class RootGroup(typer.core.TyperGroup):
     """The top of the tree, loading the LAZY commands on first use (help lists them without loading)."""
+
+    def invoke(self, ctx: typer.Context):
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt as exc:
+            raise Interrupted() from exc
 
     def list_commands(self, ctx: typer.Context) -> list[str]:
         found = [*super().list_commands(ctx), *(n for n in LAZY if n not in self.commands)]
@@ -149,6 +191,15 @@ def _quiet_flow_logs(argv: list[str]) -> None:
     os.environ.setdefault("GEODP_DASK_LOG_LEVEL", "CRITICAL")  # tasks/runtime.py: Dask workers' own logs
 
 
+class _NoOrphanedTaskErrors(logging.Filter):
+    """asyncio logs "Task exception was never retrieved" with a traceback when s3fs's event loop drops a
+    request that failed after the command gave up on the store (an S3 outage): the command's own error
+    line already says what failed."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(("Task exception was never retrieved", "Unclosed"))
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run `geodp ARGV`; returns the exit status (0 ok, 2 bad input, 130 interrupted)."""
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -161,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args = list(sys.argv[1:] if argv is None else argv)
     _quiet_flow_logs(args)
+    logging.getLogger("asyncio").addFilter(_NoOrphanedTaskErrors())
     command = typer.main.get_command(app)
     try:
         rv = command.main(args=_optional_json_value(args), prog_name="geodp", standalone_mode=False)
@@ -182,9 +234,20 @@ def main(argv: list[str] | None = None) -> int:
 
         where = getattr(exc, "filename", None)
         return _error(short_error(exc) + (f": {where}" if where else ""))
-    except (KeyboardInterrupt, typer.Abort):
-        print("interrupted", file=sys.stderr)
+    except (Interrupted, KeyboardInterrupt, typer.Abort):
+        _error(INTERRUPTED)
         return 130
+    except Exception as exc:
+        from tasks.storage.store import short_error, storage_errors
+
+        if isinstance(exc, storage_errors()):  # an S3 endpoint down or refusing, met outside the store
+            return _error(short_error(exc))
+        raise
+
+
+#: The line Ctrl-C prints. A release's charge for a city that was not committed stays held, and the next
+#: run of the release takes it over (docs/operations.md), so running the command again finishes it.
+INTERRUPTED = "interrupted (Ctrl-C); nothing unfinished was published: run the command again to finish it"
 
 
 def _error(message: str) -> int:

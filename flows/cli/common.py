@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -140,25 +141,32 @@ def parse_epsilons(text: str, what: str = "--epsilon") -> list[float]:
         raise CLIError(f"{what} must be a number or a comma-separated list, got {text!r}") from exc
     if not values:
         raise CLIError(f"{what} is empty")
-    for v in values:
-        if not v > 0:
-            raise CLIError(f"epsilon must be > 0, got {v:g}")
+    from tasks.release_tasks import MAX_BUDGET, MIN_BUDGET
+
+    for v in values:  # the range a release takes: below it the noise's scale overflows its arithmetic
+        if not MIN_BUDGET <= v <= MAX_BUDGET:
+            raise CLIError(f"epsilon must be > 0 and in [{MIN_BUDGET:g}, {MAX_BUDGET:g}], got {v:g}")
     return values
 
 
-def numbers(text: str, what: str, kind: type = float, minimum: float | None = None) -> list:
+def numbers(text: str, what: str, kind: type = float, minimum: float | None = None,
+            maximum: float | None = None) -> list:
     try:
         vals = [kind(v) for v in names(text)]
     except ValueError as exc:
         raise CLIError(f"{what} must be comma-separated {'integers' if kind is int else 'numbers'}, "
                        f"got {text!r}") from exc
+    if not all(math.isfinite(v) for v in vals):
+        raise CLIError(f"{what} must list finite numbers, got {text!r}")
     if minimum is not None and any(v < minimum for v in vals):
         raise CLIError(f"{what} must list values ≥ {minimum:g}, got {text!r}")
+    if maximum is not None and any(v > maximum for v in vals):
+        raise CLIError(f"{what} must list values ≤ {maximum:g}, got {text!r}")
     return vals
 
 
 def at_least(value: int | float, minimum: int | float, what: str) -> None:
-    if value < minimum:
+    if not value >= minimum:  # NaN too
         raise CLIError(f"{what} must be ≥ {minimum}, got {value}")
 
 

@@ -126,6 +126,8 @@ def range_counts(
     from dpcore.queries.range import parse_query_sides
 
     check_input_options(format, privacy_unit)
+    for what, value in (("--queries", queries), ("--trials", trials), ("--max-points-per-user", max_points_per_user)):
+        at_least(value, 1, what)
     mechs = names(mechanisms)
     mech_params = params_by_mechanism(param, mechs)
     config = EvalConfig(mechanisms=mechs, epsilons=parse_epsilons(epsilon), privacy_unit=privacy_unit,
@@ -218,6 +220,8 @@ def spatio_temporal(
     for what, value in (("--queries", queries), ("--trials", trials), ("--hotspot-queries", hotspot_queries),
                         ("--forecast-queries", forecast_queries), ("--max-points-per-user", max_points_per_user)):
         at_least(value, 1, what)
+    if not hotspot_extent_km > 0:
+        raise CLIError(f"--hotspot-extent-km must be > 0, got {hotspot_extent_km:g}")
     config = STEvalConfig(
         mechanisms=mechs, epsilons=parse_epsilons(epsilon), window_start_s=start, window_end_s=end,
         slot_seconds=parse_slot(slot), privacy_unit=privacy_unit, max_points_per_user=max_points_per_user,

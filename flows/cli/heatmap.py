@@ -13,6 +13,7 @@ from flows.cli.common import (
     CLIError,
     StepProgress,
     at_least,
+    check_mechanism,
     comma,
     emit_json,
     eprint,
@@ -66,6 +67,7 @@ def heatmap(
         mechanisms=specs, epsilons=parse_epsilons(epsilon), resolutions=numbers(resolution, "--resolution", int, 1),
         users=numbers(users, "--users", int, 1), trials=trials, seed=seed, emd_max_side=emd_max_side,
         params={s: by_base[b] for s, b in zip(specs, bases, strict=True) if b in by_base})
+    _check_before_the_work(config, specs, render)
     reg = region(city, center, side_km)
     loaded = load(data, columns, format, strict)
     with StepProgress("evaluate-heatmap") as progress:
@@ -83,6 +85,30 @@ def heatmap(
         path = render_heatmaps(panels, render, suptitle=f"{reg.name}: ε={eps:g}, Δ={res}, {n_users} users")
         eprint(f"wrote {path}")
     return 0
+
+
+#: What --render can write (matplotlib picks the format from the name's suffix).
+RENDER_SUFFIXES = (".png", ".svg", ".pdf", ".jpg", ".jpeg")
+
+
+def _check_before_the_work(config: HeatmapEvalConfig, specs: list[str], render: str | None) -> None:
+    """Every resolution, mechanism and the --render path, checked before the data is read: a grid too fine
+    or a file matplotlib cannot write would otherwise fail after the whole evaluation."""
+    from dpcore.evaluation.heatmap import parse_mechanism_spec
+    from dpcore.heatmap.quadtree import HeatmapError, check_resolution
+
+    if render is not None and not render.lower().endswith(RENDER_SUFFIXES):
+        raise CLIError(f"--render writes an image ({', '.join(RENDER_SUFFIXES)}), got {render!r}")
+    try:
+        config.validate()
+        for res in config.resolutions:
+            check_resolution(res, power_of_two=False)
+    except HeatmapError as exc:
+        raise CLIError(f"--resolution: {exc}") from exc
+    for spec in specs:
+        label, name, spec_params = parse_mechanism_spec(spec)
+        for res in config.resolutions:
+            check_mechanism(name, {"resolution": res, **spec_params, **config.params.get(label, {})})
 
 
 def venue_counts(path: str, bin_column: str, domain_size: int, k: int, rng: np.random.Generator):

@@ -1,0 +1,132 @@
+"""Failures a user can cause or meet, through the CLI (issue 45 item 4): each is one `error:` line and
+exit status 2 (130 for Ctrl-C), before any work and with nothing charged. Each case names what the
+code before this test did instead."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from dpcore.data.synthetic import generate_checkins
+from dpcore.geo import city_region
+from tests.cli_runner import ROOT, run_geodp
+from tests.faults import ledger_and_committed, pause_at_write_env
+from tests.test_store_faults import one_line_error
+
+RELEASE = ("--city", "new-york", "--epsilon", "0.1", "--mechanism", "identity", "--param", "cell_width_m=2000")
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    p = tmp_path_factory.mktemp("data") / "small.parquet"
+    generate_checkins(city_region("new-york"), n_users=80, days=2, seed=4).to_parquet(p)
+    return p
+
+
+# (arguments after DATA, words of the error line, what the code before did)
+BEFORE_ANY_WORK = [
+    (("release", "run", "{data}", *RELEASE, "--period", "1000-01-01..9999-12-31", "--out", "{tmp}/o"),
+     "outside the days", "OverflowError traceback, exit 1"),
+    (("release", "backfill", "{data}", "--cities", "new-york", "--epsilon", "0.1", "--store", "{tmp}/s",
+      "--period", "1000-01-01..9999-12-31"), "outside the days", "OverflowError traceback, exit 1"),
+    (("eval", "range", "{data}", "--city", "new-york", "--epsilon", "1e-300"), "epsilon must be",
+     "ValueError traceback from the discrete Laplace scale, exit 1"),
+    (("eval", "range", "{data}", "--city", "new-york", "--trials", "0"), "--trials",
+     "'need at least one array to concatenate' after the whole evaluation, exit 1"),
+    (("eval", "heatmap", "{data}", "--city", "new-york", "--resolution", "1048576"), "resolution",
+     "an 8 TiB allocation failing after the data was read, exit 1"),
+    (("eval", "heatmap", "{data}", "--city", "new-york", "--render", "{tmp}/X.parquet"), "--render",
+     "the whole evaluation ran before matplotlib refused the suffix"),
+    (("release", "run", "{data}", "--city", "new-york", "--epsilon", "0.1", "--mechanism", "identity",
+      "--param", "cell_width_m=inf", "--out", "{tmp}/o"), "finite", "an infinite cell width was accepted"),
+    (("release", "run", "{data}", *RELEASE, "--budget-cap", "inf", "--out", "{tmp}/o"), "finite",
+     "an infinite budget cap was accepted"),
+]
+
+
+@pytest.mark.parametrize(("args", "words", "before"), BEFORE_ANY_WORK, ids=[" ".join(c[0][:2]) + f" {i}"
+                                                                          for i, c in enumerate(BEFORE_ANY_WORK)])
+def test_bad_options_are_one_line_before_any_work(args, words, before, small, tmp_path):
+    filled = [str(a).format(data=small, tmp=tmp_path) for a in args]
+    r = run_geodp(*filled, ok=False, timeout=120)
+    one_line_error(r, words)
+    assert r.stderr.count("\n") == 1, f"{before}; now: {r.stderr[-2000:]}"  # nothing read or drawn first
+    assert not (tmp_path / "o").exists() and not (tmp_path / "s").exists()
+
+
+def _closed_port() -> int:
+    """A loopback port nothing listens on (bound, then closed: connections to it are refused)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def s3_down() -> dict[str, str]:
+    """The environment of an S3 endpoint that is down: a closed loopback port, dummy credentials."""
+    return {"GEODP_S3_ENDPOINT_URL": f"http://127.0.0.1:{_closed_port()}", "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+def test_an_s3_input_whose_endpoint_is_down_is_one_line_in_data_check_and_release_out(s3_down, tmp_path):
+    """Before: a 126-line botocore traceback and exit 1 in both."""
+    data = "s3://geodp-input/checkins.parquet"
+    one_line_error(run_geodp("data", "check", data, ok=False, env=s3_down), "cannot list", data)
+    r = run_geodp("release", "run", data, *RELEASE, "--out", tmp_path / "out", ok=False, env=s3_down)
+    one_line_error(r, "cannot list", data)
+    assert not (tmp_path / "out" / "datasets").exists() or ledger_and_committed(tmp_path / "out") == (0.0, 0.0)
+
+
+def test_an_s3_input_whose_endpoint_is_down_is_one_line_in_the_prefect_form(prefect_harness, s3_down, tmp_path):
+    """Before: a traceback and exit 1."""
+    data = "s3://geodp-input/checkins.parquet"
+    r = run_geodp("release", "run", data, "--cities", "new-york", "--epsilon", "0.1", "--store", tmp_path / "s",
+                  "--workers", "1", ok=False, env=s3_down)
+    one_line_error(r, "cannot list", data)
+    assert not (tmp_path / "s" / "datasets").exists() or ledger_and_committed(tmp_path / "s") == (0.0, 0.0)
+
+
+def _interrupted(args: list, mark, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run `geodp ARGS` paused at its first store write (tests/faults.py), send it SIGINT by PID (as
+    Ctrl-C does), and wait for it."""
+    full_env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false", **(env or {}),
+                **pause_at_write_env(1, mark)}
+    proc = subprocess.Popen([sys.executable, "-m", "flows.cli", *map(str, args)], cwd=ROOT, env=full_env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 180
+    while not mark.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def _one_interrupted_line(r: subprocess.CompletedProcess) -> None:
+    assert r.returncode == 130, (r.returncode, r.stderr[-3000:])
+    assert "Traceback" not in r.stderr, r.stderr[-3000:]
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and "interrupted" in errors[0] and r.stderr.rstrip().endswith(errors[0]), r.stderr
+
+
+def test_ctrl_c_in_process_prints_one_line(small, tmp_path):
+    """Before: exit 130 with no message at all."""
+    store = tmp_path / "out"
+    _one_interrupted_line(_interrupted(["release", "run", small, *RELEASE, "--out", store], tmp_path / "mark"))
+    run_geodp("release", "run", small, *RELEASE, "--out", store)  # running it again finishes it
+    charged, committed = ledger_and_committed(store)
+    assert charged == pytest.approx(committed) == pytest.approx(0.1)
+
+
+def test_ctrl_c_in_the_prefect_form_prints_one_line(prefect_harness, small, tmp_path):
+    """Before: exit 130 with no message (with a local Prefect server, which the terminal's Ctrl-C also
+    stopped: exit 1 after 160 s and 162 lines of tracebacks)."""
+    store = tmp_path / "s"
+    r = _interrupted(["release", "run", small, *RELEASE, "--store", store, "--workers", "1"], tmp_path / "mark")
+    _one_interrupted_line(r)
