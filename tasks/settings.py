@@ -23,13 +23,14 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from dpcore.privacy.accounting import PrivacyPolicy
+from dpcore.privacy.accounting import MAX_POLICY_BUDGET, PrivacyPolicy
 from tasks.config import ConfigError, PrivacyUnitName, ReleaseParams
 
 DEFAULT_BUDGET_CAP = 10.0
 CONFIG_ENV = "GEODP_CONFIG"
 
-PositiveCap = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+#: A budget as `geodp dataset create --budget` takes it (dpcore.privacy.accounting.MAX_POLICY_BUDGET).
+PositiveCap = Annotated[float, Field(gt=0, le=MAX_POLICY_BUDGET, allow_inf_nan=False)]
 
 
 class BudgetSettings(BaseModel):
@@ -99,6 +100,21 @@ class NightlySettings(BaseModel):
         from tasks.release_tasks import dataset_name
 
         return dataset_name(self.release.data, self.release.dataset)
+
+    @model_validator(mode="after")
+    def _known_cities(self) -> NightlySettings:
+        """The nightly's cities are catalog slugs, as `geodp release run --cities` checks them: an unknown
+        one is refused when the config is loaded (`geodp serve`), not at the first scheduled run."""
+        from dpcore.geo import UnknownCityError, city_region
+
+        if self.release.center is None:
+            for city in self.release.cities:
+                try:
+                    city_region(city)
+                except UnknownCityError as exc:
+                    raise ValueError(str(exc).replace("; or give a custom region with --center LAT,LON "
+                                                      "--side-km S.", "")) from exc
+        return self
 
     @model_validator(mode="after")
     def _release_fits_policy(self) -> NightlySettings:
@@ -262,7 +278,7 @@ def describe_errors(exc: ValidationError) -> str:
     parts = []
     for e in exc.errors():
         where = ".".join(str(x) for x in e["loc"]) or "(top level)"
-        msg = "unknown key (misspelled?)" if e["type"] == "extra_forbidden" else e["msg"]
+        msg = "unknown key (misspelled?)" if e["type"] == "extra_forbidden" else str(e["msg"]).removeprefix("Value error, ")
         value: Any = e.get("input")
         shown = "" if e["type"] in ("extra_forbidden", "missing") or isinstance(value, dict) else f" (got {value!r})"
         parts.append(f"{where}: {msg}{shown}")

@@ -130,3 +130,39 @@ def test_ctrl_c_in_the_prefect_form_prints_one_line(prefect_harness, small, tmp_
     store = tmp_path / "s"
     r = _interrupted(["release", "run", small, *RELEASE, "--store", store, "--workers", "1"], tmp_path / "mark")
     _one_interrupted_line(r)
+
+
+def _bad_columns(folder) -> list:
+    """A parquet file whose lat column is boolean, and a CSV whose header names lat twice (the second
+    column holding 1.0 everywhere): both were read as valid rows before."""
+    df = generate_checkins(city_region("new-york"), n_users=40, days=1, seed=5)
+    boolean = df.assign(lat=df["lat"] > df["lat"].median())
+    boolean.to_parquet(folder / "bool_lat.parquet")
+    text = df.to_csv(index=False).splitlines()
+    (folder / "two_lat.csv").write_text("\n".join([text[0] + ",lat", *(row + ",1.0" for row in text[1:])]) + "\n")
+    return [folder / "bool_lat.parquet", folder / "two_lat.csv"]
+
+
+def test_columns_of_the_wrong_type_or_named_twice_are_one_line(tmp_path):
+    for path, words in zip(_bad_columns(tmp_path), ("column lat holds bool", "two columns named 'lat'"), strict=True):
+        one_line_error(run_geodp("data", "check", path, ok=False), words)
+        r = run_geodp("release", "run", path, *RELEASE, "--out", tmp_path / "out", ok=False)
+        one_line_error(r, words)
+        assert not (tmp_path / "out").exists() or ledger_and_committed(tmp_path / "out") == (0.0, 0.0)
+
+
+@pytest.mark.parametrize(("toml", "words"), [
+    ("[budget]\ndefault_cap = 1e300\n", "budget.default_cap"),
+    ('[nightly]\n[nightly.release]\ndata = "x.parquet"\ncities = ["atlantis"]\nepsilon = 1.0\n', "unknown city 'atlantis'"),
+])
+def test_a_config_is_validated_as_the_cli_validates_options(toml, words, small, tmp_path):
+    """Before: `geodp serve` started with either config (a cap no `dataset create --budget` takes, a city
+    the first scheduled run would refuse)."""
+    config = tmp_path / "geodp.toml"
+    config.write_text(toml)
+    # the refusal comes before serve looks for a Prefect server: none is needed here
+    one_line_error(run_geodp("serve", "--config", config, ok=False, timeout=60,
+                             env={"PREFECT_API_URL": "http://127.0.0.1:9/api"}),
+                   words)
+    r = run_geodp("release", "run", small, *RELEASE, "--out", tmp_path / "out", "--config", config, ok=False)
+    one_line_error(r, words)

@@ -120,7 +120,8 @@ def test_a_missing_input_is_one_line_at_once(served, tmp_path):
     missing = tmp_path / "nowhere" / "checkins.parquet"
     flow_run, tasks, logs = _served_run(_params(missing, store))
     message = _refused_at_once(flow_run, tasks, logs)
-    assert str(missing) in message
+    # the UI says what the terminal says (before: "failed on the data's content"): a path is public
+    assert str(missing) in message and "input file not found" in message, message
 
 
 def test_a_run_with_every_key_committed_starts_no_cluster(served):

@@ -143,7 +143,7 @@ def _mtime(info: dict, path: str) -> datetime:
             except ValueError:
                 continue
             return d.astimezone(UTC) if d.tzinfo else d.replace(tzinfo=UTC)
-    raise DataError(f"cannot tell when {path} was last modified (its filesystem gives no time)")
+    raise DataError.all_public(f"cannot tell when {path} was last modified (its filesystem gives no time)")
 
 
 def detect_format(name: str) -> str | None:
@@ -225,12 +225,12 @@ def resolve_input(path: str | os.PathLike, fmt: str = "auto",
 
     source = str(path)
     if fmt != "auto" and fmt not in FORMATS:
-        raise DataError(f"unknown format {fmt!r}; use one of auto, {', '.join(FORMATS)}")
+        raise DataError.all_public(f"unknown format {fmt!r}; use one of auto, {', '.join(FORMATS)}")
     protocol = _protocol(source)
     try:
         fs, root = fsspec.core.url_to_fs(source, **storage_options_from_env(protocol))
     except (ImportError, ValueError) as exc:
-        raise DataError(f"cannot open {source!r}: {exc}") from exc
+        raise DataError.all_public(f"cannot open {source!r}: {exc}") from exc
     local = protocol in ("file", "local")
     root = root.rstrip("/") or root
     try:
@@ -250,7 +250,7 @@ def resolve_input(path: str | os.PathLike, fmt: str = "auto",
         kind = fmt if fmt != "auto" else detect_format(rel[-1])
         shown = p if local else f"{protocol}://{p}"
         if kind is None:
-            raise DataError(f"cannot tell the format of {shown}: use .parquet, .csv, .tsv or SNAP .txt(.gz), "
+            raise DataError.all_public(f"cannot tell the format of {shown}: use .parquet, .csv, .tsv or SNAP .txt(.gz), "
                              "or give --format")
         by_kind.setdefault("text" if kind in ("tsv", "snap") else kind, []).append(shown)
         part = _hive(rel[:-1])
@@ -259,16 +259,16 @@ def resolve_input(path: str | os.PathLike, fmt: str = "auto",
             continue
         files.append(InputFile(p, kind, int(info.get("size") or 0), _mtime(info, shown), part))
     if not by_kind:
-        raise DataError(f"{source} holds no data files")
+        raise DataError.all_public(f"{source} holds no data files")
     if len(by_kind) > 1:
         kinds = ", ".join(f"{len(v)} {k}" for k, v in sorted(by_kind.items()))
-        raise DataError(f"{source} mixes file formats ({kinds}); give one format per input")
+        raise DataError.all_public(f"{source} mixes file formats ({kinds}); give one format per input")
     for i, f in enumerate(files):
         if f.fmt == "text":
             shown = f.path if local else f"{protocol}://{f.path}"
             files[i] = InputFile(f.path, _sniff_text(fs, f.path, shown), f.size, f.mtime, f.partition)
     if len({f.fmt for f in files}) > 1:
-        raise DataError(f"{source} mixes headed TSV and headerless SNAP files; give one format per input")
+        raise DataError.all_public(f"{source} mixes headed TSV and headerless SNAP files; give one format per input")
     return InputSet(source, fs, local, files, n_pruned)
 
 
@@ -301,7 +301,7 @@ def _list(fs: Any, root: str, source: str) -> tuple[list[tuple[str, dict]], str,
             return sorted(((p, i) for p, i in found.items() if i.get("type") != "directory"), key=_first), root, False
         return [(root, fs.info(root))], root.rsplit("/", 1)[0], True
     if not _GLOB_CHARS.search(root):
-        raise DataError(f"input file not found: {source}")
+        raise DataError.all_public(f"input file not found: {source}")
     matches = fs.glob(root, detail=True)
     out: dict[str, dict] = {}
     for p, info in matches.items():
@@ -310,7 +310,7 @@ def _list(fs: Any, root: str, source: str) -> tuple[list[tuple[str, dict]], str,
         else:
             out[p] = info
     if not out:
-        raise DataError(f"no files match {source}")
+        raise DataError.all_public(f"no files match {source}")
     # Hive names are read below the glob's fixed prefix, e.g. data/ for data/date=*/*.parquet.
     fixed = root[:_GLOB_CHARS.search(root).start()].rsplit("/", 1)[0]
     return sorted(out.items(), key=_first), fixed, False

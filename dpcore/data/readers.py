@@ -309,6 +309,27 @@ def missing_columns(shown: str, missing: list[str], has: list[str]) -> DataError
                      public=f"{shown} is missing column(s) {missing}; map names with --columns")
 
 
+def _check_coordinate_types(shown: str, types: dict[str, Any]) -> None:
+    """lat and lon are numbers (or text read as numbers): a boolean column would read as 0.0 and 1.0,
+    every row a valid coordinate. A column's type is schema, public like its name."""
+    import pyarrow as pa
+
+    for std, t in types.items():
+        if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t)
+                or pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_dictionary(t)):
+            raise DataError.all_public(f"{shown}: column {std} holds {t} values, not numbers; "
+                                       "map a numeric column with --columns")
+
+
+def _check_unique_header(shown: str, names: list[str], wanted: dict[str, str]) -> None:
+    """A header naming a used column twice: pandas keeps the first and renames the second NAME.1, so the
+    input would be read from whichever came first. Header names are public, like missing columns."""
+    for src in wanted.values():
+        if src in names and f"{src}.1" in names:
+            raise DataError.all_public(f"{shown} has two columns named {src!r} (the second read as "
+                                       f"'{src}.1'); keep one, or rename one and map it with --columns")
+
+
 def _read_parquet(inp: InputSet, f: InputFile, columns: dict[str, str] | None, shown: str,
                   skip: frozenset[str], window: tuple[int | None, int | None], threads: bool) -> Part:
     import pyarrow as pa
@@ -322,6 +343,8 @@ def _read_parquet(inp: InputSet, f: InputFile, columns: dict[str, str] | None, s
         missing = [std for std, s in want.items() if s not in has and s not in f.partition]
         if missing:
             raise missing_columns(shown, missing, has)
+        _check_coordinate_types(shown, {std: pf.schema_arrow.field(s).type for std, s in want.items()
+                                        if std in ("lat", "lon") and s in has})
         unread = proven_columns(pf, want, skip, window) if skip else set()
         want = {std: s for std, s in want.items() if std not in unread}
         from_file = sorted({s for s in want.values() if s in has})
@@ -371,6 +394,8 @@ def _read_text(inp: InputSet, f: InputFile, columns: dict[str, str] | None, show
     finally:
         if not inp.local:
             src.close()
+    if f.fmt != "snap":
+        _check_unique_header(shown, list(df.columns), sources_for(columns))
     if columns:
         df = df.rename(columns=columns)
     elif f.fmt == "snap":

@@ -40,6 +40,8 @@ DAY_S = 86_400
 #: Day numbers standing for "every day" (a release without a period and no declared horizon).
 EVERY_DAY = (-(10**7), 10**7)
 _REL_TOL = 1e-9
+#: The largest budget a policy holds: beyond it no guarantee means anything, and sums of charges stay exact.
+MAX_POLICY_BUDGET = 1e4
 
 
 class PolicyError(GeoDPError, ValueError):
@@ -119,8 +121,9 @@ class PrivacyPolicy:
             raise PolicyError(f"accounting must be pure or zcdp, got {self.accounting!r}")
         if self.bound_window not in ("release", "day"):
             raise PolicyError(f"the bound window must be release or day, got {self.bound_window!r}")
-        if not (isinstance(self.budget, int | float) and math.isfinite(self.budget) and 0 < self.budget <= 1e4):
-            raise PolicyError(f"the budget must be a number in (0, 1e4], got {self.budget!r}")
+        if not (isinstance(self.budget, int | float) and math.isfinite(self.budget)
+                and 0 < self.budget <= MAX_POLICY_BUDGET):
+            raise PolicyError(f"the budget must be a number in (0, {MAX_POLICY_BUDGET:g}], got {self.budget!r}")
         if self.privacy_unit == "user":
             k = self.max_points_per_user
             if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= 1_000_000:
