@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from dpcore import GeoDPError
 from dpcore.data.inputs import DataError
-from dpcore.mechanisms.st_resolution import SLOTS_MERGED
+from dpcore.mechanisms.st_resolution import SLOT_WARNING
 from dpcore.privacy.accounting import budget_label
 from tasks.config import ReleaseParams
 from tasks.ledger_tasks import charge_ledger, committed_from, give_back, settle_strays, void_charge
@@ -241,7 +241,7 @@ def _row(manifest: Manifest, status: str) -> dict:
     return {"city": manifest.city, "version": manifest.version, "epsilon": manifest.epsilon,
             "rho": manifest.rho, "mechanism": manifest.mechanism, "chosen_mechanism": manifest.chosen_mechanism,
             "status": status, "url": manifest.url, "region": manifest.region,
-            "slot_merges": [n for n in manifest.privacy.notes if n.startswith(SLOTS_MERGED)],
+            "slot_warnings": [n for n in manifest.privacy.notes if n.startswith(SLOT_WARNING)],
             "k_choice": ((manifest.quality or {}).get("plan") or {}).get("k_choice"),
             "no_verdict": _no_verdict((manifest.quality or {}).get("plan") or {})}
 
@@ -289,7 +289,7 @@ def summary_markdown(summary: dict, results: dict[str, Manifest], store: Release
         lines.append(f"## {r['city']} v{r['version']} ({r['status']})")
         lines.append(f"`{r['url']}`")
         m = results[r["city"]]
-        lines.extend(f"- **{note}**" for note in r.get("slot_merges", []))
+        lines.extend(f"- **{note}**" for note in r.get("slot_warnings", []))
         if r.get("k_choice"):
             lines.append(f"- {r['k_choice']['statement']}")
         if r.get("no_verdict"):

@@ -61,12 +61,14 @@ def test_what_would_help_makes_the_expected_error_beat_a_blank_map() -> None:
     assert useless(expected_errors(PlanInputs(epsilon=eps[0] / 2, k=20, cell_width_m=100.0), typical, profile))
 
 
-def test_a_merge_of_the_requested_slots_is_stated_on_the_terminal_and_in_the_summary(gowalla_nyc_path, tmp_path):
-    """identity3d's resolution rule merged 21 daily slots into one silently (the manifest's notes only)."""
+def test_slots_the_paid_n_hat_shows_mostly_noise_are_stated_on_the_terminal_and_in_the_summary(gowalla_nyc_path,
+                                                                                               tmp_path):
+    """identity3d's resolution rule merged 21 daily slots into one silently (the manifest's notes only); it
+    now keeps them, and says on the terminal and in the summary when its paid n̂ shows them mostly noise."""
     args = ["release", "run", gowalla_nyc_path, "--city", "new-york", "--epsilon", "0.2", "--mechanism", "identity3d",
             "--param", "resolution=rule", "--period", "2010-05-01..2010-05-21", "--slot", "1d",
             "--max-points-per-user", "20", "--seed", "1"]
     text = run_geodp(*args, "--out", tmp_path / "a").stdout
-    assert "warning: slots merged: the 21 requested slots were merged" in text
+    assert "warning: slots kept as asked, but the paid n̂ carries about" in text
     (row,) = json.loads(run_geodp(*args, "--out", tmp_path / "b", "--json").stdout)["releases"]
-    assert row["slot_merges"] and "21 requested slots" in row["slot_merges"][0]
+    assert row["slot_warnings"] and "of the 21 (per-slot signal" in row["slot_warnings"][0]

@@ -8,6 +8,7 @@ import pytest
 from dpcore.data.synthetic import generate_checkins
 from dpcore.geo import city_region
 from tests.cli_runner import run_geodp
+from tests.test_store_faults import one_line_error
 
 SMALL_VDR = ["--param", "vdr.grid_size=32", "--param", "vdr.steps=20", "--param", "vdr.batch_size=4",
              "--param", "vdr.crop=32", "--param", "vdr.hidden=8", "--param", "vdr.n_codes=16",
@@ -80,3 +81,29 @@ def test_release_then_query_time_hotspot_forecast(synth_file, tmp_path):
     assert len(fc["forecast"]) == 3 and len(fc["history"]) == 14 and all(np.isfinite(fc["forecast"]))
     bad = geodp("hotspot", out, "--at", "nowhere", "--threshold", "5", ok=False)
     assert bad.returncode == 2 and "--at" in bad.stderr
+
+
+FAST_RULE_VDR = ["--param", "steps=5", "--param", "batch_size=2", "--param", "crop=16", "--param", "hidden=8",
+                 "--param", "n_codes=8", "--param", "code_dim=4"]
+
+
+def test_vdr_keeps_the_asked_slots_or_refuses_them_before_the_charge(synth_file, tmp_path):
+    """Issue 44: a user-level vdr release folded every daily slot into one, flat in time, without asking.
+    Now a public total that cannot carry the slots is refused in one line naming a width it carries, and the
+    charge is given back; slots it can carry are released one by one."""
+    store = tmp_path / "store"
+    common = ["release", synth_file, "--city", "new-york", "--period", "2024-01-01..2024-01-14", "--epsilon", "1",
+              "--mechanism", "vdr", "--max-points-per-user", "20", "--out", store, "--no-prefect", *FAST_RULE_VDR]
+    bad = geodp(*common, "--slot", "1d", "--public-total", "10000", ok=False)
+    one_line_error(bad)
+    # 10,000·0.95/20 = 475 carries 5 slots of the 14 days: ceil(14 / 5) = 3 days each
+    assert "14 requested time slots cannot be carried" in bad.stderr and "--slot 3d or longer" in bad.stderr
+    entries = [json.loads(p.read_text()) for p in sorted(store.glob("datasets/*/ledger/*.json"))]
+    held = {c["key"] for e in entries if e["kind"] == "charge" for c in e["charges"]}
+    given_back = {v["key"] for e in entries if e["kind"] == "void" for v in e["voids"]}
+    assert held == given_back  # nothing charged
+    assert not list(store.glob("releases/**/_MANIFEST.json"))  # nothing published
+    geodp(*common, "--slot", "1d", "--public-total", "40000")
+    f = geodp("forecast", store, "--box", "40.60,-74.10,40.80,-73.90", "--horizon", "2", "--json")
+    history = json.loads(f.stdout)["history"]
+    assert len(history) == 14 and len({round(v, 6) for v in history}) > 1  # 14 slots of their own, not one spread

@@ -1,4 +1,4 @@
-"""The spatio-temporal resolution rule: public inputs only, recorded spend, slot merging that keeps mass."""
+"""The spatio-temporal resolution rule: public inputs only, recorded spend, slots kept or refused before any charge."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import pytest
 
 from dpcore.geo import Region
 from dpcore.mechanisms import get_mechanism
+from dpcore.mechanisms.base import MechanismError
 from dpcore.mechanisms.inputs import FitInput
-from dpcore.mechanisms.st_resolution import merge_slots, spread_slots, st_resolution
+from dpcore.mechanisms.st_resolution import carried_slots, slot_refusal, st_resolution
 from dpcore.privacy.noise import NoiseSource
 from dpcore.synopsis.base import load_synopsis
 
@@ -26,47 +27,44 @@ def _data(seed: int, n: int, t: int = 13, spread_m: float = 2000.0, **kw):
                     slot_seconds=7 * 86400, window_start_s=1_275_000_000, **kw)
 
 
-def test_rule_is_monotone_and_coarse_at_user_level_signal():
+def test_rule_keeps_the_slots_and_coarsens_cells_with_less_signal():
     low = st_resolution(2_000, 0.475, 20, 13)
     high = st_resolution(400_000, 0.95, 20, 13)
-    # Gowalla-sample-like signal (s ≈ 50): one slot for the whole window and a coarse grid
-    assert (low.slot_factor, low.coarse_slots) == (13, 1)
-    assert low.cells <= 16
-    # a thousand times the signal keeps more time resolution and finer cells
-    assert high.coarse_slots > 1 and high.cells > low.cells
+    # the rule never merges slots (it used to fold all 13 weekly slots into one at this signal)
+    assert low.record()["slot_factor"] == high.record()["slot_factor"] == 1
+    assert low.record()["coarse_slots"] == 13
+    assert low.cells <= 16 < high.cells
     for n in (1e3, 1e4, 1e5, 1e6):
-        a, b = st_resolution(n, 0.5, 20, 21), st_resolution(2 * n, 0.5, 20, 21)
-        assert b.cells >= a.cells and b.coarse_slots >= a.coarse_slots
+        assert st_resolution(2 * n, 0.5, 20, 21).cells >= st_resolution(n, 0.5, 20, 21).cells
+        assert carried_slots(2 * n, 0.5, 20, 21) >= carried_slots(n, 0.5, 20, 21)
     assert all(st_resolution(n, 1.0, 1, 7, privacy_unit="record").cells & (st_resolution(n, 1.0, 1, 7).cells - 1) == 0
                for n in (10, 1e4, 1e7))  # powers of two
 
 
-def test_merge_then_spread_keeps_mass_and_group_means():
-    rng = np.random.default_rng(0)
-    counts = rng.integers(0, 9, (4, 4, 13))
-    merged = merge_slots(counts, 4)
-    assert merged.shape == (4, 4, 4)
-    assert merged[:, :, 3].sum() == counts[:, :, 12].sum()  # the last group holds the one slot left
-    back = spread_slots(merged.astype(float), 4, 13)
-    assert back.shape == counts.shape
-    assert back.sum() == pytest.approx(counts.sum())
-    np.testing.assert_allclose(back[:, :, 5], counts[:, :, 4:8].mean(axis=2))
-    np.testing.assert_allclose(back[:, :, 12], counts[:, :, 12])
+def test_slot_refusal_names_the_finest_width_the_size_carries():
+    # the issue's month: 28 daily slots, k 20, ε 0.95 for the cells, ~11.8 k points in the window
+    why = slot_refusal(11_757, 0.95, 20, 28, 86400, "the public total")
+    assert why is not None and "28 requested time slots" in why
+    carried = carried_slots(11_757, 0.95, 20, 28)
+    assert carried == 6 and "--slot 5d or longer" in why  # ceil(28 / 6) = 5 days
+    assert slot_refusal(11_757, 0.95, 20, 6, 5 * 86400, "the public total") is None  # that width is carried
+    assert slot_refusal(10, 0.1, 20, 1, 86400, "x") is None  # one slot is never refused
+    assert "--slot 2w" in slot_refusal(1_000, 0.95, 20, 2, 7 * 86400, "x")
 
 
 @pytest.mark.parametrize("mechanism", ["vdr", "identity3d"])
 def test_resolution_depends_on_public_inputs_only(mechanism):
     params = FAST_VDR if mechanism == "vdr" else {"resolution": "rule"}
     # very different private data (sizes, places, spread), the same public inputs: n̂ already paid, ε, k, T
-    a = _data(1, 3_000, spread_m=500.0, sample_size=20_000.0, public_total=50_000.0)
-    b = _data(2, 40_000, spread_m=4000.0, sample_size=20_000.0, public_total=50_000.0)
+    a = _data(1, 3_000, spread_m=500.0, sample_size=200_000.0, public_total=500_000.0)
+    b = _data(2, 40_000, spread_m=4000.0, sample_size=200_000.0, public_total=500_000.0)
     ra = get_mechanism(mechanism, **params).fit(a, 0.5, NoiseSource.seeded(1)).extra_meta()["resolution"]
     rb = get_mechanism(mechanism, **params).fit(b, 0.5, NoiseSource.seeded(2)).extra_meta()["resolution"]
     assert ra == rb
     # the public inputs do move it: a hundred times n̂
-    c = _data(1, 3_000, spread_m=500.0, sample_size=2_000_000.0, public_total=50_000.0)
+    c = _data(1, 3_000, spread_m=500.0, sample_size=20_000_000.0, public_total=50_000_000.0)
     rc = get_mechanism(mechanism, **params).fit(c, 0.5, NoiseSource.seeded(1)).extra_meta()["resolution"]
-    assert (rc["cells"], rc["coarse_slots"]) != (ra["cells"], ra["coarse_slots"])
+    assert rc["cells"] != ra["cells"]
 
 
 def test_rule_pays_for_n_hat_and_the_manifest_says_so(tmp_path):
@@ -87,22 +85,19 @@ def test_rule_pays_for_n_hat_and_the_manifest_says_so(tmp_path):
     assert syn.privacy.params["resolution"] == "rule"
     assert any("resolution rule" in note for note in syn.privacy.notes)
     assert syn.values.sum() == pytest.approx(30_000.0, rel=1e-6)
-    # merged slots are spread evenly: every slot of one merged group holds the same map
-    f = res["slot_factor"]
-    if f > 1:
-        np.testing.assert_allclose(syn.values[:, :, 0], syn.values[:, :, f - 1])
+    assert res["slot_factor"] == 1 and res["coarse_slots"] == 13  # every requested slot kept
     syn.save(tmp_path)  # the choice travels with the saved release
     back = load_synopsis(tmp_path)
     assert back.extra_meta()["resolution"] == res and back.values.shape == syn.values.shape
     # an already-paid n̂ is reused, not paid twice
-    paid = _data(3, 8_000, public_total=30_000.0, sample_size=7_900.0)
+    paid = _data(3, 8_000, public_total=30_000.0, sample_size=25_000.0)
     again = get_mechanism("vdr", **FAST_VDR).fit(paid, 1.0, NoiseSource.seeded(0)).privacy.charges
     assert [c["name"] for c in again] == ["cell_counts"]
 
 
 def test_auto_resolution_uses_the_rule_only_at_user_level_without_a_grid():
     fast = {k: v for k, v in FAST_VDR.items() if k != "resolution"}
-    user = _data(4, 6_000, public_total=20_000.0)
+    user = _data(4, 6_000, public_total=40_000.0)
     default = get_mechanism("vdr", **fast)
     assert default.resolution == "auto" and default.uses_rule(user)
     assert default.fine_grid(REGION) == 256
@@ -114,7 +109,7 @@ def test_auto_resolution_uses_the_rule_only_at_user_level_without_a_grid():
     assert not given.uses_rule(user)
     assert given.fine_grid(REGION) == 16
     record = FitInput(user.x, user.y, REGION, "record", slot=user.slot, n_slots=13, slot_seconds=7 * 86400,
-                      window_start_s=1_275_000_000, public_total=20_000.0)
+                      window_start_s=1_275_000_000, public_total=40_000.0)
     assert not default.uses_rule(record)
     rec = default.fit(record, 1.0, NoiseSource.seeded(0))
     assert rec.extra_meta()["resolution"] is None and rec.values.shape == (256, 256, 13)
@@ -137,3 +132,27 @@ def test_identity3d_under_the_rule_scales_as_the_fixed_grid_does():
                        slot_seconds=7 * 86400, window_start_s=1_275_000_000, public_total=-1.0)
         with pytest.raises(Exception, match="public_total must be a finite count"):
             mech.fit(bad, 1.0, NoiseSource.seeded(0))
+
+
+@pytest.mark.parametrize("mechanism", ["vdr", "identity3d"])
+def test_slots_a_public_size_cannot_carry_are_refused_before_any_charge(mechanism):
+    """Issue 44: the rule used to fold such slots into one, silently flat in time. A public size
+    (declared total or already-paid n̂) decides it, so the refusal costs nothing and reads nothing private."""
+    params = FAST_VDR if mechanism == "vdr" else {"resolution": "rule"}
+    charged = []
+
+    class Watch(NoiseSource):
+        def random_words(self, size: int) -> np.ndarray:  # every published draw reads these
+            charged.append(size)
+            return super().random_words(size)
+
+    for extra in ({"public_total": 20_000.0}, {"sample_size": 20_000.0}):
+        data = _data(6, 8_000, **extra)  # 13 weekly slots, ε 1, k 20: 20 k points carry 10 slots at most
+        with pytest.raises(MechanismError, match=r"13 requested time slots cannot be carried.*--slot 2w or longer"):
+            get_mechanism(mechanism, **params).fit(data, 1.0, Watch(secure_mode=False, seed=0))
+    assert charged == []
+    # without a public size nothing can tell before the charge: the slots are kept, and the notes say
+    # what the paid n̂ showed
+    syn = get_mechanism(mechanism, **params).fit(_data(6, 8_000), 1.0, NoiseSource.seeded(0))
+    assert syn.values.shape[2] == 13 and syn.extra_meta()["resolution"]["slot_factor"] == 1
+    assert any("slots kept as asked" in note for note in syn.privacy.notes)

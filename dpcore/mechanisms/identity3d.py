@@ -30,9 +30,10 @@ from dpcore.mechanisms.st_resolution import (
     DEFAULT_QUERY_SIDES_M,
     MAX_CELLS,
     SLOT_SIGNAL,
+    SLOT_WARNING,
     STResolution,
-    merge_slots,
-    spread_slots,
+    carried_slots,
+    slot_refusal,
     st_resolution,
 )
 from dpcore.mechanisms.tags import MechanismTags
@@ -86,9 +87,7 @@ def full_scale(data: SpatioTemporalInput, n_exact: int, acct: Accountant, noise:
     if data.public_total is None:
         return FullScale(1.0, n_hat, None, "no public total given: counts are at the bounded-sample scale "
                                            "(≤ k points per user), not full counts")
-    total = float(data.public_total)
-    if not np.isfinite(total) or total < 0:
-        raise MechanismError(f"public_total must be a finite count ≥ 0, got {data.public_total}")
+    total = checked_total(data)
     if data.privacy_unit == "record":
         return FullScale(1.0, n_hat, total, "record-level privacy: no bounding, counts are full counts")
     if n_hat is None:
@@ -96,6 +95,14 @@ def full_scale(data: SpatioTemporalInput, n_exact: int, acct: Accountant, noise:
                                  "n = points kept after bounding; one user changes it by ≤ k")
     return FullScale(total / n_hat, n_hat, total,
                      f"scaled by public total N={total:g} / noisy sample size n̂={n_hat:g}")
+
+
+def checked_total(data: SpatioTemporalInput) -> float:
+    """The declared public total, refused unless a finite count ≥ 0."""
+    total = float(data.public_total)
+    if not np.isfinite(total) or total < 0:
+        raise MechanismError(f"public_total must be a finite count ≥ 0, got {data.public_total}")
+    return total
 
 
 def paid_sample_size(data: SpatioTemporalInput, n_exact: int, acct: Accountant, noise: NoiseSource,
@@ -115,18 +122,44 @@ def rule_max_cells(region: Region, grid_size: int | None, cell_width_m: float | 
     return min(st_cells(region, grid_size, cell_width_m), MAX_CELLS)
 
 
+def check_slots(data: SpatioTemporalInput, epsilon: float, count_fraction: float, slot_signal: float) -> None:
+    """Refuse, before any charge, T slots that a public size shows the data cannot carry
+    (dpcore.mechanisms.st_resolution.slot_refusal): the caller's already-paid n̂, else a declared public
+    total (it counts every point, so it bounds the bounded sample from above). Without either nothing
+    public can tell, and the release goes on (its notes say what the paid n̂ showed)."""
+    if data.sample_size is not None:
+        size, source, eps_cells = float(data.sample_size), "the already-paid n̂", epsilon
+    elif data.public_total is not None:
+        size, source = checked_total(data), "the public total"
+        eps_cells = epsilon * (1.0 - count_fraction)
+    else:
+        return
+    why = slot_refusal(size, eps_cells, data.sensitivity, int(data.n_slots), data.slot_seconds, source, slot_signal)
+    if why is not None:
+        raise MechanismError(why)
+
+
 def paid_resolution(data: SpatioTemporalInput, acct: Accountant, noise: NoiseSource, count_fraction: float,
                     slot_signal: float, max_cells: int, query_sides_m: tuple[float, float] = DEFAULT_QUERY_SIDES_M,
-                    ) -> tuple[float, STResolution, np.ndarray]:
-    """n̂ (:func:`paid_sample_size`), the rule's resolution (dpcore.mechanisms.st_resolution) for the ε
-    left to the cells, and the histogram at that resolution (merged slots; spread them back with
-    spread_slots after the noise). Nothing private reaches the rule except through n̂."""
+                    ) -> tuple[float, STResolution, np.ndarray, str | None]:
+    """Refuse slots a public size cannot carry (:func:`check_slots`, before any charge); then n̂
+    (:func:`paid_sample_size`), the rule's cells (dpcore.mechanisms.st_resolution) for the ε left to the
+    cells, the histogram at those cells over the requested slots, and a note when the paid n̂ shows fewer
+    slots carried than asked. Nothing private reaches the rule except through n̂."""
+    check_slots(data, acct.remaining, count_fraction, slot_signal)
     n_hat = paid_sample_size(data, int(data.grid_counts_3d(1).sum()), acct, noise, count_fraction,
                              "n = points kept after bounding; one unit changes it by ≤ k; "
-                             "sets the grid and slot length (resolution rule) and the scale")
-    res = st_resolution(n_hat, acct.remaining, data.sensitivity, int(data.n_slots), tuple(query_sides_m),
-                        data.unit.kind, slot_signal=slot_signal, max_cells=max_cells)
-    return n_hat, res, merge_slots(st_counts(data, res.cells), res.slot_factor)
+                             "sets the grid (resolution rule) and the scale")
+    eps_cells = acct.remaining
+    res = st_resolution(n_hat, eps_cells, data.sensitivity, int(data.n_slots), tuple(query_sides_m),
+                        data.unit.kind, max_cells=max_cells)
+    carried = carried_slots(n_hat, eps_cells, data.sensitivity, int(data.n_slots), slot_signal)
+    warn = None
+    if carried < res.n_slots:
+        warn = (f"{SLOT_WARNING} the paid n̂ carries about {carried} of the {res.n_slots} (per-slot signal "
+                f"{res.slot_signal:.3g} < {slot_signal:.3g}): each slot's map is mostly noise; a public total or an "
+                "already-paid n̂ lets the release refuse such slots before any charge")
+    return n_hat, res, st_counts(data, res.cells), warn
 
 
 def st_extra(data: SpatioTemporalInput, m: int, scale: FullScale) -> dict:
@@ -176,10 +209,8 @@ class IdentityGrid3D(Mechanism):
         return WindowCellNoise(law, (1, 1, 1), (0.0, 0.0, 1.0, 1.0), factor, n_law, extra.get("n_estimate"),
                                extra.get("public_total"), slot_factor).spec()
 
-    def _noise_spec(self, data: SpatioTemporalInput, acct: FitRecord, eps: float, scale: FullScale,
-                    slot_factor: int) -> dict:
-        """Cells with independent discrete Laplace noise (on merged slots, spread evenly, under the rule),
-        times N/n̂ with n̂'s own law when scaled."""
+    def _noise_spec(self, data: SpatioTemporalInput, acct: FitRecord, eps: float, scale: FullScale) -> dict:
+        """Cells with independent discrete Laplace noise, times N/n̂ with n̂'s own law when scaled."""
         if self.clamp_negative:
             return NoInterval("negative counts were clamped to 0 (not linear in the noise)").spec()
         law = NoiseLaw("laplace", float(data.sensitivity) / float(eps))
@@ -190,7 +221,7 @@ class IdentityGrid3D(Mechanism):
                 return NoInterval("the scale factor's noise (sample_size) is not recorded").spec()
             n_law = NoiseLaw("laplace", float(paid.sensitivity) / float(paid.epsilon))
         return WindowCellNoise(law, (1, 1, 1), (0.0, 0.0, 1.0, 1.0), scale.factor, n_law, scale.n_estimate,
-                               scale.public_total, slot_factor).spec()
+                               scale.public_total).spec()
 
     def fine_grid(self, region: Region) -> int | None:
         """The release's own m × m × T grid (public parameters): its counts are exact. Under the
@@ -204,9 +235,9 @@ class IdentityGrid3D(Mechanism):
         res = None
         if self.resolution == "rule":
             # n̂ is paid first (even without a public total); grid and slot length follow from public inputs
-            n_hat, res, counts = paid_resolution(data, acct, noise, self.count_fraction,
-                                                 float(self.slot_signal or SLOT_SIGNAL), self.fine_grid(data.region),
-                                                 self.rule_query_sides_m)
+            n_hat, res, counts, warn = paid_resolution(data, acct, noise, self.count_fraction,
+                                                       float(self.slot_signal or SLOT_SIGNAL),
+                                                       self.fine_grid(data.region), self.rule_query_sides_m)
             m = res.cells
             scale = full_scale(data, int(counts.sum()), acct, noise, self.count_fraction, n_hat=n_hat)
         else:
@@ -222,10 +253,9 @@ class IdentityGrid3D(Mechanism):
             noisy = np.maximum(noisy, 0.0)
         extra = st_extra(data, m, scale)
         if res is not None:
-            noisy = spread_slots(noisy, res.slot_factor, res.n_slots)
-            notes.append(res.note())
+            notes += [res.note()] + ([warn] if warn else [])
             extra["resolution"] = res.record()
-        extra["noise_model"] = self._noise_spec(data, acct, eps, scale, 1 if res is None else res.slot_factor)
+        extra["noise_model"] = self._noise_spec(data, acct, eps, scale)
         acct.describe(notes)
         return SpatioTemporalSynopsis(noisy, data.region, None,
                                       slot_seconds=data.slot_seconds, window_start_s=data.window_start_s,

@@ -9,9 +9,10 @@ Privacy (the only steps that read private data):
 2. ``sample_size``: n̂ = n + DLap(k / ε_n), ε_n = ``count_fraction``·ε; n changes by ≤ k per user.
    Skipped (no charge) when a public total is given, ``refinement="mass"`` (which needs no n̂) and the
    resolution is fixed. Under the resolution rule (``resolution="rule"``, and ``"auto"``, the default,
-   at user level with no grid given) n̂ also sets the grid and slot length: cells per side and the number
-   of consecutive slots merged follow from n̂, ε, k and T only (dpcore.mechanisms.st_resolution,
-   decision 0015); the merged slots are spread evenly back over the input's slots at the end.
+   at user level with no grid given) n̂ also sets the grid: cells per side follow from n̂, ε, k and T
+   only (dpcore.mechanisms.st_resolution, decision 0015). The requested slots are always kept: before
+   any charge, slots that a public size (a declared public total, or an already-paid n̂) shows the data
+   cannot carry are refused in one line naming the finest slot width it carries (``slot_signal``).
 3. ``cell_counts``: H̄ = H + DLap(k / ε_c) on every cell of the chosen grid, ε_c = the rest of ε.
 The charges add up to ε. Everything after is post-processing (no budget):
 4. Denoising: a VQ-VAE (dpcore.models.vqvae) trained on H̄'s slices and their 2×2 and 4×4 aggregates,
@@ -71,7 +72,7 @@ from dpcore.mechanisms.identity3d import (
 )
 from dpcore.mechanisms.inputs import SpatioTemporalInput
 from dpcore.mechanisms.params import Fraction, NonNegativeInt, Positive, PositiveInt
-from dpcore.mechanisms.st_resolution import DEFAULT_QUERY_SIDES_M, SLOT_SIGNAL, spread_slots
+from dpcore.mechanisms.st_resolution import DEFAULT_QUERY_SIDES_M, SLOT_SIGNAL
 from dpcore.mechanisms.tags import MechanismTags
 from dpcore.privacy.noise import NoiseSource, discrete_laplace_variance
 from dpcore.synopsis.noise import NoInterval
@@ -189,12 +190,12 @@ class VDR(Mechanism):
         k = data.sensitivity
         public = data.public_total is not None
         n_hat = None
-        res = None
+        res = warn = None
         if self.uses_rule(data):
             # n̂ is paid first; the grid and slot length follow from it and other public inputs only
-            n_hat, res, counts = paid_resolution(data, acct, noise, self.count_fraction, float(self.slot_signal),
-                                                 rule_max_cells(data.region, self.grid_size, self.cell_width_m),
-                                                 self.rule_query_sides_m)
+            n_hat, res, counts, warn = paid_resolution(
+                data, acct, noise, self.count_fraction, float(self.slot_signal),
+                rule_max_cells(data.region, self.grid_size, self.cell_width_m), self.rule_query_sides_m)
             m = res.cells
         else:
             m = st_grid_size(data, self.grid_size, self.cell_width_m)
@@ -247,8 +248,6 @@ class VDR(Mechanism):
             released = mu * n_hat * gamma
         else:
             released = denoised * (total / n_hat)
-        if res is not None:
-            released = spread_slots(released, res.slot_factor, res.n_slots)
         notes = [
             f"N = {'public total ' + format(total, 'g') if public else 'n̂ (no public total: bounded-sample scale)'}",
             f"refinement {self.refinement}" + (f": γ={gamma:.4g}, C estimated from the denoised histogram={c_hat:.3g}"
@@ -262,7 +261,7 @@ class VDR(Mechanism):
             + (" (stopped by max_train_seconds)" if report.stopped_early else ""),
         ]
         if res is not None:
-            notes.append(res.note())
+            notes += [res.note()] + ([warn] if warn else [])
         extra = {"grid_size": m, "cell_width_m": data.region.side_m / m, "n_slots": int(data.n_slots or 0),
                  "n_estimate": n_hat, "public_total": data.public_total, "gamma": gamma, "C_estimate": c_hat,
                  "train_steps": report.steps, "train_seconds": report.seconds, "train_loss": report.final_loss,

@@ -277,7 +277,7 @@ def _print_summary(summary: dict) -> None:
         word = "release written to" if r["status"] == "committed" else "already committed (no-op):"
         chose = f" ({r['mechanism']} chose {r['chosen_mechanism']})" if r.get("chosen_mechanism") else ""
         print(f"{r['city']} {summary['period']} v{r['version']}: {word} {r['url']}{chose}")
-        for note in r.get("slot_merges", []):
+        for note in r.get("slot_warnings", []):
             print(f"  warning: {note}")
         if r.get("k_choice") and r["status"] == "committed":
             print(f"  {r['k_choice']['statement']}")
