@@ -150,3 +150,18 @@ def test_the_toy_is_gone_after_the_test() -> None:
     assert NoisyStrips.name not in mechanism_names()
     with pytest.raises(MechanismError, match="unknown mechanism"):
         get_mechanism(NoisyStrips.name)
+
+
+def test_register_refuses_a_taken_name(toy: str) -> None:
+    """Issue 46: register() replaced a built-in mechanism silently (a class named 'ug' took over every
+    release asking for ug). A built-in name, or one another class holds, is refused; the same class again
+    is accepted and the registry is unchanged."""
+    builtin_ug = registry.get_mechanism_class("ug")
+    impostor = type("Impostor", (NoisyStrips,), {"name": "ug"})
+    with pytest.raises(MechanismError, match="built-in"):
+        register(impostor)
+    assert registry.get_mechanism_class("ug") is builtin_ug
+    other = type("OtherStrips", (NoisyStrips,), {"name": toy})
+    with pytest.raises(MechanismError, match="taken by"):
+        register(other)
+    assert register(NoisyStrips) is NoisyStrips and registry.get_mechanism_class(toy) is NoisyStrips

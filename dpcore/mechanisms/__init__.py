@@ -40,8 +40,16 @@ _EXTRA: dict[str, type[Mechanism]] = {}
 
 
 def register(cls: type[Mechanism]) -> type[Mechanism]:
-    """Register a mechanism class defined outside dpcore (e.g. in a research script)."""
-    _EXTRA[cls.name] = cls
+    """Register a mechanism class defined outside dpcore (e.g. in a research script). A taken name is
+    refused: a built-in one, or one registered by another class (the same class again, e.g. a script run
+    twice in one session, is fine), so no release silently runs another mechanism under a known name."""
+    name = cls.name
+    taken = _EXTRA.get(name)
+    if name in _BUILTIN:
+        raise MechanismError(f"mechanism name {name!r} is a built-in mechanism's; register it under another name")
+    if taken is not None and (taken.__module__, taken.__qualname__) != (cls.__module__, cls.__qualname__):
+        raise MechanismError(f"mechanism name {name!r} is taken by {taken.__module__}.{taken.__qualname__}")
+    _EXTRA[name] = cls
     return cls
 
 
