@@ -146,6 +146,8 @@ def mark_experimental(store: ReleaseStore) -> None:
     if store.listdir("datasets") or store.exists(LEDGER_RECORD):
         raise PolicyError(f"{store.url} holds a privacy ledger: seeded noise (--seed) cannot be committed "
                           "there; use a separate folder for experiments")
+    if store.dry_run:
+        return  # `release plan` checks the store, and marks nothing
     try:
         store.create(EXPERIMENTAL, b"seeded experiments: NOT FOR PUBLICATION\n")
     except FileExistsError:

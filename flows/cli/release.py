@@ -202,15 +202,16 @@ def plan(options: dict) -> int:
     release of its region; exit 2 with one line when the run would be refused."""
     from tasks.release_plan import plan_release
     from tasks.release_usefulness import expectation
-    from tasks.storage.store import ReleaseStore
+    from tasks.storage.store import ReleaseStore, dry_run
 
     params = _params_of(options)
     config, json_out = options["config"], options["json_out"]
     _check_settings(config)
-    _prevalidate(params)
-    planned = plan_release(params, config, check_useful=False)
-    st = ReleaseStore(planned.store_url)
-    rows = [{"city": p.city, **expectation(st, p)} for p in planned.todo]
+    with dry_run():  # every store and ledger opened here reads only: a plan writes nothing
+        _prevalidate(params)
+        planned = plan_release(params, config, check_useful=False)
+        st = ReleaseStore(planned.store_url)
+        rows = [{"city": p.city, **expectation(st, p)} for p in planned.todo]
     if planned.k_choice is not None:
         rows = [{**r, "k_choice": planned.k_choice} for r in rows]
     if json_out is not None:

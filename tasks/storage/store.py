@@ -31,6 +31,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -120,6 +121,21 @@ class ReleaseRef:
         return f"releases/{self.dataset}/{self.city}/{self.period}/v{self.version}"
 
 
+#: Set inside :func:`dry_run`: stores opened there read only.
+_DRY_RUN: ContextVar[bool] = ContextVar("geodp_store_dry_run", default=False)
+
+
+@contextmanager
+def dry_run() -> Iterator[None]:
+    """Every store opened inside reads only: a missing local folder stays missing (it reads as an empty
+    store) and a write or delete raises StoreError, so a dry run (`release plan`) writes nothing."""
+    token = _DRY_RUN.set(True)
+    try:
+        yield
+    finally:
+        _DRY_RUN.reset(token)
+
+
 class ReleaseStore(AttemptProtocol):
     """One store URL. Safe to share between processes and machines (no local state but a read cache
     of immutable objects)."""
@@ -136,13 +152,15 @@ class ReleaseStore(AttemptProtocol):
             raise StoreError(f"cannot open store {self.url!r}: {exc}") from exc
         self.protocol = protocol
         self.local = protocol in ("file", "local")
+        self.dry_run = _DRY_RUN.get()
         self.root = root.rstrip("/")
         if self.local:
             self.root = str(Path(self.root).resolve())
             if not create and not Path(self.root).is_dir():
                 raise StoreError(f"no release store at {self.root}")
-            with self._io("create", ""):
-                Path(self.root).mkdir(parents=True, exist_ok=True)
+            if not self.dry_run:
+                with self._io("create", ""):
+                    Path(self.root).mkdir(parents=True, exist_ok=True)
         elif protocol in ("s3", "s3a"):
             # A bucket is never created by geodp: a missing one is an error, not an empty store.
             bucket = self.root.split("/", 1)[0]
@@ -158,6 +176,8 @@ class ReleaseStore(AttemptProtocol):
     def _io(self, what: str, rel: str) -> Iterator[None]:
         """Storage failures as one-line StoreErrors; FileNotFoundError and FileExistsError pass (they
         are answers, not failures)."""
+        if self.dry_run and what in ("create", "write", "delete"):
+            raise StoreError(f"a dry run writes nothing: it would {what} {self.url_of(rel)}")
         try:
             yield
         except (FileNotFoundError, FileExistsError, StoreError):
