@@ -166,3 +166,18 @@ def test_a_config_is_validated_as_the_cli_validates_options(toml, words, small, 
                    words)
     r = run_geodp("release", "run", small, *RELEASE, "--out", tmp_path / "out", "--config", config, ok=False)
     one_line_error(r, words)
+
+
+def test_no_prefect_telemetry_banner_when_analytics_are_off(tmp_path):
+    """Prefect's SDK prints a first-run telemetry notice on a terminal whatever
+    PREFECT_SERVER_ANALYTICS_ENABLED says (it follows DO_NOT_TRACK only): before, the first command that
+    imported Prefect in a fresh PREFECT_HOME showed it. `serve` imports Prefect before it reads the config."""
+    from tests.test_progress import _on_a_terminal
+
+    config = tmp_path / "geodp.toml"
+    config.write_text("[budget]\ndefault_cap = 1e300\n")
+    env = {"PREFECT_HOME": str(tmp_path / "prefect-home"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    env_without = {k: v for k, v in os.environ.items() if k != "DO_NOT_TRACK"}
+    status, shown = _on_a_terminal(["serve", "--config", config], env={**env_without, **env}, clear=True)
+    assert status == 2 and "budget.default_cap" in shown, shown
+    assert "anonymous usage data" not in shown and "DO_NOT_TRACK" not in shown, shown
