@@ -38,7 +38,7 @@ from dpcore.privacy.profile import PROFILE_FRACTION, noisy_profile, profile_coun
 from dpcore.privacy.scaling import fit_profiled  # noqa: E402
 from dpcore.queries.range import true_counts  # noqa: E402
 from dpcore.queries.series import combine_sum  # noqa: E402
-from dpcore.synopsis.estimand import honest_intervals  # noqa: E402
+from dpcore.synopsis.estimand import covers_words, honest_intervals  # noqa: E402
 
 SHARED = ROOT.parent / "shared" / "data"
 BANDS = ((25.0, 100.0), (100.0, 1000.0), (1000.0, 5000.0))
@@ -77,7 +77,7 @@ def squares(x, y, band, n, rng):
 def intervals(syn, boxes):
     est, iv = syn.intervals(boxes)
     lo, hi, method = honest_intervals(syn, iv.lower, iv.upper, iv.method)
-    return est, lo, hi, method
+    return est, lo, hi, method, iv.noise or (est - iv.lower, iv.upper - est)
 
 
 def table_2d(a) -> None:
@@ -98,7 +98,7 @@ def table_2d(a) -> None:
                 for b in BANDS:
                     boxes = squares(x, y, b, a.queries, rng)
                     truth = true_counts(x, y, boxes)
-                    est, lo, hi, method = intervals(syn, boxes)
+                    est, lo, hi, method, _ = intervals(syn, boxes)
                     if not np.isfinite(lo).any():
                         reason = method
                         continue
@@ -135,11 +135,12 @@ def table_daily(a) -> None:
                     per = [intervals(syn, boxes) for syn in rels]
                     truth = [true_counts(x[m], y[m], boxes) for m in sel]
                     for i in range(7):
-                        est, lo, hi, _ = per[i]
+                        est, lo, hi = per[i][:3]
                         cover["day", b].append((lo <= truth[i]) & (truth[i] <= hi))
                     for w, n in (("3-day sum", 3), ("7-day sum", 7)):
                         est, lo, hi = combine_sum([p[0] for p in per[:n]], [p[1] for p in per[:n]],
-                                                  [p[2] for p in per[:n]], rels[0].noise_model().covers)
+                                                  [p[2] for p in per[:n]], covers_words(rels[0]),
+                                                  [p[4][0] for p in per[:n]], [p[4][1] for p in per[:n]])
                         tr = np.sum(truth[:n], axis=0)
                         cover[w, b].append((lo <= tr) & (tr <= hi))
             for w in ("day", "3-day sum", "7-day sum"):

@@ -132,7 +132,8 @@ class Store:
             raise StoreError(f"no committed release of {dataset}/{city}{where} in {self.store.url}")
         per_period = pd.concat(frames, ignore_index=True)
         label = period or f"{frames[0]['period'].iloc[0]}..{frames[-1]['period'].iloc[0]}"
-        total = sum_rows(per_period, label)
+        noise = [(h.below, h.above) for h in (f.attrs["noise_halfwidths"] for f in frames)]
+        total = sum_rows(per_period, label, noise)
         out = pd.concat([per_period, total], ignore_index=True)
         out.attrs.update({"level": level, "left_out": left_out, "periods": len(frames),
                           "interval_method": frames[0].attrs["interval_method"],

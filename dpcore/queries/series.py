@@ -2,8 +2,9 @@
 window with its combined interval. Each release drew its own noise, independently of the others, so the
 sum's error is the sum of independent errors: noise-only half-widths add in quadrature (exact for
 normal noise, conservative for Laplace-tailed noise, whose sums are closer to normal than their parts);
-intervals that also cover the bias of bounding each person to k points or the spread inside partly covered
-cells add linearly, since the same people's bias and the same venues' spread recur in every period.
+of intervals that also cover the bias of bounding each person to k points, only each release's own errors
+(its noise, and the spread inside the cells it cuts) add in quadrature and the rest linearly, since the
+same people's bias recurs in every period.
 Post-processing of the releases only."""
 
 from __future__ import annotations
@@ -17,9 +18,11 @@ from dpcore.queries.answers import BOX_COLUMNS
 SUM_PERIOD = "sum"
 
 
-def sum_rows(per_period: pd.DataFrame, window_label: str) -> pd.DataFrame:
+def sum_rows(per_period: pd.DataFrame, window_label: str,
+             noise: list[tuple[np.ndarray, np.ndarray]] | None = None) -> pd.DataFrame:
     """One row per box: Σ estimates over the periods of ``per_period`` (an answer table with a ``period``
-    column, the same boxes in every period) and the combined interval (NaN unless every period has one)."""
+    column, the same boxes in every period) and the combined interval (NaN unless every period has one);
+    ``noise``: per period, the half-widths of its own noise alone (answer tables' ``noise_halfwidths``)."""
     periods = per_period["period"].unique()
     n_boxes = len(per_period) // max(len(periods), 1)
     est = per_period["estimate"].to_numpy().reshape(len(periods), n_boxes)
@@ -32,7 +35,10 @@ def sum_rows(per_period: pd.DataFrame, window_label: str) -> pd.DataFrame:
         cover = "none"
     else:
         cover = covers.pop() if len(covers) == 1 else "mixed"
-        total, lower, upper = combine_sum(est, lo, hi, cover)
+        nb = na = None
+        if noise is not None:
+            nb, na = (np.stack([n[i] for n in noise]) for i in (0, 1))
+        total, lower, upper = combine_sum(est, lo, hi, cover, nb, na)
     out = per_period.iloc[:n_boxes][BOX_COLUMNS].copy().reset_index(drop=True)
     out.insert(0, "period", f"{SUM_PERIOD} {window_label}")
     out["estimate"], out["lower"], out["upper"] = total, lower, upper
@@ -41,21 +47,32 @@ def sum_rows(per_period: pd.DataFrame, window_label: str) -> pd.DataFrame:
     return out
 
 
-def combine_sum(est, lower, upper, covers: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def combine_sum(est, lower, upper, covers: str, noise_below=None, noise_above=None,
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(Σ estimates, lower, upper) over periods (rows of ``est``, ``lower``, ``upper``: periods × boxes) of
-    independent releases whose intervals cover ``covers``."""
+    independent releases whose intervals cover ``covers``: each period's own noise (``noise_below``,
+    ``noise_above``: its half-widths; all of the interval when ``covers`` is the noise alone) adds in
+    quadrature, the rest of each half-width (taken as the other part of a quadrature sum) adds linearly."""
     est, lo, hi = (np.asarray(v, dtype=np.float64) for v in (est, lower, upper))
     total = est.sum(axis=0)
+    below, above = est - lo, hi - est
     if covers == "noise":
-        return (total, total - np.sqrt(np.sum((est - lo) ** 2, axis=0)),
-                total + np.sqrt(np.sum((hi - est) ** 2, axis=0)))
-    return total, total - np.sum(est - lo, axis=0), total + np.sum(hi - est, axis=0)
+        noise_below, noise_above = below, above
+    elif noise_below is None or noise_above is None:
+        return total, total - below.sum(axis=0), total + above.sum(axis=0)
+
+    def side(h: np.ndarray, n: np.ndarray) -> np.ndarray:
+        n = np.minimum(np.asarray(n, dtype=np.float64), h)
+        return np.sqrt(np.sum(n * n, axis=0)) + np.sum(np.sqrt(np.maximum(h * h - n * n, 0.0)), axis=0)
+
+    return total, total - side(below, noise_below), total + side(above, noise_above)
 
 
 def sum_method(covers: str) -> str:
-    if covers == "noise":
+    if covers in ("noise", "noise and spread in cut cells"):
         return "sum of independent releases: half-widths added in quadrature"
     if covers in ("none", "mixed"):
         return "none: a period has no interval or the periods count different units"
-    return ("sum of releases: half-widths added (the bounding bias and the spread inside cut cells recur in "
-            "every period where people pile up, so they are not averaged out)")
+    return ("sum of releases: each release's own errors (noise, spread inside cut cells) added in quadrature, "
+            "the rest of each half-width (the bounding bias) added, since it recurs in every period where the "
+            "same people do")
