@@ -412,6 +412,7 @@ def settle_strays(store: ReleaseStore, dataset: str, manifests: list[Manifest], 
     seal the other attempts of the key, delete their files and void their charges (a race loser, or a
     run that died after another's commit, leaves them). Returns how many charges were voided."""
     home = home_of(store, home)
+    store.sweep_committed(dataset)  # first: the files of sealed or abandoned attempts of committed versions
     ledger = home.ledger(dataset)
     entries = ledger.entries()
     by_key = {m.release_key: m for m in manifests}

@@ -215,8 +215,18 @@ def ledger(
 ) -> int:
     """Per dataset: the privacy policy and the most any one person can have lost."""
     from tasks.storage.ledger import known_datasets
+    from tasks.storage.ledger_home import release_stores
+
     _, home = _home(store, config=config)
     st = home.store
+    # files a sealed or abandoned attempt of a committed release still holds are never published: they go
+    swept = [f for s in release_stores(st) for name in ([dataset] if dataset else known_datasets(st))
+             for f in s.sweep_committed(name)]
+    if swept:
+        eprint(f"deleted {len(swept)} file(s) of sealed or abandoned attempts of committed releases "
+               "(never published; the committed release's charge covered them)")
+    # every dataset with a ledger folder or releases: one whose policy, ledger or source bindings are
+    # gone while it holds charges or releases does not verify (exit 2), never "empty"
     if dataset:
         if home.elsewhere and json_out is None:
             print(f"ledger home: {home.url}")
