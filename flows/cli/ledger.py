@@ -215,37 +215,35 @@ def ledger(
 ) -> int:
     """Per dataset: the privacy policy and the most any one person can have lost."""
     from tasks.storage.ledger import known_datasets
-    from tasks.storage.ledger_home import release_stores
 
     _, home = _home(store, config=config)
     st = home.store
-    # files a sealed or abandoned attempt of a committed release still holds are never published: they go
-    swept = [f for s in release_stores(st) for name in ([dataset] if dataset else known_datasets(st))
-             for f in s.sweep_committed(name)]
-    if swept:
-        eprint(f"deleted {len(swept)} file(s) of sealed or abandoned attempts of committed releases "
-               "(never published; the committed release's charge covered them)")
-    # every dataset with a ledger folder or releases: one whose policy, ledger or source bindings are
-    # gone while it holds charges or releases does not verify (exit 2), never "empty"
     if dataset:
         if home.elsewhere and json_out is None:
             print(f"ledger home: {home.url}")
-        return _print_datasets(st, [dataset], json_out, entries=entries, policy_log=False)
+        return _print_datasets(st, [dataset], json_out, entries=entries, policy_log=False, sweep=True)
     return _print_datasets(st, known_datasets(st), json_out, entries=entries, policy_log=False,
-                           listing=home.url if home.elsewhere else None)
+                           listing=home.url if home.elsewhere else None, sweep=True)
 
 
 def _print_datasets(store, names: list[str], json_out: str | None, entries: bool, policy_log: bool,
-                    listing: str | None = "") -> int:
+                    listing: str | None = "", sweep: bool = False) -> int:
     """Print each dataset's policy and loss; with ``listing`` (not ""), the whole home is listed: a
     dataset with nothing charged or released (a first release that failed before its policy was
-    written) is left out, and ``listing`` is the ledger home to name when it is not the store."""
+    written) is left out, and ``listing`` is the ledger home to name when it is not the store. With
+    ``sweep``, once a dataset verifies, the files of sealed or abandoned attempts of its committed
+    releases are deleted (ReleaseStore.sweep_committed): they are never published."""
     from tasks.storage.ledger import ENTRY_HASH, DatasetLedger
+    from tasks.storage.ledger_home import release_stores
 
     out = []
     for name in names:
         ledger = DatasetLedger(store, name)
         log = ledger.verify()  # the chain, the releases, the policy and the bindings: else exit 2
+        swept = [f for st in release_stores(store) for f in st.sweep_committed(name)] if sweep else []
+        if swept:
+            eprint(f"{name}: deleted {len(swept)} file(s) of sealed or abandoned attempts of committed "
+                   "releases (never published; the committed release's charge covered them)")
         policy = ledger.policy()
         if policy is None and listing != "":
             continue

@@ -6,22 +6,20 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from tasks.storage.objects import (
     CHARGE_REF,
+    MANIFEST,
     SEALED,
     STAGED,
     AttemptSealed,
     IntegrityError,
+    ReleaseRef,
     StagedElsewhere,
     StoreError,
     sha256_bytes,
     utc_now,
 )
-
-if TYPE_CHECKING:  # the store passes its own refs; no import at run time (store.py imports this module)
-    from tasks.storage.store import ReleaseRef
 
 
 class AttemptProtocol:
@@ -173,8 +171,6 @@ class AttemptProtocol:
         stalled, was sealed by a newer run and uploaded into its sealed attempt before dying leaves such
         files; so does a race loser that died. Each is sealed first (so its writer, if alive, stops).
         One listing of the dataset's releases; returns the URLs of the files deleted."""
-        from tasks.storage.store import MANIFEST, ReleaseRef
-
         root = self.path(f"releases/{dataset}")
         try:
             with self._io("list", f"releases/{dataset}"):
@@ -192,8 +188,12 @@ class AttemptProtocol:
         deleted = []
         for city, period, version in sorted(committed & set(noisy)):
             ref = ReleaseRef(dataset, city, period, int(version[1:]))
-            keep = self.read_manifest(ref.rel).attempt
-            for attempt in sorted(noisy[(city, period, version)] - {keep}):
+            try:  # which attempts the commit names (DatasetLedger.verify checks the manifest itself)
+                body = json.loads(self.read(f"{ref.rel}/{MANIFEST}"))
+                keep = {body.get("attempt")} | {str(f["path"]).split("/", 1)[0] for f in body.get("files", [])}
+            except (ValueError, TypeError, KeyError, AttributeError):
+                continue  # an unreadable manifest: nothing of its version is deleted
+            for attempt in sorted(noisy[(city, period, version)] - keep):
                 try:
                     self.seal_attempt(ref, attempt)
                 except StagedElsewhere:
