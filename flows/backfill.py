@@ -1,11 +1,12 @@
 """The `backfill` flow: one release per day over a date range, skipping days already committed with
 the same config (the release key; nothing is noised or charged for them).
 
-Locally every day runs inside one flow run on one Dask cluster; a day-partitioned input is read
-day by day on the workers, any other input once, for the backfill's days only. With a
-served deployment, ``submit_to_deployment`` starts one `release` flow run per day instead, each with
-an idempotency key (dataset, day, config), so the UI shows one run per day and a repeated submission
-does not start a second run.
+Locally, and submitted to a served `backfill` deployment, every day runs inside one flow run on one Dask
+cluster; a day-partitioned input is read day by day on the workers, any other input once, for the
+backfill's days only. Submitted to a served `release` deployment, ``submit_to_deployment`` starts one
+flow run per day instead (each with its own cluster). Either way with an idempotency key, so a repeated
+submission returns the earlier run instead of starting a second one, and says so. A city the verdict
+refuses is refused alone: its days are reported, the other cities released.
 """
 
 from __future__ import annotations
@@ -42,8 +43,9 @@ def backfill_flow(params: BackfillParams, config_path: str | None = None) -> dic
 
 
 def _plan_days(params: BackfillParams, config_path: str | None) -> list[ReleasePlan]:
-    plans = [plan_release(params.release.model_copy(update={"period": day}), config_path, check_charges=False)
-             for day in days_between(params.start, params.end)]
+    # a city refused by the verdict is refused alone, its days reported; the other cities go ahead
+    plans = [plan_release(params.release.model_copy(update={"period": day}), config_path, check_charges=False,
+                          raise_refusals=False) for day in days_between(params.start, params.end)]
     if not plans[0].experiment:
         check_budget(plans[0].store_url, [p for plan in plans for p in plan.todo], plans[0].resolved,
                      plans[0].home)
@@ -61,17 +63,23 @@ def _backfill(params: BackfillParams, plans: list[ReleasePlan], loaded) -> dict:
         summary = run_plan(plan, loaded=loaded, artifacts=False, strict=rp.strict)
         periods.append(summary)
         update_progress_artifact(progress, 100.0 * (i + 1) / len(plans))
-        logger.info("%s: %s", plan.period.label, ", ".join(f"{r['city']} v{r['version']} {r['status']}"
-                                                           for r in summary["releases"]))
+        logger.info("%s: %s", plan.period.label, ", ".join(
+            [f"{r['city']} v{r['version']} {r['status']}" for r in summary["releases"]]
+            + [f"{r['city']} refused" for r in summary["refused"]]))
+        for r in summary["refused"]:
+            logger.warning("%s: refused: %s", plan.period.label, r["reason"])
     rows = [r for s in periods for r in s["releases"]]
     committed = sum(r["status"] == "committed" for r in rows)
+    refused = [{**r, "period": s["period"]} for s in periods for r in s["refused"]]
     result = {"dataset": dataset, "start": params.start, "end": params.end, "periods": periods,
-              "committed": committed, "skipped": len(rows) - committed}
+              "committed": committed, "skipped": len(rows) - committed, "refused": refused}
     lines = [f"# Backfill {dataset} {params.start} .. {params.end}", "",
              f"{committed} new version(s) committed, {len(rows) - committed} already committed.", "",
              "| period | city | version | ε | status |", "|---|---|---|---|---|"]
-    lines += [f"| {s['period']} | {r['city']} | v{r['version']} | {budget_label(r['epsilon'], r.get('rho'))} | {r['status']} |"
-              for s in periods for r in s["releases"]]
+    lines += [f"| {s['period']} | {r['city']} | v{r['version']} | {budget_label(r['epsilon'], r.get('rho'))} | "
+              f"{r['status']}; {r.get('verdict') or ''} |" for s in periods for r in s["releases"]]
+    lines += [f"| {r['period']} | {r['city']} | — | {budget_label(rp.epsilon, rp.rho)} | **refused**: {r['reason']} |"
+              for r in refused]
     create_markdown_artifact("\n".join(lines), key=_artifact_key(f"backfill-{dataset}"),
                              description="backfill summary")
     return result
@@ -94,15 +102,31 @@ def run_backfill(params: BackfillParams, config_path: str | None = None) -> dict
 
 
 def submit_to_deployment(params: BackfillParams, deployment: str) -> list[dict]:
-    """One run of a served `release` deployment per day, with idempotency keys."""
+    """Submit the backfill to a served deployment, with idempotency keys: to a `backfill` deployment one run
+    for all the days (one Dask cluster serves them all), to a `release` deployment one run per day. Each
+    row says whether the run is new or was submitted before with the same parameters (a re-submission
+    returns that run), and its state and message."""
+    from datetime import UTC, datetime
+
     from prefect.deployments import run_deployment
 
     rp = params.release
+    if deployment.split("/", 1)[0] == "backfill":
+        key = f"backfill-all-{canonical_hash(params.model_dump(mode='json'))[:32]}"
+        jobs = [(f"{params.start}..{params.end}", {"params": params.model_dump(mode="json")}, key)]
+    else:
+        jobs = []
+        for day in days_between(params.start, params.end):
+            p = rp.model_copy(update={"period": day})
+            jobs.append((day, {"params": p.model_dump(mode="json")},
+                         f"backfill-{canonical_hash(p.model_dump(mode='json'))[:32]}"))
     out = []
-    for day in days_between(params.start, params.end):
-        p = rp.model_copy(update={"period": day})
-        key = f"backfill-{canonical_hash(p.model_dump(mode='json'))[:32]}"
-        run = run_deployment(deployment, parameters={"params": p.model_dump(mode="json")}, timeout=0,
-                             idempotency_key=key)
-        out.append({"period": day, "flow_run_id": str(run.id), "state": run.state_name if run.state else "?"})
+    for period, parameters, key in jobs:
+        asked = datetime.now(UTC)
+        run = run_deployment(deployment, parameters=parameters, timeout=0, idempotency_key=key)
+        created = getattr(run, "created", None)
+        out.append({"period": period, "flow_run_id": str(run.id), "state": run.state_name if run.state else "?",
+                    "message": (run.state.message or "") if run.state else "",
+                    "resubmitted": created is not None and created < asked,
+                    "failed": bool(run.state and run.state.is_final() and not run.state.is_completed())})
     return out

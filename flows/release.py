@@ -11,6 +11,7 @@ threaded scheduler.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import logging
 import os
 import sys
@@ -25,7 +26,6 @@ from dpcore.privacy.accounting import budget_label
 from tasks.config import ReleaseParams
 from tasks.ledger_tasks import charge_ledger, committed_from, give_back, settle_strays, void_charge
 from tasks.persist_tasks import persist_release
-from tasks.progress import Progress
 from tasks.public_errors import PrivateDataFailure, public_data_error, without_private_detail
 from tasks.release_plan import ReleasePlan, plan_release
 from tasks.release_tasks import (
@@ -37,6 +37,7 @@ from tasks.release_tasks import (
     read_bound_count,
     render_preview,
 )
+from tasks.release_verdict import verdict_line
 from tasks.runtime import dashboard_link, dask_for_run, where_it_runs
 from tasks.storage.manifest import Manifest
 from tasks.storage.store import ReleaseStore
@@ -68,7 +69,8 @@ def run_plan(plan: ReleasePlan, loaded=None, artifacts: bool = True, in_process:
     """Release what the plan has to do (the data pass, the charge, one fit per city, persist).
 
     Inside a flow run (the default) every step is a Prefect task and the per-city fits run on the flow's
-    Dask task runner; with ``in_process`` the same steps run here, one after the other, with no Prefect."""
+    Dask task runner; with ``in_process`` the same steps run here, one after the other, with no Prefect.
+    A city the plan's verdict refused alone is listed in ``summary["refused"]``."""
     log = _log(in_process)
     step = (lambda t: t.fn) if in_process else (lambda t: t)
     t0 = time.perf_counter()
@@ -78,6 +80,7 @@ def run_plan(plan: ReleasePlan, loaded=None, artifacts: bool = True, in_process:
     log(f"{dataset} {period.label}: {len(plans)} cities, {len(plans) - len(todo)} already committed, "
         f"{len(todo)} to release; policy: {resolved.policy.describe()}")
     placed: list[dict] = []
+    placed_refusals: list[dict] = list(plan.refused)  # cities the verdict refused alone
     results: dict[str, Manifest] = {p.city: committed[p.city] for p in plans if committed[p.city] is not None}
     status = {city: "already committed" for city in results}
     if todo:
@@ -91,33 +94,7 @@ def run_plan(plan: ReleasePlan, loaded=None, artifacts: bool = True, in_process:
         if in_process:  # the operator's own terminal; the flow never logs counts of private rows
             log(f"read {params.data}: {counted.report.summary()} ({counted.n_files} file(s))")
         inputs = counted.cities
-        if params.seed is None:
-            held = step(charge_ledger)(plan.store_url, todo, resolved, plan.input.locators(), plan.home)
-        else:
-            held = {p.city: {"seq": None, "draw": None, "key": p.release_key} for p in todo}
-        code = code_version()
-        # after the charge: the profile's noise is paid for by it (PROFILE_FRACTION of each region's ε)
-        # (in the flow's own process: a failure here would be the flow run's state, so only its type is)
-        profile = paid_profile(todo, counted.profile) if in_process else without_private_detail(
-            lambda: paid_profile(todo, counted.profile), params.data, step="the contribution profile")
-        if in_process:
-            manifests = {}
-            with Progress("fits", total=len(todo), unit="cities") as fits:
-                for p in todo:
-                    try:
-                        syn = fit_city(p, inputs[p.city], profile)
-                        png = render_preview.fn(p, syn)
-                    except BaseException as exc:
-                        void_charge.fn(plan.store_url, dataset, held[p.city], f"fit failed: {type(exc).__name__}")
-                        raise
-                    try:
-                        manifests[p.city] = persist_release.fn(plan.store_url, p, syn, png, held[p.city], code)
-                    except Exception as exc:
-                        _give_back_quietly(plan.store_url, dataset, held[p.city], exc)
-                        raise
-                    fits.advance(what=p.city)
-        else:
-            manifests, placed = _run_on_workers(plan.store_url, dataset, todo, inputs, held, code, profile)
+        manifests, held, placed = _charge_and_fit(plan, todo, inputs, counted.profile, step, in_process)
         for p in todo:
             m = manifests[p.city]
             if held[p.city]["seq"] is not None and not committed_from(m, held[p.city]):
@@ -133,7 +110,8 @@ def run_plan(plan: ReleasePlan, loaded=None, artifacts: bool = True, in_process:
     summary = {"dataset": dataset, "period": period.label, "store": store.url, "ledger": plan.home.url,
                "policy": resolved.policy.to_dict(), "guarantee": guarantee, "loss": loss,
                "seconds": round(time.perf_counter() - t0, 2),
-               "releases": [_row(results[p.city], status[p.city]) for p in plans]}
+               "releases": [_row(results[p.city], status[p.city]) for p in plans if p.city in results],
+               "refused": placed_refusals}
     if not in_process:
         # where the tasks ran: process ids and worker addresses are public facts about the platform
         workers = sorted({(w["worker"] or "", w["pid"]) for w in placed})
@@ -142,6 +120,69 @@ def run_plan(plan: ReleasePlan, loaded=None, artifacts: bool = True, in_process:
     if artifacts and not in_process:
         _artifacts(summary, results, store)
     return summary
+
+
+def _charge_and_fit(plan: ReleasePlan, todo: list, inputs: dict, counts, step,
+                    in_process: bool) -> tuple[dict[str, Manifest], dict, list[dict]]:
+    """Charge the run, draw its contribution profile (from the data pass's ``counts``) and each city's
+    verdict from it, fit, preview and persist each city: (manifests, the charges held, where the tasks ran)."""
+    params, dataset, placed = plan.params, plan.dataset, []
+    if not todo:
+        return {}, {}, placed
+    if params.seed is None:
+        held = step(charge_ledger)(plan.store_url, todo, plan.resolved, plan.input.locators(), plan.home)
+    else:
+        held = {p.city: {"seq": None, "draw": None, "key": p.release_key} for p in todo}
+    code = code_version()
+    # after the charge: the profile's noise is paid for by it (PROFILE_FRACTION of each region's ε)
+    todo, profile = _verdict(plan, todo, counts, in_process)
+    if in_process:
+        manifests = {}
+        for p in todo:
+            try:
+                syn = fit_city(p, inputs[p.city], profile)
+                png = render_preview.fn(p, syn)
+            except BaseException as exc:
+                void_charge.fn(plan.store_url, dataset, held[p.city], f"fit failed: {type(exc).__name__}")
+                raise
+            try:
+                manifests[p.city] = persist_release.fn(plan.store_url, p, syn, png, held[p.city], code)
+            except Exception as exc:
+                _give_back_quietly(plan.store_url, dataset, held[p.city], exc)
+                raise
+    else:
+        manifests, placed = _run_on_workers(plan.store_url, dataset, todo, inputs, held, code, profile)
+    return manifests, held, placed
+
+
+def _verdict(plan: ReleasePlan, todo: list, counts, in_process: bool) -> tuple[list, object]:
+    """After the charge, the run's contribution profile (drawn once for all its regions, paid by the
+    charge) and each city's verdict from it: the profile gives the scale factor, its uncertainty, the
+    bounding's bias and the most points the run can hold, the region's published release (if any) its map,
+    so a first release gets a verdict too (recorded in ``quality.plan`` and shown wherever the release is).
+    Having been charged, the run publishes what it fitted; refusals come before the charge, from the
+    published basis (tasks/release_plan.py)."""
+    from tasks.release_tasks import profile_applies
+    from tasks.release_usefulness import expectation
+
+    # in the flow's own process: a failure here would be the flow run's state, so only its type is shown
+    profile = paid_profile(todo, counts) if in_process else without_private_detail(
+        lambda: paid_profile(todo, counts), plan.params.data, step="the contribution profile")
+    if profile is None:
+        return todo, None
+    store = ReleaseStore(plan.store_url)
+    out = []
+    for p in todo:
+        if not profile_applies(p):
+            out.append(p)
+            continue
+        exp = expectation(store, p, profile)
+        prior = {k: v for k, v in (p.expected or {}).items() if k in ("k_choice",)}
+        anyway = bool(exp.get("useless")) and plan.params.publish_anyway
+        after = bool(exp.get("useless")) and not plan.params.publish_anyway
+        out.append(dataclasses.replace(p, expected={**prior, **exp, "published_anyway": anyway,
+                                                    **({"found_after_charge": True} if after else {})}))
+    return out, profile
 
 
 def _scheduled_start():
@@ -176,18 +217,16 @@ def _run_on_workers(store_url: str, dataset: str, todo: list, inputs: dict, held
     progress = create_progress_artifact(0.0, key=_artifact_key(f"release-progress-{dataset}"),
                                         description=f"cities of {dataset} committed")
     manifests, first_error = {}, None
-    with Progress("fits", total=len(futures), unit="cities") as fits:  # the cities' names and count are public
-        for i, (city, (fut, upstream)) in enumerate(futures.items()):
-            try:
-                manifests[city] = _persisted(fut, upstream)
-            except _FitFailed as exc:
-                void_charge(store_url, dataset, held[city], f"fit failed: {type(exc.cause).__name__}")
-                first_error = first_error or exc.cause
-            except Exception as exc:  # storage failed, or the worker was lost: nothing was committed
-                _give_back_quietly(store_url, dataset, held[city], exc)
-                first_error = first_error or exc
-            update_progress_artifact(progress, 100.0 * (i + 1) / len(futures))
-            fits.advance(what=city)
+    for i, (city, (fut, upstream)) in enumerate(futures.items()):
+        try:
+            manifests[city] = _persisted(fut, upstream)
+        except _FitFailed as exc:
+            void_charge(store_url, dataset, held[city], f"fit failed: {type(exc.cause).__name__}")
+            first_error = first_error or exc.cause
+        except Exception as exc:  # storage failed, or the worker was lost: nothing was committed
+            _give_back_quietly(store_url, dataset, held[city], exc)
+            first_error = first_error or exc
+        update_progress_artifact(progress, 100.0 * (i + 1) / len(futures))
     if first_error is not None:
         raise _one_line(first_error)
     return manifests, [f.result() for f in placed]
@@ -248,7 +287,8 @@ def _row(manifest: Manifest, status: str) -> dict:
             "status": status, "url": manifest.url, "region": manifest.region,
             "slot_warnings": [n for n in manifest.privacy.notes if n.startswith(SLOT_WARNING)],
             "k_choice": ((manifest.quality or {}).get("plan") or {}).get("k_choice"),
-            "no_verdict": _no_verdict((manifest.quality or {}).get("plan") or {})}
+            "no_verdict": _no_verdict((manifest.quality or {}).get("plan") or {}),
+            "verdict": verdict_line(manifest.quality)}
 
 
 def _no_verdict(plan: dict) -> str | None:
@@ -290,6 +330,8 @@ def summary_markdown(summary: dict, results: dict[str, Manifest], store: Release
              # no wall time: the data pass's duration grows with the private row count
              f"- {len(summary['releases'])} cities",
              _dask_line(summary.get("dask")), ""]
+    for r in summary.get("refused", []):
+        lines.extend([f"## {r['city']} refused", f"- **{r['reason']}**", ""])
     for r in summary["releases"]:
         lines.append(f"## {r['city']} v{r['version']} ({r['status']})")
         lines.append(f"`{r['url']}`")
@@ -297,8 +339,7 @@ def summary_markdown(summary: dict, results: dict[str, Manifest], store: Release
         lines.extend(f"- **{note}**" for note in r.get("slot_warnings", []))
         if r.get("k_choice"):
             lines.append(f"- {r['k_choice']['statement']}")
-        if r.get("no_verdict"):
-            lines.append(f"- plan: {r['no_verdict']}")
+        lines.append(f"- **{r['verdict']}**" if r.get("verdict") else "")
         quality = m.quality or {}
         if quality.get("statement"):
             lines.append(f"- {quality['statement']}")

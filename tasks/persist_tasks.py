@@ -17,6 +17,7 @@ from tasks.config import canonical_hash
 from tasks.lazy_task import task
 from tasks.public_errors import retry_unless_refused
 from tasks.release_tasks import PREVIEW, CityPlan, ReleaseError
+from tasks.release_verdict import own_map_bands
 from tasks.storage.manifest import InputRef, Manifest
 from tasks.storage.store import CHARGE_REF as CHARGE
 from tasks.storage.store import (
@@ -133,7 +134,8 @@ def persist_release(store_url: str, plan: CityPlan, synopsis: Synopsis | None, p
         region=plan.region.to_dict(), slot_seconds=plan.slot_seconds,
         input=InputRef(source=plan.source, data_version=plan.data_version),
         code_version=code, config=plan.config, privacy=privacy,
-        quality=({**release_quality(synopsis), **({"plan": plan.expected} if plan.expected else {})}
+        quality=({**release_quality(synopsis), **({"plan": plan.expected} if plan.expected else {}),
+                  "own_map": own_map_bands(plan, synopsis)}
                  if synopsis is not None and not resumed else None),
         ledger=paid_by, attempt=attempt, resumed_staged_attempt=resumed,
         bounding=("each user bounded to k points per UTC day over all regions of the run" if plan.bound_per_day

@@ -53,6 +53,8 @@ class ReleasePlan:
     committed: dict[str, Manifest | None] = field(default_factory=dict)
     #: how the run's k was chosen under ``--max-points-per-user auto`` (tasks/release_k.py), else None
     k_choice: dict | None = None
+    #: cities refused alone by the plan's verdict ({"city", "period", "reason"}); the others go ahead
+    refused: list[dict] = field(default_factory=list)
 
     @property
     def experiment(self) -> bool:
@@ -65,17 +67,20 @@ class ReleasePlan:
 
     @property
     def todo(self) -> list[CityPlan]:
-        """The city plans whose release key is not committed yet."""
-        return [p for p in self.plans if self.committed.get(p.city) is None]
+        """The city plans whose release key is not committed yet (and that the verdict did not refuse)."""
+        gone = {r["city"] for r in self.refused}
+        return [p for p in self.plans if self.committed.get(p.city) is None and p.city not in gone]
 
 
 def plan_release(params: ReleaseParams, config_path: str | None = None, now: datetime | None = None,
-                 check_charges: bool = True, check_useful: bool = True) -> ReleasePlan:
+                 check_charges: bool = True, check_useful: bool = True, raise_refusals: bool = True) -> ReleasePlan:
     """Plan one release and check it against the store; raises the refusal as a GeoDPError (one line).
 
     ``now`` is a scheduled run's start (relative periods count from it). ``check_charges`` False
     leaves the budget check to the caller (a backfill checks all its days' charges together);
-    ``check_useful`` False skips the expected-usefulness check (tasks/release_usefulness.py)."""
+    ``check_useful`` False skips the expected-usefulness check (tasks/release_usefulness.py);
+    ``raise_refusals`` False returns a plan whose every city it refused (``refused``, nothing to do)
+    instead of raising (a backfill reports such a day and goes on)."""
     period = parse_period(params.period, now=now)
     settings = load_settings(config_path)
     dataset = dataset_name(params.data, params.dataset)
@@ -130,11 +135,11 @@ def plan_release(params: ReleaseParams, config_path: str | None = None, now: dat
     if check_charges and not plan.experiment:
         check_budget(store.url, plan.todo, resolved, home)
     if check_useful and plan.todo:  # worse than a blank map at every band: refused before any charge
-        from tasks.release_usefulness import check_usefulness
+        from tasks.release_usefulness import check_usefulness, raise_if_all_refused
 
-        checked = {p.city: p for p in check_usefulness(store.url, plan.todo, params.publish_anyway)}
-        if k_choice is not None:
-            checked = {c: dataclasses.replace(p, expected={**p.expected, "k_choice": k_choice})
-                       for c, p in checked.items()}
-        plan = dataclasses.replace(plan, plans=[checked.get(p.city, p) for p in plans])
+        checked, refused = check_usefulness(store.url, plan.todo, params.publish_anyway)
+        if raise_refusals:
+            raise_if_all_refused(checked, refused)
+        by_city = {p.city: p for p in checked}
+        plan = dataclasses.replace(plan, plans=[by_city.get(p.city, p) for p in plans], refused=refused)
     return plan

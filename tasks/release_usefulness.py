@@ -3,10 +3,12 @@
 For each city plan, the basis is the newest release already committed for the same dataset and region
 (public: its released map and its contribution profile); the run's ε, k and cell width set the new
 noise (dpcore.synopsis.expected_error). A city expected to be worse than a blank map at every band is
-refused with what would make it useful, unless the run says ``publish_anyway``; then the manifest's
-``quality.plan`` records the expectation and that it was published anyway. Without a basis (the first
-release of a region) there is nothing public to predict from and the release goes ahead, saying so
-(docs/decisions/0018-contribution-profile.md, "The plan").
+refused alone with what would make it useful, unless the run says ``publish_anyway``; then the
+manifest's ``quality.plan`` records the expectation and that it was published anyway.
+
+A run scaled by its contribution profile gets a second verdict after its charge, from the profile it paid
+and the basis's map where there is one (flows/release.py), so a first release gets a verdict too; it is
+recorded and shown, not a refusal: the run was charged (docs/decisions/0018-contribution-profile.md).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import tempfile
 import numpy as np
 
 from dpcore.mechanisms import get_mechanism_class
-from dpcore.privacy.profile import ContributionProfile
+from dpcore.privacy.profile import PROFILE_FRACTION, ContributionProfile
 from dpcore.synopsis.base import Synopsis, load_synopsis
 from dpcore.synopsis.expected_error import (
     PlanInputs,
@@ -109,44 +111,122 @@ def basis_of(store: ReleaseStore, plan: CityPlan, bands=DEFAULT_BANDS) -> Basis 
     return Basis(url, inputs, typical_counts(synopsis, bands), profile, typical_counts(synopsis, bands, at_most=True))
 
 
-def expectation(store: ReleaseStore, plan: CityPlan) -> dict:
+#: The quantile of the profile's N draws taken as the most points a run can hold (an upper bound for
+#: every band's typical count when no published release of the region shows one).
+TOTAL_QUANTILE = 0.99
+
+
+def _period_days(plan: CityPlan) -> float | None:
+    return plan.period.seconds / 86400.0 if plan.period.seconds else None
+
+
+def _statement(rows: list[dict]) -> str:
+    return "; ".join(f"{r['query_sides_m'][0]:g}–{r['query_sides_m'][1]:g} m: |error| ≈ "
+                     f"{r['expected_abs_error']:.3g} vs a typical count "
+                     + (f"{r['typical_count']:.3g}" if r["typical_count"] is not None
+                        else "unknown" + (f" (at most {r['typical_count_at_most']:.3g})"
+                                          if "typical_count_at_most" in r else ""))
+                     + (f" (no verdict: {r['verdict_open']})" if r.get("verdict_open") else "")
+                     for r in rows)
+
+
+def _shows_no_one(profile: ContributionProfile) -> bool:
+    """Whether the profile cannot be told from an empty period's: no bucket clears its noise, or one alone
+    with none of the TAIL_BUCKETS buckets below it looking non-empty (people per doubling change gradually;
+    noise alone lifts an empty bucket over the threshold in 5% of profiles, and a lone one also has support
+    below it in about 0.5%)."""
+    from dpcore.privacy.profile import TAIL_BUCKETS, nonzero_threshold, visible_threshold
+
+    noisy = np.asarray(profile.noisy, dtype=np.float64)
+    visible = np.flatnonzero(noisy >= visible_threshold(profile.epsilon))
+    if visible.size == 0:
+        return True
+    below = np.flatnonzero(noisy >= nonzero_threshold(profile.epsilon))
+    return visible.size == 1 and not np.any((visible[0] - below > 0) & (visible[0] - below <= TAIL_BUCKETS))
+
+
+def expectation(store: ReleaseStore, plan: CityPlan, profile: ContributionProfile | None = None) -> dict:
     """The plan's expected error per band for one city, from public inputs; ``bands`` is empty (and
-    ``statement`` says why) where nothing public predicts it."""
+    ``statement`` says why) where nothing public predicts it.
+
+    Without ``profile`` (before any charge: `release plan`, the start of a run) it predicts from the
+    region's newest published release, when there is one. With the run's own paid ``profile`` it predicts
+    from that profile (the scale factor, its uncertainty, the bounding's bias, and the run's total N̂, the
+    most any square can hold) and the published release's map where there is one, so a first release gets
+    a verdict too; a profile in which no bucket clears its noise cannot be told from an empty period."""
     why_not = no_prediction(plan)
     if why_not is not None:
         return {"bands": [], "statement": why_not}
     basis = basis_of(store, plan)
-    if basis is None:
-        return {"bands": [], "statement": f"no verdict: no release of {plan.dataset}/{plan.city} at "
-                                          f"{plan.privacy_unit} level is published yet, and the plan predicts "
-                                          "only from the region's newest published release"}
-    url, inputs, typical, profile = basis.url, basis.inputs, basis.typical, basis.profile
-    rows = expected_errors(inputs, typical, profile, at_most=basis.at_most)
-    out = {"bands": rows, "basis": url, "useless": useless(rows),
-           "statement": "; ".join(f"{r['query_sides_m'][0]:g}–{r['query_sides_m'][1]:g} m: |error| ≈ "
-                                  f"{r['expected_abs_error']:.3g} vs a typical count "
-                                  + (f"{r['typical_count']:.3g}" if r["typical_count"] is not None
-                                     else "unknown (the published release's noise hides it"
-                                     + (f"; at most {r['typical_count_at_most']:.3g}" if "typical_count_at_most" in r
-                                        else "") + ")")
-                                  + (f" (no verdict: {r['verdict_open']})" if r.get("verdict_open") else "")
-                                  for r in rows)}
+    if profile is None:
+        if basis is None:
+            then = (f"; the run's verdict comes from the contribution profile it pays (ε = "
+                    f"{PROFILE_FRACTION * float(plan.epsilon):.3g} of its ε), after its charge" if profile_applies(plan)
+                    else "")
+            return {"bands": [], "statement": f"no verdict: no release of {plan.dataset}/{plan.city} at "
+                                              f"{plan.privacy_unit} level is published yet, and the plan predicts "
+                                              f"only from the region's newest published release{then}",
+                    **({"profile_epsilon": PROFILE_FRACTION * float(plan.epsilon)} if profile_applies(plan) else {})}
+        rows = expected_errors(basis.inputs, basis.typical, basis.profile, at_most=basis.at_most)
+        out = {"bands": rows, "basis": basis.url, "useless": useless(rows), "statement": _statement(rows)}
+        if out["useless"]:
+            out["would_help"] = what_would_help(basis.inputs, basis.typical, basis.profile, at_most=basis.at_most,
+                                                period_days=_period_days(plan))
+        return out
+    source = f"its contribution profile (ε = {profile.epsilon:.3g}, paid with its charge)"
+    # a profile that cannot be told from an empty period's is said so; it refuses only through the bands
+    # below (the most points it leaves possible, N̂ at its 99th percentile, against each band's error): a
+    # refusal on emptiness alone would refuse 80% of 100-person periods at ε = 1 (ε_p = 0.1)
+    empty_like = _shows_no_one(profile)
+    n_draws, _ = profile.draws(1, 2001, np.random.default_rng(0))
+    most = float(np.quantile(n_draws, TOTAL_QUANTILE))  # no square holds more points than the run
+    if basis is not None:
+        inputs, typical = basis.inputs, basis.typical
+        at_most = np.minimum(basis.at_most, most / inputs.period_factor)
+    else:
+        inputs = PlanInputs(epsilon=float(plan.epsilon or 0.0), rho=plan.rho, k=plan.max_points_per_user,
+                            cell_width_m=_cell_width(plan), profiled=True)
+        typical = np.full(len(DEFAULT_BANDS), np.nan)
+        at_most = np.full(len(DEFAULT_BANDS), most)
+    rows = expected_errors(inputs, typical, profile, at_most=at_most)
+    from dpcore.privacy.profile import visible_threshold
+
+    empty_words = (f"the profile cannot tell this period from an empty one (no bucket of points per person "
+                   f"clears its noise of {visible_threshold(profile.epsilon):.0f} people but at most one alone); "
+                   if empty_like else "")
+    out = {"bands": rows, "basis": source + (f" and {basis.url}" if basis else ""), "useless": useless(rows),
+           "statement": empty_words + _statement(rows), "total_points_at_most": most, "empty_like": empty_like}
     if out["useless"]:
-        out["would_help"] = what_would_help(inputs, typical, profile, at_most=basis.at_most)
+        out["would_help"] = what_would_help(inputs, typical, profile, at_most=at_most, period_days=_period_days(plan))
     return out
 
 
-def check_usefulness(store_url: str, plans: list[CityPlan], publish_anyway: bool = False) -> list[CityPlan]:
-    """The plans with their expectation attached (``CityPlan.expected``); raises a one-line ReleaseError
-    when a city is expected to be worse than a blank map at every band, unless ``publish_anyway``."""
+def refusal(city: str, exp: dict, charged: str = "nothing was charged") -> str:
+    """The one line a refused city gets: why, from what, what would help, what was spent."""
+    helps = ", ".join(exp.get("would_help") or []) or "nothing tried here"
+    return (f"{city}: expected worse than a blank map at every band ({exp['statement']}; predicted from "
+            f"{exp['basis']}); would help: {helps}; {charged}. --publish-anyway publishes it anyway")
+
+
+def check_usefulness(store_url: str, plans: list[CityPlan], publish_anyway: bool = False,
+                     ) -> tuple[list[CityPlan], list[dict]]:
+    """(the plans to release, with their expectation attached as ``CityPlan.expected``; the refused
+    cities, each {"city", "reason"}): a city expected to be worse than a blank map at every band is
+    refused alone, unless ``publish_anyway``."""
     store = ReleaseStore(store_url)
-    checked = []
+    checked, refused = [], []
     for p in plans:
         exp = expectation(store, p)
         if exp.get("useless") and not publish_anyway:
-            helps = ", ".join(exp.get("would_help") or []) or "nothing tried here"
-            raise ReleaseError(f"{p.city}: expected worse than a blank map at every band ({exp['statement']}; "
-                               f"predicted from {exp['basis']}); would help: {helps}; nothing was charged. "
-                               "--publish-anyway publishes it anyway")
-        checked.append(dataclasses.replace(p, expected={**exp, "published_anyway": bool(exp.get("useless"))}))
-    return checked
+            refused.append({"city": p.city, "period": p.period.label, "reason": refusal(p.city, exp)})
+            continue
+        prior = p.expected or {}
+        keep = {k: prior[k] for k in ("k_choice",) if k in prior}
+        checked.append(dataclasses.replace(p, expected={**keep, **exp, "published_anyway": bool(exp.get("useless"))}))
+    return checked, refused
+
+
+def raise_if_all_refused(checked: list[CityPlan], refused: list[dict]) -> None:
+    """Nothing left to release: the refusals as one error line."""
+    if refused and not checked:
+        raise ReleaseError(" | ".join(r["reason"] for r in refused))

@@ -20,27 +20,25 @@ ST = ["--city", "new-york", "--epsilon", "1", "--mechanism", "identity3d", "--sl
 @pytest.fixture(scope="module")
 def releases(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("fc")
-    data, small = tmp / "c.parquet", tmp / "small.parquet"
+    data = tmp / "c.parquet"
     generate_checkins(city_region("new-york"), n_users=400, start="2024-01-01", days=14, seed=3).to_parquet(data)
-    generate_checkins(city_region("new-york"), n_users=60, start="2024-01-01", days=14, seed=3).to_parquet(small)
-    out = {"daily": tmp / "daily", "short": tmp / "short", "merged": tmp / "merged"}
+    out = {"daily": tmp / "daily", "short": tmp / "short"}
     run_geodp("release", data, "--period", "2024-01-01..2024-01-14", *ST, "--param", "grid_size=16",
               "--out", out["daily"])
     run_geodp("release", data, "--period", "2024-01-01..2024-01-05", *ST, "--param", "grid_size=16",
               "--out", out["short"])
-    # 60 people at ε 0.5: the resolution rule merges the 14 daily slots into one
-    merged = run_geodp("release", small, "--period", "2024-01-01..2024-01-14", *ST, "--epsilon", "0.5",
-                       "--param", "resolution=rule", "--out", out["merged"])
-    assert "slots merged" in merged.stdout + merged.stderr
     return out
 
 
-def test_a_forecast_over_merged_slots_is_refused_naming_its_slot_width(releases):
-    """Bug: a release whose slots were merged into one forecast a flat line with a zero-width 95% interval."""
-    bad = run_geodp("query", "forecast", releases["merged"], "--box", BOX, "--horizon", "3", ok=False)
-    assert bad.returncode == 2 and bad.stdout == ""
-    assert len(bad.stderr.strip().splitlines()) == 1 and bad.stderr.startswith("error:")
-    assert "1 slot of 14 days" in bad.stderr and "merged 14 at a time" in bad.stderr
+def test_a_forecast_over_merged_slots_is_refused_naming_its_slot_width():
+    """Bug: a release whose slots were merged into one forecast a flat line with a zero-width 95% interval.
+    Releases no longer merge slots (decision 0015, 2026-11-28); releases made before still carry
+    ``resolution.slot_factor`` and are refused by the same check the CLI runs."""
+    from dpcore.queries.forecast import check_forecastable
+    from dpcore.queries.spatiotemporal import STQueryError
+
+    with pytest.raises(STQueryError, match="has 1 slot of 28 days: its 28 requested slots of 1 day were merged 28"):
+        check_forecastable(28, 86400, slot_factor=28)
 
 
 def test_a_forecast_from_too_few_slots_is_refused(releases):

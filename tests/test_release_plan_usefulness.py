@@ -56,7 +56,7 @@ def test_what_would_help_makes_the_expected_error_beat_a_blank_map() -> None:
     rows = expected_errors(hopeless, typical, profile)
     assert useless(rows)
     helps = what_would_help(hopeless, typical, profile)
-    eps = [float(h.split()[1]) for h in helps if h.startswith("ε")]
+    eps = [float(h.split()[2]) for h in helps if h.startswith("ε ≥")]
     assert eps and not useless(expected_errors(PlanInputs(epsilon=eps[0], k=20, cell_width_m=100.0), typical, profile))
     assert useless(expected_errors(PlanInputs(epsilon=eps[0] / 2, k=20, cell_width_m=100.0), typical, profile))
 

@@ -165,26 +165,63 @@ def useless(rows: list[dict]) -> bool:
     return bool(rows) and all(r["hopeless"] for r in rows)
 
 
-def what_would_help(inputs: PlanInputs, typical: np.ndarray, profile: ContributionProfile | None,
-                    bands=DEFAULT_BANDS, at_most: np.ndarray | None = None) -> list[str]:
-    """The smallest change along each public option (ε, k, cell size, period length) that takes at least
-    one band out of :func:`useless`, as phrases."""
+def help_options(inputs: PlanInputs, typical: np.ndarray, profile: ContributionProfile | None,
+                 bands=DEFAULT_BANDS, at_most: np.ndarray | None = None) -> dict[str, list[float]]:
+    """Per public option ("epsilon" or "rho", "k", "cell_width_m", "period_factor"), the values tried that
+    take at least one band out of :func:`useless` (ε and ρ up to ×1024 in steps, k among K_CANDIDATES, cells
+    up to ×32 as wide, periods up to 365× as long), in the order tried."""
     from dataclasses import replace
 
-    budget = ("ρ", "rho", inputs.rho) if inputs.rho is not None else ("ε", "epsilon", inputs.epsilon)
+    budget = ("rho", inputs.rho) if inputs.rho is not None else ("epsilon", inputs.epsilon)
     step = 2.0 if inputs.rho is not None else 2 ** 0.5  # ρ buys noise sd as √ρ, ε as ε
-    tries = [(budget[0], budget[1], [budget[2] * step ** i for i in range(1, 21)], "{:.3g}"),
-             ("k", "k", [k for k in (1, 2, 5, 10, 20, 50, 100, 200) if k != inputs.k], "{}"),
-             ("cell width", "cell_width_m",
-              [] if inputs.cell_width_m is None else [inputs.cell_width_m * m for m in (2, 4, 8, 16, 32)], "{:.0f} m"),
-             ("period", "period_factor", [inputs.period_factor * m for m in (2, 7, 30, 90, 365)], "{:g}× as long")]
-    found = []
-    for label, field, values, fmt in tries:
+    tries = [(budget[0], [budget[1] * step ** i for i in range(1, 21)]),
+             ("k", [k for k in K_CANDIDATES if k != inputs.k]),
+             ("cell_width_m", [] if inputs.cell_width_m is None else [inputs.cell_width_m * m for m in (2, 4, 8, 16, 32)]),
+             ("period_factor", [inputs.period_factor * m for m in (2, 7, 30, 90, 365)])]
+    found: dict[str, list[float]] = {}
+    for field, values in tries:
         for v in values:
             if not useless(expected_errors(replace(inputs, **{field: v}), typical, profile, bands, at_most=at_most)):
-                found.append(f"{label} {fmt.format(v)}")
-                break
+                found.setdefault(field, []).append(v)
+                if field != "k":  # ε, cells and periods help more as they grow: the first is the answer
+                    break
     return found
+
+
+def what_would_help(inputs: PlanInputs, typical: np.ndarray, profile: ContributionProfile | None,
+                    bands=DEFAULT_BANDS, at_most: np.ndarray | None = None, period_days: float | None = None) -> list[str]:
+    """The smallest change along each public option that takes at least one band out of :func:`useless`,
+    in an operator's words: "ε ≥ 0.283", "k ≤ 5", "cells of 400 m", "a 7-day period" (``period_days``: the
+    run's period in days; without it "a period 7× as long")."""
+    import math
+
+    found = help_options(inputs, typical, profile, bands, at_most)
+    words = []
+    for field, values in found.items():
+        v = values[0]
+        if field == "epsilon":
+            words.append(f"ε ≥ {v:.3g}")
+        elif field == "rho":
+            words.append(f"ρ ≥ {v:.3g}")
+        elif field == "cell_width_m":
+            words.append(f"cells of {v:.0f} m")
+        elif field == "period_factor":
+            days = None if not period_days else math.ceil(v / inputs.period_factor * period_days - 1e-9)
+            words.append(f"a {days}-day period" if days else f"a period {v / inputs.period_factor:g}× as long")
+        else:
+            words.append(_k_words(values, inputs.k))
+    return words
+
+
+def _k_words(helping: list[float], k: int) -> str:
+    """The k that help, as a range where they run to an end of the candidates ("k ≤ 5", "k ≥ 50")."""
+    tried = [c for c in K_CANDIDATES if c != k]
+    ks = sorted(int(v) for v in helping)
+    if ks == [c for c in tried if c <= ks[-1]] and ks[-1] < k:
+        return f"k ≤ {ks[-1]}"
+    if ks == [c for c in tried if c >= ks[0]] and ks[0] > k:
+        return f"k ≥ {ks[0]}"
+    return "k = " + " or ".join(str(c) for c in ks)
 
 
 def choose_k(inputs: PlanInputs, typical: np.ndarray, profile: ContributionProfile | None,

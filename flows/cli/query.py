@@ -66,10 +66,15 @@ def range_counts(
                       else out)
         return 0
     times = parse_window(window) if window is not None else None
-    with fetch_release(release) as (_, synopsis):
+    from tasks.release_verdict import answer_notes
+
+    with fetch_release(release) as (manifest, synopsis):
         if times is not None:
             _check_window(synopsis, times)
         table = answer_table(synopsis, boxes_ll, window_s=times)
+        notes = answer_notes(manifest.quality, synopsis.region.box_latlon_to_m(boxes_ll))
+        if any(notes):  # a band the release is expected to serve worse than a blank map
+            table["note"] = notes
         for caveat in synopsis.caveats():
             eprint(f"note: {caveat}")
         region_bbox = synopsis.region.bbox_latlon()
@@ -241,16 +246,20 @@ def write_answers(table, fmt: str, dest: str | None) -> None:
         if "period" in table.columns:
             rec.insert(0, "period", table["period"].astype(str))
         rec["interval"] = f"{table.attrs['level']:.0%}"
+        if "note" in table.columns:  # a band the release is expected to serve worse than a blank map
+            rec["note"] = table["note"]
         text = rec.to_json(orient="records", double_precision=10) + "\n"
     else:
         b = table[["min_lat", "min_lon", "max_lat", "max_lon"]].to_numpy()
         est, lo, hi = (table[c].to_numpy() for c in ("estimate", "lower", "upper"))
         period = table["period"].astype(str).to_numpy() if "period" in table.columns else None
+        notes = table["note"].to_numpy() if "note" in table.columns else None
         lines = []
         for q in range(len(table)):
             ci = f"\t95% [{lo[q]:.1f}, {hi[q]:.1f}]" if np.isfinite(lo[q]) else ""
             when = f"{period[q]}\t" if period is not None else ""
-            lines.append(f"{when}{b[q, 0]:.5f},{b[q, 1]:.5f},{b[q, 2]:.5f},{b[q, 3]:.5f}\t{est[q]:.1f}{ci}")
+            note = f"\tnote: {notes[q]}" if notes is not None and notes[q] else ""
+            lines.append(f"{when}{b[q, 0]:.5f},{b[q, 1]:.5f},{b[q, 2]:.5f},{b[q, 3]:.5f}\t{est[q]:.1f}{ci}{note}")
         text = "\n".join(lines) + "\n"
     if dest is None:
         sys.stdout.write(text)

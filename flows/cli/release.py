@@ -284,6 +284,10 @@ def _print_summary(summary: dict) -> None:
             print(f"  {r['k_choice']['statement']}")
         if r.get("no_verdict") and r["status"] == "committed":
             print(f"  plan: {r['no_verdict']}")
+        if r.get("verdict"):
+            print(f"  {r['verdict']}")
+    for r in summary.get("refused", []):
+        eprint(f"refused: {r['reason']}")
     print(f"dataset {summary['dataset']}: {summary['guarantee']}")
     if summary["loss"] is not None:
         print(f"  {_loss_line(summary['policy'], summary['loss'])}")
@@ -328,7 +332,8 @@ def backfill(
     privacy_unit: PrivacyUnit = field_default(R, "privacy_unit"),
     max_points_per_user: K = None,
     seed: int | None = model_option(R, "seed", "--seed"),
-    store: str = typer.Option(..., "--store", help="release store URL"),
+    store: str | None = typer.Option(None, "--store", help="release store URL (default: the configured one; "
+                                     "a served deployment uses its own configuration's)"),
     dataset: str | None = model_option(R, "dataset", "--dataset"),
     budget_cap: float | None = model_option(R, "budget_cap", "--budget-cap"),
     config: ConfigFile = None,
@@ -338,8 +343,10 @@ def backfill(
     columns: Columns = None,
     format: Format = "auto",
     deployment: str | None = typer.Option(None, "--deployment", metavar="NAME",
-                                          help="submit one run per day to this served deployment "
-                                               "(e.g. release/release) instead of running here"),
+                                          help="submit to this served deployment instead of running here: "
+                                               "backfill/backfill runs every day on one Dask cluster, "
+                                               "release/release one run per day"),
+    publish_anyway: PublishAnyway = False,
     json_out: Json = None,
 ) -> int:
     """One release per UTC day over a range of days; days already committed are skipped."""
@@ -347,24 +354,22 @@ def backfill(
 
     first, last = _days(period, start, end)
     days = days_between(first, last)
-    params = _release_params(
-        data, cities, None, None, None, store, None, epsilon, None, mechanism, param, side_km=side_km,
-        privacy_unit=privacy_unit, max_points_per_user=_k(max_points_per_user), seed=seed, dataset=dataset,
-        budget_cap=budget_cap, dask_address=dask_address, n_workers=workers, slot=slot, columns=columns,
-        format=format)
     if not deployment:  # a served deployment uses the config its serving process was started with
         _check_settings(config)
+        if store is None:
+            from tasks.settings import load_settings
+
+            store = load_settings(config).release_store(None)
+    params = _release_params(
+        data, cities, None, None, None, store or "configured", None, epsilon, None, mechanism, param,
+        side_km=side_km, privacy_unit=privacy_unit, max_points_per_user=_k(max_points_per_user), seed=seed,
+        dataset=dataset, budget_cap=budget_cap, dask_address=dask_address, n_workers=workers, slot=slot,
+        columns=columns, format=format, publish_anyway=publish_anyway)
+    if store is None:  # served: the store of the serving process's configuration
+        params = params.model_copy(update={"store": None})
     _prevalidate(params, open_store=not deployment)
     if deployment:  # the serving process has its own working directory: send absolute local paths
-        from flows.backfill import submit_to_deployment
-        from tasks.release_tasks import public_locator
-
-        params = params.model_copy(update={"data": public_locator(params.data),
-                                           "store": public_locator(params.store)})
-        runs = submit_to_deployment(BackfillParams(release=params, start=first, end=last), deployment)
-        for r in runs:
-            print(f"{r['period']}: flow run {r['flow_run_id']} ({r['state']})")
-        return 0
+        return _submit(params, first, last, deployment, json_out)
     from flows.backfill import run_backfill
     from tasks.runtime import local_prefect
 
@@ -376,9 +381,44 @@ def backfill(
         if json_out == "-":
             return 0
     for day in summary["periods"]:
-        states = ", ".join(f"{r['city']} v{r['version']} {r['status']}" for r in day["releases"])
+        states = ", ".join([f"{r['city']} v{r['version']} {r['status']}" for r in day["releases"]]
+                           + [f"{r['city']} refused" for r in day["refused"]])
         print(f"{day['period']}: {states}")
+        for r in day["releases"]:
+            if r.get("verdict") and r["status"] == "committed":
+                print(f"  {r['city']}: {r['verdict']}")
     print(f"committed {summary['committed']} new version(s); {summary['skipped']} already committed")
+    refused = summary.get("refused", [])
+    for city in sorted({r["city"] for r in refused}):
+        days = [r["period"] for r in refused if r["city"] == city]
+        reason = next(r["reason"] for r in refused if r["city"] == city)
+        eprint(f"refused: {city} on {len(days)} day(s) ({', '.join(days)}): {reason}")
+    if refused and not summary["committed"] and not summary["skipped"]:
+        raise CLIError(f"every city of every day was refused ({len(refused)} release(s)); see the lines above")
+    return 0
+
+
+def _submit(params: ReleaseParams, first: str, last: str, deployment: str, json_out: str | None) -> int:
+    """`backfill --deployment`: submit, print each run (a run submitted before with the same parameters is
+    said to be one, with its state's message), and exit 2 in one line when such a run had failed."""
+    from flows.backfill import submit_to_deployment
+    from tasks.release_tasks import public_locator
+
+    params = params.model_copy(update={"data": public_locator(params.data),
+                                       "store": public_locator(params.store) if params.store else None})
+    runs = submit_to_deployment(BackfillParams(release=params, start=first, end=last), deployment)
+    if json_out is not None:
+        emit_json(runs, json_out)
+    else:
+        for r in runs:
+            again = "submitted before with the same parameters: " if r["resubmitted"] else ""
+            note = f": {r['message']}" if r["message"] and r["failed"] else ""
+            print(f"{r['period']}: flow run {r['flow_run_id']} ({again}{r['state']}{note})")
+    stale = [r for r in runs if r["resubmitted"] and r["failed"]]
+    if stale:
+        raise CLIError(f"{len(stale)} run(s) of this backfill were submitted before with the same parameters and "
+                       f"failed ({stale[0]['period']}: {stale[0]['message'] or stale[0]['state']}); a re-submission "
+                       "returns those runs: change a parameter (e.g. --publish-anyway, --epsilon) to run it again")
     return 0
 
 
@@ -395,13 +435,15 @@ def list_releases(
     from tasks.storage.store import ReleaseStore
 
     st = ReleaseStore(store, create=False)
-    rows = [m.listing() for m in st.list_releases(dataset, city, period)]
+    from tasks.release_verdict import verdict_line
+
+    rows = [{**m.listing(), "verdict": verdict_line(m.quality)} for m in st.list_releases(dataset, city, period)]
     if json_out is not None:
         emit_json(rows, json_out)
         return 0
     for r in rows:
         print(f"{r['dataset']}\t{r['city']}\t{r['period']}\tv{r['version']}\t"
-              f"{budget_label(r['epsilon'], r.get('rho'))}\t{r['mechanism']}\t{r['url']}")
+              f"{budget_label(r['epsilon'], r.get('rho'))}\t{r['mechanism']}\t{r['url']}\t{r['verdict']}")
     if not rows:
         eprint(f"no committed releases in {st.url}")
     return 0
