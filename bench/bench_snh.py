@@ -5,6 +5,7 @@
     nice -n 10 .venv/bin/python bench/bench_snh.py rho              # ParamSelect ρ vs the best searched ρ
     nice -n 10 .venv/bin/python bench/bench_snh.py floors           # no-privacy reference errors
     nice -n 10 .venv/bin/python bench/bench_snh.py bins             # error split by the squares' true counts
+    nice -n 10 .venv/bin/python bench/bench_snh.py cabs             # the authors' CABS_SFS protocol via the CLI
 
 Query centres are drawn from the evaluated data by default (--workload data; uniform and public:PATH
 as in `geodp evaluate`). Data: Gowalla NYC from ../shared/data (falls back to the synthetic generator when it is absent, and
@@ -307,6 +308,124 @@ def cmd_rho(args: argparse.Namespace) -> None:
               f"{r.size} cases")
 
 
+#: The SNH authors' CABS_SFS protocol (github szeighami/SNH, tests/test_sf_cabs/0/conf.json): record level,
+#: squares of 0.2–0.8% of the region's side centred on data points, ψ = 0.1% of n; their smallest model's
+#: squares are 0.2–0.275% of the side, where their README's sample output reaches 0.065 at ε 0.05.
+CABS_FILE = "cabs_sfs_trip_starts.npy"
+CABS_AUTHORS_ERROR = 0.065
+CABS_BANDS_FRACTION = ((0.002, 0.00275), (0.002, 0.008))
+#: What `cabs` runs through the CLI: (label, mechanism, --param list). The authors' ρ ≈ 0.0293 of the side
+#: (ParamSelect's choice in their run.py) is 38 m on 13 km; `cell_width_m` makes it a public parameter.
+CABS_RUNS = (
+    ("snh (default: pyramid)", "snh", []),
+    ("snh flat 38 m, nets (authors' design)", "snh", ["cell_width_m=38.1", "query_sides_m=[26,104]", "hidden=80"]),
+    ("snh flat 38 m, grid answers", "snh", ["cell_width_m=38.1", "query_sides_m=[26,104]", "answer=grid",
+                                             "max_epochs=1"]),
+    ("snh flat 35 m, grid answers", "snh", ["cell_width_m=35.4", "query_sides_m=[26,104]", "answer=grid",
+                                             "max_epochs=1"]),
+    ("identity (default: 100 m)", "identity", []),
+    ("identity 50 m (the issue's)", "identity", ["cell_width_m=50"]),
+    ("identity ParamSelect ρ for 26–104 m", "identity", ["cell_width_m=auto", "query_sides_m=[26,104]"]),
+    ("identity 35 m, negative cells 0", "identity", ["cell_width_m=35.4", "clamp_negative=true"]),
+    ("privtree", "privtree", []),
+    ("ag", "ag", []),
+    ("auto (no band)", "auto", []),
+    ("auto, band 26–104 m", "auto", ["query_sides_m=[26,104]"]),
+)
+
+
+def _cli_cpu(argv: list[str]) -> tuple[str, float]:
+    """Run a geodp CLI command; (stdout, CPU-seconds of the child, user + system)."""
+    import resource
+    import subprocess
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    proc = subprocess.run(["geodp", *argv], capture_output=True, text=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode != 0:
+        raise SystemExit(f"geodp {' '.join(argv)} failed:\n{proc.stderr[-2000:]}")
+    return proc.stdout, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def cmd_cabs(args: argparse.Namespace) -> None:
+    """The authors' CABS_SFS protocol through the CLI users take: `geodp release run … --mechanism M` on a
+    public configured box, then `geodp query range --boxes`; errors beside the authors' 0.065, a blank map
+    and the hindsight grid, with CPU-seconds per fit (release run, imports included)."""
+    import tempfile
+
+    import pandas as pd
+
+    from dpcore.evaluation.metrics import psi_for, relative_error
+    from dpcore.evaluation.range import EvalConfig, hindsight_grid, region_data
+    from dpcore.geo import resolve_region
+    from dpcore.queries.range import square_workload, true_counts
+
+    latlon = np.load(args.data or SHARED / CABS_FILE)
+    region = resolve_region(center=args.center, side_km=args.side_km)  # public configuration, not the data's box
+    work = Path(tempfile.mkdtemp(prefix="bench_snh_cabs_"))
+    table = work / "cabs.parquet"
+    pd.DataFrame({"user_id": np.arange(latlon.shape[0], dtype=np.int64),
+                  "timestamp": pd.Timestamp("2008-06-01", tz="UTC"),
+                  "lat": latlon[:, 0], "lon": latlon[:, 1]}).to_parquet(table)
+    pts = load_points(table).points
+    data = region_data(pts, region)
+    psi = psi_for(data.n_points)
+    rng = np.random.default_rng([0, 0xCAB5])
+    bands, workloads, frames = [], [], []
+    for lo, hi in CABS_BANDS_FRACTION:
+        a, b = lo * region.side_m, hi * region.side_m
+        boxes_m = square_workload(region, args.queries, a, b, rng, (data.x, data.y))
+        lat0, lon0 = region.unproject(boxes_m[:, 0], boxes_m[:, 1])
+        lat1, lon1 = region.unproject(boxes_m[:, 2], boxes_m[:, 3])
+        frames.append(pd.DataFrame({"min_lat": lat0, "min_lon": lon0, "max_lat": lat1, "max_lon": lon1}))
+        bands.append((a, b))
+    # One boxes file for every band (one `query range` per release); band w is rows w·q .. (w+1)·q.
+    path = work / "boxes.csv"
+    pd.concat(frames).to_csv(path, index=False, float_format="%.10f")
+    # Truth on the boxes the CLI reads back (degrees → metres), so both sides count the same squares.
+    all_boxes = region.box_latlon_to_m(pd.read_csv(path).to_numpy())
+    for w, sides in enumerate(bands):
+        boxes = all_boxes[w * args.queries:(w + 1) * args.queries]
+        workloads.append((sides, boxes, true_counts(data.x, data.y, boxes), w))
+    print(f"data {args.data or SHARED / CABS_FILE}: {data.n_points:,} of {latlon.shape[0]:,} points in the public box "
+          f"{args.center} side {args.side_km:g} km; ψ = {psi:.1f}; {args.queries} squares per band, centred on data "
+          f"points; {args.trials} trial(s); load average {os.getloadavg()[0]:.1f}")
+    zero = [float(relative_error(np.zeros(t.size), t, psi).mean()) for _, _, t, _ in workloads]
+    header = "| ε | mechanism | " + " | ".join(f"{a:.0f}–{b:.0f} m" for a, b in bands) + " | CPU s per fit |"
+    lines = [header, "|" + "---|" * (len(bands) + 3)]
+    lines.append("| – | authors' SNH (their README, 5,000 epochs) | " + f"{CABS_AUTHORS_ERROR} | – | – |")
+    lines.append("| – | answer 0 (a blank map) | " + " | ".join(f"{z:.4f}" for z in zero) + " | – |")
+    runs = [r for r in CABS_RUNS if not args.only or any(o in r[0] for o in args.only.split(","))]
+    for eps in [float(e) for e in args.epsilons.split(",")]:
+        cfg = EvalConfig(mechanisms=["identity"], epsilons=[eps], privacy_unit="record", query_sides_m=bands,
+                         n_queries=args.queries, trials=args.trials, seed=0)
+        grid = hindsight_grid(data, [(s, b, t) for s, b, t, _ in workloads], eps, cfg, psi)
+        lines.append(f"| {eps:g} | hindsight grid (not DP) | " + " | ".join(
+            f"{g['mean_relative_error']:.4f} ({g['cell_width_m']:.0f} m)" for g in grid) + " | – |")
+        print(lines[-1], flush=True)
+        for label, mech, params in runs:
+            errs, cpu = np.zeros(len(workloads)), 0.0
+            for trial in range(args.trials):
+                out = work / f"store_{mech}_{eps:g}_{trial}_{len(lines)}"
+                argv = ["release", "run", str(table), "--center", args.center, "--side-km", str(args.side_km),
+                        "--privacy-unit", "record", "--epsilon", str(eps), "--mechanism", mech, "--out", str(out),
+                        "--seed", str(1000 + trial), "--json"]
+                for p in params:
+                    argv += ["--param", p]
+                stdout, c = _cli_cpu(argv)
+                cpu += c
+                url = json.loads(stdout)["releases"][0]["url"]
+                answers, _ = _cli_cpu(["query", "range", url, "--boxes", str(path), "--json"])
+                est = np.array([row["estimate"] for row in json.loads(answers)], dtype=np.float64)
+                for w, (_, _, truth, _) in enumerate(workloads):
+                    part = est[w * args.queries:(w + 1) * args.queries]
+                    errs[w] += relative_error(part, truth, psi).mean() / args.trials
+            lines.append(f"| {eps:g} | {label} | " + " | ".join(f"{e:.4f}" for e in errs) +
+                         f" | {cpu / args.trials:.1f} |")
+            print(lines[-1], flush=True)
+    print("\n" + "\n".join(lines))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -334,6 +453,14 @@ def main() -> None:
     bn.add_argument("--snh-variants", type=json.loads, default=[],
                     help='extra snh runs, a JSON list of parameter sets, e.g. \'[{"answer": "grid"}]\'')
     bn.set_defaults(func=cmd_bins)
+    cb = sub.add_parser("cabs", help="the SNH authors' CABS_SFS protocol through the CLI, beside their 0.065")
+    cb.add_argument("--center", default="37.76369,-122.43371")
+    cb.add_argument("--side-km", type=float, default=13.0)
+    cb.add_argument("--epsilons", default="0.05,0.2,0.8")
+    cb.add_argument("--queries", type=int, default=2000)
+    cb.add_argument("--trials", type=int, default=1)
+    cb.add_argument("--only", default="", help="run only the rows whose label holds one of these (comma-separated)")
+    cb.set_defaults(func=cmd_cabs)
     for name, fn in (("accuracy", cmd_accuracy), ("rho", cmd_rho)):
         p = sub.add_parser(name)
         p.add_argument("--city", default="new-york")

@@ -26,6 +26,7 @@ from dpcore.privacy.accounting import budget_label
 from tasks.config import ReleaseParams
 from tasks.ledger_tasks import charge_ledger, committed_from, give_back, settle_strays, void_charge
 from tasks.persist_tasks import persist_release
+from tasks.progress import Progress
 from tasks.public_errors import PrivateDataFailure, public_data_error, without_private_detail
 from tasks.release_plan import ReleasePlan, plan_release
 from tasks.release_tasks import (
@@ -138,18 +139,20 @@ def _charge_and_fit(plan: ReleasePlan, todo: list, inputs: dict, counts, step,
     todo, profile = _verdict(plan, todo, counts, in_process)
     if in_process:
         manifests = {}
-        for p in todo:
-            try:
-                syn = fit_city(p, inputs[p.city], profile)
-                png = render_preview.fn(p, syn)
-            except BaseException as exc:
-                void_charge.fn(plan.store_url, dataset, held[p.city], f"fit failed: {type(exc).__name__}")
-                raise
-            try:
-                manifests[p.city] = persist_release.fn(plan.store_url, p, syn, png, held[p.city], code)
-            except Exception as exc:
-                _give_back_quietly(plan.store_url, dataset, held[p.city], exc)
-                raise
+        with Progress("fits", total=len(todo), unit="cities") as fits:
+            for p in todo:
+                try:
+                    syn = fit_city(p, inputs[p.city], profile)
+                    png = render_preview.fn(p, syn)
+                except BaseException as exc:
+                    void_charge.fn(plan.store_url, dataset, held[p.city], f"fit failed: {type(exc).__name__}")
+                    raise
+                try:
+                    manifests[p.city] = persist_release.fn(plan.store_url, p, syn, png, held[p.city], code)
+                except Exception as exc:
+                    _give_back_quietly(plan.store_url, dataset, held[p.city], exc)
+                    raise
+                fits.advance(what=p.city)
     else:
         manifests, placed = _run_on_workers(plan.store_url, dataset, todo, inputs, held, code, profile)
     return manifests, held, placed
@@ -217,16 +220,18 @@ def _run_on_workers(store_url: str, dataset: str, todo: list, inputs: dict, held
     progress = create_progress_artifact(0.0, key=_artifact_key(f"release-progress-{dataset}"),
                                         description=f"cities of {dataset} committed")
     manifests, first_error = {}, None
-    for i, (city, (fut, upstream)) in enumerate(futures.items()):
-        try:
-            manifests[city] = _persisted(fut, upstream)
-        except _FitFailed as exc:
-            void_charge(store_url, dataset, held[city], f"fit failed: {type(exc.cause).__name__}")
-            first_error = first_error or exc.cause
-        except Exception as exc:  # storage failed, or the worker was lost: nothing was committed
-            _give_back_quietly(store_url, dataset, held[city], exc)
-            first_error = first_error or exc
-        update_progress_artifact(progress, 100.0 * (i + 1) / len(futures))
+    with Progress("fits", total=len(futures), unit="cities") as fits:  # the cities' names and count are public
+        for i, (city, (fut, upstream)) in enumerate(futures.items()):
+            try:
+                manifests[city] = _persisted(fut, upstream)
+            except _FitFailed as exc:
+                void_charge(store_url, dataset, held[city], f"fit failed: {type(exc.cause).__name__}")
+                first_error = first_error or exc.cause
+            except Exception as exc:  # storage failed, or the worker was lost: nothing was committed
+                _give_back_quietly(store_url, dataset, held[city], exc)
+                first_error = first_error or exc
+            update_progress_artifact(progress, 100.0 * (i + 1) / len(futures))
+            fits.advance(what=city)
     if first_error is not None:
         raise _one_line(first_error)
     return manifests, [f.result() for f in placed]

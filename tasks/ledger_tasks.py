@@ -268,9 +268,13 @@ def charge_ledger(store_url: str, plans: list, resolved: ResolvedPolicy, source:
         return {}
     store = ReleaseStore(store_url)
     home = home_of(store, home)
-    home.bind(store)
     ledger = home.ledger(plans[0].dataset)
-    ledger.bind_sources([source] if isinstance(source, str) else list(source))
+    locators = [source] if isinstance(source, str) else list(source)
+    # before anything is written: a ledger that does not verify (an entry deleted, a published charge
+    # given back, its policy or a source binding gone) is an IntegrityError, and no policy is made anew
+    ledger.verify()
+    home.bind(store)
+    ledger.bind_sources(locators)
     policy = resolved.policy
     if not resolved.stored:
         policy = ledger.create_policy(policy, reason=f"first release into {plans[0].dataset}")
@@ -303,7 +307,7 @@ def charge_ledger(store_url: str, plans: list, resolved: ResolvedPolicy, source:
         to_charge.append(p)
     if to_charge:
         entry, _ = ledger.charge([charge_for(p, replace(resolved, policy=policy), draw) for p in to_charge], policy,
-                                 store=home.scope)
+                                 store=home.scope, sources=locators)
         for p in to_charge:
             out[p.city] = mine(p, entry["seq"], (), entry[ENTRY_HASH])
     return out
@@ -318,6 +322,9 @@ def give_back(store: ReleaseStore, dataset: str, held: dict, reason: str) -> boo
         return False
     ref = version_of(store, dataset, held["city"], held["period"], held["key"])
     if ref is not None:
+        committed = store.manifest(ref)
+        if committed is not None and committed.ledger is not None and committed.ledger.seq == held["seq"]:
+            return False  # the charge paid for the published release (another holder's attempt): it stays
         attempt = attempt_name(held)
         if store.exists(f"{ref.rel}/{attempt}/{CHARGE_REF}") or store.attempt_data(ref, attempt):
             try:
@@ -405,6 +412,7 @@ def settle_strays(store: ReleaseStore, dataset: str, manifests: list[Manifest], 
     seal the other attempts of the key, delete their files and void their charges (a race loser, or a
     run that died after another's commit, leaves them). Returns how many charges were voided."""
     home = home_of(store, home)
+    store.sweep_committed(dataset)  # first: the files of sealed or abandoned attempts of committed versions
     ledger = home.ledger(dataset)
     entries = ledger.entries()
     by_key = {m.release_key: m for m in manifests}

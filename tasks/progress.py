@@ -12,14 +12,31 @@ dpcore never imports this module: it takes a callable and calls it (dpcore is pu
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import sys
 import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 #: Seconds between two log lines of one reporter (bars redraw continuously).
 EVERY_S = 30.0
+
+#: Where a command's own terminal status line is (the CLI's spinner while a flow runs in its process):
+#: a reporter that cannot draw a bar of its own shows its counts there. Set by :func:`shown_in`.
+_STATUS: list[Callable[[str], None]] = []
+
+
+@contextlib.contextmanager
+def shown_in(update: Callable[[str], None]) -> Iterator[None]:
+    """While this context is open, reporters in this process show their line through ``update`` (e.g.
+    rich's ``Status.update``) instead of drawing a bar: one live display on a terminal at a time."""
+    _STATUS.append(update)
+    try:
+        yield
+    finally:
+        _STATUS.remove(update)
 
 
 def _in_prefect_run() -> bool:
@@ -63,7 +80,8 @@ class Progress:
             from tasks.runtime import run_logger
 
             self._logger = run_logger()
-        if on_terminal():
+        self._status = _STATUS[-1] if _STATUS and on_terminal() else None
+        if on_terminal() and self._status is None:
             from rich.console import Console
             from rich.progress import (
                 BarColumn,
@@ -90,6 +108,10 @@ class Progress:
         if self._bar is not None:
             shown = " ".join(t for t in (self.what, private) if t)
             self._bar.update(self._task, completed=self.done, total=self.total, what=shown)
+        elif self._status is not None:  # the operator's terminal: private counts may show
+            of = f"/{self.total}" if self.total is not None else ""
+            shown = ", ".join(t for t in (self.what, private) if t)
+            self._status(f"{self.label}: {self.done}{of} {self.unit}" + (f" ({shown})" if shown else ""))
         self._maybe_log()
 
     def advance(self, n: int = 1, what: str = "", private: str = "") -> None:

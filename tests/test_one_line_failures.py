@@ -130,6 +130,9 @@ def test_ctrl_c_in_the_prefect_form_prints_one_line(prefect_harness, small, tmp_
     store = tmp_path / "s"
     r = _interrupted(["release", "run", small, *RELEASE, "--store", store, "--workers", "1"], tmp_path / "mark")
     _one_interrupted_line(r)
+    run_geodp("release", "run", small, *RELEASE, "--store", store, "--workers", "1")  # finishes it, paying once
+    charged, committed = ledger_and_committed(store)
+    assert charged == pytest.approx(committed) == pytest.approx(0.1)
 
 
 def _bad_columns(folder) -> list:

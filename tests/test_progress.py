@@ -1,6 +1,6 @@
-"""Progress of long work (issue 45 item 5): the data pass reports files read, as a bar with rows on the
-operator's terminal (in-process form) and as log lines with files only in the Prefect UI, where a count
-of private rows must never appear. Before tasks/progress.py neither form showed any progress."""
+"""Progress of long work (issue 45 item 5): the data pass reports files read and the fits cities fitted, as
+bars (with rows read) on the operator's terminal (in-process form) and as log lines in the Prefect UI,
+where a count of private rows must never appear. Before tasks/progress.py neither form showed any."""
 
 from __future__ import annotations
 
@@ -53,6 +53,7 @@ def test_the_in_process_data_pass_draws_a_bar_with_files_and_rows_on_a_terminal(
                                     "--out", tmp_path / "out", "--max-points-per-user", "5"])
     assert status == 0, shown[-3000:]
     assert "data pass" in shown and "2/2" in shown and f"{sum(ROWS):,} rows" in shown, shown[-3000:]
+    assert "fits" in shown and "1/1" in shown and "cities" in shown, shown[-3000:]
 
 
 def test_the_prefect_form_logs_files_read_and_never_the_rows(prefect_harness, tmp_path):
@@ -65,6 +66,7 @@ def test_the_prefect_form_logs_files_read_and_never_the_rows(prefect_harness, tm
                      "--mechanism", "identity", "--param", "cell_width_m=10")
     assert "Traceback" not in proc.stderr and "large graph" not in proc.stderr, proc.stderr[-3000:]
     shown = _shown_in_prefect(_flow_run_of(dataset), "data pass: 2/2 files")
+    assert "fits: 1/1 cities (new-york)" in shown, shown[-3000:]
     secrets = [s for n in (*ROWS, sum(ROWS)) for s in (str(n), f"{n:,}")]
     assert not _leaks(shown, secrets), _leaks(shown, secrets)
     assert pd.read_parquet(data).shape[0] == sum(ROWS)

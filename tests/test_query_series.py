@@ -47,11 +47,13 @@ def test_a_city_path_answers_every_period_and_their_sum(daily):
     assert [row["lower"] for row in rows[:3]] == pytest.approx([s["lower"] for s in singles])
     total = rows[3]
     assert total["estimate"] == pytest.approx(sum(s["estimate"] for s in singles))
-    # independent releases, each with its own noise and its own cells: the half-widths add in quadrature
-    half = np.sqrt(sum((s["estimate"] - s["lower"]) ** 2 for s in singles))
-    assert total["lower"] == pytest.approx(total["estimate"] - half)
+    # the intervals cover the spread inside cut cells too, which recurs from day to day where points pile
+    # up: each day's own noise adds in quadrature, the rest of its half-width adds
+    halves = np.array([s["estimate"] - s["lower"] for s in singles])
+    half = total["estimate"] - total["lower"]
+    assert np.sqrt(np.sum(halves ** 2)) < half < np.sum(halves)
     assert total["interval_covers"] == "noise and spread in cut cells"
-    assert "3 releases" in r.stderr and "in quadrature" in r.stderr
+    assert "3 releases" in r.stderr and "own noise added in quadrature" in r.stderr
 
 
 def test_a_store_with_dataset_city_and_period_asks_only_the_window(daily):

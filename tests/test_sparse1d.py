@@ -163,3 +163,38 @@ def test_statistical_privacy_test_catches_a_subtle_bug_too():
 def test_sparse_sampler_needs_a_positive_threshold():
     with pytest.raises(SparseHistogramError, match="positive threshold"):
         noise_then_threshold_sparse(np.array([1]), np.array([5]), 100, 1.0, 1, 0.0, NoiseSource.seeded(0))
+
+
+def test_the_passing_empty_bins_are_counted_without_a_float_binom_ppf(monkeypatch):
+    """The count of empty bins that pass is drawn with integer arithmetic (issue 42 item 7): scipy's
+    float binom.ppf rounds its inversion, so its law is not the binomial the release is charged for."""
+    from scipy import stats
+
+    def float_inversion(*args, **kwargs):
+        raise AssertionError("the passing count was drawn by float binom.ppf")
+
+    monkeypatch.setattr(stats.binom, "ppf", float_inversion)
+    n_bins, eps, eta = 100_000, 1.0, 0.5
+    counts = sparse_counts(n_bins, 30, seed=2)
+    keys = np.flatnonzero(counts)
+    rel = noise_then_threshold_sparse(keys, counts[keys], n_bins, eps, 1, eta, NoiseSource.seeded(1))
+    assert np.count_nonzero(~np.isin(rel.keys, keys)) > 0  # some empty bins passed: the count was drawn
+
+
+def test_the_exact_passing_count_has_the_binomial_law():
+    from scipy import stats
+
+    from dpcore.sparse1d.binomial import passing_count, tail_lambda
+
+    n, m, runs = 40, 1, 20_000
+    lam = tail_lambda(1.0)
+    p = math.exp(-float(lam) * m) / (1 + math.exp(-float(lam)))
+    source = NoiseSource.seeded(5)
+    observed = np.bincount([passing_count(n, lam, m, source) for _ in range(runs)], minlength=n + 1)
+    expected = runs * stats.binom.pmf(np.arange(n + 1), n, p)
+    cells = expected >= 5
+    chi2 = float(((observed[cells] - expected[cells]) ** 2 / expected[cells]).sum())
+    df = int(cells.sum()) - 1
+    assert chi2 < df + 6 * math.sqrt(2 * df), (chi2, df)
+    # a huge domain costs a handful of big-integer steps, not one per bin
+    assert 1_000 < passing_count(10**12, tail_lambda(2.0), 40, source) < 1_600

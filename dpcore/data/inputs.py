@@ -112,10 +112,19 @@ class InputSet:
         """The input's identity as the files it names: the normalised locator of the input itself and of
         every file it reads (a local file's real path, a remote file's URL). The same files reached
         another way (a ``file://`` URL, a symlink, the folder or a glob holding them) share the files'
-        locators, so a ledger that binds them all to one dataset sees one source. Listing metadata only."""
+        locators, so a ledger that binds them all to one dataset sees one source. A local file is also
+        named by its device and inode (``inode:<dev>:<ino>``), so a hard link under another name is the
+        same source; a copy is a new file and is not. Listing metadata only."""
         protocol = _protocol(self.source)
         files = [os.path.realpath(f.path) if self.local else f"{protocol}://{f.path}" for f in self.files]
-        return sorted({normalised_locator(self.source), *files})
+        inodes = []
+        for path in files if self.local else []:
+            try:
+                st = os.stat(path)
+            except OSError:
+                continue  # gone since it was listed: its reading fails with its own error
+            inodes.append(f"inode:{st.st_dev}:{st.st_ino}")
+        return sorted({normalised_locator(self.source), *files, *inodes})
 
 
 def version_of(files: list[InputFile]) -> str:

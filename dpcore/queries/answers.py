@@ -15,8 +15,8 @@ ANSWER_COLUMNS = [*BOX_COLUMNS, "estimate", "lower", "upper", "unit", "interval_
 
 
 class NoiseHalfwidths:
-    """The half-widths (below, above) of each answer's interval that are the release's own errors (its noise,
-    the spread inside the cells it cuts): independent between releases, unlike the bounding's bias.
+    """The half-widths (below, above) of each answer's interval that are the release's own noise: independent
+    between releases, unlike the spread inside cut cells or the bounding's bias.
     (Compared by identity, so pandas can compare the ``attrs`` that carry it.)"""
 
     def __init__(self, below: np.ndarray, above: np.ndarray):

@@ -2,9 +2,9 @@
 window with its combined interval. Each release drew its own noise, independently of the others, so the
 sum's error is the sum of independent errors: noise-only half-widths add in quadrature (exact for
 normal noise, conservative for Laplace-tailed noise, whose sums are closer to normal than their parts);
-of intervals that also cover the bias of bounding each person to k points, only each release's own errors
-(its noise, and the spread inside the cells it cuts) add in quadrature and the rest linearly, since the
-same people's bias recurs in every period.
+of intervals that also cover the bias of bounding each person to k points or the spread inside partly
+covered cells, only each release's own noise adds in quadrature and the rest linearly, since the same
+people's bias and the same venues' spread recur in every period.
 Post-processing of the releases only."""
 
 from __future__ import annotations
@@ -69,10 +69,10 @@ def combine_sum(est, lower, upper, covers: str, noise_below=None, noise_above=No
 
 
 def sum_method(covers: str) -> str:
-    if covers in ("noise", "noise and spread in cut cells"):
+    if covers == "noise":
         return "sum of independent releases: half-widths added in quadrature"
     if covers in ("none", "mixed"):
         return "none: a period has no interval or the periods count different units"
-    return ("sum of releases: each release's own errors (noise, spread inside cut cells) added in quadrature, "
-            "the rest of each half-width (the bounding bias) added, since it recurs in every period where the "
-            "same people do")
+    return ("sum of releases: each release's own noise added in quadrature, the rest of each half-width (the "
+            "spread inside cut cells, the bounding bias) added, since it recurs in every period where the same "
+            "places and people do")

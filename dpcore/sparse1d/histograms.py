@@ -16,7 +16,10 @@ of the public domain, then release only bins with noisy value ≥ θ = η·Δ·l
 scale under user-level privacy). Thresholding is post-processing. For a huge domain,
 :func:`noise_then_threshold_sparse` samples exactly the same output distribution without touching
 the empty bins one by one: how many empty bins pass is Binomial(#empty, P(DLap ≥ ⌈θ⌉)), which ones
-is uniform, and their values are ⌈θ⌉ + Geometric (the discrete Laplace tail is memoryless).
+is uniform, and their values are ⌈θ⌉ + Geometric (the discrete Laplace tail is memoryless). All three
+are drawn exactly, with integer arithmetic on the source's random bits (dpcore/sparse1d/binomial.py:
+the count inverts the binomial CDF against lazily read bits, as the published noise does), so the
+output has the law of the dense form: no float inversion, no δ.
 
 **Top-t%** (:func:`top_percent`): the same noisy vector, keeping the t% largest bins instead of a
 fixed threshold (also post-processing).
@@ -59,6 +62,7 @@ from scipy import stats
 from dpcore import GeoDPError
 from dpcore.privacy.budget import Accountant, check_epsilon
 from dpcore.privacy.noise import NoiseSource
+from dpcore.sparse1d.binomial import passing_count, tail_lambda
 
 
 class SparseHistogramError(GeoDPError, ValueError):
@@ -143,10 +147,17 @@ class SparseRelease:
         return out
 
 
-def _secure_ints(noise: NoiseSource, n: int, high: int) -> np.ndarray:
-    """n integers uniform on [0, high) from the noise source's uniforms (secure in secure mode)."""
-    u = noise.uniform_open(n)  # (0, 1]
-    return np.minimum(np.floor((1.0 - u) * high).astype(np.int64), high - 1)
+def _uniform_ints(noise: NoiseSource, n: int, high: int) -> np.ndarray:
+    """n integers exactly uniform on [0, high) from the noise source's 64-bit words (secure in secure
+    mode): a word at or above the largest multiple of ``high`` is drawn again (rejection, no float)."""
+    limit = np.uint64((1 << 64) - (1 << 64) % high) if (1 << 64) % high else None
+    out = np.empty(0, dtype=np.int64)
+    while out.size < n:
+        words = noise.random_words(n - out.size)
+        if limit is not None:
+            words = words[words < limit]
+        out = np.concatenate([out, (words % np.uint64(high)).astype(np.int64)])
+    return out
 
 
 def noise_then_threshold_sparse(keys: np.ndarray, counts: np.ndarray, n_bins: int, epsilon: float,
@@ -175,19 +186,20 @@ def noise_then_threshold_sparse(keys: np.ndarray, counts: np.ndarray, n_bins: in
     out_keys, out_vals = [keys[keep]], [noisy[keep]]
     n_empty = int(n_bins - keys.size)
     m = math.ceil(theta)  # integer noise ≥ θ ⇔ ≥ ⌈θ⌉ ≥ 1
-    t = math.exp(-1.0 / scale)
-    p_pass = t ** m / (1.0 + t)  # P(DLap ≥ m) for m ≥ 1
-    if n_empty > 0 and p_pass > 0:
-        n_pass = int(stats.binom.ppf(1.0 - noise.uniform_open(1)[0], n_empty, p_pass))
-        n_pass = min(max(n_pass, 0), n_empty)
+    if n_empty > 0:
+        # how many pass: Binomial(n_empty, p_pass) drawn exactly (integer bounds, lazily read bits)
+        n_pass = passing_count(n_empty, tail_lambda(scale), m, noise)
         if n_pass:
             occupied = np.sort(keys)
-            chosen = np.empty(0, dtype=np.int64)
-            # Uniform distinct positions among the empty bins, by rank: draw ranks in [0, n_empty)
-            # until n_pass distinct ones, then map rank r to the r-th empty bin.
-            while chosen.size < n_pass:
-                chosen = np.unique(np.concatenate([chosen, _secure_ints(noise, 2 * (n_pass - chosen.size), n_empty)]))
-            chosen = chosen[np.argsort(noise.uniform_open(chosen.size))[:n_pass]]
+            # Uniform distinct positions among the empty bins, by rank: the first n_pass distinct values
+            # of a sequence of uniform ranks in [0, n_empty) (a uniform subset), then rank r → r-th empty bin.
+            ranks = np.empty(0, dtype=np.int64)
+            while True:
+                ranks = np.concatenate([ranks, _uniform_ints(noise, 2 * n_pass - min(n_pass, ranks.size) + 8, n_empty)])
+                _, first = np.unique(ranks, return_index=True)
+                if first.size >= n_pass:
+                    chosen = ranks[np.sort(first)[:n_pass]]
+                    break
             # r-th empty bin = r + #occupied bins ≤ it; solve by searchsorted on occupied − arange.
             gaps = occupied - np.arange(occupied.size)
             empty_bins = chosen + np.searchsorted(gaps, chosen, side="right")

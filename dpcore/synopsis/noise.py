@@ -166,9 +166,9 @@ def axis_power_sum(lo: np.ndarray, hi: np.ndarray, n: int, extent: tuple[float, 
 @dataclass
 class Intervals:
     """Per box: lower and upper bound of the interval (NaN where none), and how they were computed.
-    ``noise``: the half-widths (below, above) of the part that is the release's own errors (its noise, the
-    spread inside the cells it cuts), independent from release to release (None: all of it; the rest, the
-    bounding's bias, recurs where the same people do)."""
+    ``noise``: the half-widths (below, above) of the part that is the release's own noise, independent from
+    release to release (None: all of it; the rest, the spread inside cut cells and the bounding's bias,
+    recurs where the same places and people do)."""
 
     lower: np.ndarray
     upper: np.ndarray

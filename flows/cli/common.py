@@ -253,11 +253,13 @@ def working(what: str) -> Iterator[None]:
     """A spinner on stderr while a flow runs (its own logs show with `geodp --verbose`)."""
     from rich.console import Console
 
+    from tasks.progress import shown_in
+
     console = Console(stderr=True)
     if not console.is_terminal:
         yield
         return
-    with console.status(what):
+    with console.status(what) as status, shown_in(lambda line: status.update(f"{what} {line}")):
         yield
 
 

@@ -214,29 +214,41 @@ def ledger(
     config: ConfigFile = None,
 ) -> int:
     """Per dataset: the privacy policy and the most any one person can have lost."""
-    from tasks.storage.ledger import DatasetLedger, datasets
+    from tasks.storage.ledger import known_datasets
 
     _, home = _home(store, config=config)
     st = home.store
-    # a dataset folder without a policy is a first release that failed before its policy was written
-    found = [dataset] if dataset else [d for d in datasets(st) if DatasetLedger(st, d).policy_log()]
-    if not found:
-        eprint(f"the ledger of {st.url} is empty")
-    elif home.elsewhere and json_out is None:
-        print(f"ledger home: {home.url}")
-    return _print_datasets(st, found, json_out, entries=entries, policy_log=False)
+    if dataset:
+        if home.elsewhere and json_out is None:
+            print(f"ledger home: {home.url}")
+        return _print_datasets(st, [dataset], json_out, entries=entries, policy_log=False, sweep=True)
+    return _print_datasets(st, known_datasets(st), json_out, entries=entries, policy_log=False,
+                           listing=home.url if home.elsewhere else None, sweep=True)
 
 
-def _print_datasets(store, names: list[str], json_out: str | None, entries: bool, policy_log: bool) -> int:
+def _print_datasets(store, names: list[str], json_out: str | None, entries: bool, policy_log: bool,
+                    listing: str | None = "", sweep: bool = False) -> int:
+    """Print each dataset's policy and loss; with ``listing`` (not ""), the whole home is listed: a
+    dataset with nothing charged or released (a first release that failed before its policy was
+    written) is left out, and ``listing`` is the ledger home to name when it is not the store. With
+    ``sweep``, once a dataset verifies, the files of sealed or abandoned attempts of its committed
+    releases are deleted (ReleaseStore.sweep_committed): they are never published."""
     from tasks.storage.ledger import ENTRY_HASH, DatasetLedger
+    from tasks.storage.ledger_home import release_stores
 
     out = []
     for name in names:
         ledger = DatasetLedger(store, name)
+        log = ledger.verify()  # the chain, the releases, the policy and the bindings: else exit 2
+        swept = [f for st in release_stores(store) for f in st.sweep_committed(name)] if sweep else []
+        if swept:
+            eprint(f"{name}: deleted {len(swept)} file(s) of sealed or abandoned attempts of committed "
+                   "releases (never published; the committed release's charge covered them)")
         policy = ledger.policy()
+        if policy is None and listing != "":
+            continue
         if policy is None:
             raise CLIError(f"dataset {name!r} has no policy in {store.url}")
-        log = ledger.verify()  # the chain, and every release names an entry of it: else exit 2
         held = ledger.held(log)
         row = {"dataset": name, "policy": policy.to_dict(), "guarantee": policy.describe(),
                "loss": ledger.loss(policy), "charges": len(held),
@@ -250,6 +262,10 @@ def _print_datasets(store, names: list[str], json_out: str | None, entries: bool
     if json_out is not None:
         emit_json(out, json_out)
         return 0
+    if listing != "" and not out:
+        eprint(f"the ledger of {store.url} is empty")
+    elif listing:
+        print(f"ledger home: {listing}")
     for row in out:
         p, loss = row["policy"], row["loss"]
         unit = "ρ" if p["accounting"] == "zcdp" else "ε"

@@ -6,22 +6,20 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from tasks.storage.objects import (
     CHARGE_REF,
+    MANIFEST,
     SEALED,
     STAGED,
     AttemptSealed,
     IntegrityError,
+    ReleaseRef,
     StagedElsewhere,
     StoreError,
     sha256_bytes,
     utc_now,
 )
-
-if TYPE_CHECKING:  # the store passes its own refs; no import at run time (store.py imports this module)
-    from tasks.storage.store import ReleaseRef
 
 
 class AttemptProtocol:
@@ -58,6 +56,10 @@ class AttemptProtocol:
                 path = f"{attempt}/{name}"
                 self._create_or_same(f"{ref.rel}/{path}", data)
                 files.append(self._entry(name, path, data))
+                if self._is_sealed(ref, attempt):
+                    # a newer run sealed this attempt while this file went up: it goes at once, not at the
+                    # end of the upload (a writer that dies before then leaves it to DatasetLedger sweeps)
+                    raise StoreError("sealed mid-upload")
             self.create(f"{ref.rel}/{attempt}/{STAGED}", json.dumps({"files": files}, indent=2).encode())
         except OSError:
             # a newer run sealed this attempt mid-upload (and may have deleted a file being written)
@@ -162,3 +164,41 @@ class AttemptProtocol:
                 continue
             return attempt, staged["files"]
         return None
+
+    def sweep_committed(self, dataset: str) -> list[str]:
+        """Delete the noisy files of every attempt of a committed version but the committed one: they can
+        never be published, and the charge that paid for the commit covers nothing else. A writer that
+        stalled, was sealed by a newer run and uploaded into its sealed attempt before dying leaves such
+        files; so does a race loser that died. Each is sealed first (so its writer, if alive, stops).
+        One listing of the dataset's releases; returns the URLs of the files deleted."""
+        root = self.path(f"releases/{dataset}")
+        try:
+            with self._io("list", f"releases/{dataset}"):
+                self.fs.invalidate_cache(root)
+                found = self.fs.find(root)
+        except FileNotFoundError:
+            return []
+        committed, noisy = set(), {}
+        for path in found:
+            parts = path[len(self.root) + 1:].split("/")  # releases/<ds>/<city>/<period>/v<N>/...
+            if len(parts) == 6 and parts[5] == MANIFEST:
+                committed.add(tuple(parts[2:5]))
+            elif len(parts) > 6 and parts[5].startswith("a-") and parts[6] not in (CHARGE_REF, STAGED):
+                noisy.setdefault(tuple(parts[2:5]), set()).add(parts[5])
+        deleted = []
+        for city, period, version in sorted(committed & set(noisy)):
+            ref = ReleaseRef(dataset, city, period, int(version[1:]))
+            try:  # which attempts the commit names (DatasetLedger.verify checks the manifest itself)
+                body = json.loads(self.read(f"{ref.rel}/{MANIFEST}"))
+                keep = {body.get("attempt")} | {str(f["path"]).split("/", 1)[0] for f in body.get("files", [])}
+            except (ValueError, TypeError, KeyError, AttributeError):
+                continue  # an unreadable manifest: nothing of its version is deleted
+            for attempt in sorted(noisy[(city, period, version)] - keep):
+                try:
+                    self.seal_attempt(ref, attempt)
+                except StagedElsewhere:
+                    pass  # complete, and never to be committed: its files go all the same
+                there = self.attempt_data(ref, attempt)
+                left = self.delete_attempt_data(ref, attempt, live_writer_may_remain=True)
+                deleted += [f"{self.url_of(ref.rel)}/{attempt}/{n}" for n in there if n not in left]
+        return deleted

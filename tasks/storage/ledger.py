@@ -150,8 +150,16 @@ class DatasetLedger:
         return self._log(self._policy_dir)
 
     def policy(self) -> PrivacyPolicy | None:
+        """The policy in force; None for a dataset without one. A dataset whose policy log is gone while
+        its charge log is not is an IntegrityError: a new policy is never written in its place."""
         log = self.policy_log()
+        if not log and self.store.listdir(self._ledger_dir):
+            raise self._missing_policy()
         return PrivacyPolicy.from_dict(log[-1]["policy"]) if log else None
+
+    def _missing_policy(self) -> IntegrityError:
+        return self._broken(self._policy_dir, "the policy is missing (deleted) while the dataset holds charges "
+                                              "or releases; restore it (a new one is never written in its place)")
 
     def create_policy(self, policy: PrivacyPolicy, reason: str) -> PrivacyPolicy:
         """Set the dataset's first policy; if one exists (another writer won), that one is returned."""
@@ -207,6 +215,11 @@ class DatasetLedger:
         dpcore.data.inputs.InputSet.locators) to this dataset, create-only; one that belongs to another
         dataset is refused, so the same rows reached another way cannot be spent under two budgets."""
         bound = set(self.store.listdir("sources"))
+        if any(self._source_rel(loc).rsplit("/", 1)[-1] not in bound for loc in locators):
+            # a binding is about to be made: every dataset's own bindings must all be there, so that
+            # deleting sources/ cannot free a released source for a fresh budget under another name
+            for other in known_datasets(self.store):
+                DatasetLedger(self.store, other).verify()
         taken = []
         for locator in locators:
             rel = self._source_rel(locator)
@@ -229,16 +242,24 @@ class DatasetLedger:
         return self._log(self._ledger_dir)
 
     def verify(self) -> list[dict]:
-        """The charge log, its chain verified, after checking that every committed manifest and every
-        staged attempt of this dataset names an entry of it as it is now: deleting the newest charge
-        entry cannot hide while anything it paid for is in the store. Returns the entries."""
+        """The charge log, its chain verified, after checking what the rest of the store says about it:
+        every committed manifest and every staged attempt of this dataset names an entry of it as it is
+        now (deleting the newest charge entry cannot hide while anything it paid for is in the store);
+        no entry gives back (voids) a charge a committed manifest names (its noise is public); the policy
+        each charge was checked against and every source binding a charge or a release made are there,
+        naming this dataset. Returns the entries."""
         references = self._paid_references()  # first: an entry always exists before anything names it
         entries = self.entries()
+        policies = self.policy_log()
+        if not policies and (entries or any(ref.get("seq") is not None for _, ref, _ in references if ref)):
+            raise self._missing_policy()
         unknown = {e["store"] for e in entries if e.get("store")} - registered_stores(self.store)
         if unknown:
             raise self._broken(self._ledger_dir, f"entries charge store {sorted(unknown)[0]}, which the ledger's "
                                                  "list of stores does not hold (stores/ was edited)")
-        for where, ref in references:
+        held = {(h.seq, h.charge.key) for h in self.held(entries)}
+        bindings: dict[str, str] = {}
+        for where, ref, published in references:
             seq = ref.get("seq") if isinstance(ref, dict) else None
             if seq is None:
                 continue  # seeded experiments hold no charge (and live in stores without a ledger)
@@ -247,22 +268,60 @@ class DatasetLedger:
             if entry is None or entry["kind"] != "charge" or named != entry[ENTRY_HASH]:
                 raise self._broken(self._ledger_dir, f"{where} was paid for by entry #{seq}, which is "
                                                      f"{'missing' if entry is None else 'not that entry'}")
+            if published is None:
+                continue  # a staged attempt: its charge may be given back once its files are deleted
+            if (seq, ref.get("key") or published["key"]) not in held:
+                raise self._broken(self._ledger_dir, f"{where} publishes noise paid for by entry #{seq}, and a "
+                                                     "later entry gives that charge back; published noise stays charged")
+            if published.get("source"):
+                bindings[self._source_rel(published["source"])] = where
+        for e in entries:
+            for name in e.get("sources", []) if e["kind"] == "charge" else []:
+                bindings.setdefault(f"sources/{name}.json", f"ledger entry #{e['seq']}")
+            paid_under = e.get("policy")
+            if paid_under is not None:
+                n = paid_under.get("seq")
+                if not (isinstance(n, int) and 0 <= n < len(policies)) or policies[n][ENTRY_HASH] != paid_under.get(ENTRY_HASH):
+                    raise self._broken(self._policy_dir, f"policy entry #{n}, which charge entry #{e['seq']} was "
+                                                         "checked against, is missing or was replaced")
+        self._check_bindings(bindings)
         return entries
 
-    def _paid_references(self) -> list[tuple[str, dict | None]]:
-        """(where, the ledger reference it holds) for every manifest and staged charge of this dataset
-        paid by this ledger, in its own store and in every store recorded as charging it."""
+    def _check_bindings(self, bindings: dict[str, str]) -> None:
+        """Every source binding in ``bindings`` (its path → what made it) exists and names this dataset."""
+        if not bindings:
+            return
+        present = set(self.store.listdir("sources"))
+        for rel, made_by in sorted(bindings.items()):
+            if rel.rsplit("/", 1)[-1] not in present:
+                raise IntegrityError(f"the source binding {self.store.url_of(rel)} of dataset {self.dataset!r} "
+                                     f"(made for {made_by}) is missing: sources/ was edited; restore it, or the "
+                                     "same input could be released under another name with a fresh budget")
+        paths = {self.store.path(rel): rel for rel in bindings}
+        for path, data in self.store.fs.cat(list(paths)).items():
+            try:
+                owner = json.loads(data).get("dataset")
+            except (json.JSONDecodeError, AttributeError):
+                owner = None
+            if owner != self.dataset:
+                raise IntegrityError(f"the source binding {self.store.url_of(paths[path])} names dataset {owner!r}, "
+                                     f"not {self.dataset!r}, which released from it: sources/ was edited")
+
+    def _paid_references(self) -> list[tuple[str, dict | None, dict | None]]:
+        """(where, the ledger reference it holds, the release's key and source when it is a committed
+        manifest) for every manifest and staged charge of this dataset paid by this ledger, in its own
+        store and in every store recorded as charging it."""
         home = canonical_url(self.store)
         out = []
         for store in release_stores(self.store):
             here = canonical_url(store)
-            out += [(where, ref) for where, ref in self._references_in(store)
+            out += [(where, ref, published) for where, ref, published in self._references_in(store)
                     if ref is None or (ref.get("home") or here) == home]
         return out
 
-    def _references_in(self, store: ReleaseStore) -> list[tuple[str, dict | None]]:
-        """(where, ledger reference) of every manifest and staged charge of this dataset in ``store``:
-        one listing and one batched read."""
+    def _references_in(self, store: ReleaseStore) -> list[tuple[str, dict | None, dict | None]]:
+        """(where, ledger reference, {"key", "source"} of a committed manifest else None) of every manifest
+        and staged charge of this dataset in ``store``: one listing and one batched read."""
         root = store.path(f"releases/{self.dataset}")
         fs = store.fs
         fs.invalidate_cache(root)
@@ -282,12 +341,14 @@ class DatasetLedger:
                 if not isinstance(body, dict) or (MANIFEST_HASH in body and manifest_hash(body) != body[MANIFEST_HASH]):
                     raise IntegrityError(f"{where} was altered after it was committed")
                 try:
-                    ref = parse_manifest(body, where).ledger
+                    manifest = parse_manifest(body, where)
                 except ManifestError as exc:
                     raise IntegrityError(str(exc)) from None
-                out.append((where, None if ref is None else ref.model_dump()))
+                ref = manifest.ledger
+                out.append((where, None if ref is None else ref.model_dump(),
+                            {"key": manifest.release_key, "source": manifest.input.source if manifest.input else None}))
             else:
-                out.append((where, body if isinstance(body, dict) else None))
+                out.append((where, body if isinstance(body, dict) else None, None))
         return out
 
     def held(self, entries: list[dict] | None = None) -> list[Held]:
@@ -308,21 +369,28 @@ class DatasetLedger:
                 out.append(Held(e["seq"], charge if draw is None else replace(charge, draw=draw), e.get("store")))
         return out
 
-    def charge(self, charges: list[LedgerCharge], policy: PrivacyPolicy, store: str | None = None) -> tuple[dict, dict]:
+    def charge(self, charges: list[LedgerCharge], policy: PrivacyPolicy, store: str | None = None,
+               sources: list[str] | None = None) -> tuple[dict, dict]:
         """Append one batch of charges after checking them against the policy in every window they
         touch; ``store``: the release store their noise goes to, when it is not the ledger's own (its
-        binding is recorded first: LedgerHome.bind). Returns (entry, worst-case loss after it).
+        binding is recorded first: LedgerHome.bind); ``sources``: the locators the run bound (their
+        bindings are named in the entry, so :meth:`verify` finds one that is deleted). The entry also
+        names the policy entry it was checked against. Returns (entry, worst-case loss after it).
         Raises :class:`BudgetRefused`."""
         result: dict = {}
+        bound = sorted({self._source_rel(loc).rsplit("/", 1)[-1][:-5] for loc in sources or []})
 
         def make(log: list[dict]) -> dict:
-            current = self.policy()
+            policies = self.policy_log()
+            current = PrivacyPolicy.from_dict(policies[-1]["policy"]) if policies else None
             if current != policy:
                 raise PolicyError(f"the policy of dataset {self.dataset!r} changed while this release was "
                                   "planned; run it again")
             existing = [h.charge for h in self.held(log)]
             result["loss"] = check_within_budget(policy, existing, charges)
-            return {"kind": "charge", "charges": [c.to_dict() for c in charges], **({"store": store} if store else {})}
+            return {"kind": "charge", "charges": [c.to_dict() for c in charges], **({"store": store} if store else {}),
+                    **({"sources": bound} if bound else {}),
+                    "policy": {"seq": policies[-1]["seq"], ENTRY_HASH: policies[-1][ENTRY_HASH]}}
 
         self.verify()  # a lost entry is an error here, before its budget could be spent again
         entry = self._append(self._ledger_dir, make)
@@ -390,4 +458,14 @@ def datasets(store: ReleaseStore) -> list[str]:
     return store.listdir("datasets")
 
 
-__all__ = ["ENTRY_HASH", "GENESIS", "PREV_HASH", "BudgetRefused", "DatasetLedger", "Held", "SourceTaken", "datasets"]
+def known_datasets(home: ReleaseStore) -> list[str]:
+    """Every dataset the ledger home ``home`` may pay for: those with a folder under ``datasets/`` and
+    those with releases in the home or in a store recorded as charging it (whose ledger folder may
+    have been deleted: DatasetLedger.verify reports that)."""
+    names = set(datasets(home))
+    for store in release_stores(home):
+        names |= set(store.listdir("releases"))
+    return sorted(names)
+
+
+__all__ = ["ENTRY_HASH", "GENESIS", "PREV_HASH", "BudgetRefused", "DatasetLedger", "Held", "SourceTaken", "datasets", "known_datasets"]

@@ -4,6 +4,7 @@ and its attempt protocol (tasks/storage/attempts.py)."""
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from dpcore import GeoDPError
@@ -14,6 +15,20 @@ STAGED = "_STAGED.json"
 CHARGE_REF = "charge.json"
 SEALED = "sealed"
 STORE_ID = "_STORE_ID"
+
+
+@dataclass(frozen=True)
+class ReleaseRef:
+    """Where one committed version lives inside a store."""
+
+    dataset: str
+    city: str
+    period: str
+    version: int
+
+    @property
+    def rel(self) -> str:
+        return f"releases/{self.dataset}/{self.city}/{self.period}/v{self.version}"
 
 
 class StoreError(GeoDPError, OSError):

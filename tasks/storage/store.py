@@ -32,7 +32,6 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +50,7 @@ from tasks.storage.objects import (  # noqa: F401 - the store's names, imported 
     STORE_ID,
     AttemptSealed,
     IntegrityError,
+    ReleaseRef,
     StagedElsewhere,
     StoreError,
     sha256_bytes,
@@ -105,20 +105,6 @@ def short_error(exc: BaseException) -> str:
         lines = str(exc).strip().splitlines()
         text = lines[0] if lines else type(exc).__name__
     return text if type(exc) in (OSError, StoreError) else f"{type(exc).__name__}: {text}"
-
-
-@dataclass(frozen=True)
-class ReleaseRef:
-    """Where one committed version lives inside a store."""
-
-    dataset: str
-    city: str
-    period: str
-    version: int
-
-    @property
-    def rel(self) -> str:
-        return f"releases/{self.dataset}/{self.city}/{self.period}/v{self.version}"
 
 
 #: Set inside :func:`dry_run`: stores opened there read only.

@@ -3,7 +3,9 @@
 Method (only step 1 reads data):
 
 1. **Data collection.** ``data_collection="grid"`` (the paper's): an equi-width grid of cell width ρ
-   over the (public) region with discrete Laplace noise of scale sensitivity/ε on every cell.
+   over the (public) region with discrete Laplace noise of scale sensitivity/ε on every cell. A count is
+   never negative, so its training labels and its answers below 0 are set to 0 (``clip_negative``, as
+   the paper clips its labels; post-processing).
    ``"pyramid"`` (beyond the paper): noisy grids at three quadtree levels G/16, G/4, G
    (G = the power of two nearest 4·side/ρ; ε split 1 : 2 : 2), combined into one (G, G) estimate by
    inverse-variance consistency and coarse-to-fine Wiener shrinkage (:func:`pyramid_estimate`,
@@ -53,7 +55,8 @@ Method (only step 1 reads data):
 4. **Answering** (post-processing). A query of side r (√(w·h) for rectangles) goes to the net whose
    r_i is nearest, evaluated at the query centre, scaled by (w·h)/r_i². Queries larger than the
    trained range (side > u) are answered from the noisy grid with prefix sums instead, where the
-   uniformity assumption is accurate and a net would extrapolate.
+   uniformity assumption is accurate and a net would extrapolate. A count is never negative, so a net's
+   negative answer is answered 0.
    With the pyramid (``answer="auto"``) a query up to u gets a weighted geometric mean of the
    net's answer and the (denoised) grid's, nets^a · grid^(1−a) (``ANSWER_RULES``): on squares of 100 m
    and more the grid resolves more where the signal n̂·ε/s is large (record level), the nets are
@@ -133,7 +136,7 @@ class SpatialNeuralHistogram(Mechanism):
                  denoiser_grid: Literal[128, 256] = DENOISER_GRID,
                  denoiser_cap_sigmas: NonNegative | None = DENOISER_CAP_SIGMAS,
                  denoiser_max_signal: Positive | None = DENOISER_MAX_SIGNAL, denoiser_bands: StrictBool = True,
-                 fine_factor: Literal[1, 2, 4] = 1, fine_share: Fraction = 0.3):
+                 fine_factor: Literal[1, 2, 4] = 1, fine_share: Fraction = 0.3, clip_negative: StrictBool = True):
         self.cell_width_m = cell_width_m
         self.query_sides_m = query_sides_m
         self.n_sizes = n_sizes
@@ -161,6 +164,7 @@ class SpatialNeuralHistogram(Mechanism):
         self.denoiser_bands = denoiser_bands
         self.fine_factor = fine_factor
         self.fine_share = fine_share
+        self.clip_negative = clip_negative
 
     # -- step 1: the only step that reads data --------------------------------------------------
     def _choose_cell_width(self, data: PointsInput, acct: FitRecord, noise: NoiseSource) -> tuple[float, str]:
@@ -321,6 +325,11 @@ class SpatialNeuralHistogram(Mechanism):
             noisy = noise.add_discrete_laplace(counts, data.sensitivity, eps).astype(np.float64)
             noisy_total = float(noisy.sum())
             collection_note = "data collection: one flat noisy grid (the paper's)"
+            if self.clip_negative:
+                # A count is never negative (post-processing): as in the paper, the nets learn labels clipped
+                # at 0, and an answer below 0 is answered 0. The cells themselves stay unclipped: a clipped
+                # cell's noise no longer averages out, so squares of many cells would be biased upwards.
+                collection_note += "; training labels and answers below 0 set to 0 (post-processing)"
             facts = {"estimated_total": noisy_total, "denoised": False, "denoiser_band": None, "dropped_fraction": 0.0,
                      "fine_grid": None}
         else:  # "pyramid"
@@ -364,7 +373,8 @@ class SpatialNeuralHistogram(Mechanism):
                                        depth=int(self.depth), omega0=omega0, lr=float(self.lr),
                                        batch_size=int(self.batch_size), max_epochs=int(self.max_epochs),
                                        patience=int(self.patience), samples_per_epoch=int(self.samples_per_epoch),
-                                       device=device_, generator=gen, workload=workload, loss=loss)
+                                       device=device_, generator=gen, workload=workload, loss=loss,
+                                       clip_labels=collection == "grid" and bool(self.clip_negative))
         n_source = ("paid sample-size estimate" if data.sample_size is not None
                     else "public_total" if data.public_total is not None else "noisy grid sum")
         notes = [rho_note, collection_note, denoiser_note, f"ψ = 0.1% of n̂ = {psi:.3g} (n̂ from {n_source})", f"training loss {loss}",
@@ -379,7 +389,8 @@ class SpatialNeuralHistogram(Mechanism):
                   "omega0": omega0, "label_scales": scales.tolist(), "grid_size": m,
                   "cell_width_m": side / m, "psi": psi, "query_sides_m": [lo, hi], "training": train,
                   "data_collection": collection, "loss": loss, **facts,
-                  "answer": answer_rule, "signal": signal}
+                  "answer": answer_rule, "signal": signal,
+                  "answers_floor_zero": collection == "grid" and bool(self.clip_negative)}
         if nets_weights is not None:
             config["nets_weights"] = list(nets_weights)
         return SNHSynopsis(noisy, net, config, data.region, None)

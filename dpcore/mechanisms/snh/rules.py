@@ -93,4 +93,4 @@ BLEND_KEY = "blend:" + ":".join(
                        BLEND_NETS_WEIGHT_LOW_SIGNAL))
 DENOISED_RULES_KEY = (BLEND_KEY + f"|cap:{DENOISER_CAP_SIGMAS:g}|root:sample_size"
                       f"|max_signal:{DENOISER_MAX_SIGNAL:g}|bands:signal+unit@{DENOISER_GRID}")
-PLAIN_RULES_KEY = BLEND_KEY + f"|plain_from:{PLAIN_BLEND_MIN_SIGNAL:g}"
+PLAIN_RULES_KEY = BLEND_KEY + f"|plain_from:{PLAIN_BLEND_MIN_SIGNAL:g}|nets_floor:0"  # nets' answers ≥ 0

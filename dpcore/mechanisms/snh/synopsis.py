@@ -65,15 +65,18 @@ class SNHSynopsis(Synopsis):
             centres = np.stack([(b[small, 0] + b[small, 2]) / 2, (b[small, 1] + b[small, 3]) / 2], axis=1)
             pred = predict_grouped(self.net, normalise_xy(centres, self.region).astype(np.float32), which,
                                    self._device)
-            nets = pred * self.scales[which] * area[small] / self.sides[which] ** 2
+            # A count is never negative: a net's negative answer is answered 0 (closer to every truth).
+            nets = np.maximum(pred * self.scales[which] * area[small] / self.sides[which] ** 2, 0.0)
             if rule in ("geometric", "blend"):
                 # Releases saved before the blend stored no weights: theirs is the geometric rule.
                 small_w, large_w = self.config.get("nets_weights", GEOMETRIC_NETS_WEIGHTS)
                 a = np.where(r[small] < BLEND_SMALL_SIDE_M, small_w, large_w)
                 grid = self._grid_answers(b[small], r[small])
                 # 0^0 = 1, so a = 0 gives the grid even where the nets say 0.
-                nets = np.maximum(nets, 0.0) ** a * np.maximum(grid, 0.0) ** (1.0 - a)
+                nets = nets ** a * np.maximum(grid, 0.0) ** (1.0 - a)
             out[small] = nets
+        if self.config.get("answers_floor_zero", False):  # a flat release's answers below 0 are answered 0
+            np.maximum(out, 0.0, out=out)
         return out
 
     def _grid_answers(self, boxes: np.ndarray, r: np.ndarray) -> np.ndarray:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 
 import numpy as np
 import torch
@@ -12,6 +13,36 @@ from dpcore.mechanisms.contract import MechanismError
 from dpcore.mechanisms.snh.augmentation import augment, normalise_xy, workload_overlaps
 
 log = logging.getLogger("dpcore.mechanisms.snh")
+
+#: A long training says how far it is on stderr at most this often (seconds of wall time); a short one
+#: (tests, evaluation loops) stays silent.
+PROGRESS_EVERY_S = 10.0
+
+
+def _shown(logger: logging.Logger) -> logging.Logger:
+    """``logger``, printing INFO lines on stderr when nothing else was set up to show them (the CLI's
+    in-process release sets up no logging; a caller that configured its own handlers keeps them)."""
+    if not logger.hasHandlers():
+        logger.addHandler(logging.StreamHandler())
+    if logger.getEffectiveLevel() > logging.INFO:
+        logger.setLevel(logging.INFO)
+    return logger
+
+
+def progress_lines(max_epochs: int, every_s: float = PROGRESS_EVERY_S):
+    """A training-progress callback (epoch, loss) that logs one line per ``every_s`` seconds of training
+    (the CLI's in-process release, a pipe, a run's log)."""
+    start = last = time.perf_counter()
+
+    def report(epoch: int, loss: float) -> None:
+        nonlocal last
+        now = time.perf_counter()
+        if now - last >= every_s:
+            last = now
+            # The epoch count is public (the work's size); the loss stays out of logs that a run publishes.
+            _shown(log).info("snh training: epoch %d of at most %d, %.0f s", epoch, max_epochs, now - start)
+
+    return report
 
 
 def pick_device(device: str | None) -> torch.device:
@@ -24,11 +55,12 @@ def train_snh(noisy: np.ndarray, region: Region, sides: np.ndarray, psi: float, 
               depth: int = 3, omega0: float = 8.0, lr: float = 1e-3, batch_size: int = 1024,
               max_epochs: int = 40, patience: int = 4, samples_per_epoch: int = 32768,
               device: torch.device | None = None, generator: torch.Generator | None = None,
-              workload: np.ndarray | None = None, loss: str = "relative_l1"):
+              workload: np.ndarray | None = None, loss: str = "relative_l1", clip_labels: bool = False):
     """Augment the noisy grid and train the k_s nets together. Returns (net, label_scales, info).
 
     ``workload``: PUBLIC (q, 4) boxes in metres; each sample's loss weight is multiplied by the number of
     them overlapping its square (:func:`workload_overlaps`). None: every sample counts once.
+    ``clip_labels``: labels below 0 (noise alone: a count is never negative) are learned as 0, as in the paper.
 
     Labels of net i are divided by a scale s_i (mean |label|, at least ψ) so every net regresses
     values of order 1; the loss weight s_i²/max(y, ψ) makes the normalised loss equal the paper's
@@ -43,6 +75,8 @@ def train_snh(noisy: np.ndarray, region: Region, sides: np.ndarray, psi: float, 
     inputs, targets, weights, scales = [], [], [], []
     for r in sides:
         centres, labels = augment(noisy, region, float(r))
+        if clip_labels:
+            labels = np.maximum(labels, 0.0)
         s = max(float(np.mean(np.abs(labels))), psi, 1e-9)
         # In units of the normalised labels y/s: s²·(·)² or s·|·| gives back the loss on raw counts.
         w = (s * s if loss == "paper" else s) / np.maximum(labels, psi)
@@ -60,11 +94,7 @@ def train_snh(noisy: np.ndarray, region: Region, sides: np.ndarray, psi: float, 
     net = BatchedSineSwishMLP(len(sides), 2, hidden, depth, omega0, generator=generator)
     cfg = TrainConfig(lr=lr, batch_size=batch_size, max_epochs=max_epochs, patience=patience,
                       samples_per_epoch=samples_per_epoch, loss="mse" if loss == "paper" else "l1")
-
-    def _progress(epoch: int, loss: float) -> None:
-        log.info("snh epoch %d/%d loss %.5g", epoch, max_epochs, loss)
-
-    res = train_batched(net, inputs, targets, weights, cfg, device, generator, progress=_progress)
+    res = train_batched(net, inputs, targets, weights, cfg, device, generator, progress=progress_lines(max_epochs))
     info = {"epochs": res.epochs, "losses": [float(v) for v in res.losses], "seconds": res.seconds,
             "stopped_early": res.stopped_early, "samples_per_size": [int(a.shape[0]) for a in inputs],
             "weighted_by_workload": workload is not None,

@@ -1,0 +1,100 @@
+"""What an operator with write access to the store can do to the ledger, through the CLI, on a local
+folder and on S3 (moto): a void appended with the ledger's own API that gives back a published charge,
+deleted source bindings, a deleted dataset folder or policy, a hard link to the input. Each is one
+`error:` line, exit 2, on `geodp ledger` and on the next release, with nothing charged or written;
+the ledger is compared to the committed releases after each scenario."""
+
+import json
+import os
+
+import pytest
+
+from dpcore.data.synthetic import generate_checkins
+from dpcore.geo import city_region
+from tasks.storage.ledger import DatasetLedger
+from tasks.storage.store import ReleaseStore
+from tests.cli_runner import run_geodp
+from tests.test_store_faults import one_line_error
+
+RELEASE = ("--city", "new-york", "--epsilon", "0.4", "--mechanism", "identity", "--param", "cell_width_m=2000",
+           "--no-prefect")
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    p = tmp_path_factory.mktemp("data") / "small.parquet"
+    generate_checkins(city_region("new-york"), n_users=40, days=3, seed=4).to_parquet(p)
+    return p
+
+
+def _release(data, store, period: str, *extra, ok: bool = True):
+    return run_geodp("release", data, *RELEASE, "--period", period, "--store", store, *extra, ok=ok)
+
+
+def _two_releases(data, store: str) -> DatasetLedger:
+    """Two committed releases of dataset `small`, ε = 0.4 each: the ledger shows 0.8."""
+    for day in ("2024-01-01", "2024-01-02"):
+        _release(data, store, day)
+    return DatasetLedger(ReleaseStore(store), "small")
+
+
+def _committed_epsilon(store: str) -> float:
+    return sum(r["epsilon"] for r in json.loads(run_geodp("releases", "list", store, "--json").stdout))
+
+
+def _refused_everywhere(data, store: str, *words: str) -> None:
+    """`geodp ledger` and the next release (of the same dataset, and of the same file under another
+    name) are one-line errors naming ``words``; nothing is charged, committed or created by them."""
+    st = ReleaseStore(store)
+    before = sorted(st.fs.find(st.root))
+    one_line_error(run_geodp("ledger", store, ok=False), *words)
+    one_line_error(_release(data, store, "2024-01-03", ok=False), *words)
+    one_line_error(_release(data, store, "2024-01-03", "--dataset", "other", ok=False))
+    assert sorted(ReleaseStore(store).fs.find(st.root)) == before
+    assert _committed_epsilon(store) == pytest.approx(0.8)
+
+
+def _rm(store: str, rel: str) -> None:
+    st = ReleaseStore(store)
+    st.fs.rm(st.path(rel), recursive=True)
+
+
+def test_an_appended_void_of_a_published_charge_is_an_integrity_error(small, store_url):
+    ledger = _two_releases(small, store_url)
+    first = ledger.held()[0]
+    # a valid chain, nothing rewritten: one void entry appended with the ledger's own API
+    ledger.void(first.seq, [first.charge.key], "an operator gives a published charge back")
+    _refused_everywhere(small, store_url, "gives that charge back")
+
+
+def test_deleted_source_bindings_are_an_integrity_error_and_free_no_budget(small, store_url):
+    _two_releases(small, store_url)
+    _rm(store_url, "sources")
+    _refused_everywhere(small, store_url, "source binding")
+
+
+def test_a_deleted_dataset_folder_is_an_integrity_error_not_an_empty_ledger(small, store_url):
+    _two_releases(small, store_url)
+    _rm(store_url, "datasets/small")
+    r = run_geodp("ledger", store_url, ok=False)
+    assert "empty" not in r.stderr
+    _refused_everywhere(small, store_url, "policy is missing")
+
+
+def test_a_deleted_policy_is_an_integrity_error_and_no_new_policy_is_written(small, store_url):
+    _two_releases(small, store_url)
+    _rm(store_url, "datasets/small/policy/00000000.json")
+    _refused_everywhere(small, store_url, "policy is missing")
+    assert ReleaseStore(store_url).listdir("datasets/small/policy") == []
+
+
+def test_a_hard_link_to_the_input_is_the_same_source(small, tmp_path):
+    store = str(tmp_path / "s")
+    _two_releases(small, store)
+    link = tmp_path / "renamed.parquet"
+    os.link(small, link)
+    line = one_line_error(_release(link, store, "2024-01-03", "--dataset", "renamed", ok=False), "already the source")
+    assert "small" in line
+    assert _committed_epsilon(store) == pytest.approx(0.8)
+    ledger = json.loads(run_geodp("ledger", store, "--json").stdout)
+    assert [row["dataset"] for row in ledger] == ["small"] and ledger[0]["loss"]["lifetime"] == pytest.approx(0.8)
