@@ -323,6 +323,8 @@ CABS_RUNS = (
                                              "max_epochs=1"]),
     ("snh flat 35 m, grid answers", "snh", ["cell_width_m=35.4", "query_sides_m=[26,104]", "answer=grid",
                                              "max_epochs=1"]),
+    ("snh flat ParamSelect ρ, grid answers", "snh", ["data_collection=grid", "query_sides_m=[26,104]",
+                                                     "answer=grid", "max_epochs=1"]),
     ("identity (default: 100 m)", "identity", []),
     ("identity 50 m (the issue's)", "identity", ["cell_width_m=50"]),
     ("identity ParamSelect ρ for 26–104 m", "identity", ["cell_width_m=auto", "query_sides_m=[26,104]"]),
