@@ -24,7 +24,7 @@ import pandas as pd
 
 from dpcore.data.inputs import InputFile, InputSet
 from dpcore.data.points import DataError, Points, ValidationReport, check_part, strict_public
-from dpcore.data.readers import read_part
+from dpcore.data.readers import Part, read_part
 from dpcore.geo import Region, time_slots
 from dpcore.heatmap.mass import MassSpec, cell_units
 from dpcore.privacy.accounting import DAY_S
@@ -64,13 +64,18 @@ def read_valid(inp: InputSet, f: InputFile, columns: dict[str, str] | None, stri
                skip: frozenset[str] = frozenset(), window: Window = (None, None),
                ) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray, np.ndarray, ValidationReport]:
     """One file's valid rows as (user key, ts, lat, lon) and its validation report (``strict``: the
-    first bad row raises). Every row is validated; a standard column in ``skip`` comes back None when
+    first bad row raises). Every row inside ``window`` is validated, and no other (_window_rows); a
+    standard column in ``skip`` comes back None when
     the file's statistics prove every value of it valid (and, for the time, inside ``window``), so it
     need not be read (readers.proven_columns)."""
     part = read_part(inp, f, columns, skip, window, threads=False)
+    part, rows = _window_rows(part, window)
     keep, report = check_part(part)
-    if report.first_bad_row is not None and strict:
-        row = part.raw_row(report.first_bad_row - 1) if part.raw_row else {}
+    first_bad = report.first_bad_row  # its number among the window's rows
+    if first_bad is not None and rows is not None:
+        report.first_bad_row = int(rows[first_bad - 1]) + 1  # its number in the file
+    if first_bad is not None and strict:
+        row = part.raw_row(first_bad - 1) if part.raw_row else {}
         raise DataError(f"{inp.display(f)}: row {report.first_bad_row} is invalid ({report.first_bad_reason}): {row}",
                         public=strict_public(inp.source))
     if report.first_bad_row is not None:
@@ -176,6 +181,22 @@ def fine_cells(spec: GridSpec, lat: np.ndarray, lon: np.ndarray, ts: np.ndarray 
     cells += slot
     cells[away] = spec.size
     return cells
+
+
+def _window_rows(part: Part, window: Window) -> tuple[Part, np.ndarray | None]:
+    """The rows of a file inside the time window (a release's charged days), and their numbers in the
+    file (None: all rows). Only they are validated: a bad row outside the window, or one whose time
+    cannot be read, is never looked at, so neither --strict nor the report depends on it."""
+    inside = _in_window(part.ts, window)
+    if inside is None:
+        return part, None
+    rows = np.flatnonzero(inside)
+    raw = part.raw_row
+    return Part(int(rows.size), part.ts[rows], part.lat[rows], part.lon[rows],
+                None if part.bad_user is None else part.bad_user[rows],
+                None if part.user_int is None else part.user_int[rows],
+                None if part.codes is None else part.codes[rows], part.uniques,
+                None if raw is None else (lambda i: raw(int(rows[i])))), rows
 
 
 def _in_window(ts: np.ndarray | None, window: Window) -> np.ndarray | None:
