@@ -436,9 +436,19 @@ def fit_city(plan: CityPlan, data: CityData, profile: ContributionProfile | None
     if plan.count == "people":
         from dpcore.synopsis.base import PEOPLE_NOTE
 
-        synopsis.privacy.notes.append(f"{PEOPLE_NOTE} (each person in at most k = {plan.max_points_per_user} "
-                                      "cells; sensitivity k)")
+        synopsis.privacy.notes.append(f"{PEOPLE_NOTE} ({people_bound(plan)})")
     return synopsis
+
+
+def people_bound(plan: CityPlan) -> str:
+    """What ``--count people`` bounds under the plan's bound window, in the manifest's words."""
+    k = plan.max_points_per_user
+    if plan.bound_per_day:
+        return (f"bound per UTC day: each person counts at most once in a cell (and slot) per day and in at most "
+                f"k = {k} cells each day, so over a period of D days a person can count up to D times in one cell "
+                f"and in at most k·D cell-days; sensitivity k per day, charged for each day")
+    return (f"bound per release: each person counts at most once in a cell (and slot) and in at most k = {k} "
+            "cells over the whole release; sensitivity k")
 
 
 @task(name="render-preview", cache_policy=NO_CACHE)
