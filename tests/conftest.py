@@ -72,6 +72,22 @@ def prefect_harness(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def dask_cluster(prefect_harness):
+    """One real Dask LocalCluster (two worker processes) for the session's flow tests, started after the
+    Prefect harness so its workers report to the same server. Yields the scheduler address: pass it as
+    ``dask_address`` (``--dask-address``) instead of ``n_workers``, so a flow does not start its own
+    cluster (each worker process costs ~2 CPU-s of imports). A test that kills, slows or patches workers,
+    or changes the environment they read, keeps its own cluster."""
+    import logging
+
+    from distributed import LocalCluster
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address="127.0.0.1:0",
+                      silence_logs=logging.WARNING) as cluster:
+        yield cluster.scheduler_address
+
+
+@pytest.fixture(scope="session")
 def moto_s3():
     """A real S3 endpoint over HTTP: moto's server on 127.0.0.1 and a free port, stopped by its PID.
     Yields the endpoint URL; AWS credentials are dummies set for the session."""

@@ -152,8 +152,8 @@ def test_training_datasets_group_by_city(tmp_path):
 
 
 @pytest.mark.slow
-def test_paramselect_train_flow_runs_on_a_real_server_and_caches(prefect_harness, tmp_path):
-    """The `paramselect-train` flow on Prefect + a Dask LocalCluster, tiny search on two synthetic cities:
+def test_paramselect_train_flow_runs_on_a_real_server_and_caches(prefect_harness, dask_cluster, tmp_path):
+    """The `paramselect-train` flow on Prefect + the session's Dask LocalCluster, tiny search on two synthetic cities:
     it writes model, table and a CV report, the model predicts, and a second run reads every row from
     the cache. (The real run, with the Gowalla data and SNH rows, takes 2–2.5 hours from an empty cache: docs/mechanisms.md.)"""
     from dpcore.geo import city_region
@@ -164,7 +164,8 @@ def test_paramselect_train_flow_runs_on_a_real_server_and_caches(prefect_harness
                          model_path=str(tmp_path / "m.joblib"), table_path=str(tmp_path / "t.csv"),
                          report_path=str(tmp_path / "r.json"), epsilons=[0.2, 1.6], fractions=[1.0],
                          synthetic_seeds=[1, 2], mechanisms=["identity", "ug"], rhos=[200.0, 800.0],
-                         user_ks=[], bands=[[100.0, 1000.0]], n_queries=100, n_estimators=10, n_workers=2)
+                         user_ks=[], bands=[[100.0, 1000.0]], n_queries=100, n_estimators=10,
+                         dask_address=dask_cluster)
     report = run_paramselect_train(params)
     # 2 datasets × 2 ε × (2 ρ + ug) × 1 band
     assert report["rows"] == 2 * 2 * 3

@@ -1,4 +1,4 @@
-"""Release and backfill flows on a real Prefect server (session harness) and a real Dask LocalCluster,
+"""Release and backfill flows on a real Prefect server (session harness) and the session's Dask LocalCluster,
 on real public check-ins (the Gowalla sample: Austin, San Francisco, New York)."""
 
 import pytest
@@ -15,10 +15,10 @@ CITIES = ["austin", "san-francisco", "new-york"]
 
 
 @pytest.mark.slow
-def test_backfill_7_days_3_cities_commits_21_then_nothing(prefect_harness, gowalla_sample_path, tmp_path):
+def test_backfill_7_days_3_cities_commits_21_then_nothing(prefect_harness, dask_cluster, gowalla_sample_path, tmp_path):
     store_url = str(tmp_path / "store")
     rp = ReleaseParams(data=str(gowalla_sample_path), cities=CITIES, epsilon=0.5, store=store_url,
-                       max_points_per_user=10, n_workers=2, budget_cap=5.0)
+                       max_points_per_user=10, dask_address=dask_cluster, budget_cap=5.0)
     bp = BackfillParams(release=rp, start="2010-05-01", end="2010-05-07")
     first = run_backfill(bp)
     store = ReleaseStore(store_url)
@@ -36,12 +36,12 @@ def test_backfill_7_days_3_cities_commits_21_then_nothing(prefect_harness, gowal
     assert len(store.list_releases()) == 21 and len(ledger.entries()) == 7
 
 
-def test_release_flow_two_cities_then_over_budget(prefect_harness, gowalla_sample_path, tmp_path, monkeypatch):
+def test_release_flow_two_cities_then_over_budget(prefect_harness, dask_cluster, gowalla_sample_path, tmp_path, monkeypatch):
     home = tmp_path / "ledger"
     monkeypatch.setenv("GEODP_LEDGER", str(home))  # the configured ledger home, outside the store
     store_url = str(tmp_path / "store")
     rp = ReleaseParams(data=str(gowalla_sample_path), cities=["austin", "new-york"], period="2010-05",
-                       epsilon=0.4, store=store_url, max_points_per_user=20, n_workers=2, budget_cap=0.6)
+                       epsilon=0.4, store=store_url, max_points_per_user=20, dask_address=dask_cluster, budget_cap=0.6)
     summary = run_release(rp)
     assert [r["status"] for r in summary["releases"]] == ["committed", "committed"]
     assert summary["loss"]["lifetime"] == pytest.approx(0.4)  # disjoint cities, one bounding draw
@@ -57,7 +57,7 @@ def test_release_flow_two_cities_then_over_budget(prefect_harness, gowalla_sampl
     assert len(store.list_releases()) == 2 and not (tmp_path / "store" / "datasets").exists()
 
 
-def test_a_store_made_again_at_the_same_url_gets_a_real_release(prefect_harness, gowalla_sample_path, tmp_path):
+def test_a_store_made_again_at_the_same_url_gets_a_real_release(prefect_harness, dask_cluster, gowalla_sample_path, tmp_path):
     # Regression: the persist task's Prefect cache once keyed on the store URL as typed, so a deleted
     # and re-made store (or another checkout's same relative path) got the old cached manifest and
     # nothing was written.
@@ -65,7 +65,7 @@ def test_a_store_made_again_at_the_same_url_gets_a_real_release(prefect_harness,
 
     store_url = str(tmp_path / "store")
     rp = ReleaseParams(data=str(gowalla_sample_path), cities=["austin"], period="2010-05-02", epsilon=0.3,
-                       store=store_url, max_points_per_user=10, n_workers=1)
+                       store=store_url, max_points_per_user=10, dask_address=dask_cluster)
     run_release(rp)
     first_id = ReleaseStore(store_url).instance_id()
     shutil.rmtree(store_url)
@@ -76,7 +76,7 @@ def test_a_store_made_again_at_the_same_url_gets_a_real_release(prefect_harness,
     assert len(store.list_releases()) == 1 and len(DatasetLedger(store, summary["dataset"]).held()) == 1
 
 
-def test_backfill_of_a_day_partitioned_input_reads_each_day_on_the_workers(prefect_harness, tmp_path, monkeypatch):
+def test_backfill_of_a_day_partitioned_input_reads_each_day_on_the_workers(prefect_harness, dask_cluster, tmp_path, monkeypatch):
     """A hive folder of days: the backfill opens no file in its own process (each day's release reads its
     own partition on the workers), and a partition outside the backfill's days is never opened, even an
     unreadable one."""
@@ -96,7 +96,7 @@ def test_backfill_of_a_day_partitioned_input_reads_each_day_on_the_workers(prefe
     monkeypatch.setattr(flows.backfill, "load_and_validate", no_preload)
     store_url = str(tmp_path / "store")
     rp = ReleaseParams(data=str(data), cities=["new-york"], epsilon=0.5, store=store_url,
-                       max_points_per_user=10, n_workers=1, budget_cap=5.0)
+                       max_points_per_user=10, dask_address=dask_cluster, budget_cap=5.0)
     result = run_backfill(BackfillParams(release=rp, start="2024-03-02", end="2024-03-03"))
     assert result["committed"] == 2
     assert {r.period for r in ReleaseStore(store_url).list_releases()} == {"2024-03-02", "2024-03-03"}

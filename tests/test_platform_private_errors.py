@@ -87,15 +87,17 @@ def _run_flow(params):
     return release_flow(params, return_state=True)
 
 
-def _params(data, store, **kw):
+def _params(data, store, dask_address: str, **kw):
+    """Release parameters on the session's Dask cluster (tests/conftest.py: dask_cluster)."""
     from tasks.config import ReleaseParams
 
     return ReleaseParams(data=str(data), cities=["new-york"], epsilon=1.0, store=str(store),
-                         dataset=f"priv-{uuid.uuid4().hex[:8]}", max_points_per_user=5, n_workers=1, **kw)
+                         dataset=f"priv-{uuid.uuid4().hex[:8]}", max_points_per_user=5, dask_address=dask_address,
+                         **kw)
 
 
 @pytest.mark.slow
-def test_no_valid_rows_names_the_problem_in_prefect_and_the_counts_in_the_terminal(prefect_harness, tmp_path):
+def test_no_valid_rows_names_the_problem_in_prefect_and_the_counts_in_the_terminal(prefect_harness, dask_cluster, tmp_path):
     missing_user, bad_lat = 131_071, 104_729
     df = _frame(missing_user + bad_lat)
     df["user_id"] = df["user_id"].astype("object")
@@ -105,7 +107,7 @@ def test_no_valid_rows_names_the_problem_in_prefect_and_the_counts_in_the_termin
     df.to_parquet(path)
     secrets = [s for n in (missing_user, bad_lat, missing_user + bad_lat) for s in _forms(n)]
 
-    state = _run_flow(_params(path, tmp_path / "store"))
+    state = _run_flow(_params(path, tmp_path / "store", dask_cluster))
     assert state.is_failed()
     with pytest.raises(DataError) as failed:
         state.result()
@@ -125,7 +127,7 @@ def test_no_valid_rows_names_the_problem_in_prefect_and_the_counts_in_the_termin
     # the Prefect form of the CLI: one error line, exit 2, no counts, nothing charged
     store = tmp_path / "cli-store"
     proc = run_geodp("release", "run", path, "--cities", "new-york", "--epsilon", "1", "--store", store,
-                     "--workers", "1", "--dataset", "cliform", ok=False)
+                     "--dask-address", dask_cluster, "--dataset", "cliform", ok=False)
     assert proc.returncode == 2, proc.stderr[-2000:]
     (line,) = [s for s in proc.stderr.splitlines() if s.startswith("error:")]
     assert "has no valid rows" in line and not _leaks(proc.stderr, secrets), proc.stderr[-2000:]
@@ -133,7 +135,7 @@ def test_no_valid_rows_names_the_problem_in_prefect_and_the_counts_in_the_termin
         (store / "datasets" / "cliform" / "ledger").iterdir())
 
 
-def test_strict_names_the_option_in_prefect_and_the_row_in_the_terminal(prefect_harness, tmp_path):
+def test_strict_names_the_option_in_prefect_and_the_row_in_the_terminal(prefect_harness, dask_cluster, tmp_path):
     first_bad, n = 100_003, 160_000
     df = _frame(n)
     df.loc[first_bad - 1, ["user_id", "lat"]] = (987_654_321, 123.456)  # row numbers are 1-based
@@ -142,7 +144,7 @@ def test_strict_names_the_option_in_prefect_and_the_row_in_the_terminal(prefect_
     df.to_parquet(path)
     secrets = [*_forms(first_bad), "987654321", "123.456"]
 
-    state = _run_flow(_params(path, tmp_path / "store", strict=True))
+    state = _run_flow(_params(path, tmp_path / "store", dask_cluster, strict=True))
     assert state.is_failed()
     with pytest.raises(DataError, match="--strict") as failed:
         state.result()
@@ -156,7 +158,7 @@ def test_strict_names_the_option_in_prefect_and_the_row_in_the_terminal(prefect_
     assert {"100003", "987654321"} <= set(_leaks(proc.stderr, secrets)), proc.stderr
 
 
-def test_a_release_with_some_bad_rows_shows_no_counts_in_prefect(prefect_harness, tmp_path):
+def test_a_release_with_some_bad_rows_shows_no_counts_in_prefect(prefect_harness, dask_cluster, tmp_path):
     good, bad = 150_001, 120_007
     df = _frame(good + bad)
     df.loc[good:, "lon"] = 200.0
@@ -164,7 +166,7 @@ def test_a_release_with_some_bad_rows_shows_no_counts_in_prefect(prefect_harness
     df.to_parquet(path)
     secrets = [s for v in (good, bad, good + bad) for s in _forms(v)]
 
-    state = _run_flow(_params(path, tmp_path / "store"))
+    state = _run_flow(_params(path, tmp_path / "store", dask_cluster))
     assert state.is_completed(), state.message
     # the run's wall time grows with the private row count: the summary artifact leaves it out
     secrets.append(str(state.result()["seconds"]))
@@ -205,7 +207,7 @@ def test_a_cluster_worker_keeps_the_row_of_a_strict_failure_to_itself(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_evaluate_flow_shows_no_n_users_or_psi_in_prefect(prefect_harness, tmp_path):
+def test_the_evaluate_flow_shows_no_n_users_or_psi_in_prefect(prefect_harness, dask_cluster, tmp_path):
     from flows.evaluate_flow import run_evaluate
     from tasks.config import EvaluateParams, STEvaluateOptions
 
@@ -217,7 +219,7 @@ def test_the_evaluate_flow_shows_no_n_users_or_psi_in_prefect(prefect_harness, t
                            forecast_queries=2, image_slots=2, forecast_plots=1, image_cells=16)
     out = run_evaluate(EvaluateParams(
         data=str(path), cities=["new-york"], mechanisms=["identity"], epsilons=[1.0], queries=50, trials=1,
-        query_sides_m=[(1000, 5000)], spatio_temporal=st, n_workers=1,
+        query_sides_m=[(1000, 5000)], spatio_temporal=st, dask_address=dask_cluster,
         mechanism_params={"identity": {"cell_width_m": 1000}, "identity3d": {"grid_size": 16}}))
     # the operator's side (the flow's return value) has the truth; the UI does not
     city = out["cities"]["new-york"]
@@ -308,7 +310,7 @@ def test_a_library_error_quoting_private_data_shows_only_its_type_in_prefect(pre
     assert proc.returncode != 0 and "SECRET-USER-4242" in proc.stderr, proc.stderr[-3000:]
 
 
-def test_strict_on_a_date_python_cannot_hold_is_the_public_strict_error(prefect_harness, tmp_path):
+def test_strict_on_a_date_python_cannot_hold_is_the_public_strict_error(prefect_harness, dask_cluster, tmp_path):
     """--strict names the first bad row; a Parquet timestamp past year 9999 there made reading the row
     back for the message raise OverflowError ("date value out of range"), whose message told the Prefect
     UI why that private row was bad. Both forms now fail with the strict error: public in Prefect, the
@@ -325,7 +327,7 @@ def test_strict_on_a_date_python_cannot_hold_is_the_public_strict_error(prefect_
     secrets = ["4321", "5325", "out of range", "OverflowError"]
 
     proc = run_geodp("release", "run", path, "--cities", "new-york", "--epsilon", "1", "--store", tmp_path / "s",
-                     "--workers", "1", "--dataset", "farstrict", "--period", "2024-01-01", "--strict", ok=False)
+                     "--dask-address", dask_cluster, "--dataset", "farstrict", "--period", "2024-01-01", "--strict", ok=False)
     assert proc.returncode == 2, proc.stderr[-3000:]
     (line,) = [s for s in proc.stderr.splitlines() if s.startswith("error:")]
     assert "--strict" in line and "geodp data check" in line and not _leaks(line, secrets), line

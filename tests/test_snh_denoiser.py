@@ -432,14 +432,14 @@ def test_the_plain_pyramid_blends_only_from_its_own_signal_threshold():
 
 
 @pytest.mark.slow
-def test_denoiser_train_flow_runs_on_a_real_server(prefect_harness, tmp_path):
-    """The `snh-denoiser-train` flow on Prefect + a Dask LocalCluster, two synthetic public cities and a
+def test_denoiser_train_flow_runs_on_a_real_server(prefect_harness, dask_cluster, tmp_path):
+    """The `snh-denoiser-train` flow on Prefect + the session's Dask LocalCluster, two synthetic public cities and a
     few steps: it writes weights + metadata that load, list the training regions and keep excluded
     cities out. (The shipped model: 1,500 steps on 11 public datasets, ~20 min on 2 cores.)"""
     from flows.denoiser_flow import DenoiserParams, denoiser_datasets, run_denoiser_train
 
     params = DenoiserParams(shared_data=str(tmp_path / "none"), model_path=str(tmp_path / "den.npz"),
-                            synthetic_seeds=[1, 2, 3], exclude_cities=["tulsa"], steps=3, n_workers=2,
+                            synthetic_seeds=[1, 2, 3], exclude_cities=["tulsa"], steps=3, dask_address=dask_cluster,
                             record_only=True, signal_range=[1000.0, 5000.0], channels=8)
     assert [s["city"] for s in denoiser_datasets(params)] == ["houston", "miami"]  # tulsa (seed 3) excluded
     meta = run_denoiser_train(params)
