@@ -104,6 +104,16 @@ def parse_period(text: str | None, now: datetime | None = None) -> Period:
     return Period(d.isoformat(), _epoch(d), _epoch(d + timedelta(days=1)))
 
 
+def period_days(text: str, what: str = "period") -> tuple[str, str]:
+    """The first and last UTC day (YYYY-MM-DD) of days A..B, a month, a day or last-N-days: a backfill's
+    days and a dataset's horizon read their FIRST..LAST with :func:`parse_period`, as a release does."""
+    p = parse_period(text)
+    if p.start_s is None or p.end_s is None or str(text).strip().lower() in ("today", "yesterday"):
+        raise ConfigError(f"{what} must be days FIRST..LAST or a month, got {text!r}")
+    day = lambda s: datetime.fromtimestamp(s, UTC).date().isoformat()  # noqa: E731
+    return day(p.start_s), day(p.end_s - 1)
+
+
 def days_between(start: str, end: str) -> list[str]:
     """Every day from start to end inclusive, as YYYY-MM-DD."""
     a, b = _day(start), _day(end)

@@ -71,8 +71,7 @@ class DatasetPolicySettings(BaseModel):
 
     def policy(self) -> PrivacyPolicy:
         """The policy these options declare (what `geodp dataset create` would store)."""
-        if self.horizon is not None and ".." not in self.horizon:
-            raise ValueError("horizon must be FIRST..LAST (UTC days)")
+        from tasks.config import period_days
         from tasks.ledger_tasks import AUTO, AUTO_K_MAX
 
         user, auto = self.privacy_unit == PrivacyUnitName.USER, self.max_points_per_user == AUTO
@@ -83,7 +82,7 @@ class DatasetPolicySettings(BaseModel):
                              window_days=None if self.window_days == "lifetime" else self.window_days,
                              accounting=self.accounting, delta=self.delta,
                              max_records_per_person=self.max_records_per_person,
-                             horizon=tuple(self.horizon.split("..", 1)) if self.horizon else None)
+                             horizon=period_days(self.horizon, "horizon") if self.horizon else None)
 
 
 class NightlySettings(BaseModel):

@@ -103,3 +103,17 @@ def test_the_read_api_imports_nothing_from_the_cli():
     bad = {str(f.relative_to(ROOT)): sorted(m for m in _imports(f, False) if m.startswith("flows.cli"))
            for f in _files("geodp")}
     assert {k: v for k, v in bad.items() if v} == {}
+
+
+def test_one_window_parser():
+    """Issue 46: four places read time windows (the CLI, the read API, a dataset's horizon in the settings
+    and in `geodp dataset create`), each its own way. Only tasks/config.py takes an A..B text apart;
+    everything else calls parse_period, parse_window or period_days there."""
+    splitters = {}
+    for f in _files("dpcore", "tasks", "flows", "geodp"):
+        for node in ast.walk(ast.parse(f.read_text())):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr in ("split", "rsplit", "partition") and node.args
+                    and isinstance(node.args[0], ast.Constant) and node.args[0].value == ".."):
+                splitters.setdefault(str(f.relative_to(ROOT)), []).append(node.lineno)
+    assert set(splitters) == {"tasks/config.py"}, splitters

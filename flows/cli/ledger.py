@@ -64,9 +64,12 @@ def _policy(base: dict | None, **given) -> object:
             except ValueError:
                 raise CLIError(f"--window-days must be a whole number of days or 'lifetime', got {text!r}") from None
     if horizon is not None:
-        if ".." not in horizon:
-            raise CLIError("--horizon must be FIRST..LAST (UTC days)")
-        d["horizon"] = tuple(horizon.split("..", 1))
+        from tasks.config import ConfigError, period_days
+
+        try:
+            d["horizon"] = period_days(horizon, "--horizon")
+        except ConfigError as exc:
+            raise CLIError(str(exc)) from exc
     if d.get("privacy_unit") == "record":
         d["max_points_per_user"], d["k_auto"] = None, False
     elif d.get("max_points_per_user") is None:

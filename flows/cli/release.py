@@ -299,18 +299,15 @@ def _print_summary(summary: dict) -> None:
 
 def _days(period: str | None, start: str | None, end: str | None) -> tuple[str, str]:
     """First and last UTC day of a backfill, from --period A..B (or a month) or the older --start/--end."""
-    from datetime import UTC, datetime
-
-    from tasks.config import parse_period
+    from tasks.config import ConfigError, period_days
 
     if period is not None:
         if start is not None or end is not None:
             raise CLIError("give --period A..B or --start/--end, not both")
-        p = parse_period(period)
-        if p.start_s is None or p.end_s is None or period.strip().lower() in ("today", "yesterday"):
-            raise CLIError(f"--period of a backfill must be days A..B or a month, got {period!r}")
-        day = lambda s: datetime.fromtimestamp(s, UTC).date().isoformat()  # noqa: E731
-        return day(p.start_s), day(p.end_s - 1)
+        try:
+            return period_days(period, "--period of a backfill")
+        except ConfigError as exc:
+            raise CLIError(str(exc)) from exc
     if start is None or end is None:
         raise CLIError("a backfill needs --period FIRST..LAST (UTC days)")
     eprint("note: --start/--end is the older form; write --period FIRST..LAST")
