@@ -71,13 +71,14 @@ def prefect_harness(tmp_path_factory):
             os.environ[k] = v
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def dask_cluster(prefect_harness):
-    """One real Dask LocalCluster (two worker processes) for the session's flow tests, started after the
+    """One real Dask LocalCluster (two worker processes) for a module's flow tests, started after the
     Prefect harness so its workers report to the same server. Yields the scheduler address: pass it as
     ``dask_address`` (``--dask-address``) instead of ``n_workers``, so a flow does not start its own
-    cluster (each worker process costs ~2 CPU-s of imports). A test that kills, slows or patches workers,
-    or changes the environment they read, keeps its own cluster."""
+    cluster and import the project into fresh workers (~6 CPU-s a flow). Module scope: an idle cluster
+    costs ~0.06 CPU-s per second, so it lives only while its module runs. A test that kills, slows or
+    patches workers, or changes the environment they read, keeps its own cluster."""
     import logging
 
     from distributed import LocalCluster
