@@ -26,7 +26,7 @@ from dpcore.privacy.accounting import budget_label
 from tasks.config import ReleaseParams
 from tasks.ledger_tasks import charge_ledger, committed_from, give_back, settle_strays, void_charge
 from tasks.persist_tasks import persist_release
-from tasks.progress import Progress
+from tasks.progress import Progress, on_terminal
 from tasks.public_errors import PrivateDataFailure, public_data_error, without_private_detail
 from tasks.release_plan import ReleasePlan, plan_release
 from tasks.release_tasks import (
@@ -47,6 +47,8 @@ if TYPE_CHECKING:
     from prefect import Flow
     from prefect.futures import PrefectFuture
     from prefect.states import State
+
+    from tasks.dask_path import DataPass
 
 # Prefect is imported where a flow run uses it: the in-process form (`geodp release --out`, the CLI's
 # `--no-prefect`) runs the same pipeline without importing it (0.7 s of CPU a command).
@@ -89,7 +91,7 @@ def run_plan(plan: ReleasePlan, loaded=None, artifacts: bool = True, in_process:
         data = loaded if loaded is not None else plan.input  # the files whose version is in the keys
         args = (data, todo, params.seed, per_day, params.columns, params.format, strict, window)
         try:
-            counted = count_release_data(*args) if in_process else read_bound_count.submit(*args).result()
+            counted = count_release_data(*args) if in_process else _read_on_cluster(args, data)
         except Exception as exc:
             raise _one_line(exc) from None
         if in_process:  # the operator's own terminal; the flow never logs counts of private rows
@@ -186,6 +188,44 @@ def _verdict(plan: ReleasePlan, todo: list, counts, in_process: bool) -> tuple[l
         out.append(dataclasses.replace(p, expected={**prior, **exp, "published_anyway": anyway,
                                                     **({"found_after_charge": True} if after else {})}))
     return out, profile
+
+
+def _read_on_cluster(args: tuple, data) -> DataPass:
+    """read_bound_count on the flow's Dask cluster. The task logs its progress in the run's log; on the
+    operator's terminal (the CLI's Prefect form) this process follows the same file reads through Dask
+    events and shows them, rows included, in the command's spinner."""
+    if not on_terminal():
+        return read_bound_count.submit(*args).result()
+    from tasks.dask_path import new_topic
+
+    topic, client = new_topic(), _runner_client()
+    files = getattr(data, "files", None)
+    with Progress("data pass", total=len(files) if files is not None else None, unit="files", log=False) as shown:
+        rows = 0
+
+        def follow(event: tuple) -> None:
+            nonlocal rows
+            rows += int(event[1].get("rows", 0))
+            shown.advance(private=f"{rows:,} rows")
+
+        if client is not None:
+            client.subscribe_topic(topic, follow)
+        try:
+            return read_bound_count.submit(*args, progress_topic=topic).result()
+        finally:
+            if client is not None:
+                client.unsubscribe_topic(topic)
+
+
+def _runner_client():
+    """The distributed client of this flow run's Dask task runner, or None."""
+    from prefect.context import FlowRunContext
+
+    ctx = FlowRunContext.get()
+    try:
+        return ctx.task_runner.client if ctx is not None else None
+    except (AttributeError, RuntimeError):
+        return None
 
 
 def _scheduled_start():

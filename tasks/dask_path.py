@@ -100,6 +100,11 @@ def _cluster() -> str | None:
     return None
 
 
+def new_topic() -> str:
+    """A fresh Dask event topic for one data pass's file reads."""
+    return f"geodp-data-pass-{uuid.uuid4().hex}"
+
+
 #: Per data pass (its topic): what to call in this process when one of its files is read.
 _LOCAL_LISTENERS: dict[str, object] = {}
 
@@ -258,11 +263,13 @@ def compute(*objs, listen: tuple[str, object] | None = None):
 def release_counts(source: str | InputSet | LoadResult, specs: list[GridSpec], window: Window, *,
                    columns: dict[str, str] | None = None, fmt: str = "auto", strict: bool = False,
                    privacy_unit: str = "record", max_points_per_user: int = 1, per_day: bool = False,
-                   seed: int | None = None, count_people: bool = False) -> DataPass:
+                   seed: int | None = None, count_people: bool = False, topic: str | None = None) -> DataPass:
     """Run the data pass: each spec's city gets its summed fine grid (or its bounded points); with
-    ``count_people`` (user level) a grid of distinct people per cell, each person in at most k cells."""
+    ``count_people`` (user level) a grid of distinct people per cell, each person in at most k cells.
+    ``topic``: the Dask event topic its file reads report on (:func:`_file_read`), so that another client
+    (the flow's process, drawing the terminal's progress) can follow them too."""
     inp, profile = None, None
-    topic = f"geodp-data-pass-{uuid.uuid4().hex}"
+    topic = topic or new_topic()
     if privacy_unit == "user":
         shuffled, reports, inp = _shuffled_frame(source, specs, window, columns, fmt, strict, per_day, topic)
         ddf = _bounded(shuffled, specs, max_points_per_user, per_day, seed, count_people)

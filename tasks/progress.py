@@ -65,10 +65,11 @@ class Progress:
 
     ``public``: whether the counts may go into a published log (the Prefect UI); rows of private data
     are not public, files and epochs are. ``logger``: where log lines go inside a run (default: the
-    Prefect run logger)."""
+    Prefect run logger); ``log=False``: the terminal only (another process logs the same work)."""
 
     def __init__(self, label: str, total: int | None = None, unit: str = "", *, public: bool = True,
-                 every_s: float = EVERY_S, logger: logging.Logger | logging.LoggerAdapter | None = None):
+                 every_s: float = EVERY_S, logger: logging.Logger | logging.LoggerAdapter | None = None,
+                 log: bool = True):
         self.label, self.unit, self.public = label, unit, public
         self.total, self.done, self.what = total, 0, ""
         self.every_s = float(every_s)
@@ -76,7 +77,7 @@ class Progress:
         self._bar: Any = None
         self._task: Any = None
         self._logger = logger
-        if logger is None and _in_prefect_run():
+        if log and logger is None and _in_prefect_run():
             from tasks.runtime import run_logger
 
             self._logger = run_logger()

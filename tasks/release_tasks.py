@@ -345,18 +345,20 @@ def grid_specs(plans: list[CityPlan]) -> list[GridSpec]:
       retry_condition_fn=retry_unless_refused)
 def read_bound_count(data: str | InputSet | LoadResult, plans: list[CityPlan], seed: int | None, per_day: bool = False,
                      columns: str | None = None, fmt: str = "auto", strict: bool = False,
-                     window: tuple[int | None, int | None] | None = None) -> DataPass:
+                     window: tuple[int | None, int | None] | None = None,
+                     progress_topic: str | None = None) -> DataPass:
     """:func:`count_release_data` as a Prefect task: a data error names what is wrong from public
     facts only (tasks/public_errors.py), since the Prefect UI shows a failed task's message and
     traceback; the in-process form calls :func:`count_release_data` and shows the detail."""
     return without_private_detail(
-        lambda: count_release_data(data, plans, seed, per_day, columns, fmt, strict, window),
+        lambda: count_release_data(data, plans, seed, per_day, columns, fmt, strict, window, progress_topic),
         data, columns, fmt, strict)
 
 
 def count_release_data(data: str | InputSet | LoadResult, plans: list[CityPlan], seed: int | None, per_day: bool = False,
                        columns: str | None = None, fmt: str = "auto", strict: bool = False,
-                       window: tuple[int | None, int | None] | None = None) -> DataPass:
+                       window: tuple[int | None, int | None] | None = None,
+                       progress_topic: str | None = None) -> DataPass:
     """The release's data pass on the Dask cluster it runs on (tasks/dask_path.py): read and validate
     the period's files, keep points inside any release region, bound each user to k points once over
     all of them together (or per UTC day with ``per_day``), and sum each city's fine count grid.
@@ -377,7 +379,7 @@ def count_release_data(data: str | InputSet | LoadResult, plans: list[CityPlan],
     return release_counts(data, grid_specs(plans), window,
                           columns=parse_column_map(columns), fmt=fmt, strict=strict,
                           privacy_unit=unit, max_points_per_user=k, per_day=per_day, seed=seed,
-                          count_people=first.count == "people")
+                          count_people=first.count == "people", topic=progress_topic)
 
 
 def profile_applies(plan: CityPlan) -> bool:

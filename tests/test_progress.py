@@ -12,7 +12,7 @@ import uuid
 
 import pandas as pd
 
-from tests.cli_runner import ROOT, run_geodp
+from tests.cli_runner import ROOT
 from tests.test_platform_private_errors import _flow_run_of, _frame, _leaks, _shown_in_prefect
 
 ROWS = (1_733, 1_291)  # two files; their sum and each count are private
@@ -56,15 +56,19 @@ def test_the_in_process_data_pass_draws_a_bar_with_files_and_rows_on_a_terminal(
     assert "fits" in shown and "1/1" in shown and "cities" in shown, shown[-3000:]
 
 
-def test_the_prefect_form_logs_files_read_and_never_the_rows(prefect_harness, tmp_path):
+def test_the_prefect_form_shows_progress_on_its_terminal_and_logs_no_rows(prefect_harness, tmp_path):
     data = _two_files(tmp_path / "in")
     dataset = f"progress-{uuid.uuid4().hex[:8]}"
     # a 10 m grid: the fit's task argument is 30 MiB, which made distributed warn "Sending large graph"
     # on every such release before (issue 45 item 5)
-    proc = run_geodp("release", "run", data, "--cities", "new-york", "--epsilon", "1", "--store", tmp_path / "s",
-                     "--workers", "1", "--dataset", dataset, "--max-points-per-user", "5",
-                     "--mechanism", "identity", "--param", "cell_width_m=10")
-    assert "Traceback" not in proc.stderr and "large graph" not in proc.stderr, proc.stderr[-3000:]
+    status, terminal = _on_a_terminal(["release", "run", data, "--cities", "new-york", "--epsilon", "1", "--store",
+                                       tmp_path / "s", "--workers", "1", "--dataset", dataset,
+                                       "--max-points-per-user", "5", "--mechanism", "identity",
+                                       "--param", "cell_width_m=10"])
+    assert status == 0 and "Traceback" not in terminal and "large graph" not in terminal, terminal[-3000:]
+    # the operator's terminal: the spinner follows the workers' file reads, rows included, and the fits
+    assert f"data pass: 2/2 files ({sum(ROWS):,} rows)" in terminal, terminal[-3000:]
+    assert "fits: 1/1 cities (new-york)" in terminal, terminal[-3000:]
     shown = _shown_in_prefect(_flow_run_of(dataset), "data pass: 2/2 files")
     assert "fits: 1/1 cities (new-york)" in shown, shown[-3000:]
     secrets = [s for n in (*ROWS, sum(ROWS)) for s in (str(n), f"{n:,}")]
