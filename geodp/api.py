@@ -32,13 +32,14 @@ def _holds_releases(store: ReleaseStore) -> bool:
     return store.exists("releases") or bool(store.listdir("releases"))
 
 
-def is_store(url: str, storage_options: dict[str, Any] | None = None) -> bool:
-    """Whether ``url`` is a release store's root (it holds a releases/ folder); False for anything else,
-    a missing folder or bucket included."""
+def is_store(url: str, storage_options: dict[str, Any] | None = None) -> bool | None:
+    """Whether ``url`` is a release store's root (it holds a releases/ folder): False for a missing local
+    folder or anything else that is no store; None when a remote store cannot be opened (an unreachable
+    endpoint, a missing bucket), which the command that reads it then reports."""
     try:
         return _holds_releases(ReleaseStore(url, storage_options, create=False))
     except StoreError:
-        return False
+        return None if "://" in str(url) and not str(url).startswith("file://") else False
 
 
 def place_of(target: str, storage_options: dict[str, Any] | None = None) -> tuple[str, str, str | None] | None:
@@ -48,7 +49,7 @@ def place_of(target: str, storage_options: dict[str, Any] | None = None) -> tupl
     Decided by what the folders hold, not by the path's words alone: a store may sit in a folder named
     ``releases`` (``--out releases/nyc-demo``), and a dataset may be named ``releases``."""
     t = str(target).rstrip("/")
-    if is_store(t, storage_options):
+    if is_store(t, storage_options) is not False:  # a store, or one that cannot be opened: not a place
         return None
     parts = t.split("/")
     for i, part in enumerate(parts):
@@ -56,7 +57,10 @@ def place_of(target: str, storage_options: dict[str, Any] | None = None) -> tupl
         if part != "releases" or not 1 <= len(tail) <= 2 or not all(tail) or ("://" in t and i < 3):
             continue  # a URL's bucket is no store's releases/ folder
         root = "/".join(parts[:i]) or ("/" if t.startswith("/") else ".")
-        if is_store(root, storage_options):
+        found = is_store(root, storage_options)
+        if found is None:
+            return None
+        if found:
             return root, tail[0], tail[1] if len(tail) == 2 else None
     return None
 
