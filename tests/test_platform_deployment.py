@@ -60,7 +60,8 @@ def _wait_for_runs(ids: list[str], timeout_s: float = 400) -> dict[str, str]:
 @pytest.mark.slow
 def test_backfill_through_the_served_deployment(prefect_harness, gowalla_sample_path, tmp_path):
     config = tmp_path / "geodp.toml"
-    config.write_text("[budget]\ndefault_cap = 5.0\n")
+    served_store = tmp_path / "served-store"  # the served configuration's store (issue 45 item 3)
+    config.write_text(f'store = "{served_store}"\n[budget]\ndefault_cap = 5.0\n')
     log = open(tmp_path / "serve.log", "w")
     env = {**os.environ, "PREFECT_API_URL": prefect_harness, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "serve", "--config", str(config)], cwd=ROOT,
@@ -110,6 +111,32 @@ def test_backfill_through_the_served_deployment(prefect_harness, gowalla_sample_
         run_id = sub.stdout.split("flow run ")[1].split()[0]
         assert _wait_for_runs([run_id]) == {run_id: "COMPLETED"}, (tmp_path / "serve.log").read_text()[-3000:]
         assert [r.period for r in ReleaseStore(str(work / "rel-store")).list_releases()] == ["2010-05-05"]
+        # `--deployment backfill/backfill` without --store: one served run for every day (one Dask cluster),
+        # into the served configuration's store; the same submission again says it is the earlier run
+        cmd = [sys.executable, "-m", "flows.cli", "release", "backfill", "checkins.parquet", "--cities", "austin",
+               "--period", "2010-05-06..2010-05-07", "--epsilon", "0.5", "--max-points-per-user", "10",
+               "--deployment", "backfill/backfill"]
+        sub = subprocess.run(cmd, cwd=work, env={**env, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+                             timeout=120)
+        assert sub.returncode == 0, sub.stderr[-2000:]
+        (line,) = sub.stdout.splitlines()
+        assert line.startswith("2010-05-06..2010-05-07: flow run ")
+        run_id = line.split("flow run ")[1].split()[0]
+        assert _wait_for_runs([run_id]) == {run_id: "COMPLETED"}, (tmp_path / "serve.log").read_text()[-3000:]
+        assert sorted(r.period for r in ReleaseStore(str(served_store)).list_releases()) == ["2010-05-06", "2010-05-07"]
+        again = subprocess.run(cmd, cwd=work, env={**env, "PYTHONPATH": str(ROOT)}, capture_output=True,
+                               text=True, timeout=120)
+        assert again.returncode == 0 and f"flow run {run_id} (submitted before with the same parameters" in again.stdout
+        # a backfill the budget refuses, submitted again: the same failed run, and it says so (exit 2)
+        over = [*cmd[:8], "--period", "2010-05-08..2010-05-08", "--epsilon", "9", *cmd[-4:]]
+        first = subprocess.run(over, cwd=work, env={**env, "PYTHONPATH": str(ROOT)}, capture_output=True,
+                               text=True, timeout=120)
+        failed_id = first.stdout.split("flow run ")[1].split()[0]
+        assert _wait_for_runs([failed_id]) == {failed_id: "FAILED"}
+        refused = subprocess.run(over, cwd=work, env={**env, "PYTHONPATH": str(ROOT)}, capture_output=True,
+                                 text=True, timeout=120)
+        assert refused.returncode == 2 and "submitted before with the same parameters and failed" in refused.stderr
+        assert "budget exceeded" in refused.stderr and refused.stderr.count("error:") == 1
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
