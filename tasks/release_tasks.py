@@ -215,6 +215,7 @@ def make_plans(*, dataset: str, cities: list[str], center: str | None, side_km: 
     for region in regions:
         check_grid_fits(mechanism, params, region, period, slot_seconds)
         check_fine_grid_fits(mech, region, period, slot_seconds, unit)
+    check_slots_carried(mech, unit, epsilon, public_total, period, slot_seconds)
     plans = []
     for region in regions:
         city = re.sub(r"[^A-Za-z0-9._+-]", "-", region.name)
@@ -285,6 +286,19 @@ def check_fine_grid_fits(mech: Mechanism, region: Region, period: Period,
     if total > MAX_GRID_CELLS:
         raise ReleaseError(f"{mech.name}: its count grid of {total:,} cells over {region.name} does not fit (at "
                            f"most {MAX_GRID_CELLS:,}); lower the parameter that sets the finest grid")
+
+
+def check_slots_carried(mech: Mechanism, unit: PrivacyUnit, epsilon: float | None, public_total: float | None,
+                        period: Period, slot_seconds: int | None) -> None:
+    """Refuse, before the ledger, time slots a declared public total shows the data cannot carry (the
+    mechanism's ``slots_refusal``: vdr and identity3d under their resolution rule); all of it is public."""
+    refuse = getattr(mech, "slots_refusal", None)
+    if refuse is None or epsilon is None or public_total is None or not slot_seconds or not period.seconds:
+        return
+    why = refuse(unit.kind, unit.count_sensitivity, float(epsilon), float(public_total),
+                 -(-period.seconds // slot_seconds), slot_seconds)
+    if why is not None:
+        raise ReleaseError(why)
 
 
 def check_grid_fits(mechanism: str, params: dict, region: Region, period: Period, slot_seconds: int | None) -> None:

@@ -89,7 +89,7 @@ def no_prediction(plan: CityPlan) -> str | None:
                 "not counts of points; the plan's error model predicts counts")
     if tags.input_type.needs_time_slots:
         return ("no verdict: the plan predicts 2-D counts per band; a spatio-temporal release's error turns on "
-                "its slots, the cells and slots its mechanism merges and the counts per slot, which it does not "
+                "its slots, the cells its mechanism picks and the counts per slot, which it does not "
                 "model")
     if plan.count == "people":
         return "no verdict: the plan predicts counts of points, and this release counts people"

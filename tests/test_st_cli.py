@@ -107,3 +107,20 @@ def test_vdr_keeps_the_asked_slots_or_refuses_them_before_the_charge(synth_file,
     f = geodp("forecast", store, "--box", "40.60,-74.10,40.80,-73.90", "--horizon", "2", "--json")
     history = json.loads(f.stdout)["history"]
     assert len(history) == 14 and len({round(v, 6) for v in history}) > 1  # 14 slots of their own, not one spread
+
+
+def test_slots_a_public_total_cannot_carry_are_refused_before_the_ledger(synth_file, tmp_path):
+    """Review of ec8fdf7: the refusal of slots a --public-total cannot carry came from inside the fit, after
+    the ledger was charged (a charge of ε 1 and its void, 'fit failed: MechanismError'), though its inputs
+    are all public and the docs say it comes before any charge. It is made with the plan now: `release plan`
+    and `release run` refuse in one line and the store holds no ledger entry at all."""
+    store = tmp_path / "store"
+    common = [synth_file, "--city", "new-york", "--period", "2024-01-01..2024-01-14", "--epsilon", "1",
+              "--max-points-per-user", "20", "--out", store, "--no-prefect", "--slot", "1d", "--public-total", "10000"]
+    for mechanism, extra in (("vdr", FAST_RULE_VDR), ("identity3d", ["--param", "resolution=rule"])):
+        for verb in ("plan", "run"):
+            bad = geodp("release", verb, *common, "--mechanism", mechanism, *extra, ok=False)
+            one_line_error(bad)
+            assert "14 requested time slots cannot be carried" in bad.stderr, (mechanism, verb, bad.stderr)
+        assert not list(store.glob("datasets/*/ledger/*.json")), mechanism  # nothing charged, nothing given back
+        assert not list(store.glob("releases/**/_MANIFEST.json"))

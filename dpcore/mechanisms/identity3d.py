@@ -139,6 +139,15 @@ def check_slots(data: SpatioTemporalInput, epsilon: float, count_fraction: float
         raise MechanismError(why)
 
 
+def public_total_slot_refusal(public_total: float, epsilon: float, sensitivity: float, count_fraction: float,
+                              n_slots: int, slot_seconds: int | None, slot_signal: float) -> str | None:
+    """:func:`check_slots`' refusal from a declared public total, made from a release's plan alone (every
+    input is public), so the release is refused before its ledger is charged; None when the slots are
+    carried. The fit's own check stays (callers that fit directly)."""
+    return slot_refusal(float(public_total), float(epsilon) * (1.0 - float(count_fraction)), sensitivity,
+                        int(n_slots), slot_seconds, "the public total", slot_signal)
+
+
 def paid_resolution(data: SpatioTemporalInput, acct: Accountant, noise: NoiseSource, count_fraction: float,
                     slot_signal: float, max_cells: int, query_sides_m: tuple[float, float] = DEFAULT_QUERY_SIDES_M,
                     ) -> tuple[float, STResolution, np.ndarray, str | None]:
@@ -222,6 +231,14 @@ class IdentityGrid3D(Mechanism):
             n_law = NoiseLaw("laplace", float(paid.sensitivity) / float(paid.epsilon))
         return WindowCellNoise(law, (1, 1, 1), (0.0, 0.0, 1.0, 1.0), scale.factor, n_law, scale.n_estimate,
                                scale.public_total).spec()
+
+    def slots_refusal(self, unit_kind: str, sensitivity: float, epsilon: float, public_total: float,
+                      n_slots: int, slot_seconds: int | None) -> str | None:
+        """Before any charge: the refusal of slots a public total cannot carry under the resolution rule."""
+        if self.resolution != "rule":
+            return None
+        return public_total_slot_refusal(public_total, epsilon, sensitivity, self.count_fraction, n_slots,
+                                         slot_seconds, float(self.slot_signal or SLOT_SIGNAL))
 
     def fine_grid(self, region: Region) -> int | None:
         """The release's own m × m × T grid (public parameters): its counts are exact. Under the

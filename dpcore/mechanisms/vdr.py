@@ -70,6 +70,7 @@ from dpcore.mechanisms.contract import FitRecord
 from dpcore.mechanisms.identity3d import (
     paid_resolution,
     paid_sample_size,
+    public_total_slot_refusal,
     rule_max_cells,
     st_cells,
     st_counts,
@@ -178,9 +179,20 @@ class VDR(Mechanism):
         """Whether this fit picks its resolution by the rule: ``rule``, or ``auto`` under user-level
         privacy with no grid given (a fixed fine grid drowns a k-bounded sample in noise, decision 0015).
         Reads only public facts: parameters and the privacy unit."""
+        return self._uses_rule_for(data.unit.kind)
+
+    def _uses_rule_for(self, unit_kind: str) -> bool:
         if self.resolution == "auto":
-            return data.unit.kind == "user" and self.grid_size is None and self.cell_width_m is None
+            return unit_kind == "user" and self.grid_size is None and self.cell_width_m is None
         return self.resolution == "rule"
+
+    def slots_refusal(self, unit_kind: str, sensitivity: float, epsilon: float, public_total: float,
+                      n_slots: int, slot_seconds: int | None) -> str | None:
+        """Before any charge: the refusal of slots a public total cannot carry under the resolution rule."""
+        if not self._uses_rule_for(unit_kind):
+            return None
+        return public_total_slot_refusal(public_total, epsilon, sensitivity, self.count_fraction, n_slots,
+                                         slot_seconds, float(self.slot_signal))
 
     def get_params(self) -> dict:
         params = super().get_params()

@@ -22,9 +22,9 @@ both ways). bench/bench_coverage.py measures the full intervals of every mechani
 New York check-ins.
 
 Cells are the release's own where it is a uniform grid; an adaptive release (a tree's or AG's leaves)
-is read on one uniform grid whose cell is the median leaf side, weighted by the released counts (where
-boxes centred on people fall). Everything reads only the released values and their public structure:
-post-processing.
+is read leaf by leaf: the commonest leaf sizes each on their own grid, exactly, the others on dyadic
+grids (:meth:`CellSpread.of_leaves`). Everything reads only the released values and their public
+structure: post-processing.
 """
 
 from __future__ import annotations
