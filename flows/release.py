@@ -251,18 +251,30 @@ def _run_on_workers(store_url: str, dataset: str, todo: list, inputs: dict, held
     failed (nothing staged) gives its charge back before the error is raised."""
     from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
-    futures = {}
     placed = [where_it_runs.submit() for _ in todo]
+    fitted = {}
     for p in todo:
         syn = privatize.submit(p, inputs[p.city], profile)
-        png = render_preview.submit(p, syn)
-        futures[p.city] = (persist_release.submit(store_url, p, syn, png, held[p.city], code), (syn, png))
+        fitted[p.city] = (syn, render_preview.submit(p, syn))
+    futures = {}
+    for p in todo:
+        # the noise is drawn once: persist gets the synopsis and preview this process holds, so a persist
+        # that a lost worker's retry runs again uploads the same bytes (a future would fit afresh)
+        syn, png = fitted[p.city]
+        try:
+            drawn = syn.result(), png.result()
+        except Exception as exc:
+            futures[p.city] = (None, exc)
+            continue
+        futures[p.city] = (persist_release.submit(store_url, p, *drawn, held[p.city], code), ())
     progress = create_progress_artifact(0.0, key=_artifact_key(f"release-progress-{dataset}"),
                                         description=f"cities of {dataset} committed")
     manifests, first_error = {}, None
     with Progress("fits", total=len(futures), unit="cities") as fits:  # the cities' names and count are public
         for i, (city, (fut, upstream)) in enumerate(futures.items()):
             try:
+                if fut is None:
+                    raise _FitFailed(upstream)
                 manifests[city] = _persisted(fut, upstream)
             except _FitFailed as exc:
                 void_charge(store_url, dataset, held[city], f"fit failed: {type(exc.cause).__name__}")

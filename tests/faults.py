@@ -38,6 +38,7 @@ PRIVATIZE = ("dpcore.mechanisms.inputs", "input_for")
 KILL_AT_WRITE = "GEODP_TEST_KILL_AT_WRITE"
 QUOTE_AT_CHECK = "GEODP_TEST_QUOTE_AT_CHECK"
 KILL_IN_WORKERS_ONLY = "GEODP_TEST_KILL_IN_WORKERS_ONLY"
+KILL_ONCE = "GEODP_TEST_KILL_ONCE"
 PAUSE_AT_WRITE = "GEODP_TEST_PAUSE_AT_WRITE"
 FAULT_LOG = "GEODP_TEST_FAULT_LOG"
 
@@ -87,26 +88,36 @@ def marked_pids(marks: str | Path, name: str) -> list[int]:
     return [int(p.name.split("-")[-2]) for p in files]
 
 
-def kill_at_store_write(n: int, log: str, workers_only: bool = False) -> None:
+def kill_at_store_write(n: int | tuple[int, ...], log: str, workers_only: bool = False, once: str | None = None) -> None:
     """SIGKILL this process right before its ``n``-th ``ReleaseStore.create``; every counted write
     (and the kill) is appended to ``log`` first. With ``workers_only`` only a process that
-    multiprocessing started (a LocalCluster's Dask worker) counts and dies; the CLI's own does not."""
+    multiprocessing started (a LocalCluster's Dask worker) counts and dies; the CLI's own does not.
+    ``n`` may be several write numbers; with ``once`` (a path) each of them kills only the first
+    process to reach it (which creates ``once.N``): a worker started in a dead one's place runs past
+    the writes that killed its predecessors and dies at the next number."""
     import multiprocessing
 
     from tasks.storage.store import ReleaseStore
 
     original = ReleaseStore.create
     count = [0]
+    points = {n} if isinstance(n, int) else set(n)
 
     def create(self, rel: str, data: bytes) -> None:
         if workers_only and multiprocessing.parent_process() is None:
             return original(self, rel, data)
         count[0] += 1
+        dies = count[0] in points
+        if dies and once is not None:
+            try:
+                os.close(os.open(f"{once}.{count[0]}", os.O_CREAT | os.O_EXCL))
+            except FileExistsError:
+                dies = False
         with open(log, "a") as f:
             f.write(f"{os.getpid()} write {count[0]} {rel}\n")
-            if count[0] == n:
-                f.write(f"{os.getpid()} kill at write {n}\n")
-        if count[0] == n:
+            if dies:
+                f.write(f"{os.getpid()} kill at write {count[0]}\n")
+        if dies:
             os.kill(os.getpid(), signal.SIGKILL)
         return original(self, rel, data)
 
@@ -236,12 +247,15 @@ class CuttableProxy:
                     pass
 
 
-def kill_at_write_env(n: int, log: Path, workers_only: bool = False) -> dict[str, str]:
+def kill_at_write_env(n: int | tuple[int, ...], log: Path, workers_only: bool = False,
+                      once: Path | None = None) -> dict[str, str]:
     """The environment that makes a Python subprocess (a CLI run) die at its ``n``-th store write; with
-    ``workers_only``, each of its Dask worker processes at its own ``n``-th write instead."""
+    ``workers_only``, each of its Dask worker processes at its own ``n``-th write instead; several
+    numbers with ``once``: see :func:`kill_at_store_write`."""
     path = os.pathsep.join(p for p in (str(FAULT_SITE), str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    return {KILL_AT_WRITE: str(n), FAULT_LOG: str(log), "PYTHONPATH": path,
-            **({KILL_IN_WORKERS_ONLY: "1"} if workers_only else {})}
+    numbers = str(n) if isinstance(n, int) else ",".join(map(str, n))
+    return {KILL_AT_WRITE: numbers, FAULT_LOG: str(log), "PYTHONPATH": path,
+            **({KILL_IN_WORKERS_ONLY: "1"} if workers_only else {}), **({KILL_ONCE: str(once)} if once else {})}
 
 
 def ledger_and_committed(store: str | Path, env: dict | None = None) -> tuple[float, float]:

@@ -5,10 +5,11 @@ GEODP_TEST_KILL_AT_WRITE, GEODP_TEST_PAUSE_AT_WRITE or GEODP_TEST_QUOTE_AT_CHECK
 import os
 
 if os.environ.get("GEODP_TEST_KILL_AT_WRITE"):
-    from tests.faults import FAULT_LOG, KILL_AT_WRITE, KILL_IN_WORKERS_ONLY, kill_at_store_write
+    from tests.faults import FAULT_LOG, KILL_AT_WRITE, KILL_IN_WORKERS_ONLY, KILL_ONCE, kill_at_store_write
 
-    kill_at_store_write(int(os.environ[KILL_AT_WRITE]), os.environ[FAULT_LOG],
-                        workers_only=bool(os.environ.get(KILL_IN_WORKERS_ONLY)))
+    points = tuple(int(v) for v in os.environ[KILL_AT_WRITE].split(","))
+    kill_at_store_write(points[0] if len(points) == 1 else points, os.environ[FAULT_LOG],
+                        workers_only=bool(os.environ.get(KILL_IN_WORKERS_ONLY)), once=os.environ.get(KILL_ONCE))
 
 if os.environ.get("GEODP_TEST_PAUSE_AT_WRITE"):
     from tests.faults import FAULT_LOG, PAUSE_AT_WRITE, pause_at_store_write
