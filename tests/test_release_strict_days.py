@@ -45,3 +45,15 @@ def test_strict_fails_only_on_the_charged_days_rows(form, tmp_path, request):
     line = one_line_error(_strict_release(_rows("2024-01-01"), tmp_path / "inside", *form, ok=False))
     # in process the operator's terminal names the row (its number in the file); the flow says only --strict
     assert ("row 41 is invalid" if form[0] == "--no-prefect" else "--strict") in line, line
+
+
+def test_a_period_in_which_no_one_has_a_row_is_released(tmp_path):
+    """Review of ea41785: once validation read only the period's rows, a day with no rows in the file was
+    refused as '… holds no rows', a public line (the Prefect UI shows it) and a refusal that say, with no
+    noise, that no one has a row that day; the release of that day went ahead before. Through the CLI."""
+    data = tmp_path / "checkins.parquet"
+    _rows("2024-01-25").to_parquet(data)  # rows on 2024-01-01, 2024-01-02 and 2024-01-25 only
+    store = tmp_path / "store"
+    run_geodp("release", data, "--city", "new-york", "--epsilon", "1", "--mechanism", "identity",
+              "--param", "cell_width_m=2000", "--period", "2024-01-10", "--store", store, "--no-prefect")
+    assert list(store.glob("releases/**/2024-01-10/v1/_MANIFEST.json"))

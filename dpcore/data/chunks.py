@@ -69,8 +69,12 @@ def read_valid(inp: InputSet, f: InputFile, columns: dict[str, str] | None, stri
     the file's statistics prove every value of it valid (and, for the time, inside ``window``), so it
     need not be read (readers.proven_columns)."""
     part = read_part(inp, f, columns, skip, window, threads=False)
+    in_file = part.n
     part, rows = _window_rows(part, window)
     keep, report = check_part(part)
+    # the rows outside the window are read, not checked; an input is refused as empty only when its files
+    # are, never because the charged days hold no rows (that would be a noise-free fact of the data)
+    report.rows_outside = in_file - part.n
     first_bad = report.first_bad_row  # its number among the window's rows
     if first_bad is not None and rows is not None:
         report.first_bad_row = int(rows[first_bad - 1]) + 1  # its number in the file

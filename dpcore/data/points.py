@@ -85,6 +85,7 @@ class ValidationReport:
     first_bad_row: int | None = None  # 1-based data row of its file (header not counted)
     first_bad_reason: str | None = None
     first_bad_source: str | None = None  # the file holding it, when the input has several
+    rows_outside: int = 0  # rows read outside the release's time window (not validated, not kept)
 
     @property
     def rows_dropped(self) -> int:
@@ -93,7 +94,8 @@ class ValidationReport:
     def to_dict(self) -> dict:
         return {"rows_read": self.rows_read, "rows_kept": self.rows_kept, "rows_dropped": self.rows_dropped,
                 "dropped": dict(self.dropped), "first_bad_row": self.first_bad_row,
-                "first_bad_reason": self.first_bad_reason, "first_bad_source": self.first_bad_source}
+                "first_bad_reason": self.first_bad_reason, "first_bad_source": self.first_bad_source,
+                "rows_outside_window": self.rows_outside}
 
     def summary(self) -> str:
         s = f"{self.rows_kept:,} of {self.rows_read:,} rows valid"
@@ -102,12 +104,15 @@ class ValidationReport:
             s += f"; dropped {self.rows_dropped:,} ({reasons}); first bad row {self.first_bad_row}"
             if self.first_bad_source:
                 s += f" of {self.first_bad_source}"
+        if self.rows_outside:
+            s += f"; {self.rows_outside:,} rows outside the period (not checked)"
         return s
 
     def add(self, other: ValidationReport, source: str | None) -> None:
         """Fold in one more file's report (files in input order)."""
         self.rows_read += other.rows_read
         self.rows_kept += other.rows_kept
+        self.rows_outside += other.rows_outside
         for k, v in other.dropped.items():
             self.dropped[k] = self.dropped.get(k, 0) + v
         if self.first_bad_row is None and other.first_bad_row is not None:
@@ -246,11 +251,13 @@ def strict_public(source: str) -> str:
 
 
 def check_some_valid(report: ValidationReport, source: str) -> None:
-    """Refuse an input with no (valid) rows; the counts go into the message, never into ``public``."""
+    """Refuse an input with no (valid) rows; the counts go into the message, never into ``public``. Rows
+    outside the release's period count: a period in which no one has a row is released like any other
+    (refusing it would publish that no one has, with no noise)."""
     name = source or "input"
-    if report.rows_read == 0:
+    if report.rows_read + report.rows_outside == 0:
         raise DataError.all_public(f"{name} holds no rows")
-    if report.rows_kept == 0:
+    if report.rows_kept == 0 and report.rows_outside == 0:
         raise DataError(f"{name} has no valid rows ({report.summary()})", public=f"{name} has no valid rows")
 
 
