@@ -1,4 +1,4 @@
-"""Every `geodp release` example of README.md and docs/mechanisms.md, run as a user would on real check-ins.
+"""Every `geodp release` example of README.md and docs/*.md, run as a user would on real check-ins.
 
 Each example's options go through the CLI (`geodp release run … --out DIR`, seeded noise) on Gowalla NYC
 in the `new-york` box, with the example's own period where it names one (days the file holds) and the
@@ -38,17 +38,17 @@ DAY = ["--epsilon", "1", "--mechanism", "auto", "--max-points-per-user", "5"]
 #: store, the last one measured; the example's release options, with the k the dataset's policy gives a
 #: backfill). "(before)": as the example read before issue 35 (kept to show why it changed).
 EXAMPLES: tuple[tuple[str, str, list[str] | None, list[str]], ...] = (
-    ("worked example", "README, Worked example", None,
+    ("worked example", "README.md, Worked example", None,
      ["--epsilon", "1", "--mechanism", "identity", "--param", "cell_width_m=250", "--max-points-per-user", "20"]),
-    ("nightly", "README, A nightly release (deploy/geodp.toml)", ["2010-09-01..2010-09-07"],
+    ("nightly", "docs/guarantee.md, A nightly release, worked through", ["2010-09-01..2010-09-07"],
      ["--epsilon", "0.5", "--mechanism", "auto", "--max-points-per-user", "20"]),
-    ("platform (before)", "README, Platform: releases, backfills, ledger", ["2010-05-01"], DAY_BEFORE),
-    ("platform", "README, Platform: releases, backfills, ledger", ["2010-05-01"], DAY),
-    ("backfill day 2 (before)", "README, Platform (backfill)", ["2010-05-01", "2010-05-02"], DAY_BEFORE),
-    ("backfill day 2", "README, Platform (backfill)", ["2010-05-01", "2010-05-02"], DAY),
-    ("scale, whole input", "README, Speed and scale", None, ["--epsilon", "1", "--max-points-per-user", "5"]),
-    ("scale, one day (before)", "README, Speed and scale", ["2010-05-03"], ["--epsilon", "1"]),
-    ("scale, one day", "README, Speed and scale", ["2010-05-03"], DAY),
+    ("platform (before)", "docs/operations.md, Releases, backfills, ledger", ["2010-05-01"], DAY_BEFORE),
+    ("platform", "docs/operations.md, Releases, backfills, ledger", ["2010-05-01"], DAY),
+    ("backfill day 2 (before)", "docs/operations.md, Releases, backfills, ledger (backfill)", ["2010-05-01", "2010-05-02"], DAY_BEFORE),
+    ("backfill day 2", "docs/operations.md, Releases, backfills, ledger (backfill)", ["2010-05-01", "2010-05-02"], DAY),
+    ("scale, whole input", "docs/operations.md, Running at scale", None, ["--epsilon", "1", "--max-points-per-user", "5"]),
+    ("scale, one day (before)", "docs/operations.md, Running at scale", ["2010-05-03"], ["--epsilon", "1"]),
+    ("scale, one day", "docs/operations.md, Running at scale", ["2010-05-03"], DAY),
     ("privtree", "docs/mechanisms.md", None,
      ["--epsilon", "0.5", "--mechanism", "privtree", "--max-points-per-user", "20"]),
     ("ag", "docs/mechanisms.md", None, ["--epsilon", "0.5", "--mechanism", "ag", "--param", "alpha=0.4"]),

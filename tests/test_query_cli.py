@@ -4,8 +4,6 @@ refused in one line, a forecast with its interval, and the README's batch exampl
 import io
 import json
 import re
-import subprocess
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -81,18 +79,3 @@ def test_forecast_comes_with_an_interval(releases):
     assert np.median(hi - lo) > 0.5 * np.std(history)
     text = run_geodp("query", "forecast", releases["st"], "--box", BOX_C, "--horizon", "2")
     assert len(re.findall(r"95% \[", text.stdout)) == 2
-
-
-def test_the_readme_batch_example_runs_as_written(releases, tmp_path):
-    """The README's lines from writing boxes.csv to querying it, run in a shell against a release."""
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    block = readme[readme.index("# Range counts:"):]
-    lines = [ln for ln in block.splitlines()[:8] if "boxes.csv" in ln]
-    assert lines and ("printf" in lines[0] or "cat >" in lines[0]), lines
-    script = "\n".join(ln.replace("releases/nyc-demo", str(releases["grid"])).replace("geodp ", "python -m flows.cli ")
-                       for ln in lines)
-    done = subprocess.run(["bash", "-ec", script], cwd=tmp_path, capture_output=True, text=True,
-                          env={**__import__("os").environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
-    assert done.returncode == 0, done.stderr
-    rows = json.loads(done.stdout)
-    assert len(rows) == len(pd.read_csv(tmp_path / "boxes.csv")) >= 2

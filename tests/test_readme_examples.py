@@ -1,6 +1,6 @@
 """The README's one-day `geodp release run` examples, with their own options, beat a blank map on
 data-centred 1–5 km squares of a real day of check-ins (issue 35 item 5): they were identity at 100 m
-cells with k = 20, 44–80 times worse than answering 0 on Gowalla NYC days (bench/README.md, "README
+cells with k = 20, 44–80 times worse than answering 0 on Gowalla NYC days (bench/results/2026-11-26-readme-examples.md, "README
 examples on real check-ins"). The options are read from README.md and docs/*.md (where the README's
 platform examples moved), so the test follows the text."""
 
