@@ -125,8 +125,9 @@ def kill_at_store_write(n: int | tuple[int, ...], log: str, workers_only: bool =
 
 
 def pause_at_store_write(n: int, mark: str) -> None:
-    """Right before this process's ``n``-th ``ReleaseStore.create``, create ``mark`` and wait until the
-    test deletes it (having cut the storage meanwhile); then the write goes ahead."""
+    """Right before this process's ``n``-th ``ReleaseStore.create``, create ``mark`` (holding this process's
+    id and the path about to be written) and wait until the test deletes it (having cut the storage
+    meanwhile); then the write goes ahead."""
     from tasks.storage.store import ReleaseStore
 
     original = ReleaseStore.create
@@ -135,7 +136,9 @@ def pause_at_store_write(n: int, mark: str) -> None:
     def create(self, rel: str, data: bytes) -> None:
         count[0] += 1
         if count[0] == n:
-            Path(mark).write_text(rel)
+            tmp = Path(f"{mark}.{os.getpid()}")
+            tmp.write_text(f"{os.getpid()} {rel}")
+            tmp.rename(mark)  # whole: a test that sees the mark reads the id
             deadline = time.monotonic() + 120
             while Path(mark).exists() and time.monotonic() < deadline:
                 time.sleep(0.05)

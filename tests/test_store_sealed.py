@@ -5,8 +5,8 @@ when it dies first the next run of any release of the dataset, and `geodp ledger
 and S3 (moto) stores; the ledger is compared to the committed releases after each scenario."""
 
 import os
-import subprocess
-import sys
+import signal
+import threading
 import time
 
 import pytest
@@ -14,7 +14,7 @@ import pytest
 from tasks.persist_tasks import _stage
 from tasks.release_tasks import privatize
 from tasks.storage.store import AttemptSealed, ReleaseRef, ReleaseStore
-from tests.cli_runner import ROOT, run_geodp
+from tests.cli_runner import run_geodp
 from tests.faults import attempt_files, kill_at_write_env, ledger_and_committed, pause_at_write_env
 from tests.test_store_faults import RELEASE, small  # noqa: F401 - the module's data fixture
 from tests.test_store_ledger import _charge, _counted, _plan
@@ -34,19 +34,20 @@ def _first_noise_write(small, tmp_path) -> int:  # noqa: F811
 def test_noise_a_dead_writer_uploaded_into_its_sealed_attempt_is_deleted(then, small, store_url, tmp_path):  # noqa: F811
     n = _first_noise_write(small, tmp_path)
     mark = tmp_path / "paused"
-    env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false", **pause_at_write_env(n, mark)}
     args = ["release", str(small), *RELEASE, "--store", store_url, "--no-prefect"]
-    stalled = subprocess.Popen([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # A runs through the forked CLI in a thread (no fresh interpreter); the mark names its process id
+    stalled = threading.Thread(target=run_geodp, args=args, kwargs={"ok": False, "env": pause_at_write_env(n, mark)})
+    stalled.start()
     try:
         deadline = time.monotonic() + 120
         while not mark.exists():  # A has charged and written its charge reference; it stalls here
-            assert stalled.poll() is None and time.monotonic() < deadline
+            assert stalled.is_alive() and time.monotonic() < deadline
             time.sleep(0.05)
         run_geodp(*args)  # B takes A's charge over, seals A's attempt and commits
     finally:
-        stalled.kill()
-        stalled.wait()
+        if mark.exists():
+            os.kill(int(mark.read_text().split()[0]), signal.SIGKILL)
+        stalled.join()
     store = ReleaseStore(store_url)
     (city,) = store.listdir("releases/small")
     ref = ReleaseRef("small", city, "2024-01-01", 1)
