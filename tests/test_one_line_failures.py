@@ -8,14 +8,14 @@ import os
 import signal
 import socket
 import subprocess
-import sys
+import threading
 import time
 
 import pytest
 
 from dpcore.data.synthetic import generate_checkins
 from dpcore.geo import city_region
-from tests.cli_runner import ROOT, run_geodp
+from tests.cli_runner import run_geodp
 from tests.faults import ledger_and_committed, pause_at_write_env
 from tests.test_store_faults import one_line_error
 
@@ -94,18 +94,19 @@ def test_an_s3_input_whose_endpoint_is_down_is_one_line_in_the_prefect_form(pref
 
 def _interrupted(args: list, mark, env: dict | None = None) -> subprocess.CompletedProcess:
     """Run `geodp ARGS` paused at its first store write (tests/faults.py), send it SIGINT by PID (as
-    Ctrl-C does), and wait for it."""
-    full_env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false", **(env or {}),
-                **pause_at_write_env(1, mark)}
-    proc = subprocess.Popen([sys.executable, "-m", "flows.cli", *map(str, args)], cwd=ROOT, env=full_env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    Ctrl-C does; the pause mark names the process), and wait for it. The command runs through the
+    forked CLI in a thread, not in a fresh interpreter."""
+    done: list = []
+    run = threading.Thread(target=lambda: done.append(run_geodp(*args, ok=False, timeout=300,
+                                                                env={**(env or {}), **pause_at_write_env(1, mark)})))
+    run.start()
     deadline = time.monotonic() + 180
     while not mark.exists():
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        assert run.is_alive() and time.monotonic() < deadline, done
         time.sleep(0.05)
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=120)
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    os.kill(int(mark.read_text().split()[0]), signal.SIGINT)
+    run.join(timeout=300)
+    return done[0]
 
 
 def _one_interrupted_line(r: subprocess.CompletedProcess) -> None:
