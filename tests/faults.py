@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import importlib
 import os
+import re
 import signal
 import sys
 import time
@@ -88,29 +89,41 @@ def marked_pids(marks: str | Path, name: str) -> list[int]:
     return [int(p.name.split("-")[-2]) for p in files]
 
 
-def kill_at_store_write(n: int | tuple[int, ...], log: str, workers_only: bool = False, once: str | None = None) -> None:
+def write_name(rel: str) -> str:
+    """A store write's name as the kill points give it: its path inside its attempt folder
+    (``inner/grid.npz``), else its last part (``_CLAIM.json``)."""
+    m = re.search(r"/v\d+/a-[^/]+/(.+)$", rel)
+    return m.group(1) if m else rel.rsplit("/", 1)[-1]
+
+
+def kill_at_store_write(n: int | str | tuple[int | str, ...], log: str, workers_only: bool = False, once: str | None = None) -> None:
     """SIGKILL this process right before its ``n``-th ``ReleaseStore.create``; every counted write
     (and the kill) is appended to ``log`` first. With ``workers_only`` only a process that
     multiprocessing started (a LocalCluster's Dask worker) counts and dies; the CLI's own does not.
-    ``n`` may be several write numbers; with ``once`` (a path) each of them kills only the first
-    process to reach it (which creates ``once.N``): a worker started in a dead one's place runs past
-    the writes that killed its predecessors and dies at the next number."""
+    ``n`` may be several write numbers or file names (:func:`write_name`); with ``once`` (a path) each
+    of them kills only the first process to reach it (which creates ``once.N``): a worker started in a
+    dead one's place runs past the writes that killed its predecessors and dies at the next point. Names
+    stay put where numbers shift (a retry skips the claim it already made), so a list of every name kills
+    one worker right before each write of a task in turn."""
     import multiprocessing
 
     from tasks.storage.store import ReleaseStore
 
     original = ReleaseStore.create
     count = [0]
-    points = {n} if isinstance(n, int) else set(n)
+    points = {n} if isinstance(n, (int, str)) else set(n)
 
     def create(self, rel: str, data: bytes) -> None:
         if workers_only and multiprocessing.parent_process() is None:
             return original(self, rel, data)
         count[0] += 1
-        dies = count[0] in points
+        # a point is a write number, or a file's name (its path inside an attempt, else its last part)
+        name = write_name(rel)
+        point = count[0] if count[0] in points else name if name in points else None
+        dies = point is not None
         if dies and once is not None:
             try:
-                os.close(os.open(f"{once}.{count[0]}", os.O_CREAT | os.O_EXCL))
+                os.close(os.open(f"{once}.{str(point).replace('/', '_')}", os.O_CREAT | os.O_EXCL))
             except FileExistsError:
                 dies = False
         with open(log, "a") as f:
@@ -250,13 +263,13 @@ class CuttableProxy:
                     pass
 
 
-def kill_at_write_env(n: int | tuple[int, ...], log: Path, workers_only: bool = False,
+def kill_at_write_env(n: int | str | tuple[int | str, ...], log: Path, workers_only: bool = False,
                       once: Path | None = None) -> dict[str, str]:
     """The environment that makes a Python subprocess (a CLI run) die at its ``n``-th store write; with
     ``workers_only``, each of its Dask worker processes at its own ``n``-th write instead; several
     numbers with ``once``: see :func:`kill_at_store_write`."""
     path = os.pathsep.join(p for p in (str(FAULT_SITE), str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    numbers = str(n) if isinstance(n, int) else ",".join(map(str, n))
+    numbers = str(n) if isinstance(n, (int, str)) else ",".join(map(str, n))
     return {KILL_AT_WRITE: numbers, FAULT_LOG: str(log), "PYTHONPATH": path,
             **({KILL_IN_WORKERS_ONLY: "1"} if workers_only else {}), **({KILL_ONCE: str(once)} if once else {})}
 

@@ -7,7 +7,7 @@ import os
 if os.environ.get("GEODP_TEST_KILL_AT_WRITE"):
     from tests.faults import FAULT_LOG, KILL_AT_WRITE, KILL_IN_WORKERS_ONLY, KILL_ONCE, kill_at_store_write
 
-    points = tuple(int(v) for v in os.environ[KILL_AT_WRITE].split(","))
+    points = tuple(int(v) if v.isdigit() else v for v in os.environ[KILL_AT_WRITE].split(","))
     kill_at_store_write(points[0] if len(points) == 1 else points, os.environ[FAULT_LOG],
                         workers_only=bool(os.environ.get(KILL_IN_WORKERS_ONLY)), once=os.environ.get(KILL_ONCE))
 
