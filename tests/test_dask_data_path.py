@@ -56,8 +56,9 @@ def test_record_level_counts_are_bit_identical_to_one_process(client, spread):
     specs = [GridSpec(c, city_region(c), 128) for c in CITIES]
     specs.append(GridSpec("austin-slots", city_region("austin"), 32, T0, 3600, 24))
     got = release_counts(str(spread), specs, window)
-    assert got.n_files == 6 and got.report.rows_read == 18000
     pts, _ = _today(spread, window)
+    # only the window's rows are validated (issue 42 item 5); the rest are counted as outside it
+    assert got.n_files == 6 and (got.report.rows_read, got.report.rows_outside) == (len(pts), 18000 - len(pts))
     for spec in specs:
         x, y = spec.region.project(pts.lat, pts.lon)
         if spec.n_slots:
@@ -151,7 +152,8 @@ def test_block_cells_are_the_cells_of_project_and_flat_cell_index():
 
 def test_record_level_reads_no_user_or_time_only_when_statistics_prove_them_valid(tmp_path):
     """A clean Parquet file is counted from lat/lon alone; a null user or time, or a time outside the
-    window, makes the pass read that column, and the report counts every bad row as before."""
+    window, makes the pass read that column. The report counts every bad row inside the window; a row with
+    no time lies in no charged day, so it is counted as outside the window and not validated."""
     import pyarrow.parquet as pq
 
     from dpcore.data.chunks import file_counts, read_valid
@@ -179,12 +181,12 @@ def test_record_level_reads_no_user_or_time_only_when_statistics_prove_them_vali
 
     spec = GridSpec("austin", region, 64)
     expected = grid_counts(*region.project(frame.lat.to_numpy(), frame.lon.to_numpy()), region.bounds_m, 64)
-    for name, kept, dropped in [("clean", n, {}), ("dirty", n - 3, {"missing_user": 2, "bad_timestamp": 1})]:
+    for name, read, kept, dropped in [("clean", n, n, {}), ("dirty", n - 1, n - 3, {"missing_user": 2})]:
         inp = resolve_input(str(tmp_path / f"{name}.parquet"), "auto", day)
         user, ts, _, _, rep = read_valid(inp, inp.files[0], None, False, skip, day)
         assert (user is None, ts is None) == (name == "clean", name == "clean")
         counts, report = file_counts(inp, inp.files[0], None, False, [spec], day)
-        assert (report.rows_read, report.rows_kept, report.dropped) == (n, kept, dropped)
+        assert (report.rows_read, report.rows_outside, report.rows_kept, report.dropped) == (read, n - read, kept, dropped)
         fine = dense_counts(spec, counts["austin"])
         if name == "clean":
             np.testing.assert_array_equal(fine, expected)
