@@ -21,11 +21,7 @@ def release_stores(home: ReleaseStore) -> list[ReleaseStore]:
     """The home and every store recorded as charging it (a local store that no longer exists holds no
     release, and is left out)."""
     out = [home]
-    names = [n for n in home.listdir(STORES) if n.endswith(".json")]
-    if not names:
-        return out
-    for data in home.fs.cat([home.path(f"{STORES}/{n}") for n in names]).values():
-        url = json.loads(data)["store"]
+    for url in _recorded_urls(home):
         try:
             out.append(ReleaseStore(url, create=False))
         except StoreError:
@@ -36,7 +32,10 @@ def release_stores(home: ReleaseStore) -> list[ReleaseStore]:
 
 def registered_stores(home: ReleaseStore) -> set[str]:
     """The canonical URLs of the stores recorded as charging ``home``."""
+    return set(_recorded_urls(home))
+
+
+def _recorded_urls(home: ReleaseStore) -> list[str]:
+    """The store URLs recorded under the home's stores/ folder (one listing, one batched read)."""
     names = [n for n in home.listdir(STORES) if n.endswith(".json")]
-    if not names:
-        return set()
-    return {json.loads(d)["store"] for d in home.fs.cat([home.path(f"{STORES}/{n}") for n in names]).values()}
+    return [json.loads(d)["store"] for d in home.read_many([f"{STORES}/{n}" for n in names]).values()]

@@ -199,22 +199,15 @@ class DatasetLedger:
         bound = set(self.store.listdir("sources"))
         self._check_owners([loc for loc in locators if self._source_rel(loc).rsplit("/", 1)[-1] in bound])
 
-    def _cat_bindings(self, paths: list[str]) -> dict[str, bytes]:
-        """The bindings at ``paths``, read from the store itself: s3fs sizes an object from any listing it
-        cached of a folder above it, so a listing of the store made before a concurrent run bound the
-        source (verify lists it) makes the read of an existing binding raise FileNotFoundError."""
-        self.store.fs.invalidate_cache(self.store.path("sources"))  # and every folder above it
-        return self.store.fs.cat(paths)
-
     def _check_owners(self, locators: list[str]) -> None:
         """Every locator's binding names this dataset (one batched read of the bindings)."""
         if not locators:
             return
-        paths = {self.store.path(self._source_rel(loc)): loc for loc in locators}
-        for path, data in self._cat_bindings(list(paths)).items():
+        rels = {self._source_rel(loc): loc for loc in locators}
+        for rel, data in self.store.read_many(list(rels)).items():
             owner = json.loads(data)["dataset"]
             if owner != self.dataset:
-                raise SourceTaken(f"{paths[path]} is already the source of dataset {owner!r} in "
+                raise SourceTaken(f"{rels[rel]} is already the source of dataset {owner!r} in "
                                   f"{self.store.url}; release it under that name (one source, one budget)")
 
     def bind_sources(self, locators: list[str]) -> None:
@@ -304,14 +297,13 @@ class DatasetLedger:
                 raise IntegrityError(f"the source binding {self.store.url_of(rel)} of dataset {self.dataset!r} "
                                      f"(made for {made_by}) is missing: sources/ was edited; restore it, or the "
                                      "same input could be released under another name with a fresh budget")
-        paths = {self.store.path(rel): rel for rel in bindings}
-        for path, data in self._cat_bindings(list(paths)).items():
+        for rel, data in self.store.read_many(list(bindings)).items():
             try:
                 owner = json.loads(data).get("dataset")
             except (json.JSONDecodeError, AttributeError):
                 owner = None
             if owner != self.dataset:
-                raise IntegrityError(f"the source binding {self.store.url_of(paths[path])} names dataset {owner!r}, "
+                raise IntegrityError(f"the source binding {self.store.url_of(rel)} names dataset {owner!r}, "
                                      f"not {self.dataset!r}, which released from it: sources/ was edited")
 
     def _paid_references(self) -> list[tuple[str, dict | None, dict | None]]:

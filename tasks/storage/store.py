@@ -240,6 +240,19 @@ class ReleaseStore(AttemptProtocol):
             self._cache[rel] = data
         return data
 
+    def read_many(self, rels: list[str]) -> dict[str, bytes]:
+        """Several objects in one batched read, keyed by ``rel``. s3fs sizes each object from any listing it
+        cached of a folder above it, so an object another process made after that listing would raise
+        FileNotFoundError: every parent's cached listing is dropped first (invalidate_cache drops the
+        folders above a path too)."""
+        if not rels:
+            return {}
+        for parent in {rel.rsplit("/", 1)[0] if "/" in rel else "" for rel in rels}:
+            self.fs.invalidate_cache(self.path(parent))
+        paths = {self.path(rel): rel for rel in rels}
+        with self._io("read", rels[0]):
+            return {paths[p]: data for p, data in self.fs.cat(list(paths)).items()}
+
     def read_json(self, rel: str) -> dict:
         try:
             return json.loads(self.read(rel))
