@@ -14,6 +14,7 @@ with {"pid"} once forked and {"status"} (the wait status) when the child is done
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import runpy
@@ -82,4 +83,9 @@ def serve(requests_fd: int, answers_fd: int) -> None:
 
 if __name__ == "__main__":
     _preload()
+    # the imported modules' objects move to the permanent generation: a child's collections and its
+    # interpreter shutdown then leave their pages alone instead of copying every page the template
+    # shares with it (a ledger command: 0.6 CPU-s of copy-on-write page faults without this, 0.15 with)
+    gc.collect()
+    gc.freeze()
     serve(int(sys.argv[1]), int(sys.argv[2]))
