@@ -20,7 +20,7 @@ from dpcore.data.inputs import partition_day, resolve_input
 from dpcore.privacy.accounting import budget_label
 from flows.release import _artifact_key, refused, run_plan
 from tasks.config import BackfillParams, canonical_hash, days_between, parse_period
-from tasks.ledger_tasks import check_budget
+from tasks.ledger_tasks import check_budget, give_back_interrupted
 from tasks.release_plan import ReleasePlan, plan_release
 from tasks.release_tasks import load_and_validate
 from tasks.runtime import dask_for_run
@@ -35,9 +35,13 @@ def backfill_flow(params: BackfillParams, config_path: str | None = None) -> dic
         plans = _plan_days(params, config_path)
         if not any(plan.todo for plan in plans):
             return _backfill(params, plans, loaded=None)
-        with dask_for_run(rp.dask_address, rp.n_workers):
-            days = [plan.period.label for plan in plans if plan.todo]
-            return _backfill(params, plans, loaded=_load_unless_partitioned(rp, days))
+        try:
+            with dask_for_run(rp.dask_address, rp.n_workers):
+                days = [plan.period.label for plan in plans if plan.todo]
+                return _backfill(params, plans, loaded=_load_unless_partitioned(rp, days))
+        except (KeyboardInterrupt, SystemExit) as exc:
+            give_back_interrupted(exc, workers_stopped=not rp.dask_address)
+            raise
     except GeoDPError as exc:
         return refused(exc, rp)
 

@@ -24,7 +24,14 @@ from dpcore.data.inputs import DataError
 from dpcore.mechanisms.st_resolution import SLOT_WARNING
 from dpcore.privacy.accounting import budget_label
 from tasks.config import ReleaseParams
-from tasks.ledger_tasks import charge_ledger, committed_from, give_back, settle_strays, void_charge
+from tasks.ledger_tasks import (
+    charge_ledger,
+    committed_from,
+    give_back,
+    give_back_interrupted,
+    settle_strays,
+    void_charge,
+)
 from tasks.persist_tasks import persist_release
 from tasks.progress import Progress, on_terminal
 from tasks.public_errors import PrivateDataFailure, public_data_error, without_private_detail
@@ -136,6 +143,20 @@ def _charge_and_fit(plan: ReleasePlan, todo: list, inputs: dict, counts, step,
         held = step(charge_ledger)(plan.store_url, todo, plan.resolved, plan.input.locators(), plan.home)
     else:
         held = {p.city: {"seq": None, "draw": None, "key": p.release_key} for p in todo}
+    try:
+        return _fit_and_persist(plan, todo, inputs, counts, held, in_process)
+    except (KeyboardInterrupt, SystemExit) as exc:
+        # Ctrl-C or SIGTERM after the charge: in the Prefect form the charges go back once the flow has
+        # stopped its cluster, when no worker can stage noise any more; here nothing else writes
+        exc.geodp_held = [*getattr(exc, "geodp_held", []), *((plan.store_url, dataset, h) for h in held.values())]
+        if in_process:
+            give_back_interrupted(exc, workers_stopped=True)
+        raise
+
+
+def _fit_and_persist(plan: ReleasePlan, todo: list, inputs: dict, counts, held: dict,
+                     in_process: bool) -> tuple[dict[str, Manifest], dict, list[dict]]:
+    dataset, placed = plan.dataset, []
     code = code_version()
     # after the charge: the profile's noise is paid for by it (PROFILE_FRACTION of each region's ε)
     todo, profile = _verdict(plan, todo, counts, in_process)
@@ -443,8 +464,12 @@ def release_flow(params: ReleaseParams, config_path: str | None = None) -> dict 
         plan = plan_release(params, config_path, now=_scheduled_start())
         if not plan.todo:  # every key committed: nothing to read or fit, no cluster
             return run_plan(plan, strict=params.strict)
-        with dask_for_run(params.dask_address, params.n_workers):
-            return run_plan(plan, strict=params.strict)
+        try:
+            with dask_for_run(params.dask_address, params.n_workers):
+                return run_plan(plan, strict=params.strict)
+        except (KeyboardInterrupt, SystemExit) as exc:
+            give_back_interrupted(exc, workers_stopped=not params.dask_address)
+            raise
     except GeoDPError as exc:
         return refused(exc, params)
 

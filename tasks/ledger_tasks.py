@@ -342,6 +342,35 @@ def give_back(store: ReleaseStore, dataset: str, held: dict, reason: str) -> boo
     return True
 
 
+def give_back_interrupted(exc: BaseException, workers_stopped: bool) -> None:
+    """After Ctrl-C (or SIGTERM), once nothing of the run can stage noise any more (the Prefect form has
+    closed its cluster): give back each charge the run holds for noise that is not published
+    (tasks.ledger_tasks.give_back seals the attempt, deletes its files, then voids; a complete staged
+    attempt keeps its charge for the next run to commit), and note on ``exc`` what became of them, for the
+    command's one line. On a cluster the run did not start (``workers_stopped`` False) a task may still be
+    staging: the charges stay held, and the next run of the release takes them over."""
+    states: dict[str, list[str]] = {}
+    for store_url, dataset, held in getattr(exc, "geodp_held", []):
+        if held.get("seq") is None:
+            continue
+        store = ReleaseStore(store_url)
+        try:
+            if workers_stopped:
+                give_back(store, dataset, held, "interrupted before the commit")
+            ref = version_of(store, dataset, held["city"], held["period"], held["key"])
+            manifest = store.manifest(ref) if ref is not None else None
+            if manifest is not None and committed_from(manifest, held):
+                continue  # published: its charge is spent
+            still = any(h.seq == held["seq"] and h.charge.key == held["key"]
+                        for h in held_home(store, held).ledger(dataset).held())
+        except (OSError, GeoDPError):
+            still = True  # the store did not answer: the charge is held as far as this run knows
+        states.setdefault("stays held until the release runs again" if still else "was given back",
+                          []).append(held["city"])
+    if states:
+        exc.geodp_note = "; ".join(f"the charge of {', '.join(sorted(set(c)))} {what}" for what, c in states.items())
+
+
 @task(name="void-charge", retries=3, retry_delay_seconds=1, cache_policy=NO_CACHE)
 def void_charge(store_url: str, dataset: str, held: dict, reason: str) -> bool:
     """Give back a city's charge: its noise was never published (the fit failed, storage failed before

@@ -137,10 +137,11 @@ def kill_at_store_write(n: int | str | tuple[int | str, ...], log: str, workers_
     ReleaseStore.create = create
 
 
-def pause_at_store_write(n: int, mark: str) -> None:
-    """Right before this process's ``n``-th ``ReleaseStore.create``, create ``mark`` (holding this process's
-    id and the path about to be written) and wait until the test deletes it (having cut the storage
-    meanwhile); then the write goes ahead."""
+def pause_at_store_write(n: int | str, mark: str) -> None:
+    """Right before this process's ``n``-th ``ReleaseStore.create`` (or its write named ``n``, as
+    :func:`write_name` gives it: a Dask worker's persist writes ``_CLAIM.json`` after the charge), create
+    ``mark`` (holding this process's id and the path about to be written) and wait until the test deletes
+    it (having cut the storage meanwhile); then the write goes ahead."""
     from tasks.storage.store import ReleaseStore
 
     original = ReleaseStore.create
@@ -148,7 +149,7 @@ def pause_at_store_write(n: int, mark: str) -> None:
 
     def create(self, rel: str, data: bytes) -> None:
         count[0] += 1
-        if count[0] == n:
+        if n in (count[0], write_name(rel)):
             tmp = Path(f"{mark}.{os.getpid()}")
             tmp.write_text(f"{os.getpid()} {rel}")
             tmp.rename(mark)  # whole: a test that sees the mark reads the id
@@ -184,7 +185,7 @@ def quote_data_env() -> dict[str, str]:
     return {QUOTE_AT_CHECK: "1", "PYTHONPATH": path}
 
 
-def pause_at_write_env(n: int, mark: Path) -> dict[str, str]:
+def pause_at_write_env(n: int | str, mark: Path) -> dict[str, str]:
     """The environment that makes a CLI subprocess pause at its ``n``-th store write (see above)."""
     path = os.pathsep.join(p for p in (str(FAULT_SITE), str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
     return {PAUSE_AT_WRITE: str(n), FAULT_LOG: str(mark), "PYTHONPATH": path}

@@ -92,45 +92,58 @@ def test_an_s3_input_whose_endpoint_is_down_is_one_line_in_the_prefect_form(pref
     assert not (tmp_path / "s" / "datasets").exists() or ledger_and_committed(tmp_path / "s") == (0.0, 0.0)
 
 
-def _interrupted(args: list, mark, env: dict | None = None) -> subprocess.CompletedProcess:
-    """Run `geodp ARGS` paused at its first store write (tests/faults.py), send it SIGINT by PID (as
-    Ctrl-C does; the pause mark names the process), and wait for it. The command runs through the
-    forked CLI in a thread, not in a fresh interpreter."""
+def _interrupted(args: list, mark, at: int | str = 1, in_worker: bool = False) -> subprocess.CompletedProcess:
+    """Run `geodp ARGS` paused right before its store write ``at`` (a number or a name, tests/faults.py),
+    send it SIGINT by PID (as Ctrl-C does; the pause mark names the process, or with ``in_worker`` a Dask
+    worker whose parent is the command), and wait for it. The command runs through the forked CLI in a
+    thread, not in a fresh interpreter."""
+    import psutil
+
     done: list = []
     run = threading.Thread(target=lambda: done.append(run_geodp(*args, ok=False, timeout=300,
-                                                                env={**(env or {}), **pause_at_write_env(1, mark)})))
+                                                                env=pause_at_write_env(at, mark))))
     run.start()
     deadline = time.monotonic() + 180
     while not mark.exists():
         assert run.is_alive() and time.monotonic() < deadline, done
         time.sleep(0.05)
-    os.kill(int(mark.read_text().split()[0]), signal.SIGINT)
+    pid = int(mark.read_text().split()[0])
+    os.kill(psutil.Process(pid).ppid() if in_worker else pid, signal.SIGINT)
     run.join(timeout=300)
     return done[0]
 
 
-def _one_interrupted_line(r: subprocess.CompletedProcess) -> None:
+def _one_interrupted_line(r: subprocess.CompletedProcess, *words: str) -> str:
     assert r.returncode == 130, (r.returncode, r.stderr[-3000:])
     assert "Traceback" not in r.stderr, r.stderr[-3000:]
     errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
     assert len(errors) == 1 and "interrupted" in errors[0] and r.stderr.rstrip().endswith(errors[0]), r.stderr
+    assert all(w in errors[0] for w in words), errors[0]
+    return errors[0]
 
 
-def test_ctrl_c_in_process_prints_one_line(small, tmp_path):
-    """Before: exit 130 with no message at all."""
+def test_ctrl_c_in_process_prints_one_line_and_gives_the_charge_back(small, tmp_path):
+    """Interrupted after the charge, right before its claim: the charge is given back. Before: exit 130
+    with no message at all, and the charge stayed held until a rerun took it over."""
     store = tmp_path / "out"
-    _one_interrupted_line(_interrupted(["release", "run", small, *RELEASE, "--out", store], tmp_path / "mark"))
+    r = _interrupted(["release", "run", small, *RELEASE, "--out", store], tmp_path / "mark", at="_CLAIM.json")
+    assert ledger_and_committed(store) == (0.0, 0.0)  # nothing published, nothing spent
+    _one_interrupted_line(r, "the charge of new-york was given back")
     run_geodp("release", "run", small, *RELEASE, "--out", store)  # running it again finishes it
     charged, committed = ledger_and_committed(store)
     assert charged == pytest.approx(committed) == pytest.approx(0.1)
 
 
-def test_ctrl_c_in_the_prefect_form_prints_one_line(prefect_harness, small, tmp_path):
-    """Before: exit 130 with no message (with a local Prefect server, which the terminal's Ctrl-C also
-    stopped: exit 1 after 160 s and 162 lines of tracebacks)."""
+def test_ctrl_c_in_the_prefect_form_prints_one_line_and_gives_the_charge_back(prefect_harness, small, tmp_path):
+    """Ctrl-C while a Dask worker persists the city (after the charge, right before its claim): the
+    charge is given back once the cluster is closed. Before: exit 130 with no message (with a local
+    Prefect server, which the terminal's Ctrl-C also stopped: exit 1 after 160 s and 162 lines of
+    tracebacks), then one line with the charge held (`geodp ledger`: ε=0.1 spent on nothing published)."""
     store = tmp_path / "s"
-    r = _interrupted(["release", "run", small, *RELEASE, "--store", store, "--workers", "1"], tmp_path / "mark")
-    _one_interrupted_line(r)
+    r = _interrupted(["release", "run", small, *RELEASE, "--store", store, "--workers", "1"], tmp_path / "mark",
+                     at="_CLAIM.json", in_worker=True)
+    assert ledger_and_committed(store) == (0.0, 0.0)  # nothing published, nothing spent
+    _one_interrupted_line(r, "the charge of new-york was given back")
     run_geodp("release", "run", small, *RELEASE, "--store", store, "--workers", "1")  # finishes it, paying once
     charged, committed = ledger_and_committed(store)
     assert charged == pytest.approx(committed) == pytest.approx(0.1)

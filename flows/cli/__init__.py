@@ -234,8 +234,10 @@ def main(argv: list[str] | None = None) -> int:
 
         where = getattr(exc, "filename", None)
         return _error(short_error(exc) + (f": {where}" if where else ""))
-    except (Interrupted, KeyboardInterrupt, typer.Abort):
-        _error(INTERRUPTED)
+    except (Interrupted, KeyboardInterrupt, typer.Abort) as exc:
+        # what became of the charges of unfinished releases (flows.release.give_back_interrupted)
+        note = getattr(exc.__cause__ if isinstance(exc, Interrupted) else exc, "geodp_note", None)
+        _error(INTERRUPTED.replace(":", f" ({note}):", 1) if note else INTERRUPTED)
         return 130
     except Exception as exc:
         from tasks.storage.store import short_error, storage_errors
@@ -245,8 +247,9 @@ def main(argv: list[str] | None = None) -> int:
         raise
 
 
-#: The line Ctrl-C prints. A release's charge for a city that was not committed stays held, and the next
-#: run of the release takes it over (docs/operations.md), so running the command again finishes it.
+#: The line Ctrl-C prints. A release gives back the charge of a city it did not commit (the Prefect form
+#: once its cluster is closed) and says so; a charge it cannot give back stays held, and the next run of
+#: the release takes it over (docs/operations.md), so running the command again finishes it.
 INTERRUPTED = "interrupted (Ctrl-C); nothing unfinished was published: run the command again to finish it"
 
 

@@ -14,7 +14,8 @@ if os.environ.get("GEODP_TEST_KILL_AT_WRITE"):
 if os.environ.get("GEODP_TEST_PAUSE_AT_WRITE"):
     from tests.faults import FAULT_LOG, PAUSE_AT_WRITE, pause_at_store_write
 
-    pause_at_store_write(int(os.environ[PAUSE_AT_WRITE]), os.environ[FAULT_LOG])
+    point = os.environ[PAUSE_AT_WRITE]
+    pause_at_store_write(int(point) if point.isdigit() else point, os.environ[FAULT_LOG])
 
 if os.environ.get("GEODP_TEST_QUOTE_AT_CHECK"):
     from tests.faults import quote_data_at_check
