@@ -26,6 +26,9 @@ EVERY_S = 30.0
 #: Where a command's own terminal status line is (the CLI's spinner while a flow runs in its process):
 #: a reporter that cannot draw a bar of its own shows its counts there. Set by :func:`shown_in`.
 _STATUS: list[Callable[[str], None]] = []
+#: The rich bar drawn on this terminal now: a reporter opened inside another (a model's training inside the
+#: fits) adds a row to it, since a terminal holds one live display at a time.
+_LIVE: list[Any] = []
 
 
 @contextlib.contextmanager
@@ -82,7 +85,11 @@ class Progress:
 
             self._logger = run_logger()
         self._status = _STATUS[-1] if _STATUS and on_terminal() else None
-        if on_terminal() and self._status is None:
+        self._owner = False
+        if on_terminal() and self._status is None and _LIVE:  # inside another reporter: a row of its bar
+            self._bar = _LIVE[-1]
+            self._task = self._bar.add_task(label, total=total, what="", unit=unit)
+        elif on_terminal() and self._status is None:
             from rich.console import Console
             from rich.progress import (
                 BarColumn,
@@ -93,9 +100,10 @@ class Progress:
             from rich.progress import Progress as Bar
 
             self._bar = Bar(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                            TextColumn(unit), TimeElapsedColumn(), TextColumn("{task.fields[what]}"),
+                            TextColumn("{task.fields[unit]}"), TimeElapsedColumn(), TextColumn("{task.fields[what]}"),
                             console=Console(stderr=True), transient=False)
-            self._task = self._bar.add_task(label, total=total, what="")
+            self._task = self._bar.add_task(label, total=total, what="", unit=unit)
+            self._owner = True
 
     # -- feeding it ------------------------------------------------------------------------------------
 
@@ -129,6 +137,15 @@ class Progress:
 
         return report
 
+    def steps(self):
+        """An adapter for training loops that report ``progress(done, total, message)`` (VDR's VQ-VAE):
+        the step count is public, the message (a loss on private data) shows on a terminal bar only."""
+
+        def report(done: int, total: int | None = None, message: str = "") -> None:
+            self(done, total, "", message)
+
+        return report
+
     # -- showing it ------------------------------------------------------------------------------------
 
     def line(self) -> str:
@@ -153,21 +170,25 @@ class Progress:
         elif self._bar is None and not final:  # the operator's pipe or log file: no closing line
             print(self.line(), file=sys.stderr, flush=True)
 
-    def close(self) -> None:
-        if self._bar is not None:
+    def _stop_bar(self) -> None:
+        if self._bar is not None and self._owner:
             self._bar.stop()
-            self._bar = None
+            if self._bar in _LIVE:
+                _LIVE.remove(self._bar)
+        self._bar = None  # a row of another reporter's bar stays, as it ended
+
+    def close(self) -> None:
+        self._stop_bar()
         self._maybe_log(final=True)
 
     def __enter__(self) -> Progress:
-        if self._bar is not None:
+        if self._bar is not None and self._owner:
             self._bar.start()
+            _LIVE.append(self._bar)
         return self
 
     def __exit__(self, exc_type: object, *exc: object) -> None:
         if exc_type is not None:  # a failure's own line says what happened; no closing progress line
-            if self._bar is not None:
-                self._bar.stop()
-                self._bar = None
+            self._stop_bar()
             return
         self.close()

@@ -43,6 +43,7 @@ from tasks.config import Period, PrivacyUnitName, canonical_hash
 from tasks.dask_path import CityData, DataPass, release_counts
 from tasks.lazy_task import NO_CACHE, task
 from tasks.preview import render_heatmap_png
+from tasks.progress import Progress
 from tasks.public_errors import retry_unless_refused, without_private_detail
 from tasks.storage.manifest import Manifest
 from tasks.storage.store import (
@@ -426,8 +427,22 @@ def privatize(plan: CityPlan, data: CityData, profile: ContributionProfile | Non
 
 
 def fit_city(plan: CityPlan, data: CityData, profile: ContributionProfile | None = None) -> Synopsis:
-    """:func:`privatize`'s fit, with every failure as it is (the operator's own terminal)."""
+    """:func:`privatize`'s fit, with every failure as it is (the operator's own terminal). A mechanism
+    that trains a model (VDR's VQ-VAE: a ``progress`` callback attribute) reports its steps through
+    tasks/progress.py: a row of the fits' bar on the operator's terminal, lines in the Prefect run's log."""
     mech = plan.built
+    if not hasattr(mech, "progress"):
+        return _fit(plan, mech, data, profile)
+    with Progress(f"{plan.city} {plan.mechanism} training", total=getattr(mech, "steps", None),
+                  unit="steps") as shown:
+        mech.progress = shown.steps()
+        try:
+            return _fit(plan, mech, data, profile)
+        finally:
+            mech.progress = None  # the plan travels to workers and into caches: no reporter with it
+
+
+def _fit(plan: CityPlan, mech, data: CityData, profile: ContributionProfile | None) -> Synopsis:
     tags = mech.tags
     empty = np.empty(0, dtype=np.float64)
     # A mechanism that scales to a public full total itself (N / n̂ or γ) is handed it; others are

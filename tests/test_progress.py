@@ -74,3 +74,21 @@ def test_the_prefect_form_shows_progress_on_its_terminal_and_logs_no_rows(prefec
     secrets = [s for n in (*ROWS, sum(ROWS)) for s in (str(n), f"{n:,}")]
     assert not _leaks(shown, secrets), _leaks(shown, secrets)
     assert pd.read_parquet(data).shape[0] == sum(ROWS)
+
+
+def test_a_vdr_release_shows_its_training_steps_on_a_terminal(tmp_path):
+    """VDR's VQ-VAE trains for minutes at its defaults and showed nothing (issue 45 item 5: SNH reported
+    its epochs, VDR did not): its steps are a row of the fits' bar now, the loss beside them."""
+    from dpcore.data.synthetic import generate_checkins
+    from dpcore.geo import city_region
+
+    data = tmp_path / "checkins.parquet"
+    generate_checkins(city_region("new-york"), n_users=300, start="2024-01-01", days=2, seed=5).to_parquet(data)
+    status, shown = _on_a_terminal(["release", "run", data, "--city", "new-york", "--epsilon", "1", "--mechanism", "vdr",
+                                    "--period", "2024-01-01..2024-01-02", "--out", tmp_path / "out",
+                                    "--param", "steps=30", "--param", "batch_size=2", "--param", "crop=16",
+                                    "--param", "hidden=8", "--param", "n_codes=8", "--param", "code_dim=4"])
+    assert status == 0, shown[-3000:]
+    assert "new-york vdr training" in shown and "30/30" in shown and "steps" in shown, shown[-3000:]
+    assert "VQ-VAE loss" in shown, shown[-3000:]  # on the operator's own terminal only
+    assert "fits" in shown and "1/1" in shown, shown[-3000:]

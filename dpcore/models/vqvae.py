@@ -205,13 +205,14 @@ class SliceDenoiser:
             if step % 25 == 0:
                 self._restart_dead_codes(usage, z, rng)
                 usage.zero_()
+            stopped = c.max_seconds is not None and time.perf_counter() - t0 > c.max_seconds
+            if step % 25 == 0 or step == c.steps or stopped:  # the last step too: a short training reports once
                 message = f"VQ-VAE loss {loss_ema:.4f} ({time.perf_counter() - t0:.0f}s)"
                 if progress:
                     progress(step, c.steps, message)
                 else:  # e.g. inside a Prefect task: its log handlers pick this up when configured
                     logger.info("step %d/%d %s", step, c.steps, message)
-            if c.max_seconds is not None and time.perf_counter() - t0 > c.max_seconds:
-                stopped = True
+            if stopped:
                 break
         codes = self._codes_used(sets[0])
         return TrainReport(step, time.perf_counter() - t0, loss_ema, codes, str(self.device), stopped)
