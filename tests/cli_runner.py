@@ -23,7 +23,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 FAULT_SITE = Path(__file__).resolve().parent / "fault_site"
 #: Environment variables that modules read when imported (so a template imported them under its own).
-IMPORT_TIME = ("DASK_", "FSSPEC_", "MPL", "PYTHON", "OMP_", "OPENBLAS_", "MKL_", "ARROW_", "NUMEXPR_", "LANG", "LC_")
+IMPORT_TIME = ("DASK_", "FSSPEC_", "S3FS_", "AIOHTTP_", "YARL_", "MULTIDICT_", "FROZENLIST_", "PROPCACHE_", "MPL",
+               "PYTHON", "OMP_", "OPENBLAS_", "MKL_", "ARROW_", "NUMEXPR_", "LANG", "LC_")
 
 
 def run_geodp(*args, ok: bool = True, env: dict | None = None, timeout: float = 300,

@@ -22,12 +22,23 @@ import sys
 
 
 def _preload() -> None:
+    # what a short command imports on first use: a child that imports it again pays it every time
+    # (an s3:// store or input: s3fs and botocore, 0.4 CPU-s a command)
     import dask.dataframe  # noqa: F401 - the user-level data pass
     import matplotlib.pyplot  # noqa: F401 - release previews
+    import s3fs  # noqa: F401
+    from PIL import Image
 
+    import dpcore.mechanisms.identity
+    import dpcore.privacy.scaling
+    import dpcore.queries.range  # noqa: F401
     import flows.cli
-    import flows.release  # noqa: F401 - release run
-    import tasks.release_plan  # noqa: F401 - release plan
+    import flows.release  # noqa: F401
+    import geodp.api  # noqa: F401
+    import tasks.release_plan
+    import tasks.release_usefulness  # noqa: F401
+
+    Image.init()  # the image plugins a preview's PNG loads on first use
 
     # Prefect and distributed read their settings (PREFECT_API_URL, PREFECT_HOME…) from the environment
     # when imported: a command that runs a flow must import them under its own
