@@ -33,15 +33,15 @@ def render_heatmap_png(synopsis: Synopsis, title: str, pixels: int = 128, note: 
     """PNG of the released density on latitude/longitude axes (the release's equirectangular frame keeps
     cells rectangular in degrees; the aspect is set so a km is as long east as north), a colour bar in the
     release's unit per cell, and ``note`` (how much of it is noise) under the map."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    # a Figure of its own, drawn by the Agg canvas that savefig picks for PNG: pyplot (its figure manager,
+    # widgets and backend selection) is not needed to draw one image, and not importing it saves CPU
+    from matplotlib.figure import Figure
 
     dens, cell_m, resampled = preview_grid(synopsis, max(pixels, MAX_PREVIEW_CELLS) if pixels else MAX_PREVIEW_CELLS)
     r = synopsis.region
     lat0, lon0, lat1, lon1 = r.bbox_latlon()
-    fig, ax = plt.subplots(figsize=(4.4, 4.0), dpi=90)
+    fig = Figure(figsize=(4.4, 4.0), dpi=90)
+    ax = fig.subplots()
     # density is [ix, iy] (x east, y north): transpose for imshow's [row, col] with north up.
     img = ax.imshow(np.log1p(dens.T), origin="lower", cmap="magma", extent=(lon0, lon1, lat0, lat1),
                     aspect=1.0 / np.cos(np.radians(r.center_lat)))
@@ -58,5 +58,4 @@ def render_heatmap_png(synopsis: Synopsis, title: str, pixels: int = 128, note: 
         fig.text(0.02, 0.01, note, fontsize=6, wrap=True)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", bbox_inches="tight")
-    plt.close(fig)
     return buf.getvalue()

@@ -1,7 +1,7 @@
 """A process that has imported the CLI's modules and forks one child per `geodp` command (tests/cli_runner.py).
 
-Importing the CLI and what a release uses (pandas, dask.dataframe, matplotlib, the mechanisms) is most of
-a short command's CPU: 1.5 of a small release's 1.8 s. A child forked from here skips it and is
+Importing the CLI and what a release uses (pandas, pydantic, matplotlib, the mechanisms) is most of a
+short command's CPU (bench/bench_startup.py). A child forked from here skips it and is
 otherwise the command run as ``python -m flows.cli ARGS``: its own process with the request's
 environment, working directory, argv, stdout and stderr files, signals, exit status and interpreter
 shutdown (atexit). The runner uses a template only when the variables read at import time (DASK_*,
@@ -24,8 +24,8 @@ import sys
 def _preload() -> None:
     # what a short command imports on first use: a child that imports it again pays it every time
     # (an s3:// store or input: s3fs and botocore, 0.4 CPU-s a command)
-    import dask.dataframe  # noqa: F401 - the user-level data pass
-    import matplotlib.pyplot  # noqa: F401 - release previews
+    import dask.dataframe  # noqa: F401 - the user-level data pass over several files
+    import matplotlib.pyplot  # noqa: F401 - release previews (a Figure), evaluation plots (pyplot)
     import s3fs  # noqa: F401
     from PIL import Image
 
@@ -33,12 +33,15 @@ def _preload() -> None:
     import dpcore.privacy.scaling
     import dpcore.queries.range  # noqa: F401
     import flows.cli
-    import flows.release  # noqa: F401
+    import flows.release
     import geodp.api  # noqa: F401
     import tasks.release_plan
     import tasks.release_usefulness  # noqa: F401
 
     Image.init()  # the image plugins a preview's PNG loads on first use
+
+    for name in ("release", "query", "ledger", "dataset", "data", "cities"):  # the commands tests run most
+        flows.cli.load(name)
 
     # Prefect and distributed read their settings (PREFECT_API_URL, PREFECT_HOME…) from the environment
     # when imported: a command that runs a flow must import them under its own

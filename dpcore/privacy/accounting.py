@@ -30,7 +30,6 @@ from datetime import UTC, date, datetime
 from typing import Literal
 
 import numpy as np
-from scipy import sparse
 
 from dpcore import GeoDPError
 
@@ -295,8 +294,11 @@ def _losses(charges: list[LedgerCharge], accounting: Accounting, window_days: in
             for m in members:
                 rows.append(r)
                 cols.append(idx[m])
-    mat = sparse.csr_matrix((np.ones(len(rows)), (rows, cols)), shape=(len(row_group), len(charges)))
-    per_row = mat @ piece  # (n_rows, n_windows)
+    # per_row[r] = the sum of its members' pieces, added in column order (what a sparse 0/1 matrix
+    # product does; np.add.at adds in the order given, so the sums are the same to the last bit)
+    order = np.lexsort((cols, rows))
+    per_row = np.zeros((len(row_group), piece.shape[1]))  # (n_rows, n_windows)
+    np.add.at(per_row, np.asarray(rows, dtype=np.intp)[order], piece[np.asarray(cols, dtype=np.intp)[order]])
     row_group = np.asarray(row_group)
     bounds = np.flatnonzero(np.r_[True, row_group[1:] != row_group[:-1]])
     per_group = np.maximum.reduceat(per_row, bounds, axis=0)

@@ -9,8 +9,9 @@
 the older command names (evaluate, evaluate-st, evaluate-heatmap, sparse1d, hotspot, forecast, backfill,
 releases, paramselect train-denoiser) still work and are hidden from the help.
 
-Bad input of any kind is one `error:` line on stderr and exit status 2. The modules of `eval`,
-`paramselect` and `denoiser` import Prefect or plotting libraries, so they load only when named.
+Bad input of any kind is one `error:` line on stderr and exit status 2. Each command's module loads only
+when the command is named (`geodp --help` lists them from :data:`LAZY` without loading any): a command
+pays for its own imports only (pydantic models, scipy, pandas, Prefect, plotting), not for every other's.
 """
 
 from __future__ import annotations
@@ -20,18 +21,11 @@ import logging
 import os
 import signal
 import sys
+from typing import NamedTuple
 
 import typer
 
-from flows.cli import (
-    _env,  # noqa: F401 - before anything imports Prefect
-    misc,
-    query,
-    release,
-)
-from flows.cli import data as data_cli
-from flows.cli import export as _export  # noqa: F401 - registers `release export`
-from flows.cli import ledger as ledger_cli
+from flows.cli import _env  # noqa: F401 - before anything imports Prefect
 from flows.cli.common import STDOUT, validation_text
 
 
@@ -57,19 +51,52 @@ def _finite_float_options() -> None:
     _adapters._build_number_adapter = build
 
 
-_finite_float_options()
+class Lazy(NamedTuple):
+    """A command whose module loads when the command is named: ``module.attr`` (a typer app, or a function
+    made a one-command app); ``help`` is its line in `geodp --help` (a test checks it is the loaded
+    command's own); ``also``: modules that add verbs to it when imported; ``own_help``: the loaded command
+    shows ``help`` instead of its docstring (the older names say which command they stand for)."""
 
-#: Commands whose module loads when the command is named: name → (module, attribute, help, hidden).
-LAZY: dict[str, tuple[str, str, str, bool]] = {
-    "eval": ("flows.cli.heatmap", "app", "Accuracy of mechanisms on a dataset: range counts, spatio-temporal, "
-             "heatmaps, sparse 1-D.", False),
-    "paramselect": ("flows.cli.paramselect", "app", "Choose grid width ρ, k and mechanism from public data "
-                    "(spends no budget).", False),
-    "denoiser": ("flows.cli.paramselect", "denoiser_app", "SNH's pyramid denoiser, trained on public data.", False),
-    "evaluate": ("flows.cli.evaluate", "range_counts", "same as `geodp eval range`", True),
-    "evaluate-st": ("flows.cli.evaluate", "spatio_temporal", "same as `geodp eval st`", True),
-    "evaluate-heatmap": ("flows.cli.heatmap", "heatmap", "same as `geodp eval heatmap`", True),
-    "sparse1d": ("flows.cli.heatmap", "sparse1d", "same as `geodp eval sparse1d`", True),
+    module: str
+    attr: str
+    help: str
+    hidden: bool = False
+    also: tuple[str, ...] = ()
+    own_help: bool = False
+
+
+#: Every command of the tree, by name.
+LAZY: dict[str, Lazy] = {
+    "release": Lazy("flows.cli.release", "app", "Make DP releases into a release store; list and show committed "
+                    "ones.", also=("flows.cli.export",)),
+    "releases": Lazy("flows.cli.release", "releases_app", "Same as `geodp release list|show`.", True,
+                     also=("flows.cli.export",)),
+    "backfill": Lazy("flows.cli.release", "backfill", "same as `geodp release backfill`", True, own_help=True),
+    "query": Lazy("flows.cli.query", "app", "Answers from a committed release: range counts, hotspots, forecasts "
+                  "(no budget spent)."),
+    "hotspot": Lazy("flows.cli.query", "hotspot", "same as `geodp query hotspot`", True, own_help=True),
+    "forecast": Lazy("flows.cli.query", "forecast", "same as `geodp query forecast`", True, own_help=True),
+    "eval": Lazy("flows.cli.heatmap", "app", "Accuracy of mechanisms on a dataset: range counts, spatio-temporal, "
+                 "heatmaps, sparse 1-D."),
+    "ledger": Lazy("flows.cli.ledger", "ledger", "Per dataset: the privacy policy and the most any one person can "
+                   "have lost."),
+    "dataset": Lazy("flows.cli.ledger", "app", "A dataset's privacy policy: create, show, change; give back a "
+                    "stale charge."),
+    "paramselect": Lazy("flows.cli.paramselect", "app", "Choose grid width ρ, k and mechanism from public data "
+                        "(spends no budget)."),
+    "denoiser": Lazy("flows.cli.paramselect", "denoiser_app", "SNH's pyramid denoiser, trained on public data."),
+    "data": Lazy("flows.cli.data", "app", "Check an input table in this terminal (counts of private rows: never "
+                 "published)."),
+    "cities": Lazy("flows.cli.misc", "cities", "The city catalog: slugs, centres and the side of their square "
+                   "regions."),
+    "synth": Lazy("flows.cli.misc", "synth", "Write synthetic check-ins (hotspot skew, power-law users, weekly "
+                  "rhythm) for trying geodp."),
+    "serve": Lazy("flows.cli.misc", "serve", "Serve the release, backfill and evaluate deployments, with the "
+                  "nightly schedule of the config."),
+    "evaluate": Lazy("flows.cli.evaluate", "range_counts", "same as `geodp eval range`", True),
+    "evaluate-st": Lazy("flows.cli.evaluate", "spatio_temporal", "same as `geodp eval st`", True),
+    "evaluate-heatmap": Lazy("flows.cli.heatmap", "heatmap", "same as `geodp eval heatmap`", True),
+    "sparse1d": Lazy("flows.cli.heatmap", "sparse1d", "same as `geodp eval sparse1d`", True),
 }
 
 
@@ -98,17 +125,10 @@ class RootGroup(typer.core.TyperGroup):
 
     def get_command(self, ctx: typer.Context, name: str):
         if name in LAZY and name not in self.commands:
-            module, attr, help_text, hidden = LAZY[name]
+            lazy = LAZY[name]
             if getattr(ctx, "_geodp_listing", False):  # `geodp --help`: a stub with the help line
-                return typer.core.TyperCommand(name=name, help=help_text, hidden=hidden)
-            target = getattr(importlib.import_module(module), attr)
-            if not isinstance(target, typer.Typer):
-                single = typer.Typer(rich_markup_mode=None, add_completion=False)
-                single.command(name, hidden=hidden)(target)
-                target = single
-            command = typer.main.get_command(target)
-            command.hidden = hidden
-            self.commands[name] = command
+                return typer.core.TyperCommand(name=name, help=lazy.help, hidden=lazy.hidden)
+            self.commands[name] = load(name)
         return super().get_command(ctx, name)
 
     def format_commands(self, ctx: typer.Context, formatter) -> None:
@@ -140,18 +160,21 @@ def _root(
         raise typer.Exit(2)
 
 
-app.add_typer(release.app)
-app.add_typer(release.releases_app)
-app.command("backfill", hidden=True, help="same as `geodp release backfill`")(release.backfill)
-app.add_typer(query.app)
-app.command("hotspot", hidden=True, help="same as `geodp query hotspot`")(query.hotspot)
-app.command("forecast", hidden=True, help="same as `geodp query forecast`")(query.forecast)
-app.command("ledger")(ledger_cli.ledger)
-app.add_typer(ledger_cli.app)
-app.add_typer(data_cli.app)
-app.command("cities")(misc.cities)
-app.command("synth")(misc.synth)
-app.command("serve")(misc.serve)
+def load(name: str) -> typer.core.TyperCommand | typer.core.TyperGroup:
+    """The command ``name`` of :data:`LAZY`, its module imported."""
+    lazy = LAZY[name]
+    _finite_float_options()  # before the command's options are built (pydantic: not for `geodp --help`)
+    for module in lazy.also:
+        importlib.import_module(module)
+    target = getattr(importlib.import_module(lazy.module), lazy.attr)
+    if isinstance(target, typer.Typer):  # a noun: a group even when it has one verb (`geodp data check`)
+        command = typer.main.get_group(target)
+    else:
+        single = typer.Typer(rich_markup_mode=None, add_completion=False)
+        single.command(name, hidden=lazy.hidden, help=lazy.help if lazy.own_help else None)(target)
+        command = typer.main.get_command(single)
+    command.hidden = lazy.hidden
+    return command
 
 
 def exit_on_sigterm() -> None:
@@ -205,7 +228,6 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     if __name__ == "__main__" or argv is None:  # the console script; not when a test calls main([...])
         exit_on_sigterm()
-    from pydantic import ValidationError
     from typer._click.exceptions import NoArgsIsHelpError, UsageError
 
     from dpcore import GeoDPError
@@ -225,8 +247,6 @@ def main(argv: list[str] | None = None) -> int:
         return _error(where + exc.format_message())
     except GeoDPError as exc:
         return _error(str(exc))
-    except ValidationError as exc:
-        return _error(validation_text(exc))
     except BrokenPipeError:  # e.g. `geodp cities | head`
         return 0
     except OSError as exc:  # a full disk or an unreadable path outside the store: one line, no traceback
@@ -240,6 +260,8 @@ def main(argv: list[str] | None = None) -> int:
         _error(INTERRUPTED.replace(":", f" ({note}):", 1) if note else INTERRUPTED)
         return 130
     except Exception as exc:
+        if _is_validation_error(exc):
+            return _error(validation_text(exc))
         from tasks.storage.store import short_error, storage_errors
 
         if isinstance(exc, storage_errors()):  # an S3 endpoint down or refusing, met outside the store
@@ -251,6 +273,13 @@ def main(argv: list[str] | None = None) -> int:
 #: once its cluster is closed) and says so; a charge it cannot give back stays held, and the next run of
 #: the release takes it over (docs/operations.md), so running the command again finishes it.
 INTERRUPTED = "interrupted (Ctrl-C); nothing unfinished was published: run the command again to finish it"
+
+
+def _is_validation_error(exc: Exception) -> bool:
+    """A pydantic ValidationError (a model's own check), without importing pydantic for commands that never
+    load it: such an error can only come from a command that did."""
+    pydantic = sys.modules.get("pydantic")
+    return pydantic is not None and isinstance(exc, pydantic.ValidationError)
 
 
 def _error(message: str) -> int:

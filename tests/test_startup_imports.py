@@ -1,0 +1,63 @@
+"""Issue 46 item 3: a command imports only what it uses. Before, every `geodp` command imported every
+command's module (`geodp --help` loaded scipy and pydantic), and a 1,000-point in-process release imported
+dask.dataframe for a one-partition shuffle, scipy for a 0/1 matrix product in the ledger check and pyplot
+for one preview image: 2.7 CPU-s, 85-90% of it imports (bench/bench_startup.py prints the CPU figures).
+
+Each command runs as ``python -X importtime -m flows.cli ARGS`` in a fresh process (not the test
+template, which has imported everything already); the import log names every module it loaded."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from dpcore.data.synthetic import generate_checkins
+from dpcore.geo import city_region
+from tests.cli_runner import ROOT
+
+#: What no command below needs: the Prefect and Dask forms, the neural mechanisms, evaluation plots.
+NEVER = {"prefect", "distributed", "dask", "dask.dataframe", "torch", "sklearn", "matplotlib.pyplot"}
+
+
+def _imported(*args) -> tuple[set[str], subprocess.CompletedProcess]:
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "flows.cli", *map(str, args)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return set(re.findall(r"^import time:\s+\d+ \|\s+\d+ \| *(\S+)$", proc.stderr, flags=re.M)), proc
+
+
+def test_help_imports_no_command_module():
+    """`geodp --help` lists the commands from their help lines without importing their modules."""
+    mods, proc = _imported("--help")
+    assert "release" in proc.stdout and "query" in proc.stdout
+    loaded = mods & (NEVER | {"numpy", "pandas", "scipy", "pydantic", "flows.cli.release", "flows.cli.query"})
+    assert loaded == set()
+
+
+@pytest.fixture(scope="module")
+def small_csv(tmp_path_factory):
+    p = tmp_path_factory.mktemp("small") / "points.csv"
+    generate_checkins(city_region("new-york"), n_users=100, days=7, seed=3).head(1000).to_csv(p, index=False)
+    return p
+
+
+def test_a_small_release_and_its_reads_import_only_what_they_use(small_csv, tmp_path):
+    """A one-file release in this process runs its data pass without dask, checks the ledger without scipy
+    and draws its preview without pyplot; querying and listing it load no release machinery."""
+    out = tmp_path / "out"
+    mods, proc = _imported("release", "run", small_csv, "--city", "new-york", "--epsilon", "1", "--out", out)
+    assert "release written to" in proc.stdout
+    assert mods & (NEVER | {"scipy"}) == set()
+    (release,) = out.glob("releases/*/new-york/all/v1")
+    assert (release / "_MANIFEST.json").exists() and list(release.glob("*/preview.png"))
+
+    mods, proc = _imported("query", "range", release, "--box", "40.70,-74.02,40.72,-74.00")
+    assert proc.stdout.strip()
+    assert mods & (NEVER | {"scipy", "matplotlib", "flows.release", "flows.cli.release"}) == set()
+
+    mods, proc = _imported("release", "list", out)
+    assert "new-york" in proc.stdout
+    assert mods & (NEVER | {"scipy", "matplotlib", "pandas", "flows.release"}) == set()
