@@ -1,6 +1,7 @@
-"""End to end with separate processes on loopback, each stopped by its PID: `prefect server start`,
-a Dask scheduler and two workers, and moto's S3 server. A release of two cities from ../shared/data
-goes through the CLI to S3, is read back through the CLI, and the ledger is checked. Then a worker is
+"""End to end with separate processes on loopback, each stopped by its PID: a Dask scheduler and two
+workers that report to the session's Prefect server (a process of its own; tests/test_platform_schedule.py
+runs `prefect server start` as an operator does), and moto's S3 server. A release of two cities from
+../shared/data goes through the CLI to S3, is read back through the CLI, and the ledger is checked. Then a worker is
 killed in the middle of a release (while it sleeps in a step tests/faults.py slowed in the worker
 processes): the release still completes, exactly once."""
 
@@ -10,8 +11,8 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-import urllib.request
 import uuid
 from pathlib import Path
 
@@ -27,19 +28,6 @@ ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
 
-def _wait_http(url: str, proc: subprocess.Popen, timeout: float = 120) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args[:3]} exited with {proc.returncode}")
-        try:
-            urllib.request.urlopen(url, timeout=2)
-            return
-        except OSError:
-            time.sleep(0.5)
-    raise RuntimeError(f"{url} did not come up in {timeout} s")
-
-
 def _stop(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGTERM)  # own process group: the server's children stop too
@@ -51,11 +39,9 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory, moto_s3):
+def cluster(tmp_path_factory, moto_s3, prefect_harness):
     tmp = tmp_path_factory.mktemp("e2e")
-    env = {**os.environ, "PREFECT_HOME": str(tmp / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-           "PREFECT_UI_ENABLED": "false", "PYTHONPATH": str(ROOT)}
-    env.pop("PREFECT_API_URL", None)
+    env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PYTHONPATH": str(ROOT)}
     procs: list[subprocess.Popen] = []
 
     def start(cmd, log):
@@ -65,11 +51,7 @@ def cluster(tmp_path_factory, moto_s3):
         return p
 
     try:
-        pport, dport = _free_port(), _free_port()
-        server = start([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(pport)],
-                       "prefect.log")
-        _wait_http(f"http://127.0.0.1:{pport}/api/health", server)
-        env["PREFECT_API_URL"] = f"http://127.0.0.1:{pport}/api"
+        dport = _free_port()
         sched = start([str(BIN / "dask"), "scheduler", "--host", "127.0.0.1", "--port", str(dport),
                        "--no-dashboard"], "scheduler.log")
         address = f"tcp://127.0.0.1:{dport}"
@@ -126,10 +108,10 @@ def test_release_two_cities_to_s3_then_read_back(cluster, gowalla_sample_path):
     assert json.loads(geodp(cluster, "ledger", store, "--json").stdout)[0]["charges"] == 2
 
 
-def _release_killing_a_worker(cluster, cmd: list[str], target: tuple[str, str], seconds: float):
-    """Run ``cmd`` with ``target`` (tests/faults.py) slowed in every worker process, and SIGKILL the first
-    worker process seen inside a slowed call. Returns (killed pid or None, the finished process, its
-    stdout, its stderr)."""
+def _release_killing_a_worker(cluster, args: list[str], target: tuple[str, str], seconds: float):
+    """Run ``geodp ARGS`` with ``target`` (tests/faults.py) slowed in every worker process, and SIGKILL the
+    first worker process seen inside a slowed call. Returns (killed pid or None, the finished process, its
+    stdout, its stderr). The command runs through the forked CLI in a thread (no fresh interpreter)."""
     from distributed import Client
 
     module, name = target
@@ -139,27 +121,29 @@ def _release_killing_a_worker(cluster, cmd: list[str], target: tuple[str, str], 
         # the slow step runs in the worker processes, so the patch goes there, and is checked there
         pids = set(c.run(faults.slow_down, module, name, seconds, str(marks)).values())
         assert len(pids) == 2 and set(c.run(faults.is_slowed, module, name).values()) == {True}
-    release = subprocess.Popen(cmd, env=cluster["env"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True)
+    done: list[subprocess.CompletedProcess] = []
+    run = threading.Thread(target=lambda: done.append(geodp(cluster, *args, ok=False)))
+    run.start()
     killed = None
     deadline = time.time() + 180
-    while killed is None and time.time() < deadline and release.poll() is None:
+    while killed is None and time.time() < deadline and run.is_alive():
         inside = faults.marked_pids(marks, name)  # a worker process that is sleeping in the slowed call now
         if inside:
             assert inside[0] in pids, (inside, pids)
             os.kill(inside[0], signal.SIGKILL)
             killed = inside[0]
         time.sleep(0.2)
-    out, err = release.communicate(timeout=400)
+    run.join(timeout=400)
     with Client(cluster["address"], timeout=60) as c:
         c.run(faults.restore, module, name)
-    return killed, release, out, err
+    (release,) = done
+    return killed, release, release.stdout, release.stderr
 
 
 @pytest.mark.slow
 def test_killing_a_worker_mid_release_still_commits_exactly_once(cluster, gowalla_sample_path):
     store = _bucket(cluster)
-    cmd = [sys.executable, "-m", "flows.cli", "release", str(gowalla_sample_path), "--cities",
+    cmd = ["release", str(gowalla_sample_path), "--cities",
            "austin,new-york", "--period", "2010-06", "--epsilon", "0.5", "--store", store,
            "--dask-address", cluster["address"], "--json"]
     killed, release, out, err = _release_killing_a_worker(cluster, cmd, faults.PRIVATIZE, 6)
@@ -187,7 +171,7 @@ def test_killing_a_worker_mid_read_of_s3_files_still_commits_once(cluster, gowal
     for i in range(6):
         part = frame.iloc[bounds[i]:bounds[i + 1]]
         s3.put_object(Bucket=bucket, Key=f"input/part-{i}.parquet", Body=part.to_parquet())
-    cmd = [sys.executable, "-m", "flows.cli", "release", f"s3://{bucket}/input/", "--cities", "new-york",
+    cmd = ["release", f"s3://{bucket}/input/", "--cities", "new-york",
            "--period", "2010-06", "--epsilon", "0.5", "--store", store, "--dataset", "gowalla-s3",
            "--dask-address", cluster["address"], "--json"]
     killed, release, out, err = _release_killing_a_worker(cluster, cmd, faults.READ, 3)
