@@ -50,29 +50,35 @@ def _readable_releases(store_url: str) -> list[dict]:
     return out
 
 
+@pytest.fixture(scope="module")
+def pool():
+    """Two spawned processes that have imported the CLI, shared by the race's store kinds."""
+    with mp.get_context("spawn").Pool(2) as processes:
+        yield processes
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("where,rounds", [("local", 20), ("s3", 6)])
-def test_the_same_release_twice_in_parallel_leaves_one_readable_release(where, rounds, small, tmp_path, request):
+def test_the_same_release_twice_in_parallel_leaves_one_readable_release(where, rounds, small, tmp_path, request, pool):
     env = {}
     if where == "s3":
         moto = request.getfixturevalue("moto_s3")
         env = {k: os.environ[k] for k in ("GEODP_S3_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
                                            "AWS_DEFAULT_REGION")}
-    with mp.get_context("spawn").Pool(2) as pool:
-        for i in range(rounds):
-            store = str(tmp_path / f"s{i}") if where == "local" else new_s3_store(moto)
-            runs = pool.map(_release, [(str(small), store, env)] * 2)
-            assert [code for code, _ in runs] == [0, 0], runs
-            found = _readable_releases(store)
-            assert len(found) == 1, [(m.version, m.period, m.release_key) for m in found]
-            (manifest,) = found
-            # the charge that paid for the committed noise is held; the other run gave its own back
-            ledger = DatasetLedger(ReleaseStore(store), "small")
-            held = ledger.held()
-            assert [h.seq for h in held] == [manifest.ledger.seq]
-            assert ledger.loss()["lifetime"] == pytest.approx(0.1)
-            # the loser deleted its noisy files before giving its charge back
-            assert all(files == [] for files in attempt_files(store).values()), attempt_files(store)
+    for i in range(rounds):
+        store = str(tmp_path / f"s{i}") if where == "local" else new_s3_store(moto)
+        runs = pool.map(_release, [(str(small), store, env)] * 2)
+        assert [code for code, _ in runs] == [0, 0], runs
+        found = _readable_releases(store)
+        assert len(found) == 1, [(m.version, m.period, m.release_key) for m in found]
+        (manifest,) = found
+        # the charge that paid for the committed noise is held; the other run gave its own back
+        ledger = DatasetLedger(ReleaseStore(store), "small")
+        held = ledger.held()
+        assert [h.seq for h in held] == [manifest.ledger.seq]
+        assert ledger.loss()["lifetime"] == pytest.approx(0.1)
+        # the loser deleted its noisy files before giving its charge back
+        assert all(files == [] for files in attempt_files(store).values()), attempt_files(store)
 
 
 RELEASE = ("release", "--city", "new-york", "--epsilon", "0.1", "--mechanism", "identity",

@@ -91,17 +91,22 @@ def test_a_full_disk_is_one_line_and_costs_nothing(small, tmpfs):
     assert failed >= 4
 
 
+@pytest.fixture(scope="module")
+def write_order(small, tmp_path_factory) -> list[str]:
+    """The objects a clean release into a new store writes, in order (counted, never killed at write 10000)."""
+    tmp = tmp_path_factory.mktemp("count")
+    run_geodp("release", small, *RELEASE, "--out", tmp / "s", env=kill_at_write_env(10_000, tmp / "w.log"))
+    return [ln.split()[3] for ln in (tmp / "w.log").read_text().splitlines()]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("what", ["_CLAIM.json", "grid.npz"])
-def test_an_s3_outage_mid_release_is_one_line_and_the_rerun_pays_once(what, small, moto_s3, tmp_path):
+def test_an_s3_outage_mid_release_is_one_line_and_the_rerun_pays_once(what, small, moto_s3, tmp_path, write_order):
     """S3 goes down (a proxy in front of moto is cut) right before the release writes its claim or its
     first noisy file: one line, exit 2. With S3 back, the re-run takes the charge over."""
     proxy = CuttableProxy(("127.0.0.1", int(moto_s3.rsplit(":", 1)[1])))
     env = {"GEODP_S3_ENDPOINT_URL": proxy.url}
-    log = tmp_path / "w.log"  # the writes of a clean release, counted (never killed at write 10000)
-    run_geodp("release", small, *RELEASE, "--out", tmp_path / "count2", env=kill_at_write_env(10_000, log))
-    writes = [ln.split()[3] for ln in log.read_text().splitlines()]
-    n = next(i for i, w in enumerate(writes, 1) if w.endswith("/" + what))
+    n = next(i for i, w in enumerate(write_order, 1) if w.endswith("/" + what))
     store = new_s3_store(moto_s3)
     mark = tmp_path / "paused"
     # the paused release runs in a thread through the forked CLI (no fresh interpreter to import)

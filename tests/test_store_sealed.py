@@ -20,9 +20,11 @@ from tests.test_store_faults import RELEASE, small  # noqa: F401 - the module's 
 from tests.test_store_ledger import _charge, _counted, _plan
 
 
-def _first_noise_write(small, tmp_path) -> int:  # noqa: F811
+@pytest.fixture(scope="module")
+def first_noise_write(small, tmp_path_factory) -> int:  # noqa: F811
     """The number of the store write that uploads a release's first noisy file (after its charge
-    reference), counted on a clean release into a scratch store."""
+    reference), counted once for the module on a clean release into a scratch store."""
+    tmp_path = tmp_path_factory.mktemp("count")
     log = tmp_path / "writes.log"
     run_geodp("release", small, *RELEASE, "--store", tmp_path / "count", "--no-prefect",
               env=kill_at_write_env(10_000, log))
@@ -31,8 +33,9 @@ def _first_noise_write(small, tmp_path) -> int:  # noqa: F811
 
 
 @pytest.mark.parametrize("then", ["a later run", "geodp ledger"])
-def test_noise_a_dead_writer_uploaded_into_its_sealed_attempt_is_deleted(then, small, store_url, tmp_path):  # noqa: F811
-    n = _first_noise_write(small, tmp_path)
+def test_noise_a_dead_writer_uploaded_into_its_sealed_attempt_is_deleted(then, small, store_url, tmp_path,  # noqa: F811
+                                                                         first_noise_write):
+    n = first_noise_write
     mark = tmp_path / "paused"
     args = ["release", str(small), *RELEASE, "--store", store_url, "--no-prefect"]
     # A runs through the forked CLI in a thread (no fresh interpreter); the mark names its process id
