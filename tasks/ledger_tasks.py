@@ -29,6 +29,7 @@ from tasks.storage.ledger import ENTRY_HASH, ChargeMoved
 from tasks.storage.ledger_home import LEDGER_RECORD, LedgerHome, resolve_home
 from tasks.storage.manifest import Manifest
 from tasks.storage.store import CHARGE_REF, CLAIM, ReleaseRef, ReleaseStore, StagedElsewhere
+from tasks.storage.take_over import attempt_name, take_over
 
 DEFAULT_K = 20
 #: ``--max-points-per-user auto``: the plan chooses each release's k (tasks/release_k.py)
@@ -210,14 +211,6 @@ def version_of(store: ReleaseStore, dataset: str, city: str, period: str, releas
     return None
 
 
-def attempt_name(held: dict) -> str:
-    """Where a run stages its noise: named after the charge and the run (so a later run of the same
-    charge knows which attempts to seal); a run without a charge (seeded) gets a random name."""
-    if held.get("seq") is None:
-        return "a-x" + uuid.uuid4().hex[:12]
-    return f"a-{int(held['seq'])}-{held['draw']}"
-
-
 def staged_elsewhere(store: ReleaseStore, plan) -> bool:
     """True when a complete attempt of this release key is already staged (a run died before its
     manifest): the next run commits that noise and is not charged again."""
@@ -297,13 +290,14 @@ def charge_ledger(store_url: str, plans: list, resolved: ResolvedPolicy, source:
         stale = sorted(h.seq for h in held if h.charge.key == p.release_key and h.store == home.scope)
         if stale:
             try:
-                ledger.adopt(stale[0], p.release_key, draw, policy,
-                             "a new run of the same release takes over a charge whose noise never reached the store")
-                charged = next(e for e in entries if e["seq"] == stale[0])
-                out[p.city] = mine(p, stale[0], ledger.holders(stale[0], p.release_key, entries), charged[ENTRY_HASH])
+                holders = take_over(store, ledger, p, stale[0], draw, policy)
+            except StagedElsewhere:  # an earlier holder's attempt completed first: it is committed as is
+                out[p.city] = mine(p)
                 continue
-            except ChargeMoved:
-                pass
+            if holders is not None:
+                charged = next(e for e in entries if e["seq"] == stale[0])
+                out[p.city] = mine(p, stale[0], holders, charged[ENTRY_HASH])
+                continue
         to_charge.append(p)
     if to_charge:
         entry, _ = ledger.charge([charge_for(p, replace(resolved, policy=policy), draw) for p in to_charge], policy,

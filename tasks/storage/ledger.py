@@ -245,7 +245,8 @@ class DatasetLedger:
         """The charge log, its chain verified, after checking what the rest of the store says about it:
         every committed manifest and every staged attempt of this dataset names an entry of it as it is
         now (deleting the newest charge entry cannot hide while anything it paid for is in the store);
-        no entry gives back (voids) a charge a committed manifest names (its noise is public); the policy
+        no entry gives back (voids) a charge a committed manifest names (its noise is public), nor hands
+        it (adopts) to another run than the one whose noise the manifest publishes; the policy
         each charge was checked against and every source binding a charge or a release made are there,
         naming this dataset. Returns the entries."""
         references = self._paid_references()  # first: an entry always exists before anything names it
@@ -257,7 +258,7 @@ class DatasetLedger:
         if unknown:
             raise self._broken(self._ledger_dir, f"entries charge store {sorted(unknown)[0]}, which the ledger's "
                                                  "list of stores does not hold (stores/ was edited)")
-        held = {(h.seq, h.charge.key) for h in self.held(entries)}
+        held = {(h.seq, h.charge.key): h.charge.draw for h in self.held(entries)}
         bindings: dict[str, str] = {}
         for where, ref, published in references:
             seq = ref.get("seq") if isinstance(ref, dict) else None
@@ -270,9 +271,14 @@ class DatasetLedger:
                                                      f"{'missing' if entry is None else 'not that entry'}")
             if published is None:
                 continue  # a staged attempt: its charge may be given back once its files are deleted
-            if (seq, ref.get("key") or published["key"]) not in held:
+            holder = held.get((seq, ref.get("key") or published["key"]))
+            if holder is None:
                 raise self._broken(self._ledger_dir, f"{where} publishes noise paid for by entry #{seq}, and a "
                                                      "later entry gives that charge back; published noise stays charged")
+            if ref.get("draw") and holder != ref["draw"]:
+                raise self._broken(self._ledger_dir, f"{where} publishes the noise of run {ref['draw']} (entry #{seq}), "
+                                                     f"and a later entry hands that charge to run {holder}; a published "
+                                                     "charge stays with the run whose noise it publishes")
             if published.get("source"):
                 bindings[self._source_rel(published["source"])] = where
         for e in entries:
@@ -404,17 +410,29 @@ class DatasetLedger:
         return out + [a["draw"] for e in entries if e["kind"] == "adopt" for a in e["adopts"]
                       if a["seq"] == seq and a["key"] == key]
 
-    def adopt(self, seq: int, key: str, draw: str, policy: PrivacyPolicy, reason: str) -> dict:
+    def adopt(self, seq: int, key: str, draw: str, policy: PrivacyPolicy, reason: str,
+              holder: str | None = None) -> dict:
         """Take over charge (seq, key) for a new run of the same release whose earlier holder died
         before its noise was staged: the charge pays for the new run's noise instead of a second
         charge. The charge is then accounted under the new run's bounding draw (its users were bounded
-        afresh, with the new run's other cities), checked against the budget like a charge. Raises
-        :class:`ChargeMoved` when the charge was voided meanwhile, :class:`BudgetRefused` past the cap."""
+        afresh, with the new run's other cities), checked against the budget like a charge. With
+        ``holder`` (the draw the caller saw holding it, whose attempt it sealed) only while that run
+        still holds it. Raises :class:`ChargeMoved` when the charge was voided or taken over by another
+        run meanwhile, or when a committed manifest names it (a published charge stays with the run whose
+        noise it publishes), :class:`BudgetRefused` past the cap."""
+        published = {(ref.get("seq"), ref.get("key") or pub["key"])
+                     for _, ref, pub in self._paid_references() if ref and pub is not None}
+
         def make(log: list[dict]) -> dict:
             held = self.held(log)
             mine = [h for h in held if h.seq == seq and h.charge.key == key]
             if not mine:
                 raise ChargeMoved(f"charge #{seq} is no longer held")
+            if (seq, key) in published:
+                raise ChargeMoved(f"charge #{seq} paid for a published release; it stays with the run whose "
+                                  "noise it publishes")
+            if holder is not None and mine[0].charge.draw != holder:
+                raise ChargeMoved(f"charge #{seq} was taken over by another run")
             if self.policy() != policy:
                 raise PolicyError(f"the policy of dataset {self.dataset!r} changed while this release was "
                                   "planned; run it again")

@@ -1,0 +1,114 @@
+"""A take-over never moves a published charge (issue 42: no charge whose noise is published can be given
+back or moved). Run A charges a release and stalls; run B takes A's charge over (an ``adopt`` entry) and
+is accounted under its own bounding draw. A's attempt must then never complete: B seals it before the
+ledger names B (tasks/storage/take_over.py), so the manifest and the ledger always name the same
+run, and an earlier holder whose attempt completed first is committed as is, still holding its charge.
+
+On the code before, B adopted first and sealed A's attempt only when it staged: A's attempt completed in
+between, B committed A's noise (the manifest names A's draw) while the ledger accounted the charge under
+B's draw, which B's other city shares: two disjoint cities of one draw compose in parallel, so `geodp
+ledger` showed 0.5 where the published noise of two draws costs 1.0. An adopt (or one appended with the
+ledger's own API) of a published charge was accepted and verified."""
+
+from dataclasses import replace
+
+import pytest
+
+from dpcore.data.points import LoadResult, ValidationReport
+from dpcore.privacy.accounting import worst_case_loss
+from tasks.ledger_tasks import PolicyRequest, resolve_policy
+from tasks.persist_tasks import _stage, persist_release
+from tasks.release_tasks import privatize, read_bound_count
+from tasks.storage.ledger import ChargeMoved, DatasetLedger
+from tasks.storage.store import AttemptSealed, ReleaseRef, ReleaseStore
+from tests.cli_runner import run_geodp
+from tests.faults import attempt_files
+from tests.test_store_faults import RELEASE, one_line_error, small  # noqa: F401 - the module's data fixture
+from tests.test_store_ledger import _charge, _plan, _points
+
+
+def _fits(plans: list, seed: int) -> dict:
+    """One run's synopses of ``plans``: its users bounded over all of them together (one bounding draw)."""
+    loaded = LoadResult(_points(), ValidationReport(), "synthetic", "v0")
+    counted = read_bound_count.fn(loaded, plans, seed=seed).cities
+    return {p.city: privatize.fn(p, counted[p.city]) for p in plans}
+
+
+def _published_loss(store_url: str, dataset: str) -> tuple[float, float]:
+    """(the lifetime loss the ledger shows, the loss of the published noise: each committed release's
+    charge accounted under the bounding draw whose noise its manifest publishes)."""
+    store = ReleaseStore(store_url)
+    ledger = DatasetLedger(store, dataset)
+    held = {(h.seq, h.charge.key): h.charge for h in ledger.held()}
+    published = [replace(held[(m.ledger.seq, m.release_key)], draw=m.ledger.draw) for m in store.list_releases()]
+    return ledger.loss()["lifetime"], worst_case_loss(ledger.policy(), published)["lifetime"]
+
+
+@pytest.mark.parametrize("a_completes", ["after the take-over", "while B seals it"])
+def test_a_stalled_runs_noise_is_never_published_under_the_run_that_took_its_charge_over(a_completes, store_url,
+                                                                                         monkeypatch):
+    austin, sf = _plan(store_url, cities=("austin", "san-francisco"))
+    a = _charge(store_url, [austin])["austin"]  # run A charges austin, then stalls before its upload
+    store = ReleaseStore(store_url)
+    version, _ = store.claim_version(austin.dataset, "austin", austin.period.label, austin.release_key)
+    ref = ReleaseRef(austin.dataset, "austin", austin.period.label, version)
+    a_attempt = f"a-{a['seq']}-{a['draw']}"
+    a_noise = _fits([austin], seed=1)["austin"]
+
+    def a_wakes_up():
+        try:
+            _stage(store, ref, austin, a_noise, None, a)
+        except AttemptSealed:
+            pass  # sealed before it completed: its files are deleted, its noise never published
+
+    real_seal = ReleaseStore.seal_attempt
+
+    def a_completes_first(self, r, attempt):
+        if attempt == a_attempt:  # A's upload finishes right before B's seal of its attempt
+            monkeypatch.setattr(ReleaseStore, "seal_attempt", real_seal)
+            a_wakes_up()
+        return real_seal(self, r, attempt)
+
+    if a_completes == "while B seals it":
+        monkeypatch.setattr(ReleaseStore, "seal_attempt", a_completes_first)
+    # run B: austin (A's charge taken over) and san-francisco, its users bounded over both (one draw)
+    b = _charge(store_url, [austin, sf])
+    if a_completes == "after the take-over":
+        a_wakes_up()
+    b_noise = _fits([austin, sf], seed=2)
+    for p in (austin, sf):
+        persist_release.fn(store_url, p, b_noise[p.city], None, b[p.city], "test")
+    assert store.exists(f"{ref.rel}/{a_attempt}/_STAGED.json")  # A's attempt was sealed, or completed
+
+    ledger = DatasetLedger(store, austin.dataset)
+    ledger.verify()
+    manifests = {m.city: m for m in store.list_releases()}
+    held = {(h.seq, h.charge.key): h.charge.draw for h in ledger.held()}
+    # the manifest publishes the noise of the run the ledger accounts the charge under
+    for m in manifests.values():
+        assert held[(m.ledger.seq, m.release_key)] == m.ledger.draw, (m.city, m.attempt)
+    assert manifests["austin"].ledger.seq == a["seq"] and len(held) == 2
+    shown, lost = _published_loss(store_url, austin.dataset)
+    assert shown == pytest.approx(lost)
+    assert all(files == [] for files in attempt_files(store_url).values()), attempt_files(store_url)
+
+
+def test_a_published_charge_cannot_be_taken_over_nor_handed_to_another_run(small, store_url):  # noqa: F811
+    args = ("release", small, *RELEASE, "--store", store_url, "--no-prefect")
+    run_geodp(*args)
+    store = ReleaseStore(store_url)
+    ledger = DatasetLedger(store, "small")
+    (published,) = ledger.held()
+    policy = resolve_policy(store_url, "small", PolicyRequest("user")).policy
+    with pytest.raises(ChargeMoved, match="published"):
+        ledger.adopt(published.seq, published.charge.key, "f" * 16, policy, "an operator moves a published charge")
+    # appended with the ledger's own append (a valid chain, nothing rewritten), past adopt's refusal
+    ledger._append(ledger._ledger_dir, lambda log: {
+        "kind": "adopt", "adopts": [{"seq": published.seq, "key": published.charge.key, "draw": "f" * 16}],
+        "reason": "an operator moves a published charge"})
+    before = sorted(store.fs.find(store.root))
+    one_line_error(run_geodp("ledger", store_url, ok=False), "hands that charge to run ffff")
+    later = [a if a != "2024-01-01" else "2024-01-02" for a in args]
+    one_line_error(run_geodp(*later, ok=False), "hands that charge")
+    assert sorted(ReleaseStore(store_url).fs.find(store.root)) == before  # nothing charged or written
+
