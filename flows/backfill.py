@@ -19,7 +19,7 @@ from dpcore import GeoDPError
 from dpcore.data.inputs import partition_day, resolve_input
 from dpcore.privacy.accounting import budget_label
 from flows.release import _artifact_key, refused, run_plan
-from tasks.config import BackfillParams, canonical_hash, days_between, parse_period
+from tasks.config import BackfillParams, ConfigError, canonical_hash, days_between, parse_period
 from tasks.ledger_tasks import check_budget, give_back_interrupted
 from tasks.release_plan import ReleasePlan, plan_release
 from tasks.release_tasks import load_and_validate
@@ -113,6 +113,8 @@ def submit_to_deployment(params: BackfillParams, deployment: str) -> list[dict]:
     from datetime import UTC, datetime
 
     from prefect.deployments import run_deployment
+    from prefect.exceptions import ObjectNotFound
+    from prefect.settings import PREFECT_API_URL
 
     rp = params.release
     if deployment.split("/", 1)[0] == "backfill":
@@ -127,7 +129,12 @@ def submit_to_deployment(params: BackfillParams, deployment: str) -> list[dict]:
     out = []
     for period, parameters, key in jobs:
         asked = datetime.now(UTC)
-        run = run_deployment(deployment, parameters=parameters, timeout=0, idempotency_key=key)
+        try:
+            run = run_deployment(deployment, parameters=parameters, timeout=0, idempotency_key=key)
+        except ObjectNotFound:
+            raise ConfigError(f"the Prefect server at {PREFECT_API_URL.value()} has no deployment {deployment!r}: "
+                              "start `geodp serve` against it (it serves backfill/backfill and release/release), "
+                              "or name one it serves") from None
         created = getattr(run, "created", None)
         out.append({"period": period, "flow_run_id": str(run.id), "state": run.state_name if run.state else "?",
                     "message": (run.state.message or "") if run.state else "",
