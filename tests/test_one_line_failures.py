@@ -74,12 +74,22 @@ def s3_down() -> dict[str, str]:
             "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
 
 
+def _nothing_but_the_error_line(r: subprocess.CompletedProcess) -> None:
+    """stderr is the error line alone: no asyncio "Task exception was never retrieved" or "Unclosed client
+    session" from s3fs's event loop before it (issue 45 saw one in 3 of 6 S3 outages; flows/cli's
+    _NoOrphanedTaskErrors drops them; without it these cases print none on today's s3fs either)."""
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("error: "), r.stderr[-3000:]
+
+
 def test_an_s3_input_whose_endpoint_is_down_is_one_line_in_data_check_and_release_out(s3_down, tmp_path):
     """Before: a 126-line botocore traceback and exit 1 in both."""
     data = "s3://geodp-input/checkins.parquet"
-    one_line_error(run_geodp("data", "check", data, ok=False, env=s3_down), "cannot list", data)
+    r = run_geodp("data", "check", data, ok=False, env=s3_down)
+    one_line_error(r, "cannot list", data)
+    _nothing_but_the_error_line(r)
     r = run_geodp("release", "run", data, *RELEASE, "--out", tmp_path / "out", ok=False, env=s3_down)
     one_line_error(r, "cannot list", data)
+    _nothing_but_the_error_line(r)
     assert not (tmp_path / "out" / "datasets").exists() or ledger_and_committed(tmp_path / "out") == (0.0, 0.0)
 
 
@@ -89,6 +99,7 @@ def test_an_s3_input_whose_endpoint_is_down_is_one_line_in_the_prefect_form(pref
     r = run_geodp("release", "run", data, "--cities", "new-york", "--epsilon", "0.1", "--store", tmp_path / "s",
                   "--workers", "1", ok=False, env=s3_down)
     one_line_error(r, "cannot list", data)
+    _nothing_but_the_error_line(r)
     assert not (tmp_path / "s" / "datasets").exists() or ledger_and_committed(tmp_path / "s") == (0.0, 0.0)
 
 
