@@ -47,11 +47,15 @@ class BatchedSineSwishMLP(nn.Module):
         self.weights = nn.ParameterList()
         self.biases = nn.ParameterList()
         for layer, (d_in, d_out) in enumerate(zip(dims[:-1], dims[1:], strict=True)):
-            # SIREN init for the sine layer (uniform ±1/d_in, scaled by ω₀ in forward); PyTorch's
-            # default Linear bound 1/sqrt(d_in) for the others.
-            bound = 1.0 / d_in if layer == 0 else 1.0 / math.sqrt(d_in)
+            # SIREN init for the sine layer (uniform ±1/d_in, scaled by ω₀ in forward). The swish layers
+            # and the output take He-uniform weights (variance 2/d_in) and zero biases, as the authors'
+            # VarianceScaling(2.0): with PyTorch's default bound 1/sqrt(d_in) the signal shrinks ~10× per
+            # layer, and a net of their 20 layers stops learning after 100 epochs at 0.153 on CABS_SFS
+            # (bench/results/2026-11-28-snh-gpu.md) where He-uniform keeps it learning.
+            bound = 1.0 / d_in if layer == 0 else math.sqrt(6.0 / d_in)
             w = (torch.rand(n_models, d_in, d_out, generator=generator) * 2 - 1) * bound
-            b = (torch.rand(n_models, 1, d_out, generator=generator) * 2 - 1) * (1.0 / math.sqrt(d_in))
+            b = ((torch.rand(n_models, 1, d_out, generator=generator) * 2 - 1) * (1.0 / math.sqrt(d_in)) if layer == 0
+                 else torch.zeros(n_models, 1, d_out))
             self.weights.append(nn.Parameter(w))
             self.biases.append(nn.Parameter(b))
 
