@@ -78,7 +78,7 @@ def test_timestamps_outside_a_sane_range_are_flagged(tmp_path):
     assert "10 of 12 rows valid" in r.stdout + r.stderr and "timestamp_out_of_range: 2" in r.stdout + r.stderr
 
 
-def test_an_unreadable_file_in_the_dask_form_is_one_line(small, tmp_path):
+def test_an_unreadable_file_in_the_dask_form_is_one_line(small, tmp_path, prefect_harness):
     folder = tmp_path / "input"
     folder.mkdir()
     (folder / "a.parquet").write_bytes(small.read_bytes())
