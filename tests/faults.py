@@ -161,6 +161,48 @@ def pause_at_store_write(n: int | str, mark: str) -> None:
     ReleaseStore.create = create
 
 
+def stall_at_write(name: str, mark: str, then_die: bool = False) -> int:
+    """In this process (a Dask worker, through ``client.run``): the first ``ReleaseStore.create`` of a file
+    named ``name`` (:func:`write_name`) among the processes sharing ``mark`` creates ``mark`` (this
+    process's id and the path) and waits until the test deletes it; then the write goes ahead and, with
+    ``then_die``, the process is SIGKILLed right after it (before the writer can look at its seal).
+    Returns this process's id; :func:`restore_create` undoes it."""
+    from tasks.storage.store import ReleaseStore
+
+    original = getattr(ReleaseStore.create, "__fault_original__", ReleaseStore.create)
+
+    def create(self, rel: str, data: bytes) -> None:
+        if write_name(rel) != name:
+            return original(self, rel, data)
+        try:
+            os.close(os.open(f"{mark}.taken", os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            return original(self, rel, data)  # another process stalled here already
+        tmp = Path(f"{mark}.{os.getpid()}")
+        tmp.write_text(f"{os.getpid()} {rel}")
+        tmp.rename(mark)
+        deadline = time.monotonic() + 600
+        while Path(mark).exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        original(self, rel, data)
+        if then_die:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    create.__fault_original__ = original
+    ReleaseStore.create = create
+    return os.getpid()
+
+
+def restore_create() -> bool:
+    """Undo :func:`stall_at_write` in this process; False when it was not patched here."""
+    from tasks.storage.store import ReleaseStore
+
+    original = getattr(ReleaseStore.create, "__fault_original__", None)
+    if original is not None:
+        ReleaseStore.create = original
+    return original is not None
+
+
 def quote_data_at_check() -> None:
     """Make each file's validation (dpcore.data.chunks.check_part, right after its read) fail as a
     library's error does when it quotes the data it choked on: a KeyError naming the file's first user

@@ -8,8 +8,13 @@ On the code before, B adopted first and sealed A's attempt only when it staged: 
 between, B committed A's noise (the manifest names A's draw) while the ledger accounted the charge under
 B's draw, which B's other city shares: two disjoint cities of one draw compose in parallel, so `geodp
 ledger` showed 0.5 where the published noise of two draws costs 1.0. An adopt (or one appended with the
-ledger's own API) of a published charge was accepted and verified."""
+ledger's own API) of a published charge was accepted and verified.
 
+A Dask worker that stalls mid-upload past a take-over (stalled, not lost: tests/test_release_lost_worker.py)
+and then uploads into its sealed attempt leaves no noisy file in the store."""
+
+import threading
+import time
 from dataclasses import replace
 
 import pytest
@@ -21,6 +26,7 @@ from tasks.persist_tasks import _stage, persist_release
 from tasks.release_tasks import privatize, read_bound_count
 from tasks.storage.ledger import ChargeMoved, DatasetLedger
 from tasks.storage.store import AttemptSealed, ReleaseRef, ReleaseStore
+from tests import faults
 from tests.cli_runner import run_geodp
 from tests.faults import attempt_files
 from tests.test_store_faults import RELEASE, one_line_error, small  # noqa: F401 - the module's data fixture
@@ -112,3 +118,51 @@ def test_a_published_charge_cannot_be_taken_over_nor_handed_to_another_run(small
     one_line_error(run_geodp(*later, ok=False), "hands that charge")
     assert sorted(ReleaseStore(store_url).fs.find(store.root)) == before  # nothing charged or written
 
+
+@pytest.mark.slow
+def test_a_dask_worker_stalled_mid_upload_past_a_take_over_leaves_no_noisy_file(dask_cluster, small, tmp_path):  # noqa: F811
+    """Issue 42 item 1 with a stalled Dask worker: run A's persist task stalls on its worker right before
+    its first noisy file; run B takes the charge over, seals A's attempt and commits; the worker then
+    uploads its noisy grid into the sealed attempt and is killed before it looks at its seal. A's task
+    runs again on the other worker and returns B's release, and A's run deletes the late file (the sweep
+    of sealed attempts of committed versions, 1f9509f: with ReleaseStore.sweep_committed doing nothing
+    the grid stays in the store, a second noisy copy under one charge). 37 CPU-s here, the module's
+    cluster start and its workers' first imports included."""
+    from distributed import Client
+
+    store, mark = str(tmp_path / "store"), tmp_path / "stalled"
+    with Client(dask_cluster, timeout=60) as c:
+        c.wait_for_workers(2, timeout=60)
+        # the first worker to upload a noisy file (after its charge reference) stalls there; once let go it
+        # uploads the file and is killed before it can look at its seal (as the issue's writer died)
+        workers = set(c.run(faults.stall_at_write, "inner/grid.npz", str(mark), True).values())
+    args = ("release", small, *RELEASE, "--store", store)
+    done: list = []
+    a = threading.Thread(target=lambda: done.append(run_geodp(*args, "--dask-address", dask_cluster, ok=False)))
+    a.start()
+    try:
+        deadline = time.monotonic() + 300
+        while not mark.exists():  # run A's persist task is on a worker, its charge reference written
+            assert a.is_alive() and time.monotonic() < deadline, done and done[0].stderr[-3000:]
+            time.sleep(0.05)
+        pid, stalled = mark.read_text().split()
+        assert int(pid) in workers
+        run_geodp(*args, "--no-prefect")  # run B takes A's charge over, seals A's attempt and commits
+    finally:
+        mark.unlink(missing_ok=True)  # the worker uploads its noisy grid into its sealed attempt
+        a.join(timeout=300)
+        with Client(dask_cluster, timeout=60) as c:
+            c.run(faults.restore_create)
+    assert done[0].returncode == 0, done[0].stderr[-3000:]  # A returns B's release
+    st = ReleaseStore(store)
+    (committed,) = st.list_releases()
+    version, attempt, *_ = stalled.rsplit("/", 3)  # …/v1, A's attempt, inner, grid.npz
+    objects = sorted(p[len(st.root) + 1:] for p in st.fs.find(st.path("releases")))
+    # every object under the release: its claim, its manifest, the committed attempt's files, and the
+    # stalled attempt's charge reference and seal; no noisy file of A, nor a temporary file of its upload
+    assert [o for o in objects if not o.startswith(f"{version}/{committed.attempt}/")] == \
+        [f"{version}/{n}" for n in ("_CLAIM.json", "_MANIFEST.json", f"{attempt}/_STAGED.json", f"{attempt}/charge.json")]
+    assert committed.attempt != attempt and st.read_json(f"{version}/{attempt}/_STAGED.json").get("sealed")
+    ledger = DatasetLedger(st, "small")
+    assert [h.seq for h in ledger.held()] == [committed.ledger.seq]
+    assert ledger.loss()["lifetime"] == pytest.approx(committed.epsilon) == pytest.approx(0.1)
