@@ -11,7 +11,9 @@ partition, where one uniform k-sample per person (or per person and day) is draw
 release, and each partition is counted in one task (so a person's sample is the same for all
 regions), or, for a heatmap, spreads each of its people's mass over their own points on the heatmap's
 grid (Mechanism.fine_mass). The sparse sums are added in a tree. Only those sums come back; a
-release's fits never receive points.
+release's fits never receive points. With no cluster (the in-process form) a user-level pass does not
+shuffle: the files' rows are read (in threads when there are several) and bounded and counted together
+in this process (dpcore.data.user_pass), with the same sample law.
 """
 
 from __future__ import annotations
@@ -27,12 +29,14 @@ import pandas as pd
 
 from dpcore import GeoDPError
 from dpcore.data.chunks import (
+    CHUNK_DTYPES,
     GridSpec,
     Window,
     array_counts,
     bound_chunk,
     chunk_rows,
     compact_meta,
+    compact_rows,
     dense_counts,
     file_counts,
     file_rows,
@@ -44,6 +48,7 @@ from dpcore.data.chunks import (
 from dpcore.data.inputs import InputSet, resolve_files
 from dpcore.data.points import DataError, LoadResult, ValidationReport, check_some_valid
 from dpcore.data.readers import release_arrow_memory
+from dpcore.data.user_pass import user_level_counts
 from dpcore.heatmap.mass import MassGrid
 from dpcore.privacy.noise import NoiseSource
 from tasks.public_errors import public_failure
@@ -280,11 +285,17 @@ def release_counts(source: str | InputSet | LoadResult, specs: list[GridSpec], w
     topic = topic or new_topic()
     if not isinstance(source, LoadResult):
         source = inp = _files(source, fmt, window)
-    one = inp is not None and len(inp.files) == 1 and _cluster() is None
-    if one:
+    local = _cluster() is None
+    one = local and (privacy_unit == "user" or (inp is not None and len(inp.files) == 1))
+    if one and privacy_unit == "user":
+        # in one process the rows need no shuffle: they are bounded and counted together
         with _data_pass_progress(inp) as listener:
-            total, reps, profile = _one_file_pass(inp, specs, window, columns, strict, privacy_unit,
-                                                  max_points_per_user, per_day, seed, count_people, topic, listener)
+            frames, reps = _local_rows(source, specs, window, columns, strict, per_day, topic, listener)
+        total, profile = user_level_counts(frames, compact_meta(specs, per_day), specs, int(max_points_per_user),
+                                           _bounding_rng(seed), per_day, count_people)
+    elif one:
+        with _data_pass_progress(inp) as listener:
+            total, reps = _one_file_counts(inp, specs, window, columns, strict, topic, listener)
     elif privacy_unit == "user":
         import dask
 
@@ -321,24 +332,48 @@ def release_counts(source: str | InputSet | LoadResult, specs: list[GridSpec], w
     return DataPass(cities, report, inp.source, len(inp.files), inp.n_pruned, profile)
 
 
-def _one_file_pass(inp: InputSet, specs: list[GridSpec], window: Window, columns: dict[str, str] | None,
-                   strict: bool, privacy_unit: str, max_points_per_user: int, per_day: bool, seed: int | None,
-                   count_people: bool, topic: str, listener) -> tuple[dict, list, np.ndarray | None]:
-    """(counts, [report], profile) of a one-file input in this process: the steps of the graph that
-    :func:`release_counts` builds, called directly. One file is one partition: the shuffle brings every
-    person's rows into it unmoved, and the bound draws with partition number 0, as the graph's would."""
+def _one_file_counts(inp: InputSet, specs: list[GridSpec], window: Window, columns: dict[str, str] | None,
+                     strict: bool, topic: str, listener) -> tuple[dict, list]:
+    """(counts, [report]) of a one-file input at record level in this process: the graph's one read
+    task, called directly (no dask to import)."""
     _LOCAL_LISTENERS[topic] = listener
     try:
-        if privacy_unit != "user":
-            total, report = _read_file(file_counts, inp, inp.files[0], columns, strict, specs, window, topic=topic)
-            return total, [report], None
-        rows, report = _read_file(file_rows, inp, inp.files[0], columns, strict, specs, window, per_day, topic=topic)
+        total, report = _read_file(file_counts, inp, inp.files[0], columns, strict, specs, window, topic=topic)
     finally:
         _LOCAL_LISTENERS.pop(topic, None)
-    rows = rows.reset_index(drop=True)
-    profile = unit_profile(rows, per_day)
-    bounded = _bound(rows, int(max_points_per_user), per_day, seed, count_people, partition_info={"number": 0})
-    return frame_counts(bounded, specs), [report], profile
+    return total, [report]
+
+
+def _local_rows(source: InputSet | LoadResult, specs: list[GridSpec], window: Window,
+                columns: dict[str, str] | None, strict: bool, per_day: bool, topic: str,
+                listener) -> tuple[list[pd.DataFrame], list[ValidationReport]]:
+    """User level in this process: the compact rows (chunks.compact_meta) of each file, read in threads
+    on the local scheduler (one file, or an in-memory table, directly: no dask to import), and the
+    files' validation reports (none for an in-memory table: it was validated when loaded)."""
+    if isinstance(source, LoadResult):
+        p = source.points
+        return [compact_rows(*(np.asarray(a[i:i + MEMORY_PARTITION_ROWS], dtype=CHUNK_DTYPES[c])
+                               for c, a in (("user", p.user), ("ts", p.ts), ("lat", p.lat), ("lon", p.lon))),
+                             specs, window, per_day)
+                for i in range(0, max(1, len(p)), MEMORY_PARTITION_ROWS)], []
+    if len(source.files) == 1:
+        _LOCAL_LISTENERS[topic] = listener
+        try:
+            rows, report = _read_file(file_rows, source, source.files[0], columns, strict, specs, window, per_day,
+                                      topic=topic)
+        finally:
+            _LOCAL_LISTENERS.pop(topic, None)
+        return [rows], [report]
+    rows, reports = _file_reads(file_rows, source, columns, strict, specs, window, per_day, topic=topic)
+    frames, reps = compute(rows, reports, listen=(topic, listener))
+    return list(frames), list(reps)
+
+
+def _bounding_rng(seed: int | None) -> np.random.Generator:
+    """Where the in-process k-sample's randomness comes from: the secure source's generator (seeded
+    from the OS), or for experiments a generator of the seed (rows come in file order, so a seed
+    draws the same sample each time)."""
+    return NoiseSource.secure().rng if seed is None else np.random.default_rng([seed, 0x5A17])
 
 
 @contextlib.contextmanager

@@ -48,12 +48,98 @@ class BoundingResult:
     max_points_per_user: int
 
 
-def bound_contributions(user: np.ndarray, max_points_per_user: int, rng: np.random.Generator) -> BoundingResult:
-    """Indices of a uniform sample of at most k records per user (vectorised, no per-user loop).
+def unit_codes(user: np.ndarray) -> np.ndarray:
+    """int64 codes of the units in ``user``, equal for equal ids: small non-negative integer ids as
+    themselves (dense user codes need no hashing), any other ids through one hash table."""
+    u = np.asarray(user)
+    if u.dtype.kind in "iu" and u.size and u.min() >= 0 and u.max() < 2 * u.size + 1_000_000:
+        return u.astype(np.int64, copy=False)
+    if u.dtype.kind in "iu":
+        import pandas as pd  # here: a caller with small ids never needs it
 
-    Each record gets an independent random key; within a user, the records with the k smallest keys
-    are kept, which is a uniform k-subset. Users with ≤ k records keep everything and are not sorted.
-    """
+        return pd.factorize(u)[0].astype(np.int64, copy=False)
+    return np.unique(u, return_inverse=True)[1].astype(np.int64).reshape(-1)
+
+
+#: Candidates a heavy unit expects beyond the k it keeps, in standard deviations of its candidate count
+#: (plus a few): a unit with fewer than k candidates (drawn again, every row a candidate) is rare.
+CANDIDATE_SDS = 4.0
+#: Rows per step of the per-row passes: a step's temporaries are reused, not new memory each time.
+SAMPLE_BLOCK = 1 << 20
+
+
+def sample_per_unit(codes: np.ndarray | list[np.ndarray], counts: np.ndarray, k: int,
+                    rng: np.random.Generator) -> np.ndarray:
+    """Row mask of a uniform sample of min(n_u, k) rows per unit, for rows coded ``codes`` (one array,
+    or a list whose concatenation is the rows; integers below ``counts.size``) with ``counts`` the
+    rows per code.
+
+    Each row of a heavy unit (n_u > k) gets an independent 64-bit random key, and the unit keeps the
+    rows with its k smallest keys: a uniform k-subset, since the keys are exchangeable. Only candidates
+    are sorted: rows whose key lies under a per-unit threshold that about k + 4·sqrt(k) of the unit's
+    rows clear, so the k smallest keys are among them. A unit with fewer than k candidates draws
+    again with every row a candidate. Candidates are ordered by unit, then by their key's top bits;
+    a unit whose k-th and (k+1)-th candidates tie there also draws again (probability about
+    n_u²·2^(b − 65) for 2^b heavy units), so the sample is exactly uniform. Light units keep every row
+    without a draw. The per-row passes go SAMPLE_BLOCK rows at a time."""
+    blocks = [codes] if isinstance(codes, np.ndarray) else list(codes)
+    blocks = [b[i:i + SAMPLE_BLOCK] for b in blocks for i in range(0, b.size, SAMPLE_BLOCK)]
+    starts = np.cumsum([0] + [b.size for b in blocks])
+    keep = np.ones(int(starts[-1]), dtype=bool)
+    heavy = counts > k
+    n_u = counts[heavy]
+    h = n_u.size
+    if not h:
+        return keep
+    # heavy units numbered 0 … h − 1, light ones −1: the tables below have one entry per heavy unit
+    dense = np.full(counts.size, -1, dtype=np.int32 if h < 2 ** 31 else np.int64)
+    dense[heavy] = np.arange(h)
+    q = np.minimum(1.0, (k + CANDIDATE_SDS * np.sqrt(k) + 4.0) / n_u)
+    # a key is 2⁶⁴ − 1 once in 2⁶⁴ draws; 2⁶⁴ − 4096 is a float64 that casts exactly
+    threshold = np.where(q >= 1.0, np.uint64(2 ** 64 - 1),
+                         np.minimum(q * 2.0 ** 64, 2.0 ** 64 - 4096).astype(np.uint64))
+    shift = np.uint64(max(1, h.bit_length()))
+    again = None  # the units drawing again: every row of theirs is a candidate
+    while True:
+        units, keys, rows = [], [], []
+        for start, block in zip(starts, blocks, strict=False):
+            d = dense[block]
+            if again is None:
+                np.less(d, 0, out=keep[start:start + block.size])
+            r = np.flatnonzero(d >= 0)
+            u = d[r]
+            if again is not None:
+                pick = np.flatnonzero(again[u])
+                r, u = r[pick], u[pick]
+            key = rng.bit_generator.random_raw(r.size).astype(np.uint64, copy=False)
+            if again is None:
+                pick = np.flatnonzero(key < threshold[u])
+                r, u, key = r[pick], u[pick], key[pick]
+            units.append(u)
+            keys.append(key)
+            rows.append(start + r)
+        u, key, row = np.concatenate(units), np.concatenate(keys), np.concatenate(rows)
+        n_cand = np.bincount(u, minlength=h)
+        composite = (u.astype(np.uint64) << (np.uint64(64) - shift)) | (key >> shift)
+        ordered = np.sort(composite)
+        present = np.flatnonzero(n_cand)  # units with candidates, ascending: ordered's order
+        per = n_cand[present]
+        kth_at = np.cumsum(per) - per + (k - 1)
+        enough = per >= k
+        present, per, kth_at = present[enough], per[enough], kth_at[enough]
+        kth = np.zeros(h, dtype=np.uint64)
+        kth[present] = ordered[kth_at]
+        done = np.zeros(h, dtype=bool)
+        done[present] = (per == k) | (ordered[np.minimum(kth_at + 1, ordered.size - 1)] != ordered[kth_at])
+        keep[row[done[u] & (composite <= kth[u])]] = True
+        again = ~done if again is None else again & ~done
+        if not again.any():
+            return keep
+
+
+def bound_contributions(user: np.ndarray, max_points_per_user: int, rng: np.random.Generator) -> BoundingResult:
+    """Indices of a uniform sample of at most k records per user (vectorised, no per-user loop;
+    :func:`sample_per_unit`)."""
     k = int(max_points_per_user)
     if k < 1:
         raise SamplingError(f"max_points_per_user must be ≥ 1, got {max_points_per_user}")
@@ -61,33 +147,11 @@ def bound_contributions(user: np.ndarray, max_points_per_user: int, rng: np.rand
     n = u.size
     if n == 0:
         return BoundingResult(np.empty(0, dtype=np.int64), 0, 0, 0, k)
-    if u.dtype.kind in "iu" and u.min() >= 0 and u.max() < 2 * n + 1_000_000:
-        codes = u.astype(np.int64, copy=False)  # already small ints (Points.user is dense): no sort
-    else:
-        _, codes = np.unique(u, return_inverse=True)
+    codes = unit_codes(u)
     counts = np.bincount(codes)
-    heavy_user = counts > k
-    heavy_rec = heavy_user[codes]
-    heavy_idx = np.flatnonzero(heavy_rec)
-    if heavy_idx.size:
-        # A uniform k-subset per user = the first k of a uniformly random order. Shuffle the heavy
-        # records, then stable-sort them by user (a radix sort when user codes fit in 16 bits):
-        # each user's records stay in shuffled order, and rank < k keeps k of them uniformly.
-        n_heavy = int(heavy_user.sum())
-        dense = (np.cumsum(heavy_user) - 1)[codes[heavy_idx]]
-        perm = rng.permutation(heavy_idx.size)
-        shuffled_user = dense[perm].astype(np.uint16 if n_heavy <= 65536 else np.uint32)
-        order = np.argsort(shuffled_user, kind="stable")
-        per_user = counts[heavy_user]
-        starts = np.cumsum(per_user) - per_user
-        rank = np.arange(order.size) - np.repeat(starts, per_user)
-        kept = ~heavy_rec  # a mask gives the kept indices in order without sorting them
-        kept[heavy_idx[perm[order[rank < k]]]] = True
-        keep = np.flatnonzero(kept)
-    else:
-        keep = np.arange(n)
+    keep = np.flatnonzero(sample_per_unit(codes, counts, k, rng))
     n_users = int(np.count_nonzero(counts))
-    return BoundingResult(keep.astype(np.int64), n, n_users, int(heavy_user.sum()), k)
+    return BoundingResult(keep.astype(np.int64), n, n_users, int(np.count_nonzero(counts > k)), k)
 
 
 # -- weighted bounding ------------------------------------------------------------------------------
@@ -96,13 +160,6 @@ def bound_contributions(user: np.ndarray, max_points_per_user: int, rng: np.rand
 #: step (NoiseSource.add_lattice_laplace): no float Laplace, and no rounding that could add to the
 #: sensitivity. A person with up to k·2²⁰ points keeps a positive weight on every one of them.
 WEIGHT_QUANTUM = 2.0 ** -20
-
-
-def _codes(user: np.ndarray) -> np.ndarray:
-    u = np.asarray(user)
-    if u.dtype.kind in "iu" and u.size and u.min() >= 0 and u.max() < 2 * u.size + 1_000_000:
-        return u.astype(np.int64, copy=False)
-    return np.unique(u, return_inverse=True)[1].astype(np.int64)
 
 
 def contribution_weights(user: np.ndarray, max_points_per_user: int) -> np.ndarray:
@@ -119,7 +176,7 @@ def contribution_weights(user: np.ndarray, max_points_per_user: int) -> np.ndarr
         raise SamplingError(f"max_points_per_user must be ≥ 1, got {max_points_per_user}")
     if np.asarray(user).size == 0:
         return np.empty(0, dtype=np.float64)
-    codes = _codes(user)
+    codes = unit_codes(user)
     n_u = np.bincount(codes).astype(np.float64)
     steps = np.floor(np.minimum(1.0, k / np.maximum(n_u, 1.0)) / WEIGHT_QUANTUM)
     return (steps * WEIGHT_QUANTUM)[codes]
@@ -137,6 +194,6 @@ def check_weights(user: np.ndarray | None, weights: np.ndarray, max_points_per_u
         raise SamplingError("contribution weights must lie in (0, 1]")
     if not np.array_equal(np.floor(w / WEIGHT_QUANTUM) * WEIGHT_QUANTUM, w):
         raise SamplingError("contribution weights must be multiples of WEIGHT_QUANTUM (2^-20)")
-    per_user = np.bincount(_codes(user), weights=w)
+    per_user = np.bincount(unit_codes(user), weights=w)
     if per_user.max() > int(max_points_per_user):
         raise SamplingError(f"a person's weights add up to {per_user.max():g} > k = {max_points_per_user}")
