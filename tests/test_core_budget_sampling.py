@@ -70,6 +70,24 @@ def test_bounding_is_uniform_within_a_user():
     assert hits.sum() == 3 * 4000
 
 
+@pytest.mark.parametrize("n,k", [(7, 2), (6, 4)])
+def test_bounding_draws_every_k_subset_equally_often(n, k):
+    """Every k-subset of a person's rows is equally likely, whether the person keeps its k smallest
+    keys (n ≥ 2k) or drops its n − k smallest (n < 2k), with a second person's rows in between."""
+    import itertools
+
+    rng = np.random.default_rng(4)
+    user = np.r_[np.zeros(n, dtype=np.int64), np.ones(n, dtype=np.int64)][rng.permutation(2 * n)]
+    rows = np.flatnonzero(user == 0)
+    index = {s: i for i, s in enumerate(itertools.combinations(rows.tolist(), k))}
+    hits = np.zeros(len(index))
+    for _ in range(3000):
+        keep = bound_contributions(user, k, rng).keep
+        assert (user[keep] == 1).sum() == k
+        hits[index[tuple(keep[user[keep] == 0].tolist())]] += 1
+    assert stats.chisquare(hits).pvalue > 1e-4
+
+
 def test_bounding_spans_the_whole_release_not_each_city():
     """A user with 100 points in each of three cities keeps at most k points over the three city-releases
     of one run together, not k per city (the release step that splits by city bounds first)."""

@@ -61,9 +61,10 @@ def unit_codes(user: np.ndarray) -> np.ndarray:
     return np.unique(u, return_inverse=True)[1].astype(np.int64).reshape(-1)
 
 
-#: Candidates a heavy unit expects beyond the k it keeps, in standard deviations of its candidate count
-#: (plus a few): a unit with fewer than k candidates (drawn again, every row a candidate) is rare.
-CANDIDATE_SDS = 4.0
+#: Candidates a heavy unit expects beyond the m it chooses, in standard deviations of its candidate
+#: count (plus a few): a unit with fewer than m candidates, which draws again after a pass over every
+#: row, is then rare (a Poisson tail: 3·10⁻⁵ a unit at m = 1, 4·10⁻⁷ at m = 50).
+CANDIDATE_SDS = 5.5
 #: Rows per step of the per-row passes: a step's temporaries are reused, not new memory each time.
 SAMPLE_BLOCK = 1 << 20
 
@@ -75,13 +76,14 @@ def sample_per_unit(codes: np.ndarray | list[np.ndarray], counts: np.ndarray, k:
     rows per code.
 
     Each row of a heavy unit (n_u > k) gets an independent 64-bit random key, and the unit keeps the
-    rows with its k smallest keys: a uniform k-subset, since the keys are exchangeable. Only candidates
-    are sorted: rows whose key lies under a per-unit threshold that about k + 4·sqrt(k) of the unit's
-    rows clear, so the k smallest keys are among them. A unit with fewer than k candidates draws
-    again with every row a candidate. Candidates are ordered by unit, then by their key's top bits;
-    a unit whose k-th and (k+1)-th candidates tie there also draws again (probability about
-    n_u²·2^(b − 65) for 2^b heavy units), so the sample is exactly uniform. Light units keep every row
-    without a draw. The per-row passes go SAMPLE_BLOCK rows at a time."""
+    rows with its k smallest keys, or, when it has fewer than 2k rows, drops the rows with its n_u − k
+    smallest keys: either way a uniform k-subset, since the keys are exchangeable. Call m_u the rows
+    a unit so chooses. Only candidates are sorted: rows whose key lies under a per-unit threshold that
+    about m_u + 5.5·sqrt(m_u) of its rows clear, so the m_u smallest keys are among them; a unit with
+    fewer than m_u candidates draws again with every row a candidate. Candidates are ordered by unit,
+    then by their key's top bits; a unit whose m_u-th and next candidates tie there also draws again
+    (probability about n_u²·2^(b − 65) for 2^b heavy units), so the sample is exactly uniform. Light
+    units keep every row. The per-row passes go SAMPLE_BLOCK rows at a time."""
     blocks = [codes] if isinstance(codes, np.ndarray) else list(codes)
     blocks = [b[i:i + SAMPLE_BLOCK] for b in blocks for i in range(0, b.size, SAMPLE_BLOCK)]
     starts = np.cumsum([0] + [b.size for b in blocks])
@@ -91,50 +93,64 @@ def sample_per_unit(codes: np.ndarray | list[np.ndarray], counts: np.ndarray, k:
     h = n_u.size
     if not h:
         return keep
-    # heavy units numbered 0 … h − 1, light ones −1: the tables below have one entry per heavy unit
-    dense = np.full(counts.size, -1, dtype=np.int32 if h < 2 ** 31 else np.int64)
+    drop = n_u < 2 * k
+    m = np.where(drop, n_u - k, k)
+    # heavy units numbered 0 … h − 1 in code order
+    dense = np.zeros(counts.size, dtype=np.int32 if h < 2 ** 31 else np.int64)
     dense[heavy] = np.arange(h)
-    q = np.minimum(1.0, (k + CANDIDATE_SDS * np.sqrt(k) + 4.0) / n_u)
-    # a key is 2⁶⁴ − 1 once in 2⁶⁴ draws; 2⁶⁴ − 4096 is a float64 that casts exactly
-    threshold = np.where(q >= 1.0, np.uint64(2 ** 64 - 1),
-                         np.minimum(q * 2.0 ** 64, 2.0 ** 64 - 4096).astype(np.uint64))
-    shift = np.uint64(max(1, h.bit_length()))
-    again = None  # the units drawing again: every row of theirs is a candidate
+    q = np.minimum(1.0, (m + CANDIDATE_SDS * np.sqrt(m) + 4.0) / n_u)
+    # Per code, 32 bits: 0 for a light unit, else a threshold on the top half of its rows' keys, whose
+    # lowest bit says the unit drops its choice. Any threshold serves (it only sets how many candidates
+    # a unit expects), so it is at least 2, and a key's top half is above 2³² − 2 twice in 2³² draws.
+    threshold = np.clip(np.floor(q * 2.0 ** 32), 2.0, 2.0 ** 32 - 1).astype(np.uint32)
+    table = np.zeros(counts.size, dtype=np.uint32)
+    table[heavy] = (threshold & ~np.uint32(1)) | drop.astype(np.uint32)
+    bits = max(1, h.bit_length())
+    low, high = np.uint64(bits), np.uint64(64 - bits)
+    row_type = np.int32 if keep.size < 2 ** 31 else np.int64
+    redo = None  # per code: its unit draws again, with every row a candidate
     while True:
-        units, keys, rows = [], [], []
+        composites, rows = [], []
         for start, block in zip(starts, blocks, strict=False):
-            d = dense[block]
-            if again is None:
-                np.less(d, 0, out=keep[start:start + block.size])
-            r = np.flatnonzero(d >= 0)
-            u = d[r]
-            if again is not None:
-                pick = np.flatnonzero(again[u])
-                r, u = r[pick], u[pick]
-            key = rng.bit_generator.random_raw(r.size).astype(np.uint64, copy=False)
-            if again is None:
-                pick = np.flatnonzero(key < threshold[u])
-                r, u, key = r[pick], u[pick], key[pick]
-            units.append(u)
-            keys.append(key)
-            rows.append(start + r)
-        u, key, row = np.concatenate(units), np.concatenate(keys), np.concatenate(rows)
+            key = None
+            if redo is None:
+                t = table[block]
+                # light units' rows, and those of units that drop their choice, are kept unless chosen
+                np.bitwise_and(t, np.uint32(1), out=keep[start:start + block.size], casting="unsafe")
+                keep[start:start + block.size] |= t == 0
+                key = rng.bit_generator.random_raw(block.size).astype(np.uint64, copy=False)
+                r = np.flatnonzero((key >> np.uint64(32)).astype(np.uint32) < t)
+                key = key[r]
+            else:
+                r = np.flatnonzero(redo[block])
+                key = rng.bit_generator.random_raw(r.size).astype(np.uint64, copy=False)
+            # a candidate's unit in the top bits, its key's top bits below: sorted, by unit then key
+            composite = dense[block[r]].astype(np.uint64) << high
+            composite |= key >> low
+            composites.append(composite)
+            rows.append((r + start).astype(row_type, copy=False))
+        composite, row = np.concatenate(composites), np.concatenate(rows)
+        del composites, rows
+        u = (composite >> high).astype(np.intp)
         n_cand = np.bincount(u, minlength=h)
-        composite = (u.astype(np.uint64) << (np.uint64(64) - shift)) | (key >> shift)
         ordered = np.sort(composite)
         present = np.flatnonzero(n_cand)  # units with candidates, ascending: ordered's order
-        per = n_cand[present]
-        kth_at = np.cumsum(per) - per + (k - 1)
-        enough = per >= k
-        present, per, kth_at = present[enough], per[enough], kth_at[enough]
+        per, want = n_cand[present], m[present]
+        enough = per >= want
+        present, per, want = present[enough], per[enough], want[enough]
+        at = np.cumsum(n_cand)[present] - per + want - 1  # each unit's m_u-th smallest candidate
         kth = np.zeros(h, dtype=np.uint64)
-        kth[present] = ordered[kth_at]
+        kth[present] = ordered[at]
         done = np.zeros(h, dtype=bool)
-        done[present] = (per == k) | (ordered[np.minimum(kth_at + 1, ordered.size - 1)] != ordered[kth_at])
-        keep[row[done[u] & (composite <= kth[u])]] = True
-        again = ~done if again is None else again & ~done
+        done[present] = (per == want) | (ordered[np.minimum(at + 1, ordered.size - 1)] != ordered[at])
+        del ordered
+        chosen = np.flatnonzero(done[u] & (composite <= kth[u]))
+        keep[row[chosen]] = ~drop[u[chosen]]
+        again = ~done if redo is None else redo[heavy] & ~done
         if not again.any():
             return keep
+        redo = np.zeros(counts.size, dtype=bool)
+        redo[heavy] = again
 
 
 def bound_contributions(user: np.ndarray, max_points_per_user: int, rng: np.random.Generator) -> BoundingResult:
