@@ -2,7 +2,8 @@
 
 One Dask graph, whatever runs it: a distributed cluster (the Prefect release flow's LocalCluster or
 ``--dask-address``, reached from the task through ``worker_client``) or, in the in-process form, the
-local threaded scheduler. Record level: one task per file reads it, validates it and counts its
+local threaded scheduler (an input of one file, one partition, runs the graph's steps directly:
+:func:`_one_file_pass`). Record level: one task per file reads it, validates it and counts its
 period's points on every region's fine grid (dpcore.data.chunks.file_counts); nothing else moves.
 User level: one task per file reads and validates it and keeps, per point of the period inside any
 region, its user key and fine cells (a few bytes a row; chunks.compact_rows); dask.dataframe's
@@ -56,8 +57,8 @@ from tasks.public_errors import public_failure
 if TYPE_CHECKING:
     import dask.dataframe as dd
 
-# dask is imported where a graph is built: an in-process pass over one file runs its steps directly
-# (:func:`_one_file_pass`) and imports no dask at all (0.15 s of CPU; dask.dataframe 0.5 s more).
+# dask is imported where a graph is built, so that an in-process pass over one file imports none of it
+# (0.15 s of CPU; dask.dataframe 0.5 s more).
 
 #: Rows per partition when an in-memory table (a backfill's one read) goes through the graph.
 MEMORY_PARTITION_ROWS = 4_000_000
