@@ -100,17 +100,18 @@ def test_bad_parameter_value_fails_before_the_ledger_is_charged(synth_file, tmp_
     assert not any(out.rglob("*"))
 
 
-def test_a_fit_the_mechanism_refuses_inside_the_flow_gives_its_own_error(tmp_path):
+def test_a_fit_the_mechanism_refuses_inside_the_flow_gives_its_own_error(prefect_harness, tmp_path):
     """A refusal only the fit can make (it needs the region: the shipped denoiser learned from Austin)
     fails the privatize task on Dask. The CLI reports that task's error, not the "not ready" of the
-    persist task after it, and nothing is committed."""
+    persist task after it, and nothing is committed. The run reports to the session's Prefect server
+    (without one each run starts its own, ~11 CPU-s) on a one-worker cluster."""
     from dpcore.models.pyramid_denoiser import DEFAULT_DENOISER_PATH
 
     data = tmp_path / "austin.parquet"
     generate_checkins(city_region("austin"), n_users=200, days=7, seed=1).to_parquet(data)
     out = tmp_path / "o"
     r = geodp("release", data, "--city", "austin", "--epsilon", "1", "--privacy-unit", "record", "--mechanism",
-              "snh", "--param", f"denoiser={DEFAULT_DENOISER_PATH}", "--store", out, ok=False)
+              "snh", "--param", f"denoiser={DEFAULT_DENOISER_PATH}", "--store", out, "--workers", "1", ok=False)
     assert r.returncode == 2
     last = r.stderr.strip().splitlines()[-1]
     assert last.startswith("error: denoiser ") and "trained on data of austin" in last
