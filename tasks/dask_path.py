@@ -2,8 +2,8 @@
 
 One Dask graph, whatever runs it: a distributed cluster (the Prefect release flow's LocalCluster or
 ``--dask-address``, reached from the task through ``worker_client``) or, in the in-process form, the
-local threaded scheduler (an input of one file, one partition, runs the graph's steps directly:
-:func:`_one_file_pass`). Record level: one task per file reads it, validates it and counts its
+local threaded scheduler (at record level an input of one file runs the graph's one read step
+directly: :func:`_one_file_counts`). Record level: one task per file reads it, validates it and counts its
 period's points on every region's fine grid (dpcore.data.chunks.file_counts); nothing else moves.
 User level: one task per file reads and validates it and keeps, per point of the period inside any
 region, its user key and fine cells (a few bytes a row; chunks.compact_rows); dask.dataframe's
