@@ -1,6 +1,7 @@
 """The `evaluate` flow's spatio-temporal part and training curves, on a real Prefect server (session
-harness) and a Dask LocalCluster: rows per city × mechanism × ε, operator artifacts read back from
-the Prefect API (released vs true slots, forecast plots, SNH training curves), images in output_dir."""
+harness) and the module's Dask LocalCluster (tests/conftest.py: dask_cluster; tests/test_platform_serve.py
+runs the evaluate flow on a cluster of its own): rows per city × mechanism × ε, operator artifacts read
+back from the Prefect API (released vs true slots, forecast plots, SNH training curves), images in output_dir."""
 
 import base64
 import json
@@ -50,7 +51,8 @@ def _pngs(markdown: str) -> list[bytes]:
 
 
 @pytest.mark.slow
-def test_spatio_temporal_evaluation_two_cities_rows_and_artifacts(prefect_harness, two_city_file, tmp_path):
+def test_spatio_temporal_evaluation_two_cities_rows_and_artifacts(prefect_harness, dask_cluster, two_city_file,
+                                                                  tmp_path):
     from flows.evaluate_flow import run_evaluate
 
     st = STEvaluateOptions(window="2024-01-01/2024-01-09", slot="1d", mechanisms=["identity3d", "vdr"],
@@ -58,7 +60,7 @@ def test_spatio_temporal_evaluation_two_cities_rows_and_artifacts(prefect_harnes
                            hotspot_extent_km=3, hotspot_grid=32, forecast_queries=4, image_slots=3, forecast_plots=2)
     out_dir = tmp_path / "eval-out"
     out = run_evaluate(EvaluateParams(
-        data=str(two_city_file), cities=CITIES, mechanisms=[], spatio_temporal=st, n_workers=2,
+        data=str(two_city_file), cities=CITIES, mechanisms=[], spatio_temporal=st, dask_address=dask_cluster,
         mechanism_params={"vdr": SMALL_VDR, "identity3d": {"grid_size": 32}}, output_dir=str(out_dir)))
     rep = out["spatio_temporal"]
     assert set(rep["cities"]) == set(CITIES) and rep["drawn_epsilon"] == 0.5
@@ -91,14 +93,14 @@ def test_spatio_temporal_evaluation_two_cities_rows_and_artifacts(prefect_harnes
     assert (out_dir / "evaluate.json").exists()
 
 
-def test_snh_evaluation_has_a_training_curve_artifact(prefect_harness, two_city_file):
+def test_snh_evaluation_has_a_training_curve_artifact(prefect_harness, dask_cluster, two_city_file):
     from flows.evaluate_flow import run_evaluate
 
     snh = {"cell_width_m": 1000, "hidden": 8, "depth": 2, "max_epochs": 4, "patience": 10,
            "samples_per_epoch": 2048, "n_sizes": 2}
     out = run_evaluate(EvaluateParams(data=str(two_city_file), cities=["new-york"], mechanisms=["identity", "snh"],
                                       epsilons=[0.5, 2.0], queries=100, trials=1, query_sides_m=[(1000, 5000)],
-                                      mechanism_params={"snh": snh}, n_workers=2))
+                                      mechanism_params={"snh": snh}, dask_address=dask_cluster))
     assert {(r["mechanism"], r["epsilon"]) for r in out["results"]} == {
         (m, e) for m in ("identity", "snh") for e in (0.5, 2.0)}
     # user-level: the SNH synopsis is wrapped by the N/n̂ scaling and its losses still come through
@@ -143,7 +145,7 @@ def test_params_validation_and_store_refusal(tmp_path):
 
 
 @pytest.mark.slow
-def test_cli_flow_forms(prefect_harness, two_city_file, tmp_path):
+def test_cli_flow_forms(prefect_harness, dask_cluster, two_city_file, tmp_path):
     """`geodp evaluate-st --flow` and `geodp evaluate --flow` as a user types them (the subprocess
     reports to the session's Prefect server through PREFECT_API_URL)."""
 
@@ -153,7 +155,8 @@ def test_cli_flow_forms(prefect_harness, two_city_file, tmp_path):
     r = run_geodp("evaluate-st", two_city_file, "--city", "new-york,boston", "--window", "2024-01-01/2024-01-09",
                   "--slot", "1d", "--epsilon", "1", "--mechanisms", "identity3d", "--queries", "50",
                   "--hotspot-queries", "20", "--forecast-queries", "2", "--max-points-per-user", "20",
-                  "--param", "identity3d.grid_size=32", "--flow", "--workers", "1", "--artifacts-dir", images,
+                  "--param", "identity3d.grid_size=32", "--flow", "--dask-address", dask_cluster, "--artifacts-dir",
+                  images,
                   "--json", out)
     assert "== new-york" in r.stdout and "== boston" in r.stdout
     rep = json.loads(out.read_text())
@@ -165,7 +168,8 @@ def test_cli_flow_forms(prefect_harness, two_city_file, tmp_path):
 
     out2 = tmp_path / "eval.json"
     r = run_geodp("evaluate", two_city_file, "--city", "boston", "--mechanisms", "identity", "--epsilon", "1",
-                  "--queries", "50", "--trials", "1", "--query-sides-m", "1000:5000", "--flow", "--workers", "1",
+                  "--queries", "50", "--trials", "1", "--query-sides-m", "1000:5000", "--flow", "--dask-address",
+                  dask_cluster,
                   "--json", out2)
     assert "== boston" in r.stdout and "identity" in r.stdout
     assert [(row["city"], row["mechanism"]) for row in json.loads(out2.read_text())["results"]] == [
