@@ -1,5 +1,6 @@
 """A backfill submitted to a served deployment: `geodp serve` runs in its own process against the
-session's Prefect server; one flow run per day, and idempotency keys make a re-submission reuse them."""
+session's Prefect server; one flow run per day, and idempotency keys make a re-submission reuse them.
+The CLI's submissions go through the forked CLI runner (tests/cli_runner.py), from another folder."""
 
 import os
 import signal
@@ -13,6 +14,7 @@ import pytest
 from flows.backfill import submit_to_deployment
 from tasks.config import BackfillParams, ReleaseParams
 from tasks.storage.store import ReleaseStore
+from tests.cli_runner import run_geodp
 
 pytestmark = pytest.mark.shared_data
 ROOT = Path(__file__).resolve().parents[1]
@@ -102,39 +104,30 @@ def test_backfill_through_the_served_deployment(prefect_harness, gowalla_sample_
         work = tmp_path / "elsewhere"
         work.mkdir()
         (work / "checkins.parquet").symlink_to(gowalla_sample_path)
-        sub = subprocess.run([sys.executable, "-m", "flows.cli", "backfill", "checkins.parquet", "--cities", "austin",
-                              "--start", "2010-05-05", "--end", "2010-05-05", "--epsilon", "0.5",
-                              "--max-points-per-user", "10", "--store", "rel-store", "--deployment",
-                              "release/release"], cwd=work, env={**env, "PYTHONPATH": str(ROOT)},
-                             capture_output=True, text=True, timeout=120)
-        assert sub.returncode == 0, sub.stderr[-2000:]
+        sub = run_geodp("backfill", "checkins.parquet", "--cities", "austin", "--start", "2010-05-05", "--end",
+                        "2010-05-05", "--epsilon", "0.5", "--max-points-per-user", "10", "--store", "rel-store",
+                        "--deployment", "release/release", cwd=work, env=env, timeout=120)
         run_id = sub.stdout.split("flow run ")[1].split()[0]
         assert _wait_for_runs([run_id]) == {run_id: "COMPLETED"}, (tmp_path / "serve.log").read_text()[-3000:]
         assert [r.period for r in ReleaseStore(str(work / "rel-store")).list_releases()] == ["2010-05-05"]
         # `--deployment backfill/backfill` without --store: one served run for every day (one Dask cluster),
         # into the served configuration's store; the same submission again says it is the earlier run
-        cmd = [sys.executable, "-m", "flows.cli", "release", "backfill", "checkins.parquet", "--cities", "austin",
-               "--period", "2010-05-06..2010-05-07", "--epsilon", "0.5", "--max-points-per-user", "10",
-               "--deployment", "backfill/backfill"]
-        sub = subprocess.run(cmd, cwd=work, env={**env, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
-                             timeout=120)
-        assert sub.returncode == 0, sub.stderr[-2000:]
+        cmd = ["release", "backfill", "checkins.parquet", "--cities", "austin", "--period", "2010-05-06..2010-05-07",
+               "--epsilon", "0.5", "--max-points-per-user", "10", "--deployment", "backfill/backfill"]
+        sub = run_geodp(*cmd, cwd=work, env=env, timeout=120)
         (line,) = sub.stdout.splitlines()
         assert line.startswith("2010-05-06..2010-05-07: flow run ")
         run_id = line.split("flow run ")[1].split()[0]
         assert _wait_for_runs([run_id]) == {run_id: "COMPLETED"}, (tmp_path / "serve.log").read_text()[-3000:]
         assert sorted(r.period for r in ReleaseStore(str(served_store)).list_releases()) == ["2010-05-06", "2010-05-07"]
-        again = subprocess.run(cmd, cwd=work, env={**env, "PYTHONPATH": str(ROOT)}, capture_output=True,
-                               text=True, timeout=120)
+        again = run_geodp(*cmd, cwd=work, env=env, timeout=120)
         assert again.returncode == 0 and f"flow run {run_id} (submitted before with the same parameters" in again.stdout
         # a backfill the budget refuses, submitted again: the same failed run, and it says so (exit 2)
-        over = [*cmd[:8], "--period", "2010-05-08..2010-05-08", "--epsilon", "9", *cmd[-4:]]
-        first = subprocess.run(over, cwd=work, env={**env, "PYTHONPATH": str(ROOT)}, capture_output=True,
-                               text=True, timeout=120)
+        over = [*cmd[:5], "--period", "2010-05-08..2010-05-08", "--epsilon", "9", *cmd[-4:]]
+        first = run_geodp(*over, cwd=work, env=env, ok=False, timeout=120)
         failed_id = first.stdout.split("flow run ")[1].split()[0]
         assert _wait_for_runs([failed_id]) == {failed_id: "FAILED"}
-        refused = subprocess.run(over, cwd=work, env={**env, "PYTHONPATH": str(ROOT)}, capture_output=True,
-                                 text=True, timeout=120)
+        refused = run_geodp(*over, cwd=work, env=env, ok=False, timeout=120)
         assert refused.returncode == 2 and "submitted before with the same parameters and failed" in refused.stderr
         assert "budget exceeded" in refused.stderr and refused.stderr.count("error:") == 1
     finally:
