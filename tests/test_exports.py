@@ -2,6 +2,7 @@
 rasterio, pandas) holds the release's values at the release's positions, its noise sd and unit, and the
 manifest's facts; previews label the release's own unit and cell size on latitude/longitude axes."""
 
+import io
 import json
 
 import geopandas as gpd
@@ -106,6 +107,29 @@ def test_preview_labels_the_releases_own_cells_and_unit(release):
     d, w, r = preview_grid(heat)
     assert d.shape == (200, 200) and r
     assert colour_bar_label(heat, w, r) == "released people (each person counts 1 in total) per 100 m pixel (resampled)"
+
+
+def test_preview_draws_north_up_without_matplotlib(release):
+    """The preview is drawn with Pillow from a shipped colour table (matplotlib's import and layout were most
+    of a small release's CPU): cell [ix, iy] = [east-most, north-most] is the map's top-right block, in the
+    table's top colour, and the rest is its bottom colour (a log1p scale from the lowest to the highest)."""
+    from PIL import Image
+
+    from tasks.colormap import LUT
+    from tasks.preview import MAP_PX, map_pixels, render_heatmap_png
+
+    corner = np.zeros((20, 20))
+    corner[-1, -1] = 50.0
+    rgb, lo, hi = map_pixels(corner)
+    k = MAP_PX // 20
+    assert rgb.shape == (20 * k, 20 * k, 3) and (lo, hi) == pytest.approx((0.0, np.log1p(50.0)))
+    assert (rgb[:k, -k:] == LUT[255]).all()
+    rest = np.ones(rgb.shape[:2], dtype=bool)
+    rest[:k, -k:] = False
+    assert (rgb[rest] == LUT[0]).all()
+    png = render_heatmap_png(release["release"].synopsis, "new-york all (released, ε=1)", note="noise ≈ 1")
+    with Image.open(io.BytesIO(png)) as im:
+        assert im.format == "PNG" and im.width > 20 * k and im.height > 20 * k
 
 
 def test_an_adaptive_release_exports_its_leaves_and_refuses_a_raster(release):
