@@ -1,7 +1,9 @@
 """How often the 95% intervals of range answers cover the truth, per mechanism × band × privacy unit, and
 for per-day rows and 3- and 7-day sums of daily releases (issue 43 items 1 and 2).
 
-Gowalla NYC check-ins in the ``new-york`` box (held out from every tuning of the platform). Each release
+Gowalla NYC check-ins in the ``new-york`` box (where the spread's factors were fitted, bench/fit_spread.py),
+or with ``--dataset austin`` / ``san-francisco`` the Gowalla 1,000-user sample's check-ins in that city's box
+(held out from every tuning). Each release
 is drawn as ``geodp release`` draws it: record level, or user level with a k-sample per person, the
 contribution profile paid with PROFILE_FRACTION of ε and the answers scaled to full counts by it (the
 default user-level release). Squares of each band are centred on uniformly drawn points of the released
@@ -11,6 +13,7 @@ no interval (with the reason). Also printed: the median relative half-width and 
 interval as it was before partly covered cells were bounded (noise and bounding bias only).
 
     nice -n 10 .venv/bin/python bench/bench_coverage.py                  # the 2-D table
+    nice -n 10 .venv/bin/python bench/bench_coverage.py --dataset austin --seed 101   # held out
     nice -n 10 .venv/bin/python bench/bench_coverage.py --daily          # per-day rows and window sums
 """
 
@@ -45,9 +48,12 @@ BANDS = ((25.0, 100.0), (100.0, 1000.0), (1000.0, 5000.0))
 MECHANISMS = {"identity": {"cell_width_m": 250.0}, "ug": {}, "ag": {}, "hb": {}, "privtree": {}, "auto": {}}
 
 
-def load(city: str = "new-york"):
-    pts = load_points(SHARED / "gowalla_nyc_checkins.tsv.gz").points
-    region = city_region(city)
+def load(dataset: str = "nyc"):
+    """(x, y, user, ts, region): Gowalla NYC in the new-york box, or the 1,000-user sample in a city's box."""
+    if dataset == "nyc":
+        pts, region = load_points(SHARED / "gowalla_nyc_checkins.tsv.gz").points, city_region("new-york")
+    else:
+        pts, region = load_points(SHARED / "gowalla_sample_1000users.parquet").points, city_region(dataset)
     x, y = region.project(pts.lat, pts.lon)
     inside = region.contains_m(x, y)
     return x[inside], y[inside], pts.user[inside], pts.ts[inside], region
@@ -81,8 +87,8 @@ def intervals(syn, boxes):
 
 
 def table_2d(a) -> None:
-    x, y, user, _, region = load()
-    print(f"Gowalla NYC, {x.size} points; ε {a.epsilon:g}, k {a.k}; {a.releases} releases × {a.queries} squares "
+    x, y, user, _, region = load(a.dataset)
+    print(f"{a.dataset}, {x.size} points; ε {a.epsilon:g}, k {a.k}; {a.releases} releases × {a.queries} squares "
           "per band; truth = all points\n")
     print("| mechanism | unit | " + " | ".join(f"{lo:g}–{hi:g} m" for lo, hi in BANDS)
           + " | median rel. half-width (per band) |")
@@ -112,12 +118,12 @@ def table_2d(a) -> None:
 
 def table_daily(a) -> None:
     """Per-day rows and sums over 3 and 7 consecutive days of daily releases."""
-    x, y, user, t, region = load()
+    x, y, user, t, region = load(a.dataset)
     day = t // 86400
     days, n_per_day = np.unique(day, return_counts=True)
     rng = np.random.default_rng(a.seed)
     busy = days[n_per_day >= np.quantile(n_per_day, 0.5)]
-    starts = [d for d in busy if all(np.isin(d + np.arange(7), days))][:a.windows]
+    starts = [d for d in busy if all(np.isin(d + np.arange(7), days))][a.skip_windows:a.skip_windows + a.windows]
     print(f"Gowalla NYC daily releases; ε {a.epsilon:g} a day, k {a.k}; {len(starts)} 7-day windows × "
           f"{a.queries} squares per band, centred on the window's points; truth = all points of the day(s)\n")
     print("| mechanism | unit | rows | " + " | ".join(f"{lo:g}–{hi:g} m" for lo, hi in BANDS) + " |")
@@ -157,8 +163,12 @@ def main() -> None:
     ap.add_argument("--releases", type=int, default=3)
     ap.add_argument("--queries", type=int, default=400)
     ap.add_argument("--seed", type=int, default=11)
+    ap.add_argument("--dataset", default="nyc", help="nyc, or a city of the Gowalla 1,000-user sample (austin, "
+                                                     "san-francisco)")
     ap.add_argument("--daily", action="store_true", help="per-day rows and 3-/7-day sums of daily releases")
     ap.add_argument("--windows", type=int, default=3, help="7-day windows (--daily)")
+    ap.add_argument("--skip-windows", type=int, default=0, help="start after this many windows (--daily; "
+                                                                 "held-out windows: 3)")
     a = ap.parse_args()
     (table_daily if a.daily else table_2d)(a)
     ru = resource.getrusage(resource.RUSAGE_SELF)

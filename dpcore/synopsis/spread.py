@@ -8,18 +8,29 @@ and all. Per box, over the cells it cuts (released counts y ≥ 0, covered fract
 - the hard bounds: the truth of the cut cells lies between none of them (the answer less E = Σ f·y) and
   all of them (the answer plus R = Σ (1 − f)·y);
 - the spread: if each cut cell's points sat in one place, in the box or not, the error's variance would be
-  V = Σ y²·f(1 − f); points spread over several places inside a cell make it smaller, a box that sits on a
-  venue makes its error one-sided and heavy-tailed (a square centred where people are holds at least the
+  V = Σ t²·f(1 − f) (t a cell's true count, read as y² + σ² with σ its noise's sd where the release's
+  noise law gives it; the bound above adds the cut cells' own noise, z·σ·√Σ(1 − f)², as all of a cut
+  cell is its released count less its noise); points spread over several places inside a cell make it
+  smaller, a box that sits on a venue makes its error one-sided and heavy-tailed (a square centred where people are holds at least the
   venue it is centred on, so its truth lies above the answer far more often than below). With m =
-  V²/Σ(y²·f(1 − f))² the effective number of cut cells, the half-widths are z·√V·(1/2 + 4/m²) above the
-  answer and z·√V·(1/2 + 1/(2m²)) below it, each within its hard bound: about z·√V/2 where a box cuts
-  many cells (whose errors partly cancel), up to none-to-all above where it cuts one.
+  V²/Σ(y²·f(1 − f))² the effective number of cut cells, the half-widths are z·√V·(a0 + a1/m²) below the
+  answer and z·√V·(b0 + b1/m²) above it, each within its hard bound: a fraction of z·√V where a box
+  cuts many cells (whose errors partly cancel), up to none-to-all above where it cuts one.
 
-The factors were fitted on public data only (the Gowalla 1,000-user sample's San Francisco, Austin and New
-York check-ins; data-centred squares of the three bands on uniform grids of 100 m to 2 km of true counts:
-coverage 0.90–1.00, mean distance from 0.95 of 0.030, against 0.68–1.00 and 0.074 for z·√V·(1/2 + 1/m)
-both ways). bench/bench_coverage.py measures the full intervals of every mechanism on the held-out Gowalla
-New York check-ins.
+The factors depend on how the release cut space (:data:`FACTORS`): a uniform grid's cells (identity, UG),
+HB's leaf grid, AG's two-level leaves and a tree's leaves differ in how many places a cut cell holds (a
+tree's and AG's leaves are cut where counts are high, so they hold few places each). A release scaled to
+full counts from a k-bounded sample (user level) spreads bounded counts, whose places are thinner than the
+full data's (each person adds at most k points to a venue): :data:`BOUNDED_SHARE` may take a share off its
+factors (none is: held out, it under-covered). The spread and the noise model's half-width add as ‖·‖_P with P = :data:`NORM_P` (between a quadrature sum, P = 2, and a
+linear one): the spread's error is heavy-tailed, so the two errors' sum reaches further than a quadrature
+sum of their quantiles says.
+
+Fitted on public data (bench/fit_spread.py): Gowalla NYC check-ins in the ``new-york`` box at record level,
+ε 1, three whole-file releases and twelve single busy days (dense and sparse data); squares of 25–5000 m
+centred on data points; per kind, the factors that bring each mechanism × band's coverage nearest 0.95.
+bench/bench_coverage.py reports coverage on held-out data (the Gowalla 1,000-user sample's Austin and San
+Francisco, other seeds; bench/results/2026-11-28-coverage-2.md).
 
 Cells are the release's own where it is a uniform grid; an adaptive release (a tree's or AG's leaves)
 is read leaf by leaf: the commonest leaf sizes each on their own grid, exactly, the others on dyadic
@@ -43,28 +54,65 @@ FINEST = 512
 EXACT_GRIDS = 8
 
 
+#: (a0, a1, b0, b1) per kind of cells: z·√V·(a0 + a1/m²) below, z·√V·(b0 + b1/m²) above (bench/fit_spread.py;
+#: HB's 0.35 raised to 0.45, where NYC's whole-file 1–5 km squares covered 0.92 at 0.35 and 0.96 at 0.45).
+FACTORS = {"grid": (0.45, 0.0, 0.45, 4.0), "hb": (0.45, 0.0, 0.45, 4.0), "ag": (0.55, 0.0, 0.55, 8.0),
+           "tree": (0.35, 0.0, 0.35, 8.0)}
+#: Exponents (g0, g1): the spread of a k-bounded sample that keeps a share κ of the points, scaled to full
+#: counts, takes κ^g0·(a0, b0) and κ^g1·(a1, b1). 0: the full data's spread. Fitted on Gowalla NYC (0.82,
+#: 5.0 with ProfiledNoise.BIAS_SHARE 0.6) they brought NYC's user-level coverage from 0.96–1.00 to 0.90–0.96
+#: but the held-out Gowalla sample's Austin fell further short (UG 0.63/0.39/0.24 against 0.85/0.74/0.38 by
+#: band; bench/results/2026-11-28-coverage-2.md), so nothing is taken off.
+BOUNDED_SHARE = (0.0, 0.0)
+#: The spread and the noise model's half-width add as (n^P + s^P)^(1/P).
+NORM_P = 1.5
+
+
+def add_halfwidths(noise: np.ndarray, spread: np.ndarray) -> np.ndarray:
+    """The half-width of the noise's and the spread's errors together (:data:`NORM_P`)."""
+    n, s = np.abs(np.asarray(noise, dtype=np.float64)), np.abs(np.asarray(spread, dtype=np.float64))
+    if NORM_P == 1.5:  # square roots and a cube root: a third of the time of two fractional powers
+        return np.cbrt(n * np.sqrt(n) + s * np.sqrt(s)) ** 2
+    return (n ** NORM_P + s ** NORM_P) ** (1.0 / NORM_P)
+
+
+def rest_of(total: np.ndarray, noise: np.ndarray) -> np.ndarray:
+    """The part of a half-width :func:`add_halfwidths` made of ``total`` beside ``noise``."""
+    t = np.abs(np.asarray(total, dtype=np.float64))
+    n = np.minimum(np.abs(np.asarray(noise, dtype=np.float64)), t)
+    return np.maximum(t ** NORM_P - n ** NORM_P, 0.0) ** (1.0 / NORM_P)
+
+
 class CellSpread:
     """Half-widths of the spreading error of an (nx, ny) grid of released counts over ``bounds``."""
 
-    method = ("the spread inside partly covered cells (within none to all of a cut cell's released count, "
-              "z·√V·(1/2 + 4/m²) above and z·√V·(1/2 + 1/(2m²)) below, V = Σ y²·f(1 − f) over the cut cells)")
-
-    def __init__(self, grids: list[np.ndarray], bounds: tuple[float, float, float, float]):
+    def __init__(self, grids: list[np.ndarray], bounds: tuple[float, float, float, float], kind: str = "grid",
+                 cells: list[np.ndarray] | None = None, cell_sd: float = 0.0):
         """``grids``: released counts of disjoint cells, each array a uniform grid over ``bounds`` (0 where
-        its grid has no cell of the release)."""
-        self.bounds = bounds
+        its grid has no cell of the release); ``kind``: how the release cut space (a key of FACTORS);
+        ``cells``: per grid, 1 where it holds a cell of the release (every cell when None); ``cell_sd``: the
+        sd of each cell's own noise where the release's noise law gives it (0: not known)."""
+        self.bounds, self.kind, self.cell_sd = bounds, kind, float(cell_sd)
+        a0, a1, b0, b1 = FACTORS[kind]
+        self.method = (f"the spread inside partly covered cells ({kind}: within none to all of a cut cell's "
+                       f"released count, z·√V·({a0:g} + {a1:g}/m²) below and z·√V·({b0:g} + {b1:g}/m²) above, "
+                       "V = Σ y²·f(1 − f) over the cut cells, fitted on public data)")
         self.grids = []
-        for values in grids:
+        for i, values in enumerate(grids):
             v = np.clip(np.asarray(values, dtype=np.float64), 0.0, None)
-            # prefix tables of y, y² and y⁴ packed per node, so one gather reads all three
-            stack = np.stack([v, v * v, (v * v) ** 2], axis=-1)
-            p = np.zeros((v.shape[0] + 1, v.shape[1] + 1, 3))
+            held = np.ones_like(v) if cells is None else np.asarray(cells[i], dtype=np.float64)
+            # a cell's true count is y less its noise: its square is y² + σ² on average over the noise (a
+            # cell released as 0 may hold a point a box sits on)
+            sq = v * v + self.cell_sd ** 2 * held
+            # prefix tables of y, y² + σ², its square and the cells held, packed per node: one gather reads all
+            stack = np.stack([v, sq, sq * sq, held], axis=-1)
+            p = np.zeros((v.shape[0] + 1, v.shape[1] + 1, 4))
             np.cumsum(np.cumsum(stack, axis=0), axis=1, out=p[1:, 1:])
-            self.grids.append((v.shape, p.reshape(-1, 3)))
+            self.grids.append((v.shape, p.reshape(-1, 4)))
 
     @classmethod
     def of_leaves(cls, cx: np.ndarray, cy: np.ndarray, width: np.ndarray, count: np.ndarray,
-                  bounds: tuple[float, float, float, float]) -> CellSpread:
+                  bounds: tuple[float, float, float, float], kind: str = "tree", cell_sd: float = 0.0) -> CellSpread:
         """Leaves of several sizes (centres, sides, released counts), each a cell of the grid of side/width
         cells per axis (a quadtree's and an adaptive grid's leaves are: AG's lie on the grid of m1·m2(·m3)
         cells), one grid per size for the EXACT_GRIDS sizes holding most leaves up to FINEST cells per axis;
@@ -77,7 +125,7 @@ class CellSpread:
         exact = set(sizes[np.argsort(leaves)[::-1][:EXACT_GRIDS]].tolist())
         dyadic = 2 ** np.clip(np.floor(np.log2(np.maximum(n, 1)) + 1e-9), 0, np.log2(FINEST)).astype(np.int64)
         grid = np.where(np.isin(n, list(exact)), n, dyadic)
-        grids = []
+        grids, cells = [], []
         for g_n in np.unique(grid):
             g_n, sel = int(g_n), grid == g_n
             ix = np.clip(((cx[sel] - xmin) * g_n / side).astype(np.int64), 0, g_n - 1)
@@ -85,39 +133,52 @@ class CellSpread:
             g = np.zeros(g_n * g_n)
             np.add.at(g, ix * g_n + iy, np.clip(count[sel], 0.0, None))
             grids.append(g.reshape(g_n, g_n))
-        return cls(grids, bounds)
+            c = np.zeros(g_n * g_n)
+            c[ix * g_n + iy] = 1.0
+            cells.append(c.reshape(g_n, g_n))
+        return cls(grids, bounds, kind, cells, cell_sd)
 
-    def halfwidths(self, boxes: np.ndarray, level: float = 0.95) -> tuple[np.ndarray, np.ndarray]:
-        """(below, above): how far below and above the answer each box's truth may lie from spreading."""
+    def halfwidths(self, boxes: np.ndarray, level: float = 0.95,
+                   kept: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+        """(below, above): how far below and above the answer each box's truth may lie from spreading
+        (``kept``: the share κ of the points a k-bound kept, where the cells count a bounded sample that is
+        scaled to full counts)."""
         boxes = np.atleast_2d(np.asarray(boxes, dtype=np.float64))
         below, above = np.zeros(len(boxes)), np.zeros(len(boxes))
         z = NormalDist().inv_cdf((1.0 + level) / 2.0)
+        a0, a1, b0, b1 = FACTORS[self.kind]
+        kappa = float(np.clip(kept, 1e-6, 1.0))
+        s0, s1 = kappa ** BOUNDED_SHARE[0], kappa ** BOUNDED_SHARE[1]
+        a0, b0, a1, b1 = a0 * s0, b0 * s0, a1 * s1, b1 * s1
         for s in range(0, len(boxes), BLOCK):
             b = boxes[s:s + BLOCK]
-            v, w, e, r = (np.zeros(len(b)) for _ in range(4))
+            v, w, e, r, q = (np.zeros(len(b)) for _ in range(5))
             for shape, p in self.grids:
                 rows, sums = self._sums(b, shape, p)
-                for total, part in zip((v, w, e, r), sums, strict=True):
+                for total, part in zip((v, w, e, r, q), sums, strict=True):
                     total[rows] += part
             v, w = np.maximum(v, 0.0), np.maximum(w, 0.0)
             with np.errstate(divide="ignore", invalid="ignore"):
                 inv_m = np.where(v > 0, w / np.where(v > 0, v * v, 1.0), 0.0)
             sd, inv_m2 = z * np.sqrt(v), inv_m * inv_m
-            below[s:s + BLOCK] = np.minimum(sd * (0.5 + 0.5 * inv_m2), e)
-            above[s:s + BLOCK] = np.minimum(sd * (0.5 + 4.0 * inv_m2), r)
+            below[s:s + BLOCK] = np.minimum(sd * (a0 + a1 * inv_m2), e)
+            # all of a cut cell is its released count less its own noise: the bound above takes the noise
+            # of the cut cells' uncovered parts, Σ (1 − f)·noise
+            above[s:s + BLOCK] = np.minimum(sd * (b0 + b1 * inv_m2), r + z * self.cell_sd * np.sqrt(q))
         return below, above
 
     def _sums(self, b: np.ndarray, shape: tuple[int, int], prefix: np.ndarray) -> tuple[np.ndarray, ...]:
-        """(rows, (V, W, E, R)): the boxes that cut a cell of this grid holding a count, and for each, over
-        the cut cells, V = Σ y²·g, W = Σ y⁴·g², E = Σ f·y and R = Σ (1 − f)·y (g = f(1 − f))."""
+        """(rows, (V, W, E, R, Q)): the boxes that cut a cell of this grid holding a count, and for each, over
+        the cut cells, V = Σ y²·g, W = Σ y⁴·g², E = Σ f·y, R = Σ (1 − f)·y and Q = Σ (1 − f)² over the
+        cells the release has (g = f(1 − f))."""
         xmin, ymin, xmax, ymax = self.bounds
         nx, ny = shape
         ix0, ix1, fx0, fx1, sx = axis_cover(b[:, 0], b[:, 2], nx, (xmin, xmax))
         iy0, iy1, fy0, fy1, sy = axis_cover(b[:, 1], b[:, 3], ny, (ymin, ymax))
-        # a box whose cells on this grid hold no released count cuts none (the grid of one leaf size is
+        # a box that meets no cell of this grid cuts none (the grid of one leaf size is
         # mostly empty): the rest works on the others only
         st = ny + 1
-        c0 = prefix[:, 0]
+        c0 = prefix[:, 3]
         held = (c0[(ix1 + 1) * st + iy1 + 1] - c0[ix0 * st + iy1 + 1] - c0[(ix1 + 1) * st + iy0]
                 + c0[ix0 * st + iy0]) > 0
         rows = np.flatnonzero(held & sx & sy)
@@ -135,7 +196,7 @@ class CellSpread:
         fx = (fx0, np.ones_like(fx0), fx1)
         fy = (fy0, np.ones_like(fy0), fy1)
         v = np.zeros(len(b))
-        w, e, r = v.copy(), v.copy(), v.copy()
+        w, e, r, q = v.copy(), v.copy(), v.copy(), v.copy()
         for k in range(3):
             for c in range(3):
                 if k == 1 and c == 1:
@@ -147,7 +208,8 @@ class CellSpread:
                 w += g * g * blk[:, 2]
                 e += f * blk[:, 0]
                 r += (1.0 - f) * blk[:, 0]
-        return rows, (v, w, e, r)
+                q += (1.0 - f) ** 2 * blk[:, 3]
+        return rows, (v, w, e, r, q)
 
 
 def _cut(x0: np.ndarray, y0: np.ndarray, w: np.ndarray, m: np.ndarray):
@@ -186,27 +248,30 @@ def spread_of(synopsis) -> CellSpread:
     """The spreading error of a grid release: its own cells, or its leaves (:func:`leaf_squares`) with their
     released counts."""
     bounds = synopsis.region.bounds_m
+    law = getattr(synopsis.noise_model(), "law", None)
+    cell_sd = float(np.sqrt(law.variance)) if law is not None else 0.0  # one law on every cell or leaf
     leaves = leaf_squares(synopsis)
     if leaves is None:
-        return CellSpread([synopsis.values], bounds)
+        hb = "branching" in (getattr(synopsis, "_extra", None) or {})
+        return CellSpread([synopsis.values], bounds, "hb" if hb else "grid", cell_sd=cell_sd)
     x0, y0, w = leaves
     count = synopsis.answer(np.stack([x0, y0, x0 + w, y0 + w], axis=1))
-    return CellSpread.of_leaves(x0 + w / 2, y0 + w / 2, w, count, bounds)
+    kind = "tree" if "leaf_depth" in getattr(synopsis, "arrays", {}) else "ag"
+    return CellSpread.of_leaves(x0 + w / 2, y0 + w / 2, w, count, bounds, kind, cell_sd)
 
 
 def widen(iv: Intervals, est: np.ndarray, spread: CellSpread | None, boxes: np.ndarray, level: float = 0.95,
-          factor: float = 1.0) -> Intervals:
+          factor: float = 1.0, halfwidths: tuple[np.ndarray, np.ndarray] | None = None) -> Intervals:
     """The noise model's interval widened by the spreading error (``factor`` × the spread's half-widths, for
-    answers scaled from the spread's counts): the two half-widths of each side added in quadrature, as
-    independent errors' are. NaN bounds (no interval) stay NaN."""
+    answers scaled from the spread's counts; ``halfwidths``: the spread's (below, above) where the caller has
+    them already): each side's two half-widths added by :func:`add_halfwidths`. NaN bounds (no interval)
+    stay NaN."""
     if spread is None or not iv.known:
         return iv
-    below, above = spread.halfwidths(boxes, level)
+    below, above = spread.halfwidths(boxes, level) if halfwidths is None else halfwidths
     noise = iv.noise or (np.maximum(est - iv.lower, 0.0), np.maximum(iv.upper - est, 0.0))
-    lower = est - np.hypot(np.maximum(est - iv.lower, 0.0), factor * below)
-    upper = est + np.hypot(np.maximum(iv.upper - est, 0.0), factor * above)
-    # the spread recurs from release to release where the same venues are cut (bench/bench_coverage.py
-    # --daily: counted as independent, 3-day sums of record-level releases covered 0.64–0.97 where a day's
-    # rows covered 0.93–0.99), so only the noise is the releases' own, independent part
-    independent = noise
-    return Intervals(lower, upper, f"{iv.method}; widened by {spread.method}", independent)
+    lower = est - add_halfwidths(np.maximum(est - iv.lower, 0.0), factor * below)
+    upper = est + add_halfwidths(np.maximum(iv.upper - est, 0.0), factor * above)
+    # the spread partly recurs from release to release where the same venues are cut (series sums take it
+    # as correlated, dpcore.queries.series), so only the noise is the releases' own, independent part
+    return Intervals(lower, upper, f"{iv.method}; widened by {spread.method}", noise)
