@@ -17,6 +17,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from prefect.deployments.runner import EntrypointType
+
 from flows.backfill import backfill_flow
 from flows.evaluate_flow import evaluate_flow
 from flows.release import release_flow
@@ -32,17 +34,21 @@ def build_deployments(settings: PlatformSettings, path: str | os.PathLike | None
     extra = {"config_path": str(Path(path).resolve())} if path else {}
     into = f"into {settings.store} unless the form names another store" if settings.store else \
         "into the store the form names (no store is configured)"
-    deployments = [release_flow.to_deployment(name="release", parameters=dict(extra),
+    # Entrypoints by module (flows.release.release_flow), not by file: a served run loads its flow under
+    # its real module name, so the workers of a Dask scheduler the run did not start (dask_address) can
+    # import its tasks; by file path the flow's module is named "release" and they cannot.
+    by_module = {"entrypoint_type": EntrypointType.MODULE_PATH}
+    deployments = [release_flow.to_deployment(name="release", parameters=dict(extra), **by_module,
                                               description=f"manual release (typed parameters) {into}")]
     if settings.nightly is not None:
         deployments.append(release_flow.to_deployment(
-            name="nightly", cron=settings.nightly.cron,
+            name="nightly", cron=settings.nightly.cron, **by_module,
             parameters={"params": settings.nightly.release.model_dump(mode="json"), **extra},
             description="nightly release; a relative period counts from the run's scheduled start"))
-    deployments.append(backfill_flow.to_deployment(name="backfill", parameters=dict(extra),
+    deployments.append(backfill_flow.to_deployment(name="backfill", parameters=dict(extra), **by_module,
                                                    description="one release per day; skips committed days"))
     deployments.append(evaluate_flow.to_deployment(
-        name="evaluate", tags=["operator-only"],
+        name="evaluate", tags=["operator-only"], **by_module,
         description="OPERATOR ONLY (errors against the true counts, images of true counts): evaluation harness, "
         "one task per (city, mechanism, ε); with spatio_temporal also the spatio-temporal harness (slot "
         "images, forecast plots); training curves"))

@@ -60,7 +60,7 @@ def _wait_for_runs(ids: list[str], timeout_s: float = 400) -> dict[str, str]:
 
 
 @pytest.mark.slow
-def test_backfill_through_the_served_deployment(prefect_harness, gowalla_sample_path, tmp_path):
+def test_backfill_through_the_served_deployment(prefect_harness, dask_cluster, gowalla_sample_path, tmp_path):
     config = tmp_path / "geodp.toml"
     served_store = tmp_path / "served-store"  # the served configuration's store (issue 45 item 3)
     config.write_text(f'store = "{served_store}"\n[budget]\ndefault_cap = 5.0\n')
@@ -84,12 +84,15 @@ def test_backfill_through_the_served_deployment(prefect_harness, gowalla_sample_
         store = ReleaseStore(store_url)
         assert sorted(r.period for r in store.list_releases()) == ["2010-05-01", "2010-05-02"]
         # a run scheduled for 2010-05-04 02:30 UTC that releases "yesterday" releases 2010-05-03, however
-        # late it actually runs (the nightly's period comes from its scheduled start, not the wall clock)
+        # late it actually runs (the nightly's period comes from its scheduled start, not the wall clock);
+        # it runs on a Dask scheduler the served process did not start (dask_address), whose workers must
+        # import the flow's tasks by their module (they failed with "No module named 'release'" when the
+        # deployments were loaded from a file path)
         from datetime import UTC, datetime
 
         from prefect.deployments import run_deployment
 
-        nightly = rp.model_copy(update={"period": "yesterday"})
+        nightly = rp.model_copy(update={"period": "yesterday", "dask_address": dask_cluster})
         late = run_deployment("release/release", parameters={"params": nightly.model_dump(mode="json")},
                               scheduled_time=datetime(2010, 5, 4, 2, 30, tzinfo=UTC), timeout=0)
         assert _wait_for_runs([str(late.id)]) == {str(late.id): "COMPLETED"}, (tmp_path / "serve.log").read_text()[-3000:]
