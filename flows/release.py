@@ -37,6 +37,7 @@ from tasks.progress import Progress, on_terminal
 from tasks.public_errors import PrivateDataFailure, public_data_error, without_private_detail
 from tasks.release_plan import ReleasePlan, plan_release
 from tasks.release_tasks import (
+    ReleaseError,
     code_version,
     count_release_data,
     fit_city,
@@ -75,12 +76,14 @@ def release_cities(params: ReleaseParams, config_path: str | None = None, loaded
 
 
 def run_plan(plan: ReleasePlan, loaded=None, artifacts: bool = True, in_process: bool = False,
-             strict: bool = False) -> dict:
+             strict: bool = False, raise_refusals: bool = True) -> dict:
     """Release what the plan has to do (the data pass, the charge, one fit per city, persist).
 
     Inside a flow run (the default) every step is a Prefect task and the per-city fits run on the flow's
     Dask task runner; with ``in_process`` the same steps run here, one after the other, with no Prefect.
-    A city the plan's verdict refused alone is listed in ``summary["refused"]``."""
+    A city the plan's verdict, or the verdict of the run's paid profile, refused alone is listed in
+    ``summary["refused"]``; when the profile's verdict refuses every city left, that is the run's one-line
+    error (unless ``raise_refusals`` is False: a backfill reports the day and goes on)."""
     log = _log(in_process)
     step = (lambda t: t.fn) if in_process else (lambda t: t)
     t0 = time.perf_counter()
@@ -104,8 +107,13 @@ def run_plan(plan: ReleasePlan, loaded=None, artifacts: bool = True, in_process:
         if in_process:  # the operator's own terminal; the flow never logs counts of private rows
             log(f"read {params.data}: {counted.report.summary()} ({counted.n_files} file(s))")
         inputs = counted.cities
-        manifests, held, placed = _charge_and_fit(plan, todo, inputs, counted.profile, step, in_process)
+        manifests, held, placed, after = _charge_and_fit(plan, todo, inputs, counted.profile, step, in_process)
+        placed_refusals += after
+        if after and not manifests and raise_refusals:
+            raise ReleaseError(" | ".join(r["reason"] for r in after))
         for p in todo:
+            if p.city not in manifests:
+                continue  # refused after its profile: nothing more charged
             m = manifests[p.city]
             if held[p.city]["seq"] is not None and not committed_from(m, held[p.city]):
                 # another run's attempt was committed for this key: our noise is never published
@@ -133,18 +141,24 @@ def run_plan(plan: ReleasePlan, loaded=None, artifacts: bool = True, in_process:
 
 
 def _charge_and_fit(plan: ReleasePlan, todo: list, inputs: dict, counts, step,
-                    in_process: bool) -> tuple[dict[str, Manifest], dict, list[dict]]:
-    """Charge the run, draw its contribution profile (from the data pass's ``counts``) and each city's
-    verdict from it, fit, preview and persist each city: (manifests, the charges held, where the tasks ran)."""
+                    in_process: bool) -> tuple[dict[str, Manifest], dict, list[dict], list[dict]]:
+    """Pay the run's contribution profile (from the data pass's ``counts``) and refuse the cities it says are
+    hopeless, then charge the rest, fit, preview and persist each city: (manifests, the charges held, where
+    the tasks ran, the cities refused after the profile)."""
     params, dataset, placed = plan.params, plan.dataset, []
     if not todo:
-        return {}, {}, placed
+        return {}, {}, placed, []
+    todo, profile, refusals = _verdict(plan, todo, counts, in_process, step)
+    if not todo:
+        return {}, {}, placed, refusals
     if params.seed is None:
-        held = step(charge_ledger)(plan.store_url, todo, plan.resolved, plan.input.locators(), plan.home)
+        # the profile was charged apart, before: each city's charge is the rest of its ε
+        paid = {p.city: profile.epsilon for p in todo} if profile is not None else None
+        held = step(charge_ledger)(plan.store_url, todo, plan.resolved, plan.input.locators(), plan.home, paid)
     else:
         held = {p.city: {"seq": None, "draw": None, "key": p.release_key} for p in todo}
     try:
-        return _fit_and_persist(plan, todo, inputs, counts, held, in_process)
+        return (*_fit_and_persist(plan, todo, inputs, profile, held, in_process), refusals)
     except (KeyboardInterrupt, SystemExit) as exc:
         # Ctrl-C or SIGTERM after the charge: in the Prefect form the charges go back once the flow has
         # stopped its cluster, when no worker can stage noise any more; here nothing else writes
@@ -154,12 +168,10 @@ def _charge_and_fit(plan: ReleasePlan, todo: list, inputs: dict, counts, step,
         raise
 
 
-def _fit_and_persist(plan: ReleasePlan, todo: list, inputs: dict, counts, held: dict,
+def _fit_and_persist(plan: ReleasePlan, todo: list, inputs: dict, profile, held: dict,
                      in_process: bool) -> tuple[dict[str, Manifest], dict, list[dict]]:
     dataset, placed = plan.dataset, []
     code = code_version()
-    # after the charge: the profile's noise is paid for by it (PROFILE_FRACTION of each region's ε)
-    todo, profile = _verdict(plan, todo, counts, in_process)
     if in_process:
         manifests = {}
         with Progress("fits", total=len(todo), unit="cities") as fits:
@@ -181,34 +193,35 @@ def _fit_and_persist(plan: ReleasePlan, todo: list, inputs: dict, counts, held: 
     return manifests, held, placed
 
 
-def _verdict(plan: ReleasePlan, todo: list, counts, in_process: bool) -> tuple[list, object]:
-    """After the charge, the run's contribution profile (drawn once for all its regions, paid by the
-    charge) and each city's verdict from it: the profile gives the scale factor, its uncertainty, the
-    bounding's bias and the most points the run can hold, the region's published release (if any) its map,
-    so a first release gets a verdict too (recorded in ``quality.plan`` and shown wherever the release is).
-    Having been charged, the run publishes what it fitted; refusals come before the charge, from the
-    published basis (tasks/release_plan.py)."""
+def _verdict(plan: ReleasePlan, todo: list, counts, in_process: bool, step) -> tuple[list, object, list[dict]]:
+    """The run's contribution profile, paid first and alone (tasks/release_profile.py: drawn once for all
+    its regions, or reused from an earlier run of the same release), and each city's verdict from it and
+    the region's published release (if any), so a first release gets a verdict too. A city expected worse
+    than a blank map at every band is refused having spent only the profile, unless ``publish_anyway``
+    (recorded in ``quality.plan``): (the cities to charge and fit, the profile, the refused cities)."""
+    from tasks.release_profile import pay_profile
     from tasks.release_tasks import profile_applies
-    from tasks.release_usefulness import expectation
+    from tasks.release_usefulness import expectation, refusal
 
-    # in the flow's own process: a failure here would be the flow run's state, so only its type is shown
-    profile = paid_profile(todo, counts) if in_process else without_private_detail(
-        lambda: paid_profile(todo, counts), plan.params.data, step="the contribution profile")
-    if profile is None:
-        return todo, None
+    if counts is None or not all(profile_applies(p) for p in todo):
+        return todo, None, []
+
+    def draw() -> object:
+        # in the flow's own process: a failure here would be the flow run's state, so only its type is shown
+        return paid_profile(todo, counts) if in_process else without_private_detail(
+            lambda: paid_profile(todo, counts), plan.params.data, step="the contribution profile")
+
+    profile, spent = pay_profile(plan, todo, draw, step)
     store = ReleaseStore(plan.store_url)
-    out = []
+    out, refusals = [], []
     for p in todo:
-        if not profile_applies(p):
-            out.append(p)
-            continue
         exp = expectation(store, p, profile)
+        if exp.get("useless") and not plan.params.publish_anyway:
+            refusals.append({"city": p.city, "period": p.period.label, "reason": refusal(p.city, exp, spent)})
+            continue
         prior = {k: v for k, v in (p.expected or {}).items() if k in ("k_choice",)}
-        anyway = bool(exp.get("useless")) and plan.params.publish_anyway
-        after = bool(exp.get("useless")) and not plan.params.publish_anyway
-        out.append(dataclasses.replace(p, expected={**prior, **exp, "published_anyway": anyway,
-                                                    **({"found_after_charge": True} if after else {})}))
-    return out, profile
+        out.append(dataclasses.replace(p, expected={**prior, **exp, "published_anyway": bool(exp.get("useless"))}))
+    return out, profile, refusals
 
 
 def _read_on_cluster(args: tuple, data) -> DataPass:

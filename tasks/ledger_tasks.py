@@ -182,20 +182,27 @@ def read_window(period, policy: PrivacyPolicy) -> tuple[int | None, int | None]:
     return first * DAY_S, (last + 1) * DAY_S
 
 
-def charge_for(plan, resolved: ResolvedPolicy, draw: str) -> LedgerCharge:
-    """The ledger's view of one city-release: its days, ε, region and bounding draw."""
+def charge_for(plan, resolved: ResolvedPolicy, draw: str, profile_epsilon: float | None = None,
+               profile: bool = False) -> LedgerCharge:
+    """The ledger's view of one city-release: its days, ε, region and bounding draw. With
+    ``profile_epsilon`` the run paid its contribution profile in a charge of its own
+    (tasks/release_profile.py): ``profile`` True makes that charge (key ``<release key>/profile``, ε_p),
+    else the release's charge is ε − ε_p and says so (``profile_epsilon``)."""
     span = charged_days(plan.period, resolved.policy)
     per_day = resolved.policy.bound_window == "day" and plan.privacy_unit == "user"
     if per_day and span == EVERY_DAY:
         raise PolicyError(f"dataset {plan.dataset!r} bounds each person per UTC day: a release needs a "
                           "--period (or a horizon in the policy)")
-    return LedgerCharge(key=plan.release_key, draw=draw,
-                        epsilon=None if plan.epsilon is None else float(plan.epsilon), rho=plan.rho,
+    key, epsilon, extra = plan.release_key, None if plan.epsilon is None else float(plan.epsilon), {}
+    if profile_epsilon is not None:
+        key, epsilon = (key + "/profile", profile_epsilon) if profile else (key, epsilon - profile_epsilon)
+        extra = {"profile_epsilon": profile_epsilon} if not profile else {"profile_of": plan.release_key}
+    return LedgerCharge(key=key, draw=draw, epsilon=epsilon, rho=plan.rho,
                         first_day=span[0], last_day=span[1], per_day=per_day,
                         bbox=plan.region.bbox_latlon(), multiplier=resolved.multiplier, city=plan.city,
                         period=plan.period.label,
                         extra={"mechanism": plan.mechanism, "privacy_unit": plan.privacy_unit,
-                               "config_hash": plan.config_hash})
+                               "config_hash": plan.config_hash, **extra})
 
 
 def version_of(store: ReleaseStore, dataset: str, city: str, period: str, release_key: str) -> ReleaseRef | None:
@@ -231,7 +238,10 @@ def check_budget(store_url: str, plans: list, resolved: ResolvedPolicy, home: Le
     # a key that holds a charge for this store already takes it over (charge_ledger checks that
     # against the budget); the same key released into another store is another release
     taken = {h.charge.key for h in held if h.store == home.scope}
-    charges = [charge_for(p, resolved, "planned") for p in plans
+    # a contribution profile an earlier run of the key paid (tasks/release_profile.py) is reused or taken
+    # over: the run adds only the rest of its ε
+    paid = {h.charge.key: h.charge.epsilon for h in held if h.store == home.scope and h.charge.extra.get("profile_of")}
+    charges = [charge_for(p, resolved, "planned", paid.get(p.release_key + "/profile")) for p in plans
                if p.release_key not in taken and not staged_elsewhere(store, p)]
     if charges:
         check_within_budget(resolved.policy, [h.charge for h in held], charges)
@@ -242,23 +252,11 @@ def check_sources(store_url: str, dataset: str, locators: list[str], home: Ledge
     home_of(ReleaseStore(store_url), home).ledger(dataset).check_sources(locators)
 
 
-@task(name="charge-ledger", retries=3, retry_delay_seconds=1, cache_policy=NO_CACHE,
-      retry_condition_fn=retry_unless_refused)
-def charge_ledger(store_url: str, plans: list, resolved: ResolvedPolicy, source: str | list[str],
-                  home: LedgerHome | None = None) -> dict[str, dict]:
-    """Charge every city of the run in one ledger entry, before any noise is drawn.
-
-    Ties the source (its locators: InputSet.locators) to the dataset and stores the policy on the first
-    release, after recording the store's ledger home on both sides (LedgerHome.bind: a store bound to
-    another home is refused here). A city with a complete staged attempt is not charged (its noise was paid for by the run
-    that drew it; it is committed as is). A city whose key already holds a charge with nothing staged
-    (a run that died or failed before its noise reached the store) takes that charge over instead of
-    paying twice. Returns, per city, the charge the run holds: {"seq", "draw", "key", "entry_sha256",
-    "city", "period", "holders", "home"} (home: the ledger home's URL, None when it is the store; seq None for a resumed city; ``holders``: the earlier runs of the
-    charge, whose attempts staging seals); the manifest names the entry by seq and hash, so it cannot
-    be deleted unnoticed (DatasetLedger.verify)."""
-    if not plans:
-        return {}
+def open_to_charge(store_url: str, plans: list, resolved: ResolvedPolicy, source: str | list[str],
+                   home: LedgerHome | None = None):
+    """What a charge needs first: (store, ledger home, dataset ledger, source locators, policy). The ledger
+    is verified, the store bound to its home and the source to the dataset, and the policy stored on the
+    first release."""
     store = ReleaseStore(store_url)
     home = home_of(store, home)
     ledger = home.ledger(plans[0].dataset)
@@ -274,6 +272,28 @@ def charge_ledger(store_url: str, plans: list, resolved: ResolvedPolicy, source:
         if policy != resolved.policy:
             raise PolicyError(f"dataset {plans[0].dataset!r} got a different policy from a concurrent "
                               "release; run this one again")
+    return store, home, ledger, locators, policy
+
+
+@task(name="charge-ledger", retries=3, retry_delay_seconds=1, cache_policy=NO_CACHE,
+      retry_condition_fn=retry_unless_refused)
+def charge_ledger(store_url: str, plans: list, resolved: ResolvedPolicy, source: str | list[str],
+                  home: LedgerHome | None = None, profile_paid: dict[str, float] | None = None) -> dict[str, dict]:
+    """Charge every city of the run in one ledger entry, before any noise is drawn.
+
+    Ties the source (its locators: InputSet.locators) to the dataset and stores the policy on the first
+    release, after recording the store's ledger home on both sides (LedgerHome.bind: a store bound to
+    another home is refused here). A city with a complete staged attempt is not charged (its noise was paid for by the run
+    that drew it; it is committed as is). A city whose key already holds a charge with nothing staged
+    (a run that died or failed before its noise reached the store) takes that charge over instead of
+    paying twice. Returns, per city, the charge the run holds: {"seq", "draw", "key", "entry_sha256",
+    "city", "period", "holders", "home"} (home: the ledger home's URL, None when it is the store; seq None for a resumed city; ``holders``: the earlier runs of the
+    charge, whose attempts staging seals); the manifest names the entry by seq and hash, so it cannot
+    be deleted unnoticed (DatasetLedger.verify). ``profile_paid``: per city, the ε its contribution
+    profile was charged apart (tasks/release_profile.py); the city's charge is the rest of its ε."""
+    if not plans:
+        return {}
+    store, home, ledger, locators, policy = open_to_charge(store_url, plans, resolved, source, home)
     draw = uuid.uuid4().hex[:16]
     entries = ledger.entries()
     held = ledger.held(entries)
@@ -300,7 +320,8 @@ def charge_ledger(store_url: str, plans: list, resolved: ResolvedPolicy, source:
                 continue
         to_charge.append(p)
     if to_charge:
-        entry, _ = ledger.charge([charge_for(p, replace(resolved, policy=policy), draw) for p in to_charge], policy,
+        entry, _ = ledger.charge([charge_for(p, replace(resolved, policy=policy), draw,
+                                             (profile_paid or {}).get(p.city)) for p in to_charge], policy,
                                  store=home.scope, sources=locators)
         for p in to_charge:
             out[p.city] = mine(p, entry["seq"], (), entry[ENTRY_HASH])
@@ -399,6 +420,9 @@ def void_entry(store: ReleaseStore, dataset: str, seq: int, reason: str,
     for c in entry["charges"]:
         if c["key"] not in held:
             continue
+        if c.get("profile_of"):  # a contribution profile's own charge (tasks/release_profile.py)
+            _refuse_recorded_profile(store, dataset, seq, c)
+            continue
         ref = version_of(store, dataset, c["city"], c["period"], c["key"])
         if ref is None:
             continue
@@ -428,6 +452,16 @@ def void_entry(store: ReleaseStore, dataset: str, seq: int, reason: str,
     except ChargeMoved as exc:
         raise VoidRefused(f"entry #{seq}: {exc}") from None
     return sorted(held), deleted
+
+
+def _refuse_recorded_profile(store: ReleaseStore, dataset: str, seq: int, charge: dict) -> None:
+    """A profile charge whose profile is recorded paid for noise that decided a verdict (and is public):
+    it stays. One whose run died before recording it may be given back."""
+    from tasks.release_profile import records_of
+
+    if seq in records_of(store, dataset, charge["profile_of"]):
+        raise VoidRefused(f"entry #{seq} paid for the contribution profile of {charge['city']} {charge['period']}, "
+                          "which is recorded in the store and decided its verdict; it cannot be given back")
 
 
 def settle_strays(store: ReleaseStore, dataset: str, manifests: list[Manifest], home: LedgerHome | None = None) -> int:

@@ -6,9 +6,10 @@ noise (dpcore.synopsis.expected_error). A city expected to be worse than a blank
 refused alone with what would make it useful, unless the run says ``publish_anyway``; then the
 manifest's ``quality.plan`` records the expectation and that it was published anyway.
 
-A run scaled by its contribution profile gets a second verdict after its charge, from the profile it paid
-and the basis's map where there is one (flows/release.py), so a first release gets a verdict too; it is
-recorded and shown, not a refusal: the run was charged (docs/decisions/0018-contribution-profile.md).
+A run scaled by its contribution profile pays for the profile first, in a charge of its own, and gets a
+second verdict from it and the basis's map where there is one, before the rest of its charge (flows/release.py,
+tasks/release_profile.py), so a first release gets a verdict too; a city it finds hopeless is refused having
+spent only the profile. A later plan of the same release predicts from that recorded profile.
 """
 
 from __future__ import annotations
@@ -161,8 +162,8 @@ def expectation(store: ReleaseStore, plan: CityPlan, profile: ContributionProfil
     if profile is None:
         if basis is None:
             then = (f"; the run's verdict comes from the contribution profile it pays (ε = "
-                    f"{PROFILE_FRACTION * float(plan.epsilon):.3g} of its ε), after its charge" if profile_applies(plan)
-                    else "")
+                    f"{PROFILE_FRACTION * float(plan.epsilon):.3g} of its ε), charged alone before the rest"
+                    if profile_applies(plan) else "")
             return {"bands": [], "statement": f"no verdict: no release of {plan.dataset}/{plan.city} at "
                                               f"{plan.privacy_unit} level is published yet, and the plan predicts "
                                               f"only from the region's newest published release{then}",
@@ -173,7 +174,7 @@ def expectation(store: ReleaseStore, plan: CityPlan, profile: ContributionProfil
             out["would_help"] = what_would_help(basis.inputs, basis.typical, basis.profile, at_most=basis.at_most,
                                                 period_days=_period_days(plan))
         return out
-    source = f"its contribution profile (ε = {profile.epsilon:.3g}, paid with its charge)"
+    source = f"its contribution profile (ε = {profile.epsilon:.3g}, paid alone before the rest of its ε)"
     # a profile that cannot be told from an empty period's is said so; it refuses only through the bands
     # below (the most points it leaves possible, N̂ at its 99th percentile, against each band's error): a
     # refusal on emptiness alone would refuse 80% of 100-person periods at ε = 1 (ε_p = 0.1)
@@ -201,6 +202,14 @@ def expectation(store: ReleaseStore, plan: CityPlan, profile: ContributionProfil
     return out
 
 
+def paid_profile_of(store: ReleaseStore, plan: CityPlan) -> ContributionProfile | None:
+    """The contribution profile an earlier run of the same release paid and recorded (public), or None."""
+    from tasks.release_profile import recorded_profile
+
+    found = recorded_profile(store, [plan]) if profile_applies(plan) and no_prediction(plan) is None else None
+    return None if found is None else found[0]
+
+
 def refusal(city: str, exp: dict, charged: str = "nothing was charged") -> str:
     """The one line a refused city gets: why, from what, what would help, what was spent."""
     helps = ", ".join(exp.get("would_help") or []) or "nothing tried here"
@@ -216,7 +225,7 @@ def check_usefulness(store_url: str, plans: list[CityPlan], publish_anyway: bool
     store = ReleaseStore(store_url)
     checked, refused = [], []
     for p in plans:
-        exp = expectation(store, p)
+        exp = expectation(store, p, paid_profile_of(store, p))
         if exp.get("useless") and not publish_anyway:
             refused.append({"city": p.city, "period": p.period.label, "reason": refusal(p.city, exp)})
             continue

@@ -65,15 +65,15 @@ def test_two_stores_with_one_ledger_home_charge_one_ledger(tmp_path):
     assert _release(data, a, "1", "--budget-cap", "1.5", ledger=home).returncode == 0
     # the same release into a second store is a second release of the same people: 1 + 1 > 1.5
     _refused(_release(data, b, "1", ledger=home), "budget exceeded")
-    assert _entries(home) == 1 and ReleaseStore(b).list_releases() == []
+    assert _entries(home) == 2 and ReleaseStore(b).list_releases() == []
     assert _release(data, b, "0.5", ledger=home).returncode == 0
     # one ledger: both stores' charges, seen from either store, whatever the environment says now
     for store in (a, b, home):
         (row,) = _ledger_json(store)
-        assert row["charges"] == 2 and abs(row["loss"]["lifetime"] - 1.5) < 1e-9, row
+        assert row["charges"] == 4 and abs(row["loss"]["lifetime"] - 1.5) < 1e-9, row
     assert not (Path(a) / "datasets").exists() and not (Path(b) / "datasets").exists()
     (released,) = ReleaseStore(b).list_releases()
-    assert released.ledger.home == canonical_url(ReleaseStore(home)) and released.ledger.seq == 1
+    assert released.ledger.home == canonical_url(ReleaseStore(home)) and released.ledger.seq == 3
     # the home's verification finds store B's release: deleting the entry that paid for it is an error
     (Path(home) / "datasets" / "checkins" / "ledger" / "00000001.json").unlink()
     _refused(run_geodp("ledger", a, ok=False), "does not verify")
@@ -90,10 +90,10 @@ def test_a_store_keeps_the_ledger_it_first_charged(tmp_path):
     _refused(_release(data, own, "0.25", ledger=home), "one ledger")
     assert _release(data, bound, "0.5", ledger=home).returncode == 0
     _refused(_release(data, bound, "0.25", ledger=other), "one ledger")
-    assert _entries(home) == 1 and not Path(other, "datasets").exists()
+    assert _entries(home) == 2 and not Path(other, "datasets").exists()
     # without the setting, a store charges the home it recorded, never a fresh ledger of its own
     assert _release(data, bound, "0.25").returncode == 0
-    assert _entries(home) == 2 and not (Path(bound) / "datasets").exists()
+    assert _entries(home) == 4 and not (Path(bound) / "datasets").exists()
     (row,) = _ledger_json(bound)
     assert abs(row["loss"]["lifetime"] - 0.75) < 1e-9
 
@@ -109,10 +109,11 @@ def test_void_gives_back_in_the_home_what_a_killed_run_charged_for_another_store
     assert _release(data, store, "0.5", ledger=home, env=kill_at_write_env(n, tmp_path / "kill.log")).returncode == -9
     (files,) = attempt_files(store).values()
     assert files  # noise reached the store under the charge held in the home
-    r = run_geodp("dataset", "void", store, "checkins", "--seq", "0", "--reason", "killed", env={"GEODP_LEDGER": home})
+    # entry #0 is the contribution profile, paid alone and recorded: it stays; #1 paid the noisy grid
+    r = run_geodp("dataset", "void", store, "checkins", "--seq", "1", "--reason", "killed", env={"GEODP_LEDGER": home})
     assert f"deleted {len(files)} unpublished file" in r.stdout
     assert all(f == [] for f in attempt_files(store).values())
-    assert [e["kind"] for e in DatasetLedger(ReleaseStore(home), "checkins").entries()] == ["charge", "void"]
+    assert [e["kind"] for e in DatasetLedger(ReleaseStore(home), "checkins").entries()] == ["charge", "charge", "void"]
     assert not (Path(store) / "datasets").exists()
 
 
@@ -124,8 +125,9 @@ def test_an_s3_ledger_home_is_charged_by_a_local_and_an_s3_store(tmp_path, moto_
     _refused(_release(data, b, "1", ledger=home), "budget exceeded")
     assert _release(data, b, "0.5", ledger=home).returncode == 0
     (row,) = _ledger_json(b)
-    assert row["charges"] == 2 and abs(row["loss"]["lifetime"] - 1.5) < 1e-9
-    assert ReleaseStore(a).listdir("datasets") == [] and _entries(home) == 2
+    # each release: its contribution profile, charged alone, and the rest of its ε
+    assert row["charges"] == 4 and abs(row["loss"]["lifetime"] - 1.5) < 1e-9
+    assert ReleaseStore(a).listdir("datasets") == [] and _entries(home) == 4
 
 
 def test_the_plan_takes_its_ledger_from_the_configuration(tmp_path, monkeypatch):

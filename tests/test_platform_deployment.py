@@ -100,7 +100,7 @@ def test_backfill_through_the_served_deployment(prefect_harness, dask_cluster, g
         from tasks.storage.ledger import DatasetLedger
 
         ledger = DatasetLedger(store, gowalla_sample_path.name.split(".")[0])
-        assert len(ledger.held()) == 3
+        assert len(ledger.held()) == 6  # per day the contribution profile, charged alone, and the rest of ε
         assert ledger.policy().budget == 5.0  # the serving process's config reached the served runs
         # `geodp backfill --deployment` from another folder with relative paths: the serving process
         # (its own working directory) gets absolute ones and finds the file and the store

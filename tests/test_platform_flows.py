@@ -29,12 +29,13 @@ def test_backfill_3_days_3_cities_commits_9_then_nothing(prefect_harness, dask_c
     assert {(r.city, r.period) for r in releases} == {(c, f"2010-05-0{d}") for c in CITIES for d in range(1, 4)}
     ledger = DatasetLedger(store, gowalla_sample_path.name.split(".")[0])
     held = ledger.held()
-    assert len(ledger.entries()) == 3 and len({h.charge.key for h in held}) == 9
+    # per day: the contribution profile's entry (charged alone, first), then the rest of the ε
+    assert len(ledger.entries()) == 6 and len({h.charge.key for h in held}) == 18
     # one run per day bounds each user over the three (disjoint) cities together: ε per day, not 3ε
     assert ledger.loss()["lifetime"] == pytest.approx(1.5)
     again = run_backfill(bp)
     assert again["committed"] == 0 and again["skipped"] == 9
-    assert len(store.list_releases()) == 9 and len(ledger.entries()) == 3
+    assert len(store.list_releases()) == 9 and len(ledger.entries()) == 6
 
 
 def test_release_flow_two_cities_then_over_budget(prefect_harness, dask_cluster, gowalla_sample_path, tmp_path, monkeypatch):
@@ -54,7 +55,7 @@ def test_release_flow_two_cities_then_over_budget(prefect_harness, dask_cluster,
         with pytest.raises(BudgetRefused, match=r"0\.2 left"):
             run_release(other)
     store = ReleaseStore(store_url)
-    assert len(DatasetLedger(ReleaseStore(str(home)), summary["dataset"]).held()) == 2
+    assert len(DatasetLedger(ReleaseStore(str(home)), summary["dataset"]).held()) == 4  # profiles and fits
     assert len(store.list_releases()) == 2 and not (tmp_path / "store" / "datasets").exists()
 
 
@@ -74,7 +75,7 @@ def test_a_store_made_again_at_the_same_url_gets_a_real_release(prefect_harness,
     store = ReleaseStore(store_url)
     assert store.instance_id() != first_id
     assert [r["status"] for r in summary["releases"]] == ["committed"]
-    assert len(store.list_releases()) == 1 and len(DatasetLedger(store, summary["dataset"]).held()) == 1
+    assert len(store.list_releases()) == 1 and len(DatasetLedger(store, summary["dataset"]).held()) == 2
 
 
 def test_backfill_of_a_day_partitioned_input_reads_each_day_on_the_workers(prefect_harness, dask_cluster, tmp_path, monkeypatch):

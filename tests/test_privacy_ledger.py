@@ -187,7 +187,8 @@ def test_seven_releases_of_one_day_end_with_one(where, checkins, tmp_path, capsy
     s = ReleaseStore(store)
     assert len(s.list_releases()) == 1
     ledger = DatasetLedger(s, "checkins")
-    assert len(ledger.entries()) == 1 and ledger.loss()["lifetime"] == pytest.approx(1.0)
+    # the first release's two entries: its contribution profile, charged alone, and the rest of its ε
+    assert len(ledger.entries()) == 2 and ledger.loss()["lifetime"] == pytest.approx(1.0)
     assert s.listdir("datasets") == ["checkins"]  # the refused second name left no policy behind
 
 
@@ -247,7 +248,8 @@ def test_policy_is_stored_once_and_changed_only_explicitly(checkins, tmp_path, c
     capsys.readouterr()
     assert main(["ledger", str(store), "--json"]) == 0
     (row,) = json.loads(capsys.readouterr().out)
-    assert row["loss"]["lifetime"] == pytest.approx(3.0) and row["charges"] == 3
+    # two user-level releases (each its contribution profile, charged alone, and the rest) and one record-level
+    assert row["loss"]["lifetime"] == pytest.approx(3.0) and row["charges"] == 5
     assert row["policy"]["max_records_per_person"] == 1
     rc, err = _release(capsys, checkins, store, "--period", "2024-01-04")
     assert rc == 2 and "budget exceeded" in err
@@ -353,11 +355,13 @@ def test_zcdp_dataset_takes_rho_releases_with_gaussian_noise(checkins, tmp_path,
     assert main([*argv, "--period", "2024-01-01", "--rho", "0.2"]) == 0
     assert main([*argv, "--period", "2024-01-02", "--epsilon", "0.5"]) == 0  # charged ε²/2 = 0.125 in ρ
     capsys.readouterr()
-    assert main([*argv, "--period", "2024-01-03", "--rho", "0.2"]) == 2  # 0.525 > 0.5
+    assert main([*argv, "--period", "2024-01-03", "--rho", "0.2"]) == 2  # 0.5025 > 0.5
     assert "budget exceeded" in capsys.readouterr().err
+    # the ε release is two: its contribution profile (ε 0.05) charged alone, then ε 0.45; in ρ
+    # 0.05²/2 + 0.45²/2 = 0.1025, less than 0.5²/2 (pure-ε releases compose in ρ by their squares)
     loss = DatasetLedger(ReleaseStore(str(store)), "checkins").loss()
-    assert loss["lifetime"] == pytest.approx(0.325)
-    assert loss["lifetime_epsilon"] == pytest.approx(zcdp_epsilon(0.325, 1e-6))
+    assert loss["lifetime"] == pytest.approx(0.3025)
+    assert loss["lifetime_epsilon"] == pytest.approx(zcdp_epsilon(0.3025, 1e-6))
     rho_release = next(m for m in ReleaseStore(str(store)).list_releases() if m.period == "2024-01-01")
     assert rho_release.rho == 0.2 and rho_release.epsilon is None
     assert rho_release.privacy.charges[0].noise == "discrete_gaussian"
@@ -399,7 +403,8 @@ def test_source_version_is_metadata_not_content(tmp_path):
 def test_an_altered_ledger_entry_is_a_clean_integrity_error(checkins, tmp_path, capsys):
     store = tmp_path / "s"
     assert _release(capsys, checkins, store, "--period", "2024-01-01", "--budget-cap", "1")[0] == 0
-    (entry,) = (store / "datasets" / "checkins" / "ledger").glob("*.json")
+    # entry 0 is the contribution profile's, charged alone; entry 1 the rest of the release's ε
+    _, entry = sorted((store / "datasets" / "checkins" / "ledger").glob("*.json"))
     body = json.loads(entry.read_text())
     body["charges"][0]["epsilon"] = 0.01  # someone shrinks a charge to free budget
     entry.write_text(json.dumps(body))

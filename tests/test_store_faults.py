@@ -78,9 +78,10 @@ def test_a_full_disk_is_one_line_and_costs_nothing(small, tmpfs):
         one_line_error(r, "No space left on device")
         _resize(tmpfs, 4096)
         # `geodp ledger` answers; a charge whose void did not fit on the full disk is still held (no
-        # noise of it is in the store), and the re-run takes it over instead of paying again
+        # noise of it is in the store), and the re-run takes it over instead of paying again. The
+        # contribution profile, charged alone first (0.01), stays charged once drawn; the re-run reuses it
         charged, committed = ledger_and_committed(store) if store.exists() else (0.0, 0.0)
-        assert committed == 0.0 and charged in (0.0, pytest.approx(0.1)), kib
+        assert committed == 0.0 and charged in (0.0, pytest.approx(0.01), pytest.approx(0.1)), kib
         noisy = [f for f in attempt_files(str(store)).values() if f] if store.exists() else []
         assert not noisy or charged == pytest.approx(0.1), (kib, noisy)  # staged noise keeps its charge
         run_geodp("release", small, *RELEASE, "--out", store)
@@ -170,7 +171,8 @@ def test_a_worker_lost_at_every_upload_is_one_line_and_the_rerun_pays_once(small
     line = one_line_error(r, "KilledWorker", "nothing was committed")
     assert "kill at write 1" in log.read_text(), line  # a worker died inside the upload, not before it
     charged, committed = ledger_and_committed(store)
-    assert committed == 0.0 and charged == 0.0
+    # only the contribution profile, paid alone before the fit, stays charged; the re-run reuses it
+    assert committed == 0.0 and charged == pytest.approx(0.01)
     assert all(f == [] for f in attempt_files(str(store)).values())
     run_geodp("release", small, *RELEASE, "--store", store, "--no-prefect")
     charged, committed = ledger_and_committed(store)

@@ -171,7 +171,8 @@ def test_over_budget_release_is_refused_before_noise(tmp_path, monkeypatch):
     assert len(store.list_releases()) == 2
     assert sorted(store.listdir(f"releases/{first['dataset']}/austin/2010-05-02")) == before  # no version claimed
     ledger = DatasetLedger(store, first["dataset"])
-    assert len(ledger.entries()) == 1 and ledger.loss()["lifetime"] == pytest.approx(0.3)
+    # the first run's two entries (its contribution profile, paid alone, then the rest of its ε), no more
+    assert len(ledger.entries()) == 2 and ledger.loss()["lifetime"] == pytest.approx(0.3)
 
 
 def test_unsafe_names_and_missing_release(tmp_path):

@@ -40,14 +40,16 @@ def _killed_at_write(small, store, name, write_order, tmp_path) -> None:
 
 def test_void_deletes_the_dead_attempts_noise_first(small, store_url, write_order, tmp_path):
     """Killed mid-upload (the noisy grid is in the store): the void deletes it, then gives the charge
-    back; a re-run is charged once."""
+    back; the contribution profile, paid alone before it (entry #0), stays charged and a re-run reuses it:
+    the re-run is charged once, the release costs its ε in all."""
     _killed_at_write(small, store_url, "synopsis.json", write_order, tmp_path)
     (files,) = attempt_files(store_url).values()
     assert any(f.endswith("grid.npz") for f in files), files  # noise reached the store under the charge
-    r = run_geodp("dataset", "void", store_url, "small", "--seq", "0", "--reason", "killed mid-upload")
+    r = run_geodp("dataset", "void", store_url, "small", "--seq", "1", "--reason", "killed mid-upload")
     assert f"deleted {len(files)} unpublished file" in r.stdout
     assert all(f == [] for f in attempt_files(store_url).values()), attempt_files(store_url)
-    assert DatasetLedger(ReleaseStore(store_url), "small").held() == []
+    (profile,) = DatasetLedger(ReleaseStore(store_url), "small").held()
+    assert profile.seq == 0 and profile.charge.key.endswith("/profile") and profile.charge.epsilon == pytest.approx(0.01)
     run_geodp("release", small, *RELEASE, "--out", store_url)
     charged, committed = ledger_and_committed(store_url)
     assert charged == pytest.approx(committed) == pytest.approx(0.1)
@@ -57,13 +59,16 @@ def test_void_deletes_the_dead_attempts_noise_first(small, store_url, write_orde
 def test_void_refuses_published_or_staged_noise(small, store_url, write_order, tmp_path):
     # killed right before the manifest: the attempt is complete; a re-run commits it, so no void
     _killed_at_write(small, store_url, "_MANIFEST.json", write_order, tmp_path)
-    r = run_geodp("dataset", "void", store_url, "small", "--seq", "0", "--reason", "x", ok=False)
+    r = run_geodp("dataset", "void", store_url, "small", "--seq", "1", "--reason", "x", ok=False)
     assert r.returncode == 2 and r.stderr.startswith("error:") and "staged" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
     run_geodp("release", small, *RELEASE, "--out", store_url)
     # committed: the charge paid for published noise
-    r = run_geodp("dataset", "void", store_url, "small", "--seq", "0", "--reason", "x", ok=False)
+    r = run_geodp("dataset", "void", store_url, "small", "--seq", "1", "--reason", "x", ok=False)
     assert r.returncode == 2 and "published" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    # the recorded contribution profile decided the verdict: its charge (entry #0) stays too
+    r = run_geodp("dataset", "void", store_url, "small", "--seq", "0", "--reason", "x", ok=False)
+    assert r.returncode == 2 and "contribution profile" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     charged, committed = ledger_and_committed(store_url)
     assert charged == pytest.approx(committed) == pytest.approx(0.1)
     r = run_geodp("dataset", "void", store_url, "small", "--seq", "7", "--reason", "x", ok=False)

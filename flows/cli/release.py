@@ -199,9 +199,10 @@ def run(options: dict) -> int:
 def plan(options: dict) -> int:
     """What `release run` with the same options would do, from public inputs only (nothing is read from the
     data, nothing charged): each city's expected error per band, predicted from the newest published
-    release of its region; exit 2 with one line when the run would be refused."""
+    release of its region and the contribution profile an earlier run of the same release paid, else what
+    the profile would cost; exit 2 with one line when the run would be refused."""
     from tasks.release_plan import plan_release
-    from tasks.release_usefulness import expectation
+    from tasks.release_usefulness import expectation, paid_profile_of
     from tasks.storage.store import ReleaseStore, dry_run
 
     params = _params_of(options)
@@ -211,7 +212,8 @@ def plan(options: dict) -> int:
         _prevalidate(params)
         planned = plan_release(params, config, check_useful=False)
         st = ReleaseStore(planned.store_url)
-        rows = [{"city": p.city, **expectation(st, p)} for p in planned.todo]
+        # a release an earlier run paid the profile of is predicted from that profile (public, recorded)
+        rows = [{"city": p.city, **expectation(st, p, paid_profile_of(st, p))} for p in planned.todo]
     if planned.k_choice is not None:
         rows = [{**r, "k_choice": planned.k_choice} for r in rows]
     if json_out is not None:
@@ -224,12 +226,14 @@ def plan(options: dict) -> int:
                 print(f"{p.city} {planned.period.label}: already committed (a run is a no-op)")
         for r in rows:
             print(f"{r['city']} {planned.period.label}: {r['statement']}")
+            if r.get("basis"):
+                print(f"  predicted from {r['basis']}")
             for b in r["bands"]:
                 lo, hi = b["query_sides_m"]
                 if b["typical_count"] is None:
                     most = b.get("typical_count_at_most")
                     print(f"  squares of {lo:g}–{hi:g} m: expected |error| {b['expected_abs_error']:.3g}; the typical "
-                          "count is hidden by the published release's noise" + (
+                          "count is unknown (no published map shows it above its noise)" + (
                               "" if most is None else f" (at most {most:.3g}" + (
                                   ": hopeless even so)" if b["hopeless"] else ")")) + (
                               f" (no verdict: {b['verdict_open']})" if b.get("verdict_open") else

@@ -372,7 +372,7 @@ class ReleaseStore(AttemptProtocol):
             return (a is None) == (b is None) and (a is None or abs(float(a) - float(b)) <= 1e-12 * max(1.0, abs(a)))
 
         if charge is None or (paid.entry_sha256 and entry.get("entry_sha256") != paid.entry_sha256) \
-                or not same(charge.get("epsilon"), manifest.epsilon) or not same(charge.get("rho"), manifest.rho):
+                or not same(_paid_epsilon(charge), manifest.epsilon) or not same(charge.get("rho"), manifest.rho):
             raise IntegrityError(f"{where} disagrees with ledger entry #{paid.seq}, which paid for its noise "
                                  f"(the manifest says {budget_text(manifest.epsilon, manifest.rho)}; the ledger "
                                  f"charged {budget_text(charge.get('epsilon'), charge.get('rho')) if charge else 'no such release'})")
@@ -470,6 +470,15 @@ class ReleaseStore(AttemptProtocol):
             (d / name).parent.mkdir(parents=True, exist_ok=True)
             (d / name).write_bytes(data)
         return manifest, d
+
+
+def _paid_epsilon(charge: dict) -> float | None:
+    """The ε a release's charge paid for: its own, plus its contribution profile's where that was charged
+    apart, before it (tasks/release_profile.py)."""
+    eps, profile = charge.get("epsilon"), charge.get("profile_epsilon")
+    if eps is None or not isinstance(profile, int | float) or isinstance(profile, bool):
+        return eps
+    return float(eps) + float(profile)
 
 
 def open_store(url: str, storage_options: dict[str, Any] | None = None) -> ReleaseStore:

@@ -1,0 +1,140 @@
+"""The contribution profile as a release of its own, paid before the rest of the run (issue 43 item 4).
+
+A user-level run scaled by its profile pays for it first: one ledger entry holding only the profile's
+charges (key ``<release key>/profile``, ε_p = PROFILE_FRACTION of the run's smallest ε, each city's
+region and days), committed before its noise is drawn. The noisy profile is then recorded create-only in
+the release store (``profiles/<dataset>/<key hash>/<seq>.json``, one record per charge) before anything
+is derived from it, and the run predicts each city's error from it (tasks/release_usefulness.py). A city
+expected worse than a blank map at every band is refused having spent only ε_p; the others are charged
+ε − ε_p under their release key, so a published release costs ε in all, as when the profile was part of
+its one charge.
+
+Once drawn, a profile stays charged whatever happens to the run (its noise decided the verdict; a
+recorded profile is public). A run of the same release keys reuses a recorded profile instead of
+drawing again (no second charge); a profile charge whose run died before recording it is taken over
+(``adopt``), as the release's own charge is when its noise never reached the store.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import replace
+
+from dpcore.privacy.profile import PROFILE_FRACTION, ContributionProfile
+from tasks.config import canonical_hash
+from tasks.lazy_task import NO_CACHE, task
+from tasks.ledger_tasks import ResolvedPolicy, charge_for, open_to_charge
+from tasks.public_errors import retry_unless_refused
+from tasks.storage.ledger import ChargeMoved
+from tasks.storage.ledger_home import LedgerHome
+from tasks.storage.store import ReleaseStore
+
+#: a profile charge's ledger key: the release key it paid the verdict of, with this suffix
+PROFILE_KEY_SUFFIX = "/profile"
+
+
+def profile_key(release_key: str) -> str:
+    return release_key + PROFILE_KEY_SUFFIX
+
+
+def profile_epsilon(plans: list) -> float:
+    """The profile's ε: a fixed, public share of the run's smallest ε (the rest pays each city's fit)."""
+    return PROFILE_FRACTION * min(float(p.epsilon) for p in plans)
+
+
+def _record_dir(dataset: str, release_key: str) -> str:
+    return f"profiles/{dataset}/{canonical_hash([profile_key(release_key)])[:32]}"
+
+
+def records_of(store: ReleaseStore, dataset: str, release_key: str) -> dict[int, dict]:
+    """The recorded profiles a release key's profile charges paid for, by ledger seq."""
+    where = _record_dir(dataset, release_key)
+    out = {}
+    for name in store.listdir(where):
+        name = name.rsplit("/", 1)[-1]
+        if name.endswith(".json") and name[:-5].isdigit():
+            try:
+                out[int(name[:-5])] = store.read_json(f"{where}/{name}")
+            except FileNotFoundError:
+                continue
+    return out
+
+
+def recorded_profile(store: ReleaseStore, plans: list) -> tuple[ContributionProfile, int] | None:
+    """A profile already recorded for every one of ``plans`` (one run drew it over all their data), with
+    its seq, or None: a run of the same release reuses it and pays nothing more for it."""
+    common: dict[str, tuple[int, dict]] | None = None
+    for p in plans:
+        mine = {r.get("run"): (seq, r) for seq, r in records_of(store, p.dataset, p.release_key).items()}
+        common = mine if common is None else {run: common[run] for run in common if run in mine}
+        if not common:
+            return None
+    seq, record = min(common.values(), key=lambda v: v[0])
+    return ContributionProfile.from_dict(record["profile"]), seq
+
+
+@task(name="charge-profile", retries=3, retry_delay_seconds=1, cache_policy=NO_CACHE,
+      retry_condition_fn=retry_unless_refused)
+def charge_profile(store_url: str, plans: list, resolved: ResolvedPolicy, epsilon: float,
+                   source: str | list[str], home: LedgerHome | None = None) -> dict[str, dict]:
+    """Charge the run's profile in a ledger entry of its own, before its noise is drawn: per city
+    {"seq", "draw", "key"}. A profile charge of the same key whose profile was never recorded (its run
+    died in between) is taken over instead; a recorded one is never drawn again."""
+    store, home, ledger, locators, policy = open_to_charge(store_url, plans, resolved, source, home)
+    draw = uuid.uuid4().hex[:16]
+    held = ledger.held()
+    out, to_charge = {}, []
+    for p in plans:
+        key = profile_key(p.release_key)
+        used = set(records_of(store, p.dataset, p.release_key))
+        stale = sorted(h.seq for h in held if h.charge.key == key and h.store == home.scope and h.seq not in used)
+        if stale:
+            try:
+                ledger.adopt(stale[0], key, draw, policy, "a new run of the same release takes over a profile "
+                                                          "charge whose profile was never recorded")
+                out[p.city] = {"seq": stale[0], "draw": draw, "key": key}
+                continue
+            except ChargeMoved:
+                pass
+        to_charge.append(p)
+    if to_charge:
+        charges = [charge_for(p, replace(resolved, policy=policy), draw, profile_epsilon=epsilon, profile=True)
+                   for p in to_charge]
+        entry, _ = ledger.charge(charges, policy, store=home.scope, sources=locators)
+        out.update({p.city: {"seq": entry["seq"], "draw": draw, "key": profile_key(p.release_key)} for p in to_charge})
+    return out
+
+
+def record_profile(store_url: str, plans: list, held: dict[str, dict], profile: ContributionProfile) -> ContributionProfile:
+    """Record the drawn profile under each city's profile charge (create-only), before anything is derived
+    from it. Where another run holding the same charge recorded first, its profile is the one used (ours
+    is never shown)."""
+    store = ReleaseStore(store_url)
+    run = held[plans[0].city]["draw"]
+    body = {"run": run, "profile": profile.to_dict(), "epsilon": profile.epsilon,
+            "release_keys": sorted(p.release_key for p in plans)}
+    for p in plans:
+        rel = f"{_record_dir(p.dataset, p.release_key)}/{int(held[p.city]['seq']):08d}.json"
+        try:
+            store.create(rel, json.dumps(body, sort_keys=True).encode())
+        except FileExistsError:
+            body = store.read_json(rel)
+    return ContributionProfile.from_dict(body["profile"])
+
+
+def pay_profile(plan, todo: list, draw_profile, step) -> tuple[ContributionProfile, str]:
+    """The run's profile, paid before anything else: (profile, what the run has spent so far, in words).
+    ``draw_profile()`` draws it from the data pass's counts (the caller's process decides how its failures
+    are shown); ``step`` runs the charge as a Prefect task or in this process."""
+    if plan.params.seed is not None:  # seeded experiments are never charged nor recorded
+        return draw_profile(), "nothing was charged (seeded noise)"
+    store = ReleaseStore(plan.store_url)
+    found = recorded_profile(store, todo)
+    if found is not None:
+        return found[0], (f"nothing more was charged (its contribution profile, ε = {found[0].epsilon:.3g}, was "
+                          f"paid by ledger entry #{found[1]})")
+    held = step(charge_profile)(plan.store_url, todo, plan.resolved, profile_epsilon(todo), plan.input.locators(),
+                                plan.home)
+    profile = record_profile(plan.store_url, todo, held, draw_profile())
+    return profile, f"only its contribution profile was charged (ε = {profile.epsilon:.3g})"
