@@ -98,14 +98,15 @@ def test_release_two_cities_to_s3_then_read_back(cluster, gowalla_sample_path):
     assert len(q) == 1 and isinstance(q[0]["estimate"], float)
     (row,) = json.loads(geodp(cluster, "ledger", store, "--json").stdout)
     # two disjoint cities bounded together: a person loses ε=0.5 of the budget of 2, not 1.0
-    assert row["charges"] == 2 and row["loss"]["lifetime"] == pytest.approx(0.5)
+    # each city: its contribution profile, charged alone first, and the rest of its ε
+    assert row["charges"] == 4 and row["loss"]["lifetime"] == pytest.approx(0.5)
     assert row["policy"]["budget"] == 2.0
     # the same command again is a no-op: no new version, no new charge
     again = geodp(cluster, "release", gowalla_sample_path, "--cities", "austin,san-francisco", "--period",
                   "2010-05", "--epsilon", "0.5", "--max-points-per-user", "10", "--store", store,
                   "--dask-address", cluster["address"], "--budget-cap", "2")
     assert again.stdout.count("already committed") == 2
-    assert json.loads(geodp(cluster, "ledger", store, "--json").stdout)[0]["charges"] == 2
+    assert json.loads(geodp(cluster, "ledger", store, "--json").stdout)[0]["charges"] == 4
 
 
 def _release_killing_a_worker(cluster, args: list[str], target: tuple[str, str], seconds: float):
@@ -153,7 +154,7 @@ def test_killing_a_worker_mid_release_still_commits_exactly_once(cluster, gowall
     assert sorted(r["city"] for r in summary["releases"]) == ["austin", "new-york"]
     listed = json.loads(geodp(cluster, "releases", "list", store, "--json").stdout)
     assert sorted((x["city"], x["version"]) for x in listed) == [("austin", 1), ("new-york", 1)]
-    assert json.loads(geodp(cluster, "ledger", store, "--json").stdout)[0]["charges"] == 2
+    assert json.loads(geodp(cluster, "ledger", store, "--json").stdout)[0]["charges"] == 4  # profiles and fits
 
 
 @pytest.mark.slow
@@ -179,4 +180,4 @@ def test_killing_a_worker_mid_read_of_s3_files_still_commits_once(cluster, gowal
     assert release.returncode == 0, err[-3000:]
     listed = json.loads(geodp(cluster, "releases", "list", store, "--json").stdout)
     assert [(x["city"], x["version"]) for x in listed] == [("new-york", 1)]
-    assert json.loads(geodp(cluster, "ledger", store, "--json").stdout)[0]["charges"] == 1
+    assert json.loads(geodp(cluster, "ledger", store, "--json").stdout)[0]["charges"] == 2  # profile and fit
