@@ -163,6 +163,8 @@ def _charge_and_fit(plan: ReleasePlan, todo: list, inputs: dict, counts, step,
         # Ctrl-C or SIGTERM after the charge: in the Prefect form the charges go back once the flow has
         # stopped its cluster, when no worker can stage noise any more; here nothing else writes
         exc.geodp_held = [*getattr(exc, "geodp_held", []), *((plan.store_url, dataset, h) for h in held.values())]
+        if profile is not None and params.seed is None:  # its noise was drawn: its charge is never given back
+            exc.geodp_profiles = [*getattr(exc, "geodp_profiles", []), *((p.city, profile.epsilon) for p in todo)]
         if in_process:
             give_back_interrupted(exc, workers_stopped=True)
         raise

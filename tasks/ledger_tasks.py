@@ -382,8 +382,14 @@ def give_back_interrupted(exc: BaseException, workers_stopped: bool) -> None:
             still = True  # the store did not answer: the charge is held as far as this run knows
         states.setdefault("stays held until the release runs again" if still else "was given back",
                           []).append(held["city"])
-    if states:
-        exc.geodp_note = "; ".join(f"the charge of {', '.join(sorted(set(c)))} {what}" for what, c in states.items())
+    notes = [f"the charge of {', '.join(sorted(set(c)))} {what}" for what, c in states.items()]
+    profiles: dict[float, set[str]] = {}
+    for city, epsilon in getattr(exc, "geodp_profiles", []):
+        profiles.setdefault(epsilon, set()).add(city)
+    notes += [f"the contribution profile of {', '.join(sorted(c))} (ε {e:g}) stays charged: its noise was drawn"
+              for e, c in profiles.items()]
+    if notes:
+        exc.geodp_note = "; ".join(notes)
 
 
 @task(name="void-charge", retries=3, retry_delay_seconds=1, cache_policy=NO_CACHE)

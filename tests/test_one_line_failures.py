@@ -141,7 +141,8 @@ def test_ctrl_c_in_process_prints_one_line_and_gives_the_charge_back(small, tmp_
     charged, committed = ledger_and_committed(store)
     # nothing published; only the contribution profile, paid alone before the rest (ε 0.01), stays spent
     assert committed == 0.0 and charged == pytest.approx(0.01)
-    _one_interrupted_line(r, "the charge of new-york was given back")
+    _one_interrupted_line(r, "the charge of new-york was given back",
+                          "the contribution profile of new-york (ε 0.01) stays charged")
     run_geodp("release", "run", small, *RELEASE, "--out", store)  # running it again finishes it
     charged, committed = ledger_and_committed(store)
     assert charged == pytest.approx(committed) == pytest.approx(0.1)
@@ -158,7 +159,8 @@ def test_ctrl_c_in_the_prefect_form_prints_one_line_and_gives_the_charge_back(pr
     charged, committed = ledger_and_committed(store)
     # nothing published; only the contribution profile, paid alone before the rest (ε 0.01), stays spent
     assert committed == 0.0 and charged == pytest.approx(0.01)
-    _one_interrupted_line(r, "the charge of new-york was given back")
+    _one_interrupted_line(r, "the charge of new-york was given back",
+                          "the contribution profile of new-york (ε 0.01) stays charged")
     run_geodp("release", "run", small, *RELEASE, "--store", store, "--workers", "1")  # finishes it, paying once
     charged, committed = ledger_and_committed(store)
     assert charged == pytest.approx(committed) == pytest.approx(0.1)
