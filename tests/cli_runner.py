@@ -39,7 +39,8 @@ def run_geodp(*args, ok: bool = True, env: dict | None = None, timeout: float = 
         # the repository root stays importable from another folder, as it is in the template
         fresh_env = {**full_env, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), full_env.get("PYTHONPATH"))
                                                                 if p)} if cwd != str(ROOT) else full_env
-        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, env=fresh_env, timeout=timeout)
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, env=fresh_env, timeout=timeout,
+                              preexec_fn=_terminal_signals)
     else:
         try:
             proc = template.run(cmd, full_env, timeout, cwd)
@@ -50,6 +51,13 @@ def run_geodp(*args, ok: bool = True, env: dict | None = None, timeout: float = 
     if ok:
         assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
+
+
+def _terminal_signals() -> None:
+    """In a command's process before it starts: Ctrl-C and SIGTERM as a terminal delivers them (an ignored
+    SIGINT is inherited, and Python then installs no KeyboardInterrupt for it)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _import_time_view(env: dict) -> tuple[dict, list[str]]:

@@ -18,6 +18,7 @@ import gc
 import json
 import os
 import runpy
+import signal
 import sys
 
 
@@ -58,6 +59,10 @@ def _become_command(request: dict) -> None:
     for fd, target in ((null, 0), (out, 1), (err, 2)):
         os.dup2(fd, target)
         os.close(fd)
+    # Ctrl-C as a terminal delivers it, whatever the test process inherited or set (a SIGINT ignored there
+    # is ignored in every process it starts, and a command's Ctrl-C test then waits out its pause)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     os.chdir(request["cwd"])  # the template imported its modules from the repository root
     os.environ.clear()
     os.environ.update(request["env"])
