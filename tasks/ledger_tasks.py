@@ -463,7 +463,7 @@ def void_entry(store: ReleaseStore, dataset: str, seq: int, reason: str,
 def _refuse_recorded_profile(store: ReleaseStore, dataset: str, seq: int, charge: dict) -> None:
     """A profile charge whose profile is recorded paid for noise that decided a verdict (and is public):
     it stays. One whose run died before recording it may be given back."""
-    from tasks.release_profile import records_of
+    from tasks.storage.profile_records import records_of
 
     if seq in records_of(store, dataset, charge["profile_of"]):
         raise VoidRefused(f"entry #{seq} paid for the contribution profile of {charge['city']} {charge['period']}, "

@@ -22,43 +22,18 @@ import uuid
 from dataclasses import replace
 
 from dpcore.privacy.profile import PROFILE_FRACTION, ContributionProfile
-from tasks.config import canonical_hash
 from tasks.lazy_task import NO_CACHE, task
 from tasks.ledger_tasks import ResolvedPolicy, charge_for, open_to_charge
 from tasks.public_errors import retry_unless_refused
 from tasks.storage.ledger import ChargeMoved
 from tasks.storage.ledger_home import LedgerHome
+from tasks.storage.profile_records import profile_key, record_dir, records_of
 from tasks.storage.store import ReleaseStore
-
-#: a profile charge's ledger key: the release key it paid the verdict of, with this suffix
-PROFILE_KEY_SUFFIX = "/profile"
-
-
-def profile_key(release_key: str) -> str:
-    return release_key + PROFILE_KEY_SUFFIX
 
 
 def profile_epsilon(plans: list) -> float:
     """The profile's ε: a fixed, public share of the run's smallest ε (the rest pays each city's fit)."""
     return PROFILE_FRACTION * min(float(p.epsilon) for p in plans)
-
-
-def _record_dir(dataset: str, release_key: str) -> str:
-    return f"profiles/{dataset}/{canonical_hash([profile_key(release_key)])[:32]}"
-
-
-def records_of(store: ReleaseStore, dataset: str, release_key: str) -> dict[int, dict]:
-    """The recorded profiles a release key's profile charges paid for, by ledger seq."""
-    where = _record_dir(dataset, release_key)
-    out = {}
-    for name in store.listdir(where):
-        name = name.rsplit("/", 1)[-1]
-        if name.endswith(".json") and name[:-5].isdigit():
-            try:
-                out[int(name[:-5])] = store.read_json(f"{where}/{name}")
-            except FileNotFoundError:
-                continue
-    return out
 
 
 def recorded_profile(store: ReleaseStore, plans: list) -> tuple[ContributionProfile, int] | None:
@@ -115,7 +90,7 @@ def record_profile(store_url: str, plans: list, held: dict[str, dict], profile: 
     body = {"run": run, "profile": profile.to_dict(), "epsilon": profile.epsilon,
             "release_keys": sorted(p.release_key for p in plans)}
     for p in plans:
-        rel = f"{_record_dir(p.dataset, p.release_key)}/{int(held[p.city]['seq']):08d}.json"
+        rel = f"{record_dir(p.dataset, p.release_key)}/{int(held[p.city]['seq']):08d}.json"
         try:
             store.create(rel, json.dumps(body, sort_keys=True).encode())
         except FileExistsError:

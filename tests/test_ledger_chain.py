@@ -73,9 +73,9 @@ def test_deleting_the_newest_entry_is_caught_by_ledger_and_before_the_next_charg
         assert _release(checkins, store, day).returncode == 0
     files = _Files(store)
     log = files.names(LEDGER)
-    assert len(log) == 2
+    assert len(log) == 4  # per release its contribution profile's charge, then the release's own
     proc = run_geodp("ledger", store)
-    assert "chain verified: 2 entries" in proc.stdout
+    assert "chain verified: 4 entries" in proc.stdout
     # every committed release names its entry by number and hash
     for m in ReleaseStore(store).list_releases("checkins"):
         entry = files.read(f"{LEDGER}/{m.ledger.seq:08d}.json")
@@ -83,10 +83,10 @@ def test_deleting_the_newest_entry_is_caught_by_ledger_and_before_the_next_charg
 
     files.delete(f"{LEDGER}/{log[-1]}")  # the newest charge: its ε would silently come back
     line = _one_error_line(run_geodp("ledger", store, ok=False))
-    assert "does not verify" in line and "entry #1" in line
+    assert "does not verify" in line and "entry #3" in line
     line = _one_error_line(_release(checkins, store, "2024-01-03"))
     assert "does not verify" in line
-    assert files.names(LEDGER) == log[:1]  # nothing was charged
+    assert files.names(LEDGER) == log[:3]  # nothing was charged
     assert len(ReleaseStore(store).list_releases("checkins")) == 2
 
 
@@ -95,9 +95,9 @@ def test_a_deleted_middle_entry_or_a_recomputed_reorder_is_an_integrity_error(ch
     for day in ("2024-01-01", "2024-01-02"):
         assert _release(checkins, store, day).returncode == 0
     files = _Files(store)
-    first, second = (files.read(f"{LEDGER}/{n}") for n in files.names(LEDGER))
+    first, second = (files.read(f"{LEDGER}/{n}") for n in files.names(LEDGER)[:2])
 
-    # swap the two charges, renumbered and with their own hashes recomputed: only the chain shows it
+    # swap the first two charges (the first release's profile and its own), renumbered and with their own hashes recomputed: only the chain shows it
     for seq, body in ((0, second), (1, first)):
         moved = {**body, "seq": seq}
         moved[ENTRY_HASH] = _entry_hash(moved)
