@@ -85,6 +85,16 @@ def _refused_everywhere(data, store: str, *words: str) -> None:
     assert _committed_epsilon(store) == pytest.approx(0.8)
 
 
+def test_an_appended_void_of_a_recorded_profiles_charge_is_an_integrity_error(small, released, store_url):
+    """The first release's contribution profile, charged alone and recorded under profiles/ before its
+    verdict: its noise is in the store, so its charge is never given back. Before: `geodp ledger` verified
+    and the ledger showed 0.01 less than was spent."""
+    ledger = _two_releases(released, store_url)
+    profile = next(h for h in ledger.held() if h.charge.extra.get("profile_of"))
+    ledger.void(profile.seq, [profile.charge.key], "an operator gives a recorded profile's charge back")
+    _refused_everywhere(small, store_url, "gives that charge back")
+
+
 def _rm(store: str, rel: str) -> None:
     st = ReleaseStore(store)
     st.fs.rm(st.path(rel), recursive=True)

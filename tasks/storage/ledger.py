@@ -47,6 +47,7 @@ from dpcore.privacy.accounting import (
 )
 from tasks.storage.home_stores import canonical_url, registered_stores, release_stores
 from tasks.storage.manifest import ManifestError, parse_manifest
+from tasks.storage.profile_records import profile_key, record_dir
 from tasks.storage.store import (
     _MAX_APPEND_TRIES,
     MANIFEST,
@@ -354,6 +355,35 @@ class DatasetLedger:
                             {"key": manifest.release_key, "source": manifest.input.source if manifest.input else None}))
             else:
                 out.append((where, body if isinstance(body, dict) else None, None))
+        return out + self._profile_references(store)
+
+    def _profile_references(self, store: ReleaseStore) -> list[tuple[str, dict | None, dict | None]]:
+        """The contribution profiles recorded in ``store`` for this dataset (tasks.release_profile): each
+        decided a published verdict, so its charge is referenced as a committed manifest's is (it must exist
+        and never be given back). Their run is not compared with the charge's holder: a run that took over a
+        profile charge whose first holder recorded late uses the recorded profile, not its own."""
+        root = store.path(f"profiles/{self.dataset}")
+        fs = store.fs
+        fs.invalidate_cache(root)
+        try:
+            found = [p for p in fs.find(root) if p.endswith(".json") and p.rsplit("/", 1)[-1][:-5].isdigit()]
+        except FileNotFoundError:
+            return []
+        base = store.root + "/"
+        rels = [p[len(base):] for p in found if p.startswith(base)]
+        out = []
+        for path, data in sorted(store.read_many(rels).items()):
+            where = store.url_of(path)
+            try:
+                body = json.loads(data)
+            except json.JSONDecodeError:
+                raise IntegrityError(f"{where} is not valid JSON") from None
+            folder = path.rsplit("/", 2)[-2]
+            keys = [profile_key(k) for k in body.get("release_keys", []) if record_dir(self.dataset, k).endswith(folder)]
+            if not keys:
+                raise IntegrityError(f"{where} records a contribution profile for no release key of its folder")
+            seq = int(path.rsplit("/", 1)[-1][:-5])
+            out.append((where, {"seq": seq, "key": keys[0]}, {"key": keys[0], "source": None}))
         return out
 
     def held(self, entries: list[dict] | None = None) -> list[Held]:
