@@ -416,7 +416,7 @@ def paid_profile(plans: list[CityPlan], counts: np.ndarray | None) -> Contributi
     return noisy_profile(counts, PROFILE_FRACTION * min(float(p.epsilon) for p in plans), noise, first.bound_per_day)
 
 
-@task(name="privatize", cache_policy=NO_CACHE)
+@task(name="privatize", cache_policy=NO_CACHE, persist_result=False)  # noise of an attempt that may be given back
 def privatize(plan: CityPlan, data: CityData, profile: ContributionProfile | None = None) -> Synopsis:
     """Mechanism fit on the city's summed fine counts (or mass grid): the only step that draws noise
     (besides the run's contribution profile, :func:`paid_profile`, which it records and scales by).
@@ -482,7 +482,7 @@ def people_bound(plan: CityPlan) -> str:
             "cells over the whole release; sensitivity k")
 
 
-@task(name="render-preview", cache_policy=NO_CACHE)
+@task(name="render-preview", cache_policy=NO_CACHE, persist_result=False)
 def render_preview(plan: CityPlan, synopsis: Synopsis) -> bytes:
     return render_heatmap_png(synopsis, f"{plan.city} {plan.period.label} (released, {budget_label(plan.epsilon, plan.rho)})",
                               note=release_quality(synopsis)["statement"])

@@ -47,7 +47,7 @@ from dpcore.privacy.accounting import (
 )
 from tasks.storage.home_stores import canonical_url, registered_stores, release_stores
 from tasks.storage.manifest import ManifestError, parse_manifest
-from tasks.storage.profile_records import profile_key, record_dir
+from tasks.storage.profile_records import is_record_name, profile_key, record_dir
 from tasks.storage.store import (
     _MAX_APPEND_TRIES,
     MANIFEST,
@@ -328,22 +328,11 @@ class DatasetLedger:
     def _references_in(self, store: ReleaseStore) -> list[tuple[str, dict | None, dict | None]]:
         """(where, ledger reference, {"key", "source"} of a committed manifest else None) of every manifest
         and staged charge of this dataset in ``store``: one listing and one batched read."""
-        root = store.path(f"releases/{self.dataset}")
-        fs = store.fs
-        fs.invalidate_cache(root)
-        try:
-            found = [p for p in fs.find(root) if p.rsplit("/", 1)[-1] in _PAID_BY_FILES]
-        except FileNotFoundError:
-            return []
-        base = store.root + "/"
+        found = store.find(f"releases/{self.dataset}", lambda name: name in _PAID_BY_FILES)
         out = []
-        for path, data in sorted(fs.cat(found).items()) if found else []:
-            where = store.url_of(path[len(base):]) if path.startswith(base) else path
-            try:
-                body = json.loads(data)
-            except json.JSONDecodeError:
-                raise IntegrityError(f"{where} is not valid JSON") from None
-            if path.endswith(MANIFEST):
+        for rel, body in _read_json_objects(store, found):
+            where = store.url_of(rel)
+            if rel.endswith(MANIFEST):
                 if not isinstance(body, dict) or (MANIFEST_HASH in body and manifest_hash(body) != body[MANIFEST_HASH]):
                     raise IntegrityError(f"{where} was altered after it was committed")
                 try:
@@ -362,27 +351,16 @@ class DatasetLedger:
         decided a published verdict, so its charge is referenced as a committed manifest's is (it must exist
         and never be given back). Their run is not compared with the charge's holder: a run that took over a
         profile charge whose first holder recorded late uses the recorded profile, not its own."""
-        root = store.path(f"profiles/{self.dataset}")
-        fs = store.fs
-        fs.invalidate_cache(root)
-        try:
-            found = [p for p in fs.find(root) if p.endswith(".json") and p.rsplit("/", 1)[-1][:-5].isdigit()]
-        except FileNotFoundError:
-            return []
-        base = store.root + "/"
-        rels = [p[len(base):] for p in found if p.startswith(base)]
+        found = store.find(f"profiles/{self.dataset}", is_record_name)
         out = []
-        for path, data in sorted(store.read_many(rels).items()):
-            where = store.url_of(path)
-            try:
-                body = json.loads(data)
-            except json.JSONDecodeError:
-                raise IntegrityError(f"{where} is not valid JSON") from None
-            folder = path.rsplit("/", 2)[-2]
-            keys = [profile_key(k) for k in body.get("release_keys", []) if record_dir(self.dataset, k).endswith(folder)]
+        for rel, body in _read_json_objects(store, found):
+            where = store.url_of(rel)
+            folder = rel.rsplit("/", 2)[-2]
+            keys = [profile_key(k) for k in (body.get("release_keys", []) if isinstance(body, dict) else [])
+                    if record_dir(self.dataset, k).endswith(folder)]
             if not keys:
                 raise IntegrityError(f"{where} records a contribution profile for no release key of its folder")
-            seq = int(path.rsplit("/", 1)[-1][:-5])
+            seq = int(rel.rsplit("/", 1)[-1][:-5])
             out.append((where, {"seq": seq, "key": keys[0]}, {"key": keys[0], "source": None}))
         return out
 
@@ -516,3 +494,15 @@ def known_datasets(home: ReleaseStore) -> list[str]:
 
 
 __all__ = ["ENTRY_HASH", "GENESIS", "PREV_HASH", "BudgetRefused", "DatasetLedger", "Held", "SourceTaken", "datasets", "known_datasets"]
+
+
+def _read_json_objects(store: ReleaseStore, rels: list[str]) -> list[tuple[str, object]]:
+    """(rel, parsed JSON) of each object in one batched read, in path order; a file that is not JSON is an
+    integrity error naming it."""
+    out = []
+    for rel, data in sorted(store.read_many(rels).items()):
+        try:
+            out.append((rel, json.loads(data)))
+        except json.JSONDecodeError:
+            raise IntegrityError(f"{store.url_of(rel)} is not valid JSON") from None
+    return out

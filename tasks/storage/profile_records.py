@@ -19,13 +19,18 @@ def record_dir(dataset: str, release_key: str) -> str:
     return f"profiles/{dataset}/{canonical_hash([profile_key(release_key)])[:32]}"
 
 
+def is_record_name(name: str) -> bool:
+    """A profile record's file name: the ledger seq of the charge that paid it, ``NNNNNNNN.json``."""
+    return name.endswith(".json") and name[:-5].isdigit()
+
+
 def records_of(store: ReleaseStore, dataset: str, release_key: str) -> dict[int, dict]:
     """The recorded profiles a release key's profile charges paid for, by ledger seq."""
     where = record_dir(dataset, release_key)
     out = {}
     for name in store.listdir(where):
         name = name.rsplit("/", 1)[-1]
-        if name.endswith(".json") and name[:-5].isdigit():
+        if is_record_name(name):
             try:
                 out[int(name[:-5])] = store.read_json(f"{where}/{name}")
             except FileNotFoundError:

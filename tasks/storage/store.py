@@ -263,6 +263,19 @@ class ReleaseStore(AttemptProtocol):
         with self._io("read", rel):
             return bool(self.fs.exists(self.path(rel)))
 
+    def find(self, rel: str, name_ok=lambda name: True) -> list[str]:
+        """Every object under ``rel`` (any depth) whose file name ``name_ok`` accepts, as store-relative
+        paths, sorted, from a fresh listing (empty when ``rel`` does not exist)."""
+        root = self.path(rel)
+        base = self.root + "/"
+        try:
+            with self._io("list", rel):
+                self.fs.invalidate_cache(root)
+                found = self.fs.find(root)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        return sorted(p[len(base):] for p in found if p.startswith(base) and name_ok(p.rsplit("/", 1)[-1]))
+
     def listdir(self, rel: str) -> list[str]:
         """Names directly under rel (empty when it does not exist)."""
         p = self.path(rel)
