@@ -54,6 +54,57 @@ def test_csv_output_is_the_answer_table(releases, tmp_path):
     assert pd.read_csv(out)["estimate"].to_numpy() == pytest.approx(table["estimate"].to_numpy()[:1], rel=1e-5)
 
 
+def test_json_states_the_interval_method_once_in_its_first_record(releases, tmp_path):
+    # the method was on stderr alone: a --json FILE did not say how its intervals were computed
+    out = tmp_path / "a.json"
+    r = run_geodp("query", "range", releases["grid"], "--box", BOX_A, "--box", BOX_B, "--box", BOX_C, "--json", out)
+    rows = json.loads(out.read_text())
+    stated = re.search(r"^intervals: (.*)$", r.stderr, re.M).group(1)
+    assert rows[0]["interval_method"] == stated and "exact noise law" in stated
+    assert all("interval_method" not in row for row in rows[1:])
+    assert [sorted(set(row) - {"interval_method"}) for row in rows] == [
+        ["box", "estimate", "interval", "interval_covers", "lower", "unit", "upper"]] * 3
+
+
+def test_csv_and_json_writers_match_pandas_row_for_row():
+    # the writers format every row at once (Arrow kernels); pandas formatted each cell in Python, 10 CPU-s for
+    # 1 M boxes: the same table must come out, numbers to the same digits (the 10th decimal may round the other way), quoting and NaN as pandas wrote them
+    from flows.cli.answer_text import csv_bytes, json_bytes
+
+    rng = np.random.default_rng(4)
+    n = 500
+    t = pd.DataFrame(np.round(rng.uniform(40.5, 40.9, (n, 4)), 6), columns=["min_lat", "min_lon", "max_lat", "max_lon"])
+    t.insert(0, "period", np.where(np.arange(n) % 3, "2024-01-01", "sum 2024-01-01..2024-01-02"))
+    t["estimate"] = rng.normal(0, 1, n) * 10.0 ** rng.integers(-6, 9, n)
+    t["lower"], t["upper"] = t["estimate"] - rng.uniform(0, 50, n), t["estimate"] + 7.0
+    t.loc[::7, ["lower", "upper"]] = np.nan
+    t.loc[::11, "estimate"] = 3.0
+    t["unit"] = pd.Categorical.from_codes(np.zeros(n, dtype=np.int8), ["full points"])
+    t["interval_covers"] = pd.Categorical.from_codes((np.arange(n) % 2).astype(np.int8),
+                                                     ["none", 'noise, "bias" and spread'])
+    t["note"] = np.where(np.arange(n) % 5, "", "worse than a blank map, at 25–100 m")
+    t.attrs["level"] = 0.95
+    ours = pd.read_csv(io.BytesIO(b"".join(csv_bytes(t))))
+    theirs = pd.read_csv(io.StringIO(t.to_csv(index=False, float_format="%.6g")))
+    for c in ["period", "estimate", "lower", "upper", "unit", "interval_covers", "note"]:
+        pd.testing.assert_series_equal(ours[c], theirs[c])
+    assert np.array_equal(ours[["min_lat", "min_lon", "max_lat", "max_lon"]].to_numpy(),
+                          t[["min_lat", "min_lon", "max_lat", "max_lon"]].to_numpy())  # as read, not to 6 digits
+    rec = t[["period", "estimate", "lower", "upper", "unit", "interval_covers"]].copy()
+    rec.insert(1, "box", t[["min_lat", "min_lon", "max_lat", "max_lon"]].to_numpy().tolist())
+    rec["interval"], rec["note"] = "95%", t["note"]
+    expected = json.loads(rec.to_json(orient="records", double_precision=10))
+    got = json.loads(b"".join(json_bytes(t, {"interval_method": "m"})))
+    assert got[0].pop("interval_method") == "m"
+    assert [list(r) for r in got] == [list(r) for r in expected]
+    for g, e in zip(got, expected, strict=True):
+        assert g["box"] == e["box"] and {k: g[k] for k in g if isinstance(g[k], str)} == \
+            {k: e[k] for k in e if isinstance(e[k], str)}
+        for k in ("estimate", "lower", "upper"):
+            assert (g[k] is None) == (e[k] is None) and (g[k] is None or g[k] == pytest.approx(e[k], rel=1e-15, abs=1.1e-10))
+            assert type(g[k]) is type(e[k])  # 3.0 stays a float
+
+
 def test_a_period_outside_the_release_is_one_error_line(releases):
     bad = run_geodp("query", "range", releases["st"], "--box", BOX_C, "--period", "2025-03-01..2025-03-05", ok=False)
     assert bad.returncode == 2 and "outside this release's window" in bad.stderr

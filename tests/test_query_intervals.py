@@ -59,7 +59,7 @@ def test_query_json_carries_intervals_and_never_bare_nan(data_file, tmp_path):
     assert "NaN" not in r.stdout and "min above max" in r.stderr
     (row,) = json.loads(r.stdout)
     assert row["lower"] <= row["estimate"] <= row["upper"] and "PrivTree's leaves" in r.stderr
-    assert "interval_method" not in row  # the method is stated once, on stderr, not in every record
+    assert "PrivTree's leaves" in row["interval_method"]  # stated once: in the first record, and on stderr
     r = run_geodp("query", tree, "--box", "41.5,-74.02,41.6,-74.00")
     assert "outside the released region" in r.stderr
     clamped = tmp_path / "clamped"  # no interval: null in JSON, never a bare NaN

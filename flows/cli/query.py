@@ -235,20 +235,16 @@ def write_answers(table, fmt: str, dest: str | None) -> None:
     import sys
     from pathlib import Path
 
+    from flows.cli.answer_text import csv_bytes, json_bytes
+
     method = table.attrs["interval_method"]
+    data: list = []
     if fmt == "csv":
-        text = table.to_csv(index=False, float_format="%.6g")
+        data = csv_bytes(table)
     elif fmt == "json":
-        # one record per box (keys box, estimate, lower, upper, unit, interval_covers, interval); the long
-        # method is stated once, on stderr, not repeated in every record
-        rec = table[["estimate", "lower", "upper", "unit", "interval_covers"]].copy()
-        rec.insert(0, "box", table[["min_lat", "min_lon", "max_lat", "max_lon"]].to_numpy().tolist())
-        if "period" in table.columns:
-            rec.insert(0, "period", table["period"].astype(str))
-        rec["interval"] = f"{table.attrs['level']:.0%}"
-        if "note" in table.columns:  # a band the release is expected to serve worse than a blank map
-            rec["note"] = table["note"]
-        text = rec.to_json(orient="records", double_precision=10) + "\n"
+        # one record per box (keys box, estimate, lower, upper, unit, interval_covers, interval); how the
+        # intervals were computed is stated once, in the first record (docs/decisions/0023-json-answers-method-once.md)
+        data = json_bytes(table, {"interval_method": method})
     else:
         b = table[["min_lat", "min_lon", "max_lat", "max_lon"]].to_numpy()
         est, lo, hi = (table[c].to_numpy() for c in ("estimate", "lower", "upper"))
@@ -261,12 +257,19 @@ def write_answers(table, fmt: str, dest: str | None) -> None:
             note = f"\tnote: {notes[q]}" if notes is not None and notes[q] else ""
             lines.append(f"{when}{b[q, 0]:.5f},{b[q, 1]:.5f},{b[q, 2]:.5f},{b[q, 3]:.5f}\t{est[q]:.1f}{ci}{note}")
         text = "\n".join(lines) + "\n"
+        data = [text.encode()]
     if dest is None:
-        sys.stdout.write(text)
+        sys.stdout.flush()
+        for piece in data:
+            if hasattr(sys.stdout, "buffer"):  # bytes straight through: no decode of a large table
+                sys.stdout.buffer.write(piece)
+            else:
+                sys.stdout.write(bytes(piece).decode())
         sys.stdout.flush()
     else:
         Path(dest).parent.mkdir(parents=True, exist_ok=True)
-        Path(dest).write_text(text)
+        with open(dest, "wb") as f:
+            f.writelines(data)
         eprint(f"wrote {dest}")
     if "unit_words" in table.attrs:
         eprint(table.attrs["unit_words"])
