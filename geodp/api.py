@@ -127,8 +127,9 @@ class Store:
 
         frames = []
         chosen, left_out = self.in_window(dataset, city, period)
+        arr = _boxes(boxes)
         for r, ask in chosen:
-            table = answer_table(r.synopsis, _boxes(boxes), level=level, window_s=ask)
+            table = r._noted(answer_table(r.synopsis, arr, level=level, window_s=ask), arr)
             table.insert(0, "period", r.manifest.period)
             frames.append(table)
         if not frames:
@@ -138,6 +139,11 @@ class Store:
         label = period or f"{frames[0]['period'].iloc[0]}..{frames[-1]['period'].iloc[0]}"
         noise = [(h.below, h.above) for h in (f.attrs["noise_halfwidths"] for f in frames)]
         total = sum_rows(per_period, label, noise)
+        if "note" in per_period.columns:  # the sum carries the note of any period it adds up
+            noted = per_period[per_period["note"].notna()]
+            first = noted.groupby(noted.index % len(total)).first()
+            total["note"] = [f"{first.at[i, 'period']}: {first.at[i, 'note']}" if i in first.index else None
+                             for i in range(len(total))]
         out = pd.concat([per_period, total], ignore_index=True)
         out.attrs.update({"level": level, "left_out": left_out, "periods": len(frames),
                           "interval_method": frames[0].attrs["interval_method"],
@@ -209,7 +215,17 @@ class Release:
 
             window = parse_window(period)
             check_window(self.synopsis, window, f"period={period!r}")
-        return answer_table(self.synopsis, arr, level=level, window_s=window)
+        return self._noted(answer_table(self.synopsis, arr, level=level, window_s=window), arr)
+
+    def _noted(self, table: pd.DataFrame, boxes_ll: np.ndarray) -> pd.DataFrame:
+        """``table`` with a ``note`` column when a box falls in a band this release is expected to serve worse
+        than a blank map (its manifest's verdict)."""
+        from tasks.release_verdict import answer_notes
+
+        notes = answer_notes(self.manifest.quality, self.synopsis.region.box_latlon_to_m(boxes_ll))
+        if any(notes):
+            table["note"] = notes
+        return table
 
     def to_xarray(self):
         """The released values on their grid as an ``xarray.DataArray``: dims (x, y) or (x, y, time), cell

@@ -66,6 +66,13 @@ def test_a_refused_release_published_anyway_shows_its_verdict_everywhere(data, t
     assert "worse than a blank map for squares of 25–100 m" in answers[0]["note"]
     text = run_geodp("query", "range", version, "--box", box).stdout
     assert "note: this release is expected worse than a blank map" in text
+    # the same box asked of the store's series: the period's row and the sum over it carry the note
+    series = json.loads(run_geodp("query", "range", store, "--dataset", row["dataset"], "--city", "new-york",
+                                  "--box", box, "--json").stdout)
+    by_period = {r["period"]: r for r in series}
+    assert "worse than a blank map for squares of 25–100 m" in by_period["2024-01-02"]["note"]
+    (total,) = [r for p, r in by_period.items() if p.startswith("sum")]
+    assert total["note"].startswith("2024-01-02: this release is expected worse than a blank map")
 
     from flows.release import summary_markdown
     from tasks.storage.store import ReleaseStore
