@@ -42,11 +42,17 @@ def unit_blocks(frames: list[pd.DataFrame], per_day: bool) -> tuple[list[np.ndar
 
 
 def unit_counts(blocks: list[np.ndarray], n_codes: int) -> np.ndarray:
-    """Rows per code over all blocks."""
+    """Rows per code over all blocks. A block is counted over the span of its own codes (files split
+    by person, or by time with few people each, touch a small part of the count)."""
     counts = np.zeros(n_codes, dtype=np.int64)
     for b in blocks:
-        if n_codes <= 4 * b.size:
-            counts += np.bincount(b, minlength=n_codes)
+        if not b.size:
+            continue
+        low = int(b.min())
+        high = int(b.max()) + 1
+        if high - low <= 4 * b.size:
+            # bincount's zeros below ``low`` are fresh pages it never touches
+            counts[low:high] += np.bincount(b, minlength=high)[low:]
         else:
             np.add.at(counts, b, 1)
     return counts

@@ -67,6 +67,19 @@ def unit_codes(user: np.ndarray) -> np.ndarray:
 CANDIDATE_SDS = 5.5
 #: Rows per step of the per-row passes: a step's temporaries are reused, not new memory each time.
 SAMPLE_BLOCK = 1 << 20
+#: Candidates a unit expects per bucket of its key range (see sample_per_unit).
+PER_BUCKET = 4
+
+
+def _random_u32(rng: np.random.Generator, n: int) -> np.ndarray:
+    """n independent uniform 32-bit integers: both halves of the generator's 64-bit outputs."""
+    return rng.bit_generator.random_raw((n + 1) // 2).view(np.uint32)[:n]
+
+
+def _ranges(start: np.ndarray, length: np.ndarray) -> np.ndarray:
+    """The concatenation of arange(start[i], start[i] + length[i]) over i."""
+    ends = np.cumsum(length)
+    return np.repeat(start - (ends - length), length) + np.arange(int(ends[-1]) if ends.size else 0)
 
 
 def sample_per_unit(codes: np.ndarray | list[np.ndarray], counts: np.ndarray, k: int,
@@ -75,15 +88,18 @@ def sample_per_unit(codes: np.ndarray | list[np.ndarray], counts: np.ndarray, k:
     or a list whose concatenation is the rows; integers below ``counts.size``) with ``counts`` the
     rows per code.
 
-    Each row of a heavy unit (n_u > k) gets an independent 64-bit random key, and the unit keeps the
-    rows with its k smallest keys, or, when it has fewer than 2k rows, drops the rows with its n_u − k
+    Each row of a heavy unit (n_u > k) gets an independent random key, and the unit keeps the rows
+    with its k smallest keys, or, when it has fewer than 2k rows, drops the rows with its n_u − k
     smallest keys: either way a uniform k-subset, since the keys are exchangeable. Call m_u the rows
-    a unit so chooses. Only candidates are sorted: rows whose key lies under a per-unit threshold that
-    about m_u + 5.5·sqrt(m_u) of its rows clear, so the m_u smallest keys are among them; a unit with
-    fewer than m_u candidates draws again with every row a candidate. Candidates are ordered by unit,
-    then by their key's top bits; a unit whose m_u-th and next candidates tie there also draws again
-    (probability about n_u²·2^(b − 65) for 2^b heavy units), so the sample is exactly uniform. Light
-    units keep every row. The per-row passes go SAMPLE_BLOCK rows at a time."""
+    a unit so chooses. A key is 32 random bits per row, followed by 32 more drawn only where two keys
+    must be told apart. Only candidates are looked at again: rows whose key lies under a per-unit
+    threshold that about m_u + 5.5·sqrt(m_u) of its rows clear, so the m_u smallest keys are among
+    them; a unit with fewer than m_u candidates draws again with every row a candidate. No sort finds
+    the m_u-th smallest key: the unit's range of candidate keys is cut into buckets of about
+    PER_BUCKET candidates, one count per bucket tells which bucket holds it, the candidates in lower
+    buckets are chosen, and only that bucket's candidates are sorted (by their key and its next 32
+    bits). A unit whose m_u-th and next keys tie in all 64 bits also draws again, so the sample is
+    exactly uniform. Light units keep every row. The per-row passes go SAMPLE_BLOCK rows at a time."""
     blocks = [codes] if isinstance(codes, np.ndarray) else list(codes)
     blocks = [b[i:i + SAMPLE_BLOCK] for b in blocks for i in range(0, b.size, SAMPLE_BLOCK)]
     starts = np.cumsum([0] + [b.size for b in blocks])
@@ -99,58 +115,83 @@ def sample_per_unit(codes: np.ndarray | list[np.ndarray], counts: np.ndarray, k:
     dense = np.zeros(counts.size, dtype=np.int32 if h < 2 ** 31 else np.int64)
     dense[heavy] = np.arange(h)
     q = np.minimum(1.0, (m + CANDIDATE_SDS * np.sqrt(m) + 4.0) / n_u)
-    # Per code, 32 bits: 0 for a light unit, else a threshold on the top half of its rows' keys, whose
-    # lowest bit says the unit drops its choice. Any threshold serves (it only sets how many candidates
-    # a unit expects), so it is at least 2, and a key's top half is above 2³² − 2 twice in 2³² draws.
+    # Per code, 32 bits: 0 for a light unit, else a threshold on its rows' keys, whose lowest bit says
+    # the unit drops its choice. Any threshold serves (it only sets how many candidates a unit
+    # expects), so it is at least 2, and a key is above 2³² − 2 twice in 2³² draws.
     threshold = np.clip(np.floor(q * 2.0 ** 32), 2.0, 2.0 ** 32 - 1).astype(np.uint32)
     table = np.zeros(counts.size, dtype=np.uint32)
     table[heavy] = (threshold & ~np.uint32(1)) | drop.astype(np.uint32)
-    bits = max(1, h.bit_length())
-    low, high = np.uint64(bits), np.uint64(64 - bits)
+    limit = table[heavy].astype(np.float64)  # a candidate's key is below its unit's limit
+    chosen_state = np.where(drop, 3, 0).astype(np.int8)
     row_type = np.int32 if keep.size < 2 ** 31 else np.int64
     redo = None  # per code: its unit draws again, with every row a candidate
     while True:
-        composites, rows = [], []
+        # unit i's candidates fall in buckets offset[i] … offset[i + 1] − 1, in the order of their keys
+        # (a monotone map of the key); the factor under 1 keeps every key below the unit's last bucket's end
+        expected = n_u * (limit / 2.0 ** 32) if redo is None else np.where(redo[heavy], n_u, 0.0)
+        n_buckets = np.ceil(expected / PER_BUCKET).astype(np.int64) + (expected > 0)
+        offset = np.concatenate([[0], np.cumsum(n_buckets)])
+        scale = n_buckets / limit * (1.0 - 2.0 ** -30)
+        bucket_type = np.int32 if offset[-1] < 2 ** 31 else np.int64
+        rows, buckets, keys = [], [], []
         for start, block in zip(starts, blocks, strict=False):
-            key = None
             if redo is None:
                 t = table[block]
                 # light units' rows, and those of units that drop their choice, are kept unless chosen
                 np.bitwise_and(t, np.uint32(1), out=keep[start:start + block.size], casting="unsafe")
                 keep[start:start + block.size] |= t == 0
-                key = rng.bit_generator.random_raw(block.size).astype(np.uint64, copy=False)
-                r = np.flatnonzero((key >> np.uint64(32)).astype(np.uint32) < t)
+                key = _random_u32(rng, block.size)
+                r = np.flatnonzero(key < t)
                 key = key[r]
             else:
                 r = np.flatnonzero(redo[block])
-                key = rng.bit_generator.random_raw(r.size).astype(np.uint64, copy=False)
-            # a candidate's unit in the top bits, its key's top bits below: sorted, by unit then key
-            composite = dense[block[r]].astype(np.uint64) << high
-            composite |= key >> low
-            composites.append(composite)
+                key = _random_u32(rng, r.size)
+            u = dense[block[r]]
+            b = (key * scale[u]).astype(bucket_type)
+            b += offset[u].astype(bucket_type, copy=False)
+            buckets.append(b)
             rows.append((r + start).astype(row_type, copy=False))
-        composite, row = np.concatenate(composites), np.concatenate(rows)
-        del composites, rows
-        u = (composite >> high).astype(np.intp)
-        n_cand = np.bincount(u, minlength=h)
-        ordered = np.sort(composite)
-        present = np.flatnonzero(n_cand)  # units with candidates, ascending: ordered's order
-        per, want = n_cand[present], m[present]
-        enough = per >= want
-        present, per, want = present[enough], per[enough], want[enough]
-        at = np.cumsum(n_cand)[present] - per + want - 1  # each unit's m_u-th smallest candidate
-        kth = np.zeros(h, dtype=np.uint64)
-        kth[present] = ordered[at]
-        done = np.zeros(h, dtype=bool)
-        done[present] = (per == want) | (ordered[np.minimum(at + 1, ordered.size - 1)] != ordered[at])
-        del ordered
-        chosen = np.flatnonzero(done[u] & (composite <= kth[u]))
-        keep[row[chosen]] = ~drop[u[chosen]]
-        again = ~done if redo is None else redo[heavy] & ~done
+            keys.append(key)
+        bucket, row, key = np.concatenate(buckets), np.concatenate(rows), np.concatenate(keys)
+        del buckets, rows, keys
+        # per unit: the bucket that holds its m-th smallest key, and how many of that bucket's
+        # candidates it takes; a unit with fewer than m candidates draws again
+        below = np.zeros(int(offset[-1]) + 1, dtype=np.int64)  # candidates in the buckets before each
+        np.cumsum(np.bincount(bucket, minlength=int(offset[-1])), out=below[1:])
+        target = below[offset[:-1]] + m
+        enough = below[offset[1:]] >= target
+        edge_bucket = np.searchsorted(below, target, side="left") - 1
+        take = target - below[np.minimum(edge_bucket, int(offset[-1]))]
+        # per bucket: chosen (0 kept, 3 dropped), 1 a unit's edge bucket, 2 neither
+        state = np.full(int(offset[-1]), 2, dtype=np.int8)
+        first, last = offset[:-1][enough], edge_bucket[enough]
+        state[_ranges(first, last - first)] = np.repeat(chosen_state[enough], last - first)
+        state[last] = 1
+        s = state[bucket]
+        # the edge buckets' candidates, by bucket, then key, then 32 fresh bits
+        edge = np.flatnonzero(s == 1)
+        eb, ek, fresh = bucket[edge], key[edge], _random_u32(rng, edge.size)
+        order = np.lexsort((fresh, ek, eb))
+        edge, eb, ek, fresh = edge[order], eb[order], ek[order], fresh[order]
+        unit = np.searchsorted(offset, eb, side="right") - 1
+        rank = np.arange(edge.size) - np.searchsorted(eb, eb, side="left")
+        nxt = np.flatnonzero(rank == take[unit])  # each unit's first candidate not taken
+        tied = unit[nxt[(ek[nxt] == ek[nxt - 1]) & (fresh[nxt] == fresh[nxt - 1])]]
+        picked = rank < take[unit]
+        if tied.size:  # all 64 bits equal at the cut: the unit draws again
+            enough[tied] = False
+            state[_ranges(offset[tied], n_buckets[tied])] = 2
+            s = state[bucket]
+            picked &= enough[unit]
+        keep[row[s == 0]] = True
+        keep[row[s == 3]] = False
+        keep[row[edge[picked]]] = ~drop[unit[picked]]
+        again = ~enough if redo is None else redo[heavy] & ~enough
         if not again.any():
             return keep
         redo = np.zeros(counts.size, dtype=bool)
         redo[heavy] = again
+        limit = np.full(h, 2.0 ** 32)
 
 
 def bound_contributions(user: np.ndarray, max_points_per_user: int, rng: np.random.Generator) -> BoundingResult:
