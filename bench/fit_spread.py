@@ -36,9 +36,15 @@ from dpcore.synopsis.estimand import covers_words
 NAMES = ("identity", "ug", "ag", "hb", "privtree", "auto")
 
 
-def cases(unit: str, releases: int, queries: int, days: int, day_queries: int, seed: int) -> list[dict]:
-    """Releases of the whole file and of single busy days, with squares and their true counts."""
-    x, y, user, t, region = bc.load("nyc")
+def cases(unit: str, releases: int, queries: int, days: int, day_queries: int, seed: int,
+          datasets: str = "nyc") -> list[dict]:
+    """Releases of the whole file and of single busy days, with squares and their true counts, per dataset."""
+    return [c for d in datasets.split(",") for c in _cases(d, unit, releases, queries, days, day_queries, seed)]
+
+
+def _cases(dataset: str, unit: str, releases: int, queries: int, days: int, day_queries: int,
+           seed: int) -> list[dict]:
+    x, y, user, t, region = bc.load(dataset)
     day = t // 86400
     d, n = np.unique(day, return_counts=True)
     busy = d[n >= np.quantile(n, 0.5)]
@@ -52,7 +58,7 @@ def cases(unit: str, releases: int, queries: int, days: int, day_queries: int, s
             rng = np.random.default_rng(1000 + s)
             for band, b in enumerate(bc.BANDS):
                 boxes = bc.squares(x[m], y[m], b, q, rng)
-                out.append({"src": src, "name": name, "band": band, "syn": syn, "boxes": boxes,
+                out.append({"src": f"{dataset}:{src}", "name": name, "band": band, "syn": syn, "boxes": boxes,
                             "truth": true_counts(x[m], y[m], boxes)})
     return out
 
@@ -77,12 +83,12 @@ def show(label: str, cov: dict) -> None:
 
 
 def fit_record(a) -> None:
-    cs = cases("record", a.releases, a.queries, a.days, a.day_queries, a.seed)
+    cs = cases("record", a.releases, a.queries, a.days, a.day_queries, a.seed, a.datasets)
     for kind in spread.FACTORS:
         sub = [c for c in cs if c["syn"].spread_model().kind == kind]
         tried = []
         for c0, (a1, b1) in itertools.product((0.35, 0.45, 0.55, 0.65, 0.8, 1.0),
-                                              ((0, 2), (0, 4), (2, 4), (2, 8), (0, 8), (1, 1))):
+                                              ((0, 0.5), (0, 1), (0, 2), (0, 4), (2, 4), (2, 8), (0, 8), (1, 1))):
             spread.FACTORS[kind] = (c0, a1, c0, b1)
             cov = coverage(sub)
             tried.append((rms(cov), (c0, a1, c0, b1), cov))
@@ -92,7 +98,7 @@ def fit_record(a) -> None:
 
 
 def fit_user(a) -> None:
-    cs = cases("user", a.releases, a.queries, a.days, a.day_queries, a.seed)
+    cs = cases("user", a.releases, a.queries, a.days, a.day_queries, a.seed, a.datasets)
     tried = []
     for share, g0, g1 in itertools.product((0.4, 0.6, 0.8, 1.0), (0.0, 0.5, 0.82, 1.2, 2.0), (0.0, 1.0, 2.7, 5.0)):
         scaling.ProfiledNoise.BIAS_SHARE, spread.BOUNDED_SHARE = share, (g0, g1)
@@ -145,6 +151,8 @@ def main() -> None:
     ap.add_argument("--day-queries", type=int, default=120, help="squares per band of a day's release")
     ap.add_argument("--windows", type=int, default=3, help="7-day windows (--daily)")
     ap.add_argument("--seed", type=int, default=11)
+    ap.add_argument("--datasets", default="nyc", help="comma-separated: nyc, or cities of the Gowalla 1,000-user "
+                                                      "sample (austin,san-francisco: the data NYC is held out from)")
     a = ap.parse_args()
     (fit_daily if a.daily else fit_user if a.user else fit_record)(a)
 

@@ -250,24 +250,46 @@ class ContributionProfile:
     def cell_bias_sd(self, k: int, bounded: np.ndarray) -> np.ndarray:
         """sd of a box's full count around bounded/κ, for boxes holding ``bounded`` kept points.
 
-        The units in a box are taken as drawn from the profile in proportion to the points they keep,
-        each with all its points in the box (the widest case): a box of B kept points holds about
-        B / E[min(n, k)] units, each adding n − min(n, k)/κ to the full count's deviation. One more unit
-        is drawn in proportion to its full points: the person whose place a box is centred on (a query
-        drawn where the data are) is more often a heavy one."""
+        The units in a box are taken as drawn from the profile in proportion to the points they keep in it,
+        each with as many of its points in the box as the box can hold: m = min(n, bounded/κ), the box's
+        full count (a person's points lie in one box where the box is large enough to hold them all, the
+        widest case; a box of 30 check-ins holds at most 30 of a heavy person's 1,000). A unit with m points
+        in the box keeps about m·p of them (p = min(n, k)/n) and adds m·(1 − p/κ) to the full count's
+        deviation; a box of B kept points holds about B / E[m·p] units. One more unit is drawn in proportion
+        to its full points: the person whose place a box is centred on (a query drawn where the data are) is
+        more often a heavy one. Evaluated on a table of box sizes (:meth:`_bias_table`), every box at once."""
+        b = np.clip(np.asarray(bounded, dtype=np.float64), 0.0, None)
+        table = self._bias_table(k)
+        if table is None:
+            return np.zeros(np.shape(bounded))
+        log_cap, per_point, centred = table
+        # the most full points one person can have in the box: the box's own full count (at least 1)
+        cap = np.log2(np.maximum(b / self.kept_fraction(k), 1.0))
+        return np.sqrt(b * np.interp(cap, log_cap, per_point) + np.interp(cap, log_cap, centred) * (b > 0))
+
+    #: Steps per doubling of the box sizes :meth:`cell_bias_sd` is tabulated on.
+    BIAS_STEPS = 8
+
+    def _bias_table(self, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """(log2 C, variance per kept point, the centred unit's variance) for boxes whose full count is C,
+        C = 1 … 2^PROFILE_BUCKETS (None when the profile sees no points)."""
         c = self.counts()
         n_mean, k_mean = self._means(c, None), self._means(c, k)
-        kept, full = c * k_mean, c * n_mean
-        if kept.sum() <= 0:
-            return np.zeros(np.shape(bounded))
+        if np.sum(c * k_mean) <= 0:
+            return None
         kappa = self.kept_fraction(k)
-        w = kept / kept.sum()
-        dev = n_mean - k_mean / kappa
-        var_unit = float(np.sum(w * (dev - np.sum(w * dev)) ** 2))
-        units_per_point = 1.0 / float(np.sum(w * k_mean))
-        centred_unit = float(np.sum(full * dev * dev) / full.sum())
-        b = np.clip(np.asarray(bounded, dtype=np.float64), 0.0, None)
-        return np.sqrt(b * units_per_point * var_unit + centred_unit * (b > 0))
+        p = np.clip(k_mean / np.maximum(n_mean, 1e-300), 0.0, 1.0)
+        log_cap = np.arange(0, PROFILE_BUCKETS * self.BIAS_STEPS + 1) / self.BIAS_STEPS
+        m = np.minimum(n_mean[None, :], 2.0 ** log_cap[:, None])  # (sizes, buckets): points in the box
+        kept = c * m * p  # kept points in the box, per bucket
+        w = kept / np.maximum(kept.sum(axis=1, keepdims=True), 1e-300)
+        dev = m * (1.0 - p / kappa)
+        mean = np.sum(w * dev, axis=1, keepdims=True)
+        var_unit = np.sum(w * (dev - mean) ** 2, axis=1)
+        units_per_point = 1.0 / np.maximum(np.sum(w * m * p, axis=1), 1e-300)
+        full = c * n_mean
+        centred = np.sum(full * dev * dev, axis=1) / full.sum()
+        return log_cap, units_per_point * var_unit, centred
 
 
 def noisy_profile(true_counts: np.ndarray, epsilon: float, noise: NoiseSource,
