@@ -361,13 +361,16 @@ class BootstrapNoise(NoiseModel):
             # bilinear read); smaller boxes interpolate, or they could shrink to nothing
             near = (gx[1] - gx[0] >= NEAREST_CELLS) & (gy[1] - gy[0] >= NEAREST_CELLS)
             err = np.empty((len(b), p.shape[2]), dtype=np.float32)
+            # rows of the (nodes, draws) table gathered with np.take: a tenth of the time of fancy indexing
+            flat, st = p.reshape(-1, p.shape[2]), ny + 1
             if near.any():
                 ix0, ix1, iy0, iy1 = (np.rint(g[near]).astype(np.int64) for g in (*gx, *gy))
-                err[near] = p[ix1, iy1] - p[ix0, iy1] - p[ix1, iy0] + p[ix0, iy0]
+                err[near] = (flat.take(ix1 * st + iy1, axis=0) - flat.take(ix0 * st + iy1, axis=0)
+                             - flat.take(ix1 * st + iy0, axis=0) + flat.take(ix0 * st + iy0, axis=0))
             if not near.all():
                 fx, fy = [g[~near] for g in gx], [g[~near] for g in gy]
-                err[~near] = (_bilinear(p, fx[1], fy[1]) - _bilinear(p, fx[0], fy[1])
-                              - _bilinear(p, fx[1], fy[0]) + _bilinear(p, fx[0], fy[0]))
+                err[~near] = (_bilinear(flat, st, nx, ny, fx[1], fy[1]) - _bilinear(flat, st, nx, ny, fx[0], fy[1])
+                              - _bilinear(flat, st, nx, ny, fx[1], fy[0]) + _bilinear(flat, st, nx, ny, fx[0], fy[0]))
             var[s:s + 4096] = np.mean(np.square(err, dtype=np.float64), axis=1)
         cx, cy = self.cell_grid
         s2 = (axis_power_sum(boxes[:, 0], boxes[:, 2], cx, (xmin, xmax), 2)
@@ -377,16 +380,17 @@ class BootstrapNoise(NoiseModel):
         return var, terms(s2, s4)
 
 
-def _bilinear(p: np.ndarray, gx: np.ndarray, gy: np.ndarray) -> np.ndarray:
-    """(boxes, draws) values of prefix tables at fractional grid coordinates (bilinear, as answers are)."""
-    nx, ny = p.shape[0] - 1, p.shape[1] - 1
+def _bilinear(flat: np.ndarray, st: int, nx: int, ny: int, gx: np.ndarray, gy: np.ndarray) -> np.ndarray:
+    """(boxes, draws) values of prefix tables (``flat``: (nodes, draws), node ix·st + iy, an (nx+1, ny+1)
+    grid of nodes) at fractional grid coordinates (bilinear, as answers are)."""
     ix = np.minimum(np.floor(gx).astype(np.int64), nx - 1)
     iy = np.minimum(np.floor(gy).astype(np.int64), ny - 1)
     fx, fy = (gx - ix).astype(np.float32)[:, None], (gy - iy).astype(np.float32)[:, None]
-    lo = p[ix, iy]
-    lo += fy * (p[ix, iy + 1] - lo)
-    hi = p[ix + 1, iy]
-    hi += fy * (p[ix + 1, iy + 1] - hi)
+    node = ix * st + iy
+    lo = flat.take(node, axis=0)
+    lo += fy * (flat.take(node + 1, axis=0) - lo)
+    hi = flat.take(node + st, axis=0)
+    hi += fy * (flat.take(node + st + 1, axis=0) - hi)
     lo += fx * (hi - lo)
     return lo
 
