@@ -52,6 +52,9 @@ BLOCK = 65_536
 FINEST = 512
 #: Leaf sizes read on their own grid (exactly); leaves of other sizes share dyadic grids.
 EXACT_GRIDS = 8
+#: Cells per axis of the coarse map of where each grid of leaves has cells: a box whose coarse cover meets
+#: none of a grid's skips that grid (most boxes meet few of a tree's leaf sizes).
+COARSE = 32
 
 
 #: (a0, a1, b0, b1) per kind of cells: z·√V·(a0 + a1/m²) below, z·√V·(b0 + b1/m²) above (bench/fit_spread.py;
@@ -97,7 +100,7 @@ class CellSpread:
         self.method = (f"the spread inside partly covered cells ({kind}: within none to all of a cut cell's "
                        f"released count, z·√V·({a0:g} + {a1:g}/m²) below and z·√V·({b0:g} + {b1:g}/m²) above, "
                        "V = Σ y²·f(1 − f) over the cut cells, fitted on public data)")
-        self.grids = []
+        self.grids, self._coarse = [], []
         for i, values in enumerate(grids):
             v = np.clip(np.asarray(values, dtype=np.float64), 0.0, None)
             held = np.ones_like(v) if cells is None else np.asarray(cells[i], dtype=np.float64)
@@ -109,8 +112,9 @@ class CellSpread:
             p = np.zeros((v.shape[0] + 1, v.shape[1] + 1, 4))
             np.cumsum(np.cumsum(stack, axis=0), axis=1, out=p[1:, 1:])
             # the cells-held table alone, contiguous: the first gathers (does a box meet a cell?) read it
-            self.grids.append((v.shape, p.reshape(-1, 4), np.ascontiguousarray(p[..., 3]).ravel(),
-                               cells is None or bool(held.all())))
+            full = cells is None or bool(held.all())
+            self.grids.append((v.shape, p.reshape(-1, 4), np.ascontiguousarray(p[..., 3]).ravel(), full))
+            self._coarse.append(None if full else _coarse_map(held))
 
     @classmethod
     def of_leaves(cls, cx: np.ndarray, cy: np.ndarray, width: np.ndarray, count: np.ndarray,
@@ -155,8 +159,19 @@ class CellSpread:
         for s in range(0, len(boxes), BLOCK):
             b = boxes[s:s + BLOCK]
             v, w, e, r, q = (np.zeros(len(b)) for _ in range(5))
-            for grid in self.grids:
-                rows, sums = self._sums(b, *grid)
+            near = self._coarse_cover(b) if any(c is not None for c in self._coarse) else None
+            for grid, coarse in zip(self.grids, self._coarse, strict=True):
+                if coarse is None:
+                    rows, sums = self._sums(b, *grid)
+                else:
+                    # the boxes whose coarse cover meets a coarse cell holding one of this grid's cells: the
+                    # rest meet none of its cells and add nothing (the sums of the others are unchanged)
+                    x0, x1, y0, y1 = near
+                    st = COARSE + 1
+                    some = np.flatnonzero(coarse.take(x1 * st + y1) - coarse.take(x0 * st + y1)
+                                          - coarse.take(x1 * st + y0) + coarse.take(x0 * st + y0) > 0)
+                    rows, sums = self._sums(b[some], *grid)
+                    rows = some[rows]
                 for total, part in zip((v, w, e, r, q), sums, strict=True):
                     total[rows] += part
             v, w = np.maximum(v, 0.0), np.maximum(w, 0.0)
@@ -168,6 +183,15 @@ class CellSpread:
             # of the cut cells' uncovered parts, Σ (1 − f)·noise
             above[s:s + BLOCK] = np.minimum(sd * (b0 + b1 * inv_m2), r + z * self.cell_sd * np.sqrt(q))
         return below, above
+
+    def _coarse_cover(self, b: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Per box, the prefix-table nodes of its cover of the COARSE grid widened by a cell each way (so that
+        no rounding of a finer grid's edges reaches past it): (x0, x1, y0, y1)."""
+        xmin, ymin, xmax, ymax = self.bounds
+        ix0, ix1, _, _, _ = axis_cover(b[:, 0], b[:, 2], COARSE, (xmin, xmax))
+        iy0, iy1, _, _, _ = axis_cover(b[:, 1], b[:, 3], COARSE, (ymin, ymax))
+        return (np.maximum(ix0 - 1, 0), np.minimum(ix1 + 2, COARSE), np.maximum(iy0 - 1, 0),
+                np.minimum(iy1 + 2, COARSE))
 
     def _sums(self, b: np.ndarray, shape: tuple[int, int], prefix: np.ndarray, held_prefix: np.ndarray,
               full: bool) -> tuple[np.ndarray, ...]:
@@ -217,6 +241,21 @@ class CellSpread:
                 r += (1.0 - f) * blk[:, 0]
                 q += (1.0 - f) ** 2 * blk[:, 3]
         return rows, (v, w, e, r, q)
+
+
+def _coarse_map(held: np.ndarray) -> np.ndarray:
+    """Flat (COARSE + 1)² prefix table of the COARSE × COARSE cells that meet a held cell of an (nx, ny) grid
+    over the same bounds (cell i spans [i, i + 1)·COARSE/n: coarse cells ⌊i·C/n⌋ … ⌈(i + 1)·C/n⌉ − 1)."""
+    nx, ny = held.shape
+    ix, iy = np.nonzero(held > 0)
+    occ = np.zeros((COARSE, COARSE))
+    x0, x1 = ix * COARSE // nx, -(-(ix + 1) * COARSE // nx)
+    y0, y1 = iy * COARSE // ny, -(-(iy + 1) * COARSE // ny)
+    for a, b, c, d in zip(x0.tolist(), x1.tolist(), y0.tolist(), y1.tolist(), strict=True):
+        occ[a:b, c:d] = 1.0
+    p = np.zeros((COARSE + 1, COARSE + 1))
+    np.cumsum(np.cumsum(occ, axis=0), axis=1, out=p[1:, 1:])
+    return p.ravel()
 
 
 def _cut(x0: np.ndarray, y0: np.ndarray, w: np.ndarray, m: np.ndarray):
