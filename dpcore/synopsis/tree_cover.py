@@ -84,7 +84,7 @@ def _level(unit: tuple[np.ndarray, ...], rows: np.ndarray, n: int, fp: np.ndarra
     st = n + 1
     # the box's cells are rows i0..i1, columns j0..j1 of the grid: corners of its prefix-table rectangle
     r0, r1, j1p = i0 * st, (i1 + 1) * st, j1 + 1
-    q00, q01, q10, q11 = fp[r0 + j0], fp[r0 + j1p], fp[r1 + j0], fp[r1 + j1p]
+    q00, q01, q10, q11 = fp.take(r0 + j0), fp.take(r0 + j1p), fp.take(r1 + j0), fp.take(r1 + j1p)
     packed = q11 - q01 - q10 + q00
     deeper = (packed >> 32) > 0
     t = np.flatnonzero(packed & _LOW)
@@ -103,7 +103,7 @@ def _level(unit: tuple[np.ndarray, ...], rows: np.ndarray, n: int, fp: np.ndarra
     y1 = j0 + 1
     cy = (j0, y1, np.maximum(j1, y1), j1p)
     known = {(0, 0): q00, (0, 3): q01, (3, 0): q10, (3, 3): q11}
-    p = [[known[k, c] if (k, c) in known else fp[rx[k] + cy[c]] for c in range(4)] for k in range(4)]
+    p = [[known[k, c] if (k, c) in known else fp.take(rx[k] + cy[c]) for c in range(4)] for k in range(4)]
     dx = [[p[k + 1][c] - p[k][c] for c in range(4)] for k in range(3)]
     block = [[((dx[k][c + 1] - dx[k][c]) & _LOW).astype(np.float64) for c in range(3)] for k in range(3)]
     sums = []
