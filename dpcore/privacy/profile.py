@@ -258,21 +258,38 @@ class ContributionProfile:
         deviation; a box of B kept points holds about B / E[m·p] units. One more unit is drawn in proportion
         to its full points: the person whose place a box is centred on (a query drawn where the data are) is
         more often a heavy one. Evaluated on a table of box sizes (:meth:`_bias_table`), every box at once."""
-        b = np.clip(np.asarray(bounded, dtype=np.float64), 0.0, None)
+        b = np.clip(np.atleast_1d(np.asarray(bounded, dtype=np.float64)), 0.0, None)
         table = self._bias_table(k)
         if table is None:
             return np.zeros(np.shape(bounded))
-        log_cap, per_point, centred = table
-        # the most full points one person can have in the box: the box's own full count (at least 1)
-        cap = np.log2(np.maximum(b / self.kept_fraction(k), 1.0))
-        return np.sqrt(b * np.interp(cap, log_cap, per_point) + np.interp(cap, log_cap, centred) * (b > 0))
+        inv_kappa, per_point, centred = table
+        # the most full points one person can have in the box: the box's own full count (at least 1), as a
+        # position on the table's uniform grid of log2 sizes (linear interpolation between its nodes)
+        pos = np.maximum(b * inv_kappa, 1.0)
+        np.log2(pos, out=pos)
+        pos *= self.BIAS_STEPS
+        np.fmin(pos, per_point.size - 1.000001, out=pos)  # fmin: a NaN count reads the last node, and stays NaN
+        i = pos.astype(np.intp)
+        pos -= i  # the share of the way to the next node
+        var = np.take(per_point, i)
+        var += pos * np.take(np.diff(per_point, append=per_point[-1]), i)
+        var *= b
+        var += (np.take(centred, i) + pos * np.take(np.diff(centred, append=centred[-1]), i)) * (b > 0)
+        return np.sqrt(var, out=var).reshape(np.shape(bounded))
 
     #: Steps per doubling of the box sizes :meth:`cell_bias_sd` is tabulated on.
     BIAS_STEPS = 8
 
-    def _bias_table(self, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-        """(log2 C, variance per kept point, the centred unit's variance) for boxes whose full count is C,
-        C = 1 … 2^PROFILE_BUCKETS (None when the profile sees no points)."""
+    def _bias_table(self, k: int) -> tuple[float, np.ndarray, np.ndarray] | None:
+        """(1/κ, variance per kept point, the centred unit's variance) for boxes whose full count is C =
+        2^(i/BIAS_STEPS), i = 0 … PROFILE_BUCKETS·BIAS_STEPS (None when the profile sees no points); built
+        once per k (the profile is immutable)."""
+        cache = self.__dict__.setdefault("_bias_tables", {})
+        if k not in cache:
+            cache[k] = self._build_bias_table(k)
+        return cache[k]
+
+    def _build_bias_table(self, k: int) -> tuple[float, np.ndarray, np.ndarray] | None:
         c = self.counts()
         n_mean, k_mean = self._means(c, None), self._means(c, k)
         if np.sum(c * k_mean) <= 0:
@@ -289,7 +306,7 @@ class ContributionProfile:
         units_per_point = 1.0 / np.maximum(np.sum(w * m * p, axis=1), 1e-300)
         full = c * n_mean
         centred = np.sum(full * dev * dev, axis=1) / full.sum()
-        return log_cap, units_per_point * var_unit, centred
+        return 1.0 / kappa, units_per_point * var_unit, centred
 
 
 def noisy_profile(true_counts: np.ndarray, epsilon: float, noise: NoiseSource,
