@@ -23,8 +23,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 FAULT_SITE = Path(__file__).resolve().parent / "fault_site"
 #: Environment variables that modules read when imported (so a template imported them under its own).
+#: PREFECT_*: a template made under a Prefect server (the session's harness) has imported Prefect.
 IMPORT_TIME = ("DASK_", "FSSPEC_", "S3FS_", "AIOHTTP_", "YARL_", "MULTIDICT_", "FROZENLIST_", "PROPCACHE_", "MPL",
-               "PYTHON", "OMP_", "OPENBLAS_", "MKL_", "ARROW_", "NUMEXPR_", "LANG", "LC_")
+               "PYTHON", "OMP_", "OPENBLAS_", "MKL_", "ARROW_", "NUMEXPR_", "LANG", "LC_", "PREFECT_")
 
 
 def run_geodp(*args, ok: bool = True, env: dict | None = None, timeout: float = 300,
@@ -60,6 +61,11 @@ def _terminal_signals() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
+def _template_env() -> dict:
+    """The environment a new template starts with: this process's."""
+    return {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+
+
 def _import_time_view(env: dict) -> tuple[dict, list[str]]:
     """(the variables read at import time but PYTHONPATH, PYTHONPATH's entries)."""
     view = {k: v for k, v in env.items() if k.startswith(IMPORT_TIME) and k != "PYTHONPATH"}
@@ -74,7 +80,7 @@ class _Template:
     _broken = False  # a template failed to start: every command runs as a fresh subprocess
 
     def __init__(self):
-        env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}  # never a command's own
+        env = _template_env()  # never a command's own
         self.view, self.path = _import_time_view(env)
         req_r, self._req_w = os.pipe()
         self._ans_r, ans_w = os.pipe()
@@ -99,8 +105,16 @@ class _Template:
         with cls._lock:
             if cls._broken:
                 return None
-            if cls._idle:
-                return cls._idle.pop(0) if cls._idle[0].fits(env) else None
+            # a template made before this process's environment changed (the session's Prefect server
+            # started, a test set a DASK_ variable) fits none of its commands any more: a new one replaces it
+            now = _import_time_view(_template_env())
+            stale = [t for t in cls._idle if (t.view, t.path) != now]
+            cls._idle = [t for t in cls._idle if t not in stale]
+            idle = cls._idle.pop(0) if cls._idle else None
+        for t in stale:
+            t.close()
+        if idle is not None:
+            return idle if idle.fits(env) else cls.give_back(idle)
         template = cls()
         try:
             template._answer(120)  # ready: it has imported the CLI's modules

@@ -5,7 +5,8 @@ short command's CPU (bench/bench_startup.py). A child forked from here skips it 
 otherwise the command run as ``python -m flows.cli ARGS``: its own process with the request's
 environment, working directory, argv, stdout and stderr files, signals, exit status and interpreter
 shutdown (atexit). The runner uses a template only when the variables read at import time (DASK_*,
-FSSPEC_*, MPL*, PYTHON*, thread counts, locale) are the ones this process started with.
+FSSPEC_*, MPL*, PYTHON*, PREFECT_*, thread counts, locale) are the ones this process started with; one started
+under a Prefect server (PREFECT_API_URL, the session's harness) has imported Prefect and Dask's distributed too.
 
 Protocol, one JSON object per line: {"ready"} on the fd given as argv[2] once the modules are imported;
 then per request {"argv", "env", "path", "cwd", "out", "err", "sitecustomize"} on argv[1], answered on argv[2]
@@ -49,6 +50,25 @@ def _preload() -> None:
     stale = sorted(m for m in ("prefect", "distributed") if m in sys.modules)
     if stale:
         raise SystemExit(f"the CLI's modules imported {stale}: a template would hold their start-up settings")
+    if os.environ.get("PREFECT_API_URL"):
+        _preload_prefect()
+
+
+def _preload_prefect() -> None:
+    """Under a configured Prefect server (the session's harness), the libraries a flow run imports: ~1.3 CPU-s
+    of every Prefect-form command. They read their settings here, so the runner gives this template only
+    commands whose PREFECT_* (and DASK_*) variables are this process's. The project's own flows and tasks
+    are not made here: a fault site patches their functions in the child before they are."""
+    import distributed  # noqa: F401
+    import prefect
+    import prefect.artifacts
+    import prefect.cache_policies
+    import prefect.client.orchestration
+    import prefect.deployments
+    import prefect.flow_engine
+    import prefect.runtime
+    import prefect.task_engine  # noqa: F401
+    import prefect_dask  # noqa: F401
 
 
 def _become_command(request: dict) -> None:

@@ -56,7 +56,7 @@ def prefect_harness(tmp_path_factory):
     from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
     from prefect.testing.utilities import prefect_test_harness
 
-    with temporary_settings({PREFECT_HOME: str(home)}), prefect_test_harness(server_startup_timeout=120):
+    with temporary_settings({PREFECT_HOME: str(home)}), prefect_test_harness(server_startup_timeout=300):
         os.environ["PREFECT_API_URL"] = PREFECT_API_URL.value()
         try:
             yield PREFECT_API_URL.value()
@@ -72,19 +72,21 @@ def prefect_harness(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def dask_cluster(prefect_harness):
+def dask_cluster(request, prefect_harness):
     """One real Dask LocalCluster (two worker processes) for a module's flow tests, started after the
     Prefect harness so its workers report to the same server. Yields the scheduler address: pass it as
     ``dask_address`` (``--dask-address``) instead of ``n_workers``, so a flow does not start its own
     cluster and import the project into fresh workers (~6 CPU-s a flow). Module scope: an idle cluster
     costs ~0.06 CPU-s per second, so it lives only while its module runs. A test that kills, slows or
-    patches workers, or changes the environment they read, keeps its own cluster."""
+    patches workers, or changes the environment they read, keeps its own cluster. A module whose flows
+    need no second worker sets ``DASK_WORKERS = 1``: each worker process imports what the tasks use
+    (torch, statsmodels, scipy: 5-10 CPU-s in each)."""
     import logging
 
     from distributed import LocalCluster
 
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address="127.0.0.1:0",
-                      silence_logs=logging.WARNING) as cluster:
+    with LocalCluster(n_workers=getattr(request.module, "DASK_WORKERS", 2), threads_per_worker=1, processes=True,
+                      dashboard_address="127.0.0.1:0", silence_logs=logging.WARNING) as cluster:
         yield cluster.scheduler_address
 
 

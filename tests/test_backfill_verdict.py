@@ -1,6 +1,6 @@
 """Issue 45 item 3 through the CLI: a backfill refuses a city alone (its days reported, the other city
 released), `--publish-anyway` works there, and the hint is in an operator's terms; the store defaults to the
-configured one. Local backfill on the session's Prefect server."""
+configured one. Local backfill on the session's Prefect server and the module's Dask cluster."""
 
 import json
 import re
@@ -12,6 +12,7 @@ from dpcore.data.synthetic import generate_checkins
 from dpcore.geo import city_region
 from tests.cli_runner import run_geodp
 
+DASK_WORKERS = 1  # the module's cluster (tests/conftest.py): these flows need no second worker
 BACKFILL = ["release", "backfill", "--cities", "new-york,boston", "--period", "2024-01-02..2024-01-03",
             "--epsilon", "0.03", "--param", "cell_width_m=500"]
 
@@ -27,7 +28,8 @@ def two_cities(tmp_path_factory):
     return data
 
 
-def test_a_refused_city_is_refused_alone_and_published_anyway_on_request(prefect_harness, two_cities, tmp_path):
+def test_a_refused_city_is_refused_alone_and_published_anyway_on_request(prefect_harness, dask_cluster, two_cities,
+                                                                          tmp_path):
     """Bug: one city the plan refused refused the whole backfill, the error suggested --publish-anyway, which
     `release backfill` did not have, and the hint read "period 0.285714× as long", "k 1"."""
     store = tmp_path / "store"
@@ -37,7 +39,9 @@ def test_a_refused_city_is_refused_alone_and_published_anyway_on_request(prefect
               "cell_width_m=500", "--out", store, "--no-prefect")
     config = tmp_path / "geodp.toml"
     config.write_text(f'store = "{store}"\n')
-    bf = run_geodp(*BACKFILL[:2], two_cities, *BACKFILL[2:], "--config", config)  # the configured store
+    # both backfills run on the module's cluster instead of each starting one (~6 CPU-s each)
+    bf = run_geodp(*BACKFILL[:2], two_cities, *BACKFILL[2:], "--config", config,  # the configured store
+                   "--dask-address", dask_cluster)
     lines = bf.stdout.splitlines()
     for day in ("2024-01-02", "2024-01-03"):
         assert f"{day}: boston v1 committed, new-york refused" in lines
@@ -49,6 +53,7 @@ def test_a_refused_city_is_refused_alone_and_published_anyway_on_request(prefect
     assert sorted((r["city"], r["period"]) for r in listed if r["period"] != "all") == [
         ("boston", "2024-01-02"), ("boston", "2024-01-03")]
 
-    anyway = run_geodp(*BACKFILL[:2], two_cities, *BACKFILL[2:], "--store", store, "--publish-anyway")
+    anyway = run_geodp(*BACKFILL[:2], two_cities, *BACKFILL[2:], "--store", store, "--publish-anyway",
+                       "--dask-address", dask_cluster)
     assert "2024-01-02: new-york v1 committed, boston v1 already committed" in anyway.stdout
     assert "published anyway" in anyway.stdout and "refused:" not in anyway.stderr
