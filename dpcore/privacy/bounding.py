@@ -103,12 +103,12 @@ def sample_per_unit(codes: np.ndarray | list[np.ndarray], counts: np.ndarray, k:
     blocks = [codes] if isinstance(codes, np.ndarray) else list(codes)
     blocks = [b[i:i + SAMPLE_BLOCK] for b in blocks for i in range(0, b.size, SAMPLE_BLOCK)]
     starts = np.cumsum([0] + [b.size for b in blocks])
-    keep = np.ones(int(starts[-1]), dtype=bool)
     heavy = counts > k
     n_u = counts[heavy]
     h = n_u.size
     if not h:
-        return keep
+        return np.ones(int(starts[-1]), dtype=bool)
+    keep = np.empty(int(starts[-1]), dtype=bool)  # the first pass writes every row
     drop = n_u < 2 * k
     m = np.where(drop, n_u - k, k)
     # heavy units numbered 0 … h − 1 in code order
@@ -116,11 +116,12 @@ def sample_per_unit(codes: np.ndarray | list[np.ndarray], counts: np.ndarray, k:
     dense[heavy] = np.arange(h)
     q = np.minimum(1.0, (m + CANDIDATE_SDS * np.sqrt(m) + 4.0) / n_u)
     # Per code, 32 bits: 0 for a light unit, else a threshold on its rows' keys, whose lowest bit says
-    # the unit drops its choice. Any threshold serves (it only sets how many candidates a unit
-    # expects), so it is at least 2, and a key is above 2³² − 2 twice in 2³² draws.
+    # the unit keeps its choice (so a row is kept unless chosen where that bit is 0). Any threshold
+    # serves (it only sets how many candidates a unit expects), so it is at least 2, and a key is
+    # above 2³² − 2 twice in 2³² draws.
     threshold = np.clip(np.floor(q * 2.0 ** 32), 2.0, 2.0 ** 32 - 1).astype(np.uint32)
     table = np.zeros(counts.size, dtype=np.uint32)
-    table[heavy] = (threshold & ~np.uint32(1)) | drop.astype(np.uint32)
+    table[heavy] = (threshold & ~np.uint32(1)) | ~drop
     limit = table[heavy].astype(np.float64)  # a candidate's key is below its unit's limit
     chosen_state = np.where(drop, 3, 0).astype(np.int8)
     row_type = np.int32 if keep.size < 2 ** 31 else np.int64
@@ -138,8 +139,7 @@ def sample_per_unit(codes: np.ndarray | list[np.ndarray], counts: np.ndarray, k:
             if redo is None:
                 t = table[block]
                 # light units' rows, and those of units that drop their choice, are kept unless chosen
-                np.bitwise_and(t, np.uint32(1), out=keep[start:start + block.size], casting="unsafe")
-                keep[start:start + block.size] |= t == 0
+                np.equal(t & np.uint32(1), 0, out=keep[start:start + block.size])
                 key = _random_u32(rng, block.size)
                 r = np.flatnonzero(key < t)
                 key = key[r]
