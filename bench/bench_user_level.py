@@ -12,6 +12,9 @@ Data: `geodp synth --partitions N` folders, one city (new-york), made once under
     nice -n 10 .venv/bin/python bench/bench_user_level.py --sizes 860000:10,2580000:30 \
         [--units user,record] [--repeat 3] [--trees /path/before,/path/after] [--numpy-floor]
 
+``--sf-cabs PATH`` instead runs one real input per tree and unit: the SF cabs file (11.2 M points, 536
+cabs, one Parquet file), San Francisco, 2008-05-18..2008-06-08; its whole-run CPU-s and points per CPU-s.
+
 ``--numpy-floor`` adds a plain numpy/pyarrow script per size that does the user-level job with no
 platform around it (read the four columns, keep the window's points in the region, one factorize of
 the users, a k-sample per person by random keys and one sort, a bincount of the kept cells): what a
@@ -92,10 +95,11 @@ def run_tree(cmd: list[str], tree: str) -> float:
     return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
-def release_cmd(data: Path, unit: str) -> list[str]:
+def release_cmd(data: Path, unit: str, city: str = "new-york",
+                period: str = f"2024-01-01..2024-01-{DAYS:02d}") -> list[str]:
     store = tempfile.mkdtemp(prefix="geodp-bench-user-store-")
-    return [sys.executable, "-m", "flows.cli", "release", "run", str(data), "--city", "new-york",
-            "--period", f"2024-01-01..2024-01-{DAYS:02d}", "--epsilon", "1", "--mechanism", "identity",
+    return [sys.executable, "-m", "flows.cli", "release", "run", str(data), "--city", city,
+            "--period", period, "--epsilon", "1", "--mechanism", "identity",
             "--param", "cell_width_m=100", "--privacy-unit", unit, "--max-points-per-user", str(K),
             "--budget-cap", "1000", "--out", store]
 
@@ -107,7 +111,10 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--trees", default=str(ROOT), help="checkouts to compare, comma-separated")
     ap.add_argument("--numpy-floor", action="store_true")
+    ap.add_argument("--sf-cabs", help="the SF cabs Parquet file: run it instead of the synthetic sizes")
     args = ap.parse_args()
+    if args.sf_cabs:
+        return sf_cabs(Path(args.sf_cabs), args.trees.split(","), args.units.split(","), args.repeat)
     sizes = [tuple(int(v) for v in s.split(":")) for s in args.sizes.split(",")]
     datasets = [(data_for(u, f), 0) for u, f in sizes]
     datasets = [(d, n_points(d)) for d, _ in datasets]
@@ -136,6 +143,24 @@ def main() -> int:
         a, b = statistics.median(cpu[(tree, unit, n0)]), statistics.median(cpu[(tree, unit, n1)])
         slope = (b - a) / ((n1 - n0) / 1e6)
         print(f"| {tree} | {unit} | {a:.2f} | {b:.2f} | {slope:.3f} | {1 / slope:.1f} | {n1 / 1e6 / b:.1f} |")
+    return 0
+
+
+def sf_cabs(path: Path, trees: list[str], units: list[str], repeat: int) -> int:
+    """Whole-run CPU-s of the SF cabs release per tree and unit, the median of ``repeat`` interleaved runs."""
+    n = n_points(path) if path.is_dir() else __import__("pyarrow.parquet").parquet.ParquetFile(path).metadata.num_rows
+    cpu: dict[tuple, list[float]] = {}
+    for _ in range(repeat):
+        for tree in trees:
+            for unit in units:
+                c = run_tree(release_cmd(path, unit, "san-francisco", "2008-05-18..2008-06-08"), tree)
+                cpu.setdefault((tree, unit), []).append(c)
+                print(json.dumps({"tree": tree, "unit": unit, "points": n, "cpu_s": round(c, 2)}), flush=True)
+    print(f"\nSF cabs, {n / 1e6:.1f} M rows; k = {K} at user level; median of {repeat} runs\n")
+    print("| tree | unit | CPU-s | M rows per CPU-s (whole run) |")
+    print("|---|---|---:|---:|")
+    for (tree, unit), v in cpu.items():
+        print(f"| {tree} | {unit} | {statistics.median(v):.2f} | {n / 1e6 / statistics.median(v):.1f} |")
     return 0
 
 
