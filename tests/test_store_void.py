@@ -56,7 +56,10 @@ def test_void_deletes_the_dead_attempts_noise_first(small, store_url, write_orde
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("store_url", ["local"], indirect=True)
 def test_void_refuses_published_or_staged_noise(small, store_url, write_order, tmp_path):
+    """A refusal reads the ledger, the manifest and the staged mark, as the deletion above does on both
+    backends (S3 there): it runs on a local store only."""
     # killed right before the manifest: the attempt is complete; a re-run commits it, so no void
     _killed_at_write(small, store_url, "_MANIFEST.json", write_order, tmp_path)
     r = run_geodp("dataset", "void", store_url, "small", "--seq", "1", "--reason", "x", ok=False)
