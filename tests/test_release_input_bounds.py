@@ -84,6 +84,7 @@ def test_an_unreadable_file_in_the_dask_form_is_one_line(small, tmp_path, prefec
     (folder / "a.parquet").write_bytes(small.read_bytes())
     (folder / "b.parquet").write_bytes(b"not a parquet file " * 200)
     r = run_geodp("release", folder, "--city", "new-york", "--epsilon", "0.1", "--mechanism", "identity",
-                  "--param", "cell_width_m=2000", "--period", "2024-01-01", "--store", tmp_path / "s", ok=False)
+                  "--param", "cell_width_m=2000", "--period", "2024-01-01", "--store", tmp_path / "s",
+                  "--workers", "1", ok=False)  # one worker reads both files: the second is a spawn for nothing
     one_line_error(r, "cannot read")
     assert "Compute Failed" not in r.stderr
