@@ -1,6 +1,7 @@
 """Answering throughput per mechanism: boxes per CPU-second without intervals (the answer alone) and with
 95% intervals (the Python API's answer table: estimates, intervals, unit and what they cover, all boxes at
-once), in-process; optionally a CSV of boxes through the CLI (CPU-seconds of the child process).
+once), in-process; optionally a CSV of boxes through the CLI for every mechanism, --csv and --json (CPU-seconds of
+the child process).
 
     nice -n 10 python bench/bench_intervals.py [--boxes 1000000] [--cli]
 
@@ -53,7 +54,8 @@ def _child_cpu() -> float:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--boxes", type=int, default=1_000_000)
-    ap.add_argument("--cli", action="store_true", help="also time `geodp query range --boxes CSV --csv`")
+    ap.add_argument("--cli", action="store_true",
+                    help="also time `geodp query range --boxes CSV` with --csv and --json, every mechanism")
     args = ap.parse_args()
     region = city_region("new-york")
     pts = generate_checkins(region, n_users=2000, days=7, seed=1)
@@ -65,8 +67,9 @@ def main() -> None:
     boxes_ll = np.column_stack([*region.unproject(boxes[:, 0], boxes[:, 1]),
                                 *region.unproject(boxes[:, 2], boxes[:, 3])])
     print(f"{args.boxes} boxes of 25–5000 m, uniform centres; boxes per CPU-second")
-    print("| mechanism | answer | with intervals (Synopsis.intervals) | answer table (Python API) | setup CPU s |")
-    print("|---|---:|---:|---:|---:|")
+    print("| mechanism | answer | with intervals (Synopsis.intervals) | answer table (Python API) | answer table CPU-s "
+          "| setup CPU s |")
+    print("|---|---:|---:|---:|---:|---:|")
     for name, params in MECHANISMS.items():
         syn = fit_profiled(get_mechanism(name, **params), data, 1.0, NoiseSource.seeded(3), profile)
         plain = _rate(lambda s=syn: s.answer(boxes), len(boxes))
@@ -75,29 +78,35 @@ def main() -> None:
         setup = time.process_time() - t0
         with_iv = _rate(lambda s=syn: s.intervals(boxes), len(boxes))
         table = _rate(lambda s=syn: answer_table(s, boxes_ll), len(boxes))
-        print(f"| {name} | {plain:,.0f} | {with_iv:,.0f} | {table:,.0f} | {setup:.2f} |", flush=True)
+        print(f"| {name} | {plain:,.0f} | {with_iv:,.0f} | {table:,.0f} | {len(boxes) / table:.2f} | {setup:.2f} |",
+              flush=True)
     if args.cli:
+        print("\nCLI: `geodp query range RELEASE --boxes CSV` (CPU-s of the child: process start, fetch with sha256, "
+              "read CSV, answer, write)")
+        print("| mechanism | --csv --out FILE CPU-s | boxes/CPU-s | --json FILE CPU-s | boxes/CPU-s |")
+        print("|---|---:|---:|---:|---:|")
         with tempfile.TemporaryDirectory() as tmp:
             data_file = Path(tmp) / "d.parquet"
             pts.to_parquet(data_file)
-            rel = Path(tmp) / "rel"
-            subprocess.run([sys.executable, "-m", "flows.cli", "release", str(data_file), "--city", "new-york",
-                            "--epsilon", "1", "--max-points-per-user", "10", "--out", str(rel)], check=True,
-                           capture_output=True)
             ll = np.column_stack([*region.unproject(boxes[:, 0], boxes[:, 1]), *region.unproject(boxes[:, 2],
                                                                                                boxes[:, 3])])
             csv = Path(tmp) / "boxes.csv"
             np.savetxt(csv, ll, delimiter=",", header="min_lat,min_lon,max_lat,max_lon", comments="", fmt="%.6f")
-            for fmt, out in (("--csv", "--out"), ("--json", "")):
-                cmd = [sys.executable, "-m", "flows.cli", "query", "range", str(rel), "--boxes", str(csv), fmt,
-                       *([out] if out else []), str(Path(tmp) / "answers")]
-                t0 = _child_cpu()
-                subprocess.run(cmd, check=True, capture_output=True)
-                cpu = _child_cpu() - t0
-                print(f"CLI (default user-level auto release) {fmt}: {args.boxes} boxes in {cpu:.1f} CPU-s, "
-                      f"{args.boxes / cpu:,.0f} boxes per CPU-second (process start, fetch with sha256, read CSV, "
-                      "answer, write)")
-
+            for name, params in MECHANISMS.items():
+                rel = Path(tmp) / name
+                subprocess.run([sys.executable, "-m", "flows.cli", "release", str(data_file), "--city", "new-york",
+                                "--epsilon", "1", "--max-points-per-user", "10", "--mechanism", name,
+                                *[a for k, v in params.items() for a in ("--param", f"{k}={v:g}")],
+                                "--out", str(rel), "--no-prefect"], check=True, capture_output=True)
+                row = [name]
+                for fmt, out in (("--csv", "--out"), ("--json", "")):
+                    cmd = [sys.executable, "-m", "flows.cli", "query", "range", str(rel), "--boxes", str(csv), fmt,
+                           *([out] if out else []), str(Path(tmp) / "answers")]
+                    t0 = _child_cpu()
+                    subprocess.run(cmd, check=True, capture_output=True)
+                    cpu = _child_cpu() - t0
+                    row += [f"{cpu:.1f}", f"{args.boxes / cpu:,.0f}"]
+                print("| " + " | ".join(row) + " |", flush=True)
 
 if __name__ == "__main__":
     main()
