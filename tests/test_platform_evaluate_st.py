@@ -17,6 +17,7 @@ from dpcore.geo import city_region
 from flows.release import _artifact_key
 from tasks.config import ConfigError, EvaluateParams, STEvaluateOptions
 
+DASK_WORKERS = 1  # the module's cluster (tests/conftest.py): these flows need no second worker
 CITIES = ["new-york", "boston"]
 SMALL_VDR = {"grid_size": 32, "steps": 25, "batch_size": 4, "crop": 32, "hidden": 8, "n_codes": 16}
 PNG_URI = re.compile(r"data:image/png;base64,([A-Za-z0-9+/=]+)")
