@@ -71,8 +71,10 @@ def test_backfill_through_the_served_deployment(prefect_harness, dask_cluster, g
     try:
         _wait_for_deployment("release/release", proc, config)
         store_url = str(tmp_path / "store")
+        # every served run uses the module's Dask cluster, not one of its own (~6 CPU-s a run);
+        # tests/test_platform_schedule.py covers a served run that starts its own
         rp = ReleaseParams(data=str(gowalla_sample_path), cities=["austin"], epsilon=0.5, store=store_url,
-                           max_points_per_user=10, n_workers=1)
+                           max_points_per_user=10, dask_address=dask_cluster)
         bp = BackfillParams(release=rp, start="2010-05-01", end="2010-05-02")
         first = submit_to_deployment(bp, "release/release")
         again = submit_to_deployment(bp, "release/release")
@@ -92,7 +94,7 @@ def test_backfill_through_the_served_deployment(prefect_harness, dask_cluster, g
 
         from prefect.deployments import run_deployment
 
-        nightly = rp.model_copy(update={"period": "yesterday", "dask_address": dask_cluster})
+        nightly = rp.model_copy(update={"period": "yesterday"})
         late = run_deployment("release/release", parameters={"params": nightly.model_dump(mode="json")},
                               scheduled_time=datetime(2010, 5, 4, 2, 30, tzinfo=UTC), timeout=0)
         assert _wait_for_runs([str(late.id)]) == {str(late.id): "COMPLETED"}, (tmp_path / "serve.log").read_text()[-3000:]
@@ -109,14 +111,16 @@ def test_backfill_through_the_served_deployment(prefect_harness, dask_cluster, g
         (work / "checkins.parquet").symlink_to(gowalla_sample_path)
         sub = run_geodp("backfill", "checkins.parquet", "--cities", "austin", "--start", "2010-05-05", "--end",
                         "2010-05-05", "--epsilon", "0.5", "--max-points-per-user", "10", "--store", "rel-store",
-                        "--deployment", "release/release", cwd=work, env=env, timeout=120)
+                        "--dask-address", dask_cluster, "--deployment", "release/release", cwd=work, env=env,
+                        timeout=120)
         run_id = sub.stdout.split("flow run ")[1].split()[0]
         assert _wait_for_runs([run_id]) == {run_id: "COMPLETED"}, (tmp_path / "serve.log").read_text()[-3000:]
         assert [r.period for r in ReleaseStore(str(work / "rel-store")).list_releases()] == ["2010-05-05"]
-        # `--deployment backfill/backfill` without --store: one served run for every day (one Dask cluster),
-        # into the served configuration's store; the same submission again says it is the earlier run
+        # `--deployment backfill/backfill` without --store: one served run for every day, into the served
+        # configuration's store; the same submission again says it is the earlier run
         cmd = ["release", "backfill", "checkins.parquet", "--cities", "austin", "--period", "2010-05-06..2010-05-07",
-               "--epsilon", "0.5", "--max-points-per-user", "10", "--deployment", "backfill/backfill"]
+               "--epsilon", "0.5", "--max-points-per-user", "10", "--dask-address", dask_cluster, "--deployment",
+               "backfill/backfill"]
         sub = run_geodp(*cmd, cwd=work, env=env, timeout=120)
         (line,) = sub.stdout.splitlines()
         assert line.startswith("2010-05-06..2010-05-07: flow run ")
@@ -126,7 +130,7 @@ def test_backfill_through_the_served_deployment(prefect_harness, dask_cluster, g
         again = run_geodp(*cmd, cwd=work, env=env, timeout=120)
         assert again.returncode == 0 and f"flow run {run_id} (submitted before with the same parameters" in again.stdout
         # a backfill the budget refuses, submitted again: the same failed run, and it says so (exit 2)
-        over = [*cmd[:5], "--period", "2010-05-08..2010-05-08", "--epsilon", "9", *cmd[-4:]]
+        over = [*cmd[:5], "--period", "2010-05-08..2010-05-08", "--epsilon", "9", *cmd[9:]]
         first = run_geodp(*over, cwd=work, env=env, ok=False, timeout=120)
         failed_id = first.stdout.split("flow run ")[1].split()[0]
         assert _wait_for_runs([failed_id]) == {failed_id: "FAILED"}
