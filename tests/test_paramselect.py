@@ -12,6 +12,8 @@ import pytest
 from dpcore.data.synthetic import generate_checkins
 from dpcore.geo import Region, city_region
 from dpcore.mechanisms import FitInput, get_mechanism
+from dpcore.mechanisms.contract import FitRecord
+from dpcore.mechanisms.sample_size import public_n_for_fit
 from dpcore.paramselect import (
     BASE_FEATURES,
     DEFAULT_MODEL_PATH,
@@ -355,9 +357,12 @@ def test_identity_takes_its_cell_width_from_paramselect_when_asked(small_model):
     assert sum(c["epsilon"] for c in charges) == pytest.approx(0.4)
     assert any("chosen by ParamSelect" in n for n in syn.privacy.notes)
     paid = [c["epsilon"] for c in charges if c["name"].startswith("total_count")]
-    expected = select_params(region=region, n=x.size, epsilon=0.4 - sum(paid), band=band,
+    # the paid n̂ itself, drawn again from the same seeded noise (it is ~20% off the true count here,
+    # which can lie across a step of the searched widths)
+    n_hat = public_n_for_fit(data, FitRecord(0.4, count_quantum=data.count_quantum), NoiseSource.seeded(3),
+                             mech.total_fraction).n
+    expected = select_params(region=region, n=n_hat, epsilon=0.4 - sum(paid), band=band,
                              mechanisms=("identity",), model_path=path).cell_width_m
-    # ρ moves in steps of the searched widths, so the noisy n̂ (near x.size) gives the same ρ here
     assert expected != 100.0  # not the fixed default width
     side = max(1, round(region.side_m / expected))
     assert syn.values.shape == (side, side)
