@@ -1,14 +1,13 @@
 """How often the verdict refuses real days, and how the published ones fare (issue 43 item 4).
 
 Daily releases of Gowalla NYC (`new-york` box) through the CLI (`geodp release run … --out DIR`, seeded
-noise so no budget cap interferes; the verdict is the same code path as with secure noise), each day in
-turn, in two forms:
-- nightly: every day into one store, so each day's plan has the day before as its basis and its paid
-  profile adds to it;
-- first: every day into a fresh store, so each day's verdict comes from its own paid profile alone.
-Per day: refused or published, and for a published day its error on squares centred on that day's
-points (mean |answer − true| / max(true, ψ), truth = all points, ψ = 0.1% of the points) over answering 0's,
-per band: below 1 beats a blank map. An empty day (a date the file does not cover) is run too.
+noise so no budget cap interferes; the verdict is the same code path as with secure noise), each day
+into a fresh store (a first release: its verdict comes from its own paid profile), with --publish-anyway:
+its manifest records whether the verdict would have refused it, and its error says whether that was right:
+mean |answer − true| / max(true, ψ) on squares centred on that day's points (truth = all points, ψ = 0.1%
+of the points) over answering 0's, per band; truly worse = at least 1 at every band. The confusion table
+counts (refused, published) × (truly worse, better at one band). Empty days (dates the file does not
+cover) are run without --publish-anyway: refused means exit 2.
 
     python bench/bench_verdict.py --days 2010-05-01..2010-05-30 [--options "--epsilon 1 --mechanism auto --max-points-per-user 5"]
     python bench/bench_verdict.py --simulate 1,5,0    # the profile-only verdict on every day, no releases
@@ -19,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import json
 import resource
 import sys
 import tempfile
@@ -58,32 +58,36 @@ def _release(data: Path, out: Path, day: str, options: list[str], seed: int) -> 
 def simulate(raw: pd.DataFrame, eps: float, k: int, width: float | None, seed: int) -> None:
     """The profile-only verdict (a first release's) on every day of the file, without releasing: each day's
     true profile of the `new-york` box noised at ε_p = 10% of ε (seeded), then the rule the run applies
-    (tasks/release_usefulness.expectation with no basis: N̂'s 99th percentile bounds every band)."""
+    (dpcore.synopsis.profile_verdict: the typical count of each band modelled from N̂ and the profile's
+    points-weighted mean)."""
     from dpcore.geo import city_region
     from dpcore.privacy.noise import NoiseSource
     from dpcore.privacy.profile import PROFILE_FRACTION, noisy_profile, profile_counts
-    from dpcore.synopsis.expected_error import PlanInputs, expected_errors, useless
+    from dpcore.synopsis.profile_verdict import hopeless, inputs_from, profile_errors, without_lone_bucket
 
     region = city_region("new-york")
     x, y = region.project(raw.lat.to_numpy(), raw.lon.to_numpy())
     inside = raw[(np.abs(x) < region.half_m) & (np.abs(y) < region.half_m)]
     days = inside.timestamp.dt.strftime("%Y-%m-%d")
     noise = NoiseSource.seeded(seed)
-    inputs = PlanInputs(epsilon=eps, rho=None, k=k, cell_width_m=width, profiled=True)
 
     def verdict(counts: np.ndarray) -> tuple[bool, float, list[float]]:
-        profile = noisy_profile(counts, PROFILE_FRACTION * eps, noise)
-        most = float(np.quantile(profile.draws(1, 2001, np.random.default_rng(0))[0], 0.99))
-        rows = expected_errors(inputs, np.full(len(BANDS), np.nan), profile, at_most=np.full(len(BANDS), most))
-        return useless(rows), most, [r["expected_abs_error"] for r in rows]
+        profile = without_lone_bucket(noisy_profile(counts, PROFILE_FRACTION * eps, noise))
+        inputs = inputs_from(profile, eps, k, width)
+        rows = profile_errors(inputs, profile)
+        return hopeless(rows), inputs.total, [r["expected_relative_error"] for r in rows]
 
     out = [verdict(profile_counts(g.groupby("user_id").size().to_numpy())) for _, g in inside.groupby(days)]
     empty = [verdict(np.zeros(24, dtype=np.int64)) for _ in range(200)]
     errs = np.median([e for _, _, e in out], axis=0)
+    for margin in (0.95, 1.0, 2.0):
+        print(f"  margin {margin}: days refused {sum(min(e) >= margin for _, _, e in out)}, empty refused "
+              f"{sum(min(e) >= margin for _, _, e in empty)}")
     print(f"profile only, ε {eps:g}, k {k}, cells {width or 'auto'}: {sum(u for u, _, _ in out)} of {len(out)} days "
-          f"refused; median N̂ 99th pct {np.median([m for _, m, _ in out]):.0f}; median predicted |error| per band "
+          f"refused; median N̂ {np.median([m for _, m, _ in out]):.0f}; median predicted error / blank map per band "
           + ", ".join(f"{e:.3g}" for e in errs) + f"; empty period: {sum(u for u, _, _ in empty)} of 200 refused "
-          f"(median N̂ 99th pct {np.median([m for _, m, _ in empty]):.0f})")
+          f"(median N̂ {np.median([m for _, m, _ in empty]):.0f}; predicted per band "
+          + ", ".join(f"{e:.3g}" for e in np.median([e for _, _, e in empty], axis=0)) + ")")
 
 
 def main() -> None:
@@ -96,7 +100,9 @@ def main() -> None:
     ap.add_argument("--options", default=DAY)
     ap.add_argument("--queries", type=int, default=300)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--empty", default="2011-06-01", help="a day the file does not cover")
+    ap.add_argument("--seeds", type=int, default=1, help="noise seeds per day")
+    ap.add_argument("--verbose", action="store_true", help="each release's measured and predicted error")
+    ap.add_argument("--empty", default="2011-06-01", help="days the file does not cover (comma-separated)")
     args = ap.parse_args()
     first, _, last = args.days.partition("..")
     days = [d.date().isoformat() for d in pd.date_range(first, last or first, freq="D")]
@@ -111,32 +117,45 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "gowalla_nyc.parquet"
         raw.to_parquet(data)
-        for form in ("nightly", "first"):
-            refused, ratios = [], []
-            for i, day in enumerate([*days, args.empty]):
-                out = Path(tmp) / (f"{form}" if form == "nightly" else f"{form}-{i}")
-                code, line = _release(data, out, day, options, args.seed)
-                if day == args.empty:
-                    print(f"{form}: empty day {day}: {'refused: ' + line[:200] if code else 'published'}")
-                    continue
+        table = {(r, w): 0 for r in (True, False) for w in (True, False)}
+        ratios, shown = [], []
+        for seed in range(args.seed, args.seed + args.seeds):
+            for i, day in enumerate(days):
+                # every day is published anyway (fresh store: a first release): its manifest records whether the
+                # verdict would have refused it, and its error says whether that was right
+                out = Path(tmp) / f"s{seed}-{i}"
+                code, line = _release(data, out, day, [*options, "--publish-anyway"], seed)
                 if code != 0:
-                    refused.append((day, line))
+                    print(f"  {day} seed {seed}: failed: {line[:300]}")
                     continue
+                manifest = json.loads(next(out.rglob("_MANIFEST.json")).read_text())
+                refused = bool(manifest["quality"]["plan"].get("published_anyway"))
                 rows = raw[(raw.timestamp >= pd.Timestamp(day, tz="UTC"))
                            & (raw.timestamp < pd.Timestamp(day, tz="UTC") + pd.Timedelta(days=1))]
-                latest = max(geodp.open_store(str(out)).releases(), key=lambda r: r.window_s()[0] or 0)
-                ratios.append(_ratios(latest, rows, args.queries, args.seed))
-            r = np.array(ratios)
-            print(f"{form}: `{args.options}` {len(days)} days: {len(refused)} refused, {len(ratios)} published")
-            for day, line in refused[:5]:
-                print(f"  refused {day}: {line[:300]}")
-            if len(r):
-                print("  | band | median error / blank | 90th pct | published days worse than blank |")
-                for b, (lo, hi) in enumerate(BANDS):
-                    col = r[:, b][np.isfinite(r[:, b])]
-                    print(f"  | {lo:g}–{hi:g} m | {np.median(col):.2f} | {np.quantile(col, 0.9):.2f} | "
-                          f"{int((col >= 1).sum())} of {len(col)} |")
-            sys.stdout.flush()
+                release = next(iter(geodp.open_store(str(out)).releases()))
+                r = _ratios(release, rows, args.queries, seed)
+                worse = all(v >= 1.0 for v in r)
+                table[(refused, worse)] += 1
+                ratios.append(r)
+                predicted = [b["expected_relative_error"] for b in manifest["quality"]["plan"]["bands"]]
+                shown.append((day, seed, refused, r, predicted))
+        print(f"`{args.options}` {len(days)} days × {args.seeds} seeds, first releases:")
+        print("  | verdict | truly worse than a blank map at every band | better at one band at least |")
+        print(f"  | refused | {table[(True, True)]} | {table[(True, False)]} |")
+        print(f"  | published | {table[(False, True)]} | {table[(False, False)]} |")
+        r = np.array(ratios)
+        pred = np.array([p for *_, p in shown])
+        for b, (lo, hi) in enumerate(BANDS):
+            print(f"  {lo:g}–{hi:g} m: measured median {np.median(r[:, b]):.3g} (90th pct {np.quantile(r[:, b], 0.9):.3g}),"
+                  f" predicted median {np.median(pred[:, b]):.3g}")
+        if args.verbose:
+            for day, seed, refused, rr, p in shown:
+                print(f"  {day} s{seed} {'refused' if refused else 'published'} measured "
+                      + " / ".join(f"{v:.2f}" for v in rr) + " predicted " + " / ".join(f"{v:.2f}" for v in p))
+        for j, empty in enumerate(args.empty.split(",") if args.empty else []):
+            code, line = _release(data, Path(tmp) / f"empty-{j}", empty, options, args.seed)
+            print(f"  empty day {empty}: {'exit ' + str(code) + ': ' + line[:400] if code else 'published'}")
+        sys.stdout.flush()
     use = resource.getrusage(resource.RUSAGE_SELF)
     print(f"CPU-seconds: {use.ru_utime + use.ru_stime:.0f}")
 

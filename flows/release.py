@@ -222,7 +222,9 @@ def _verdict(plan: ReleasePlan, todo: list, counts, in_process: bool, step) -> t
             refusals.append({"city": p.city, "period": p.period.label, "reason": refusal(p.city, exp, spent)})
             continue
         prior = {k: v for k, v in (p.expected or {}).items() if k in ("k_choice",)}
-        out.append(dataclasses.replace(p, expected={**prior, **exp, "published_anyway": bool(exp.get("useless"))}))
+        # published anyway: refused by this verdict, or by the plan's before the charge (from the published map)
+        anyway = bool(exp.get("useless")) or bool((p.expected or {}).get("published_anyway"))
+        out.append(dataclasses.replace(p, expected={**prior, **exp, "published_anyway": anyway}))
     return out, profile, refusals
 
 

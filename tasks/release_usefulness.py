@@ -112,11 +112,6 @@ def basis_of(store: ReleaseStore, plan: CityPlan, bands=DEFAULT_BANDS) -> Basis 
     return Basis(url, inputs, typical_counts(synopsis, bands), profile, typical_counts(synopsis, bands, at_most=True))
 
 
-#: The quantile of the profile's N draws taken as the most points a run can hold (an upper bound for
-#: every band's typical count when no published release of the region shows one).
-TOTAL_QUANTILE = 0.99
-
-
 def _period_days(plan: CityPlan) -> float | None:
     return plan.period.seconds / 86400.0 if plan.period.seconds else None
 
@@ -152,53 +147,65 @@ def expectation(store: ReleaseStore, plan: CityPlan, profile: ContributionProfil
 
     Without ``profile`` (before any charge: `release plan`, the start of a run) it predicts from the
     region's newest published release, when there is one. With the run's own paid ``profile`` it predicts
-    from that profile (the scale factor, its uncertainty, the bounding's bias, and the run's total N̂, the
-    most any square can hold) and the published release's map where there is one, so a first release gets
-    a verdict too; a profile in which no bucket clears its noise cannot be told from an empty period."""
+    from that profile and public inputs alone (:func:`_from_profile`), so a first release gets a verdict
+    too."""
     why_not = no_prediction(plan)
     if why_not is not None:
         return {"bands": [], "statement": why_not}
+    if profile is not None:
+        return _from_profile(store, plan, profile, f"its contribution profile (ε = {profile.epsilon:.3g}, paid alone "
+                                            f"before the rest of its ε)")
     basis = basis_of(store, plan)
-    if profile is None:
-        if basis is None:
-            then = (f"; the run's verdict comes from the contribution profile it pays (ε = "
-                    f"{PROFILE_FRACTION * float(plan.epsilon):.3g} of its ε), charged alone before the rest"
-                    if profile_applies(plan) else "")
-            return {"bands": [], "statement": f"no verdict: no release of {plan.dataset}/{plan.city} at "
-                                              f"{plan.privacy_unit} level is published yet, and the plan predicts "
-                                              f"only from the region's newest published release{then}",
-                    **({"profile_epsilon": PROFILE_FRACTION * float(plan.epsilon)} if profile_applies(plan) else {})}
-        rows = expected_errors(basis.inputs, basis.typical, basis.profile, at_most=basis.at_most)
-        out = {"bands": rows, "basis": basis.url, "useless": useless(rows), "statement": _statement(rows)}
-        if out["useless"]:
-            out["would_help"] = what_would_help(basis.inputs, basis.typical, basis.profile, at_most=basis.at_most,
-                                                period_days=_period_days(plan))
-        return out
-    source = f"its contribution profile (ε = {profile.epsilon:.3g}, paid alone before the rest of its ε)"
-    # a profile that cannot be told from an empty period's is said so; it refuses only through the bands
-    # below (the most points it leaves possible, N̂ at its 99th percentile, against each band's error): a
-    # refusal on emptiness alone would refuse 80% of 100-person periods at ε = 1 (ε_p = 0.1)
-    empty_like = _shows_no_one(profile)
-    n_draws, _ = profile.draws(1, 2001, np.random.default_rng(0))
-    most = float(np.quantile(n_draws, TOTAL_QUANTILE))  # no square holds more points than the run
-    if basis is not None:
-        inputs, typical = basis.inputs, basis.typical
-        at_most = np.minimum(basis.at_most, most / inputs.period_factor)
-    else:
-        inputs = PlanInputs(epsilon=float(plan.epsilon or 0.0), rho=plan.rho, k=plan.max_points_per_user,
-                            cell_width_m=_cell_width(plan), profiled=True)
-        typical = np.full(len(DEFAULT_BANDS), np.nan)
-        at_most = np.full(len(DEFAULT_BANDS), most)
-    rows = expected_errors(inputs, typical, profile, at_most=at_most)
-    from dpcore.privacy.profile import visible_threshold
+    if basis is None:
+        then = (f"; the run's verdict comes from the contribution profile it pays (ε = "
+                f"{PROFILE_FRACTION * float(plan.epsilon):.3g} of its ε), charged alone before the rest"
+                if profile_applies(plan) else "")
+        return {"bands": [], "statement": f"no verdict: no release of {plan.dataset}/{plan.city} at "
+                                          f"{plan.privacy_unit} level is published yet, and the plan predicts "
+                                          f"only from the region's newest published release{then}",
+                **({"profile_epsilon": PROFILE_FRACTION * float(plan.epsilon)} if profile_applies(plan) else {})}
+    rows = expected_errors(basis.inputs, basis.typical, basis.profile, at_most=basis.at_most)
+    out = {"bands": rows, "basis": basis.url, "useless": useless(rows), "statement": _statement(rows)}
+    if out["useless"]:
+        out["would_help"] = what_would_help(basis.inputs, basis.typical, basis.profile, at_most=basis.at_most,
+                                            period_days=_period_days(plan))
+    return out
 
+
+def _from_profile(store: ReleaseStore, plan: CityPlan, profile: ContributionProfile, source: str) -> dict:
+    """The verdict from the run's paid profile and public inputs (dpcore.synopsis.profile_verdict): each
+    band's typical count modelled from N̂ and the points-weighted mean points per unit, the release's
+    relative error from its noise, scale factor and cell width. Where the region's published map shows a
+    band's typical count (scaled to this period) below the model's, it caps it: a basis only lowers the count,
+    since a noisy one shows counts inflated by its own noise and scale (a day at ε 0.25 with 250 m cells, 5–56×
+    worse than a blank map, was called informative from the day before)."""
+    from dpcore.privacy.profile import visible_threshold
+    from dpcore.synopsis.profile_verdict import (
+        hopeless,
+        inputs_from,
+        profile_errors,
+        what_would_help,
+        without_lone_bucket,
+    )
+
+    empty_like = _shows_no_one(profile)
+    seen = without_lone_bucket(profile)
+    inputs = inputs_from(seen, float(plan.epsilon or 0.0), int(plan.max_points_per_user), _cell_width(plan))
+    basis = basis_of(store, plan)
+    shown = None if basis is None else np.asarray(basis.typical, dtype=np.float64) * basis.inputs.period_factor
+    rows = profile_errors(inputs, seen, shown=shown)
     empty_words = (f"the profile cannot tell this period from an empty one (no bucket of points per person "
                    f"clears its noise of {visible_threshold(profile.epsilon):.0f} people but at most one alone); "
                    if empty_like else "")
-    out = {"bands": rows, "basis": source + (f" and {basis.url}" if basis else ""), "useless": useless(rows),
-           "statement": empty_words + _statement(rows), "total_points_at_most": most, "empty_like": empty_like}
+    statement = "; ".join(f"{r['query_sides_m'][0]:g}–{r['query_sides_m'][1]:g} m: ≈ "
+                          f"{r['expected_relative_error']:.2g} of a blank map's error (a typical count of "
+                          f"{r['typical_count']:.3g})" for r in rows)
+    out = {"bands": rows, "basis": source + (f" and {basis.url}" if basis else ""), "useless": hopeless(rows),
+           "statement": empty_words + f"N̂ ≈ {inputs.total:.0f} points, {inputs.own_mean:.2g} per person of a "
+                                      f"point; " + statement,
+           "total_points": inputs.total, "empty_like": empty_like}
     if out["useless"]:
-        out["would_help"] = what_would_help(inputs, typical, profile, at_most=at_most, period_days=_period_days(plan))
+        out["would_help"] = what_would_help(inputs, seen, period_days=_period_days(plan), shown=shown)
     return out
 
 

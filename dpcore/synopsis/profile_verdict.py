@@ -1,0 +1,202 @@
+"""A release's expected relative error per band from its paid contribution profile and public inputs only.
+
+A first release has no published map to show how many points a square around a data point holds, so the
+count is modelled from the profile (post-processing of the noisy, already paid histogram of points per
+unit) and public constants. For a square of side s centred on a point of a unit with n points:
+
+    T(s) = 1 + a(s)·(m − 1) + c(s)·(N̂ − m)
+
+the point itself, a share a(s) of its unit's other points (people return to their places) and a share c(s)
+of everyone else's points. N̂ is the profile's total, m = Σn²/Σn its points-weighted mean points per unit
+(the unit a data-centred square is centred on is drawn in proportion to its points). a(s) and c(s) are
+public constants, the geometric mean of the medians measured on Gowalla NYC days and the Gowalla sample's
+Austin weeks (bench/results/2026-11-28-verdict-3.md): NYC's own are up to ×3 smaller at 62.5 m and
+Austin's ×3 larger, so the model errs towards the middle, not towards refusing either city.
+
+The release's error at a square of side s on cells of width w: the cells' noise (σ·s/w for s ≥ w, σ·(s/w)²
+for a part of one cell), times the scale factor 1/κ̂(k), the factor's uncertainty and the bound's sampling
+spread, and for a square smaller than its cell the spread of the cell's count over it (what the cell's
+uniform answer misses: T(s) − T(w)·(s/w)²). The measure is the bench's: the mean over data-centred squares
+of |error| / true count, where a blank map (answering 0) scores 1. Its mean of ratios weighs sparse
+squares more than the ratio of means: E[1/T]·E[T] is ≥ 1.2 (25–100 m) and ≥ 1.5 (larger) on both cities,
+taken as SPARSE_WEIGHT. A band's figure is the mean over SIDES_PER_BAND sides spread over it, as the bench
+draws its sides; mechanisms without one cell width take the best proxy width per side (optimistic).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from dpcore.privacy.noise import discrete_laplace_variance
+from dpcore.privacy.profile import PROFILE_FRACTION, ContributionProfile
+from dpcore.synopsis.uncertainty import DEFAULT_BANDS
+
+#: Square sides (m) at which the shares below were measured (between: log-log interpolation).
+ANCHOR_SIDES_M = (62.5, 550.0, 3000.0)
+#: a(s): the share of a unit's other points in a square of side s centred on one of its points.
+OWN_SHARE = (0.040, 0.25, 0.64)
+#: c(s): the share of the other units' points in it.
+OTHERS_SHARE = (0.0037, 0.029, 0.265)
+#: E[1/T]·E[T] over data-centred squares (at least; never above T itself).
+SPARSE_WEIGHT = (1.2, 1.5, 1.5)
+SIDES_PER_BAND = 5
+HALF_NORMAL = float(np.sqrt(2.0 / np.pi))
+#: A release is refused when its expected relative error is at least this at every band: twice a blank
+#: map's, as the plan's other verdicts (dpcore.synopsis.expected_error.REFUSE_MARGIN). A band of squares
+#: smaller than the cells is answered about 0 where the data are (≈ 1, as a blank map) and never counts
+#: towards a refusal: at 0.95 instead, the suite's tiny synthetic releases with 1–2 km cells and one day
+#: in four of Gowalla NYC at the daily settings would be refused (bench/results/2026-11-28-verdict-3.md).
+REFUSE_MARGIN = 2.0
+PROXY_WIDTHS_M = (25.0, 50.0, 100.0, 200.0, 400.0, 800.0, 1600.0)
+K_CANDIDATES = (1, 2, 5, 10, 20, 50, 100, 200)
+
+
+@dataclass(frozen=True)
+class ProfileInputs:
+    """The run's public options and what its paid profile says (N̂ and m), per period factor 1."""
+
+    epsilon: float
+    k: int
+    cell_width_m: float | None  # None: the mechanism sizes its own cells (PROXY_WIDTHS_M)
+    total: float  # N̂
+    own_mean: float  # m = Σn²/Σn
+    period_factor: float = 1.0  # a period this many times as long (what-would-help): N̂ and m scale with it
+
+
+def _anchored(side: np.ndarray, values: tuple[float, ...]) -> np.ndarray:
+    logs = np.log(np.asarray(ANCHOR_SIDES_M))
+    slope_lo = (np.log(values[1]) - np.log(values[0])) / (logs[1] - logs[0])
+    slope_hi = (np.log(values[-1]) - np.log(values[-2])) / (logs[-1] - logs[-2])
+    x = np.log(np.asarray(side, dtype=np.float64))
+    y = np.interp(x, logs, np.log(values))
+    y = np.where(x < logs[0], np.log(values[0]) + slope_lo * (x - logs[0]), y)
+    y = np.where(x > logs[-1], np.log(values[-1]) + slope_hi * (x - logs[-1]), y)
+    return np.exp(y)
+
+
+def typical_count(side: np.ndarray, total: float, own_mean: float) -> np.ndarray:
+    """T(s): the expected count of a square of side ``side`` centred on a data point (at least the point;
+    at most every point)."""
+    a = np.minimum(_anchored(side, OWN_SHARE), 1.0)
+    c = np.minimum(_anchored(side, OTHERS_SHARE), 1.0)
+    m = max(own_mean, 1.0)
+    t = 1.0 + a * (m - 1.0) + c * max(total - m, 0.0)
+    return np.clip(t, 1.0, max(total, 1.0))
+
+
+def own_mean(profile: ContributionProfile) -> float:
+    """m = Σn²/Σn over the profile's estimated units: the mean points of the unit a data point belongs to."""
+    from dpcore.privacy.profile import _bucket_bounds, _power_integral, tail_slopes
+
+    c = profile.counts()
+    if c.sum() <= 0:
+        return 1.0
+    alpha = tail_slopes(c)
+    lo, hi = (b[: c.size] for b in _bucket_bounds())
+    mass = _power_integral(lo, hi, -alpha)
+    first = np.sum(c * _power_integral(lo, hi, 1.0 - alpha) / mass)
+    second = np.sum(c * _power_integral(lo, hi, 2.0 - alpha) / mass)
+    return max(float(second / first), 1.0) if first > 0 else 1.0
+
+
+def without_lone_bucket(profile: ContributionProfile) -> ContributionProfile:
+    """The profile without a lone visible bucket whose TAIL_BUCKETS buckets below all look empty (and
+    everything above it): noise alone lifts an empty bucket over the visibility threshold in 5% of
+    profiles, and counted it makes an empty period look like thousands of points (N̂ up to 10⁹). People per
+    doubling change gradually, so real data show people just below their heaviest bucket."""
+    from dpcore.privacy.profile import TAIL_BUCKETS, nonzero_threshold, visible_threshold
+
+    noisy = np.asarray(profile.noisy, dtype=np.float64)
+    visible = np.flatnonzero(noisy >= visible_threshold(profile.epsilon))
+    if visible.size != 1 or visible[0] < TAIL_BUCKETS:
+        return profile
+    top = int(visible[0])
+    if np.any(noisy[top - TAIL_BUCKETS: top] >= nonzero_threshold(profile.epsilon)):
+        return profile
+    trimmed = noisy.copy()
+    trimmed[top:] = 0.0
+    return ContributionProfile(trimmed, profile.epsilon, profile.per_day)
+
+
+def inputs_from(profile: ContributionProfile, epsilon: float, k: int, cell_width_m: float | None) -> ProfileInputs:
+    """The model's inputs (profile: :func:`without_lone_bucket` of the paid one)."""
+    return ProfileInputs(float(epsilon), int(k), cell_width_m, profile.total_estimate(), own_mean(profile))
+
+
+def _band_sides(lo: float, hi: float) -> np.ndarray:
+    return lo + (np.arange(SIDES_PER_BAND) + 0.5) * (hi - lo) / SIDES_PER_BAND
+
+
+def profile_errors(inputs: ProfileInputs, profile: ContributionProfile, bands=DEFAULT_BANDS,
+                   shown: np.ndarray | None = None) -> list[dict]:
+    """Per band: the typical count of a data-centred square (at the band's middle side), the expected
+    relative error (blank map: 1), the expected |error| (their product), and the verdict. ``shown``: per band
+    the typical count a published map of the region shows (NaN where it does not); where it is smaller than
+    the model's, the band's counts are scaled down to it."""
+    eps_main = inputs.epsilon * (1.0 - PROFILE_FRACTION)
+    sd = float(np.sqrt(discrete_laplace_variance(inputs.k / eps_main)))
+    draws = profile.factor_draws(inputs.k, 2001, np.random.default_rng(0))
+    factor = float(np.median(draws))
+    factor_rel_sd = float(np.std(draws) / factor) if factor > 0 else 0.0
+    spread_var = profile.sampling_variance(inputs.k)
+    total, m = inputs.total * inputs.period_factor, inputs.own_mean * inputs.period_factor
+    widths = PROXY_WIDTHS_M if inputs.cell_width_m is None else (float(inputs.cell_width_m),)
+    rows = []
+    for lo, hi in bands:
+        sides = _band_sides(lo, hi)
+        t = typical_count(sides, total, m)
+        mid = float(typical_count(np.full(1, (lo + hi) / 2.0), total, m)[0])
+        cap = np.nan if shown is None else float(shown[len(rows)])
+        scale = min(1.0, cap / mid) if np.isfinite(cap) and cap > 0 else 1.0
+        t, mid = np.maximum(t * scale, 1.0), max(mid * scale, 1.0)
+        weight = np.minimum(_anchored(sides, SPARSE_WEIGHT), t)
+        best = np.full(sides.shape, np.inf)
+        for w in widths:
+            ratio = sides / w
+            noise = sd * np.where(ratio >= 1.0, ratio, ratio * ratio) * factor
+            miss = np.where(ratio < 1.0, np.maximum(t - typical_count(np.full(1, w), total, m) * ratio * ratio, 0.0), 0.0)
+            random = HALF_NORMAL * np.sqrt((noise * weight / t) ** 2 + factor_rel_sd ** 2 + spread_var / t)
+            best = np.minimum(best, np.sqrt(random ** 2 + (miss / t) ** 2))
+        rel = float(np.mean(best))
+        rows.append({"query_sides_m": [lo, hi], "typical_count": mid, "expected_relative_error": rel,
+                     "expected_abs_error": rel * mid, "worse_than_blank_map": rel >= 1.0,
+                     "hopeless": rel >= REFUSE_MARGIN})
+    return rows
+
+
+def hopeless(rows: list[dict]) -> bool:
+    return bool(rows) and all(r["hopeless"] for r in rows)
+
+
+def what_would_help(inputs: ProfileInputs, profile: ContributionProfile, bands=DEFAULT_BANDS,
+                    period_days: float | None = None, shown: np.ndarray | None = None) -> list[str]:
+    """The smallest change along each public option (ε up to ×1024, k among K_CANDIDATES, cells up to ×32
+    as wide, periods up to 365× as long) that takes at least one band out of :func:`hopeless`, in words."""
+    import math
+
+    tries = [("epsilon", [inputs.epsilon * 2 ** (i / 2) for i in range(1, 21)]),
+             ("k", [k for k in K_CANDIDATES if k != inputs.k]),
+             ("cell_width_m", [] if inputs.cell_width_m is None else [inputs.cell_width_m * m for m in (2, 4, 8, 16, 32)]),
+             ("period_factor", [float(m) for m in (2, 7, 30, 90, 365)])]
+    words = []
+    for field, values in tries:
+        helping = [v for v in values if not hopeless(profile_errors(
+            replace(inputs, **{field: v}), profile, bands,
+            None if shown is None else np.asarray(shown) * (v if field == "period_factor" else 1.0)))]
+        if not helping:
+            continue
+        v = helping[0]
+        if field == "epsilon":
+            words.append(f"ε ≥ {v:.3g}")
+        elif field == "cell_width_m":
+            words.append(f"cells of {v:.0f} m")
+        elif field == "period_factor":
+            words.append(f"a {math.ceil(v * period_days - 1e-9)}-day period" if period_days
+                         else f"a period {v:g}× as long")
+        else:
+            ks = sorted(int(x) for x in helping)
+            words.append(f"k ≤ {ks[-1]}" if ks[-1] < inputs.k else f"k ≥ {ks[0]}" if ks[0] > inputs.k
+                         else "k = " + " or ".join(map(str, ks)))
+    return words
