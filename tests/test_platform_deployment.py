@@ -74,7 +74,8 @@ def test_backfill_through_the_served_deployment(prefect_harness, dask_cluster, g
         # every served run uses the module's Dask cluster, not one of its own (~6 CPU-s a run);
         # tests/test_platform_schedule.py covers a served run that starts its own
         rp = ReleaseParams(data=str(gowalla_sample_path), cities=["austin"], epsilon=0.5, store=store_url,
-                           max_points_per_user=10, dask_address=dask_cluster)
+                           max_points_per_user=10, dask_address=dask_cluster,
+                           publish_anyway=True)
         bp = BackfillParams(release=rp, start="2010-05-01", end="2010-05-02")
         first = submit_to_deployment(bp, "release/release")
         again = submit_to_deployment(bp, "release/release")
