@@ -122,7 +122,8 @@ def test_a_fit_the_mechanism_refuses_inside_the_flow_gives_its_own_error(prefect
 def test_malformed_rows_and_strict(tmp_path):
     p = tmp_path / "bad.csv"
     p.write_text("user_id,timestamp,lat,lon\na,2024-01-01T00:00:00Z,40.71,-74.0\nb,2024-01-01,oops,-74\n")
-    r = geodp("release", p, "--city", "new-york", "--epsilon", "1", "--out", tmp_path / "o")
+    # one valid row: a release the verdict refuses, published anyway to show the malformed row is skipped
+    r = geodp("release", p, "--city", "new-york", "--epsilon", "1", "--out", tmp_path / "o", "--publish-anyway")
     assert "dropped 1" in r.stderr
     r = geodp("release", p, "--city", "new-york", "--epsilon", "1", "--strict", "--out", tmp_path / "o2", ok=False)
     assert r.returncode == 2 and "row 2 is invalid" in r.stderr and "Traceback" not in r.stderr
