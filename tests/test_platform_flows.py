@@ -69,7 +69,7 @@ def test_a_store_made_again_at_the_same_url_gets_a_real_release(prefect_harness,
 
     store_url = str(tmp_path / "store")
     rp = ReleaseParams(data=str(gowalla_sample_path), cities=["austin"], period="2010-05-02", epsilon=0.3,
-                       store=store_url, max_points_per_user=10, dask_address=dask_cluster)
+                       store=store_url, max_points_per_user=10, dask_address=dask_cluster, publish_anyway=True)
     run_release(rp)
     first_id = ReleaseStore(store_url).instance_id()
     shutil.rmtree(store_url)
@@ -100,7 +100,7 @@ def test_backfill_of_a_day_partitioned_input_reads_each_day_on_the_workers(prefe
     monkeypatch.setattr(flows.backfill, "load_and_validate", no_preload)
     store_url = str(tmp_path / "store")
     rp = ReleaseParams(data=str(data), cities=["new-york"], epsilon=0.5, store=store_url,
-                       max_points_per_user=10, dask_address=dask_cluster, budget_cap=5.0)
+                       max_points_per_user=10, dask_address=dask_cluster, budget_cap=5.0, publish_anyway=True)
     result = run_backfill(BackfillParams(release=rp, start="2024-03-02", end="2024-03-03"))
     assert result["committed"] == 2
     assert {r.period for r in ReleaseStore(store_url).list_releases()} == {"2024-03-02", "2024-03-03"}
