@@ -27,8 +27,8 @@ from tasks.config import ReleaseParams
 from tasks.ledger_tasks import (
     charge_ledger,
     committed_from,
-    give_back,
     give_back_interrupted,
+    given_back_on_failure,
     settle_strays,
     void_charge,
 )
@@ -48,6 +48,7 @@ from tasks.release_tasks import (
 )
 from tasks.release_verdict import verdict_line
 from tasks.runtime import dashboard_link, dask_for_run, where_it_runs
+from tasks.storage.held_charge import HeldCharge
 from tasks.storage.manifest import Manifest
 from tasks.storage.store import ReleaseStore
 
@@ -60,6 +61,10 @@ if TYPE_CHECKING:
 
 # Prefect is imported where a flow run uses it: the in-process form (`geodp release --out`, the CLI's
 # `--no-prefect`) runs the same pipeline without importing it (0.7 s of CPU a command).
+
+
+#: why a charge goes back after a persist failed (the attempt's files deleted, then the void)
+STORAGE_FAILED = "storage failed before the commit"
 
 
 def _artifact_key(text: str) -> str:
@@ -115,7 +120,7 @@ def run_plan(plan: ReleasePlan, loaded=None, artifacts: bool = True, in_process:
             if p.city not in manifests:
                 continue  # refused after its profile: nothing more charged
             m = manifests[p.city]
-            if held[p.city]["seq"] is not None and not committed_from(m, held[p.city]):
+            if held[p.city].charged and not committed_from(m, held[p.city]):
                 # another run's attempt was committed for this key: our noise is never published
                 step(void_charge)(plan.store_url, dataset, held[p.city], "another attempt was committed")
             results[p.city], status[p.city] = m, "committed"
@@ -156,7 +161,7 @@ def _charge_and_fit(plan: ReleasePlan, todo: list, inputs: dict, counts, step,
         paid = {p.city: profile.epsilon for p in todo} if profile is not None else None
         held = step(charge_ledger)(plan.store_url, todo, plan.resolved, plan.input.locators(), plan.home, paid)
     else:
-        held = {p.city: {"seq": None, "draw": None, "key": p.release_key} for p in todo}
+        held = {p.city: HeldCharge(p.release_key, p.city, p.period.label) for p in todo}
     try:
         return (*_fit_and_persist(plan, todo, inputs, profile, held, in_process), refusals)
     except (KeyboardInterrupt, SystemExit) as exc:
@@ -178,17 +183,12 @@ def _fit_and_persist(plan: ReleasePlan, todo: list, inputs: dict, profile, held:
         manifests = {}
         with Progress("fits", total=len(todo), unit="cities") as fits:
             for p in todo:
-                try:
+                with given_back_on_failure(plan.store_url, dataset, held[p.city], "fit failed"):
                     syn = fit_city(p, inputs[p.city], profile)
                     png = render_preview.fn(p, syn)
-                except BaseException as exc:
-                    void_charge.fn(plan.store_url, dataset, held[p.city], f"fit failed: {type(exc).__name__}")
-                    raise
-                try:
+                with given_back_on_failure(plan.store_url, dataset, held[p.city], STORAGE_FAILED, quiet=True,
+                                           on=Exception):
                     manifests[p.city] = persist_release.fn(plan.store_url, p, syn, png, held[p.city], code)
-                except Exception as exc:
-                    _give_back_quietly(plan.store_url, dataset, held[p.city], exc)
-                    raise
                 fits.advance(what=p.city)
     else:
         manifests, placed = _run_on_workers(plan.store_url, dataset, todo, inputs, held, code, profile)
@@ -283,7 +283,7 @@ def _log(in_process: bool):
     return logger.info
 
 
-def _run_on_workers(store_url: str, dataset: str, todo: list, inputs: dict, held: dict, code: str,
+def _run_on_workers(store_url: str, dataset: str, todo: list, inputs: dict, held: dict[str, HeldCharge], code: str,
                     profile=None) -> tuple[dict[str, Manifest], list[dict]]:
     """One privatize → preview → persist chain per city on the Dask task runner. A city whose fit
     failed (nothing staged) gives its charge back before the error is raised."""
@@ -313,12 +313,13 @@ def _run_on_workers(store_url: str, dataset: str, todo: list, inputs: dict, held
             try:
                 if fut is None:
                     raise _FitFailed(upstream)
-                manifests[city] = _persisted(fut, upstream)
+                with given_back_on_failure(store_url, dataset, held[city], STORAGE_FAILED, quiet=True,
+                                           on=Exception, unless=_FitFailed):
+                    manifests[city] = _persisted(fut, upstream)
             except _FitFailed as exc:
                 void_charge(store_url, dataset, held[city], f"fit failed: {type(exc.cause).__name__}")
                 first_error = first_error or exc.cause
             except Exception as exc:  # storage failed, or the worker was lost: nothing was committed
-                _give_back_quietly(store_url, dataset, held[city], exc)
                 first_error = first_error or exc
             update_progress_artifact(progress, 100.0 * (i + 1) / len(futures))
             fits.advance(what=city)
@@ -340,15 +341,6 @@ def _one_line(exc: BaseException) -> BaseException:
     first = str(exc) if isinstance(exc, PrivateDataFailure) else (str(exc).strip().splitlines() or [""])[0][:300]
     return RunFailed(f"{type(exc).__name__}: {first} (nothing was committed for that city; its charge is "
                      "given back, or taken over by the next run of the release)")
-
-
-def _give_back_quietly(store_url: str, dataset: str, held: dict, cause: BaseException) -> None:
-    """After a failed persist: delete the attempt's files and void its charge when the store answers;
-    when it does not, the charge stays held and the next run of the release takes it over."""
-    try:
-        give_back(ReleaseStore(store_url), dataset, held, f"storage failed before the commit: {type(cause).__name__}")
-    except (OSError, GeoDPError):
-        pass
 
 
 class _FitFailed(Exception):

@@ -10,6 +10,8 @@ one-line error; changing a policy is ``geodp dataset policy``).
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 from dpcore import GeoDPError
@@ -25,11 +27,12 @@ from dpcore.privacy.accounting import (
 )
 from tasks.lazy_task import NO_CACHE, task
 from tasks.public_errors import retry_unless_refused
+from tasks.storage.held_charge import HeldCharge, attempt_of
 from tasks.storage.ledger import ENTRY_HASH, ChargeMoved
 from tasks.storage.ledger_home import LEDGER_RECORD, LedgerHome, resolve_home
 from tasks.storage.manifest import Manifest
 from tasks.storage.store import CHARGE_REF, CLAIM, ReleaseRef, ReleaseStore, StagedElsewhere
-from tasks.storage.take_over import attempt_name, take_over
+from tasks.storage.take_over import take_over
 
 DEFAULT_K = 20
 #: ``--max-points-per-user auto``: the plan chooses each release's k (tasks/release_k.py)
@@ -82,9 +85,9 @@ def home_of(store: ReleaseStore, home: LedgerHome | None = None) -> LedgerHome:
     return home if home is not None else resolve_home(store)
 
 
-def held_home(store: ReleaseStore, held: dict) -> LedgerHome:
+def held_home(store: ReleaseStore, held: HeldCharge) -> LedgerHome:
     """The ledger home of a charge a run holds for a release into ``store`` (its ``home``)."""
-    return LedgerHome.of(store, held.get("home"))
+    return LedgerHome.of(store, held.home)
 
 
 def resolve_policy(store_url: str, dataset: str, request: PolicyRequest, home: LedgerHome | None = None) -> ResolvedPolicy:
@@ -278,7 +281,8 @@ def open_to_charge(store_url: str, plans: list, resolved: ResolvedPolicy, source
 @task(name="charge-ledger", retries=3, retry_delay_seconds=1, cache_policy=NO_CACHE,
       retry_condition_fn=retry_unless_refused)
 def charge_ledger(store_url: str, plans: list, resolved: ResolvedPolicy, source: str | list[str],
-                  home: LedgerHome | None = None, profile_paid: dict[str, float] | None = None) -> dict[str, dict]:
+                  home: LedgerHome | None = None,
+                  profile_paid: dict[str, float] | None = None) -> dict[str, HeldCharge]:
     """Charge every city of the run in one ledger entry, before any noise is drawn.
 
     Ties the source (its locators: InputSet.locators) to the dataset and stores the policy on the first
@@ -286,9 +290,8 @@ def charge_ledger(store_url: str, plans: list, resolved: ResolvedPolicy, source:
     another home is refused here). A city with a complete staged attempt is not charged (its noise was paid for by the run
     that drew it; it is committed as is). A city whose key already holds a charge with nothing staged
     (a run that died or failed before its noise reached the store) takes that charge over instead of
-    paying twice. Returns, per city, the charge the run holds: {"seq", "draw", "key", "entry_sha256",
-    "city", "period", "holders", "home"} (home: the ledger home's URL, None when it is the store; seq None for a resumed city; ``holders``: the earlier runs of the
-    charge, whose attempts staging seals); the manifest names the entry by seq and hash, so it cannot
+    paying twice. Returns, per city, the charge the run holds (:class:`HeldCharge`; seq None for a resumed
+    city); the manifest names the entry by seq and hash, so it cannot
     be deleted unnoticed (DatasetLedger.verify). ``profile_paid``: per city, the ε its contribution
     profile was charged apart (tasks/release_profile.py); the city's charge is the rest of its ε."""
     if not plans:
@@ -298,9 +301,9 @@ def charge_ledger(store_url: str, plans: list, resolved: ResolvedPolicy, source:
     entries = ledger.entries()
     held = ledger.held(entries)
 
-    def mine(p, seq=None, holders=(), entry_hash=None) -> dict:
-        return {"seq": seq, "draw": draw if seq is not None else None, "key": p.release_key, ENTRY_HASH: entry_hash,
-                "city": p.city, "period": p.period.label, "holders": list(holders), "home": home.ref}
+    def mine(p, seq=None, holders=(), entry_hash=None) -> HeldCharge:
+        return HeldCharge(p.release_key, p.city, p.period.label, seq, draw if seq is not None else None,
+                          entry_hash, tuple(holders), home.ref)
 
     out, to_charge = {}, []
     for p in plans:
@@ -328,19 +331,19 @@ def charge_ledger(store_url: str, plans: list, resolved: ResolvedPolicy, source:
     return out
 
 
-def give_back(store: ReleaseStore, dataset: str, held: dict, reason: str) -> bool:
+def give_back(store: ReleaseStore, dataset: str, held: HeldCharge, reason: str) -> bool:
     """Give back a charge this run holds whose noise is not published: seal its attempt (so nothing
     can complete it later), delete the attempt's files, then void the charge, in that order, so the
     charge covers every noisy file for as long as one exists. A charge another run took over, or whose
     attempt completed, stays. Returns whether the charge was voided."""
-    if held.get("seq") is None:
+    if not held.charged:
         return False
-    ref = version_of(store, dataset, held["city"], held["period"], held["key"])
+    ref = version_of(store, dataset, held.city, held.period, held.key)
     if ref is not None:
         committed = store.manifest(ref)
-        if committed is not None and committed.ledger is not None and committed.ledger.seq == held["seq"]:
+        if committed is not None and committed.ledger is not None and committed.ledger.seq == held.seq:
             return False  # the charge paid for the published release (another holder's attempt): it stays
-        attempt = attempt_name(held)
+        attempt = held.attempt_name()
         if store.exists(f"{ref.rel}/{attempt}/{CHARGE_REF}") or store.attempt_data(ref, attempt):
             try:
                 store.seal_attempt(ref, attempt)
@@ -351,7 +354,7 @@ def give_back(store: ReleaseStore, dataset: str, held: dict, reason: str) -> boo
                 # complete, but the version committed another attempt: this noise is never published
             store.delete_attempt_data(ref, attempt)
     try:
-        held_home(store, held).ledger(dataset).void(held["seq"], [held["key"]], reason, holder=held["draw"])
+        held_home(store, held).ledger(dataset).void(held.seq, [held.key], reason, holder=held.draw)
     except ChargeMoved:
         return False
     return True
@@ -366,22 +369,22 @@ def give_back_interrupted(exc: BaseException, workers_stopped: bool) -> None:
     staging: the charges stay held, and the next run of the release takes them over."""
     states: dict[str, list[str]] = {}
     for store_url, dataset, held in getattr(exc, "geodp_held", []):
-        if held.get("seq") is None:
+        if not held.charged:
             continue
         store = ReleaseStore(store_url)
         try:
             if workers_stopped:
                 give_back(store, dataset, held, "interrupted before the commit")
-            ref = version_of(store, dataset, held["city"], held["period"], held["key"])
+            ref = version_of(store, dataset, held.city, held.period, held.key)
             manifest = store.manifest(ref) if ref is not None else None
             if manifest is not None and committed_from(manifest, held):
                 continue  # published: its charge is spent
-            still = any(h.seq == held["seq"] and h.charge.key == held["key"]
+            still = any(h.seq == held.seq and h.charge.key == held.key
                         for h in held_home(store, held).ledger(dataset).held())
         except (OSError, GeoDPError):
             still = True  # the store did not answer: the charge is held as far as this run knows
         states.setdefault("stays held until the release runs again" if still else "was given back",
-                          []).append(held["city"])
+                          []).append(held.city)
     notes = [f"the charge of {', '.join(sorted(set(c)))} {what}" for what, c in states.items()]
     profiles: dict[float, set[str]] = {}
     for city, epsilon in getattr(exc, "geodp_profiles", []):
@@ -392,8 +395,30 @@ def give_back_interrupted(exc: BaseException, workers_stopped: bool) -> None:
         exc.geodp_note = "; ".join(notes)
 
 
+@contextmanager
+def given_back_on_failure(store_url: str, dataset: str, held: HeldCharge, what: str, quiet: bool = False,
+                          on: type[BaseException] = BaseException,
+                          unless: type[BaseException] | tuple[type[BaseException], ...] = ()) -> Iterator[None]:
+    """Around a step whose noise the charge ``held`` pays for (a fit, a persist): when the step fails
+    with ``on`` (and not ``unless``), nothing of it was committed, so the charge is given back
+    (:func:`give_back`, reason "``what``: <error type>") before the error goes on. ``quiet``: a store that does not answer keeps the
+    charge held (the next run of the release takes it over) and the step's own error is the one raised."""
+    try:
+        yield
+    except on as exc:
+        if isinstance(exc, unless):
+            raise
+        reason = f"{what}: {type(exc).__name__}"
+        try:
+            give_back(ReleaseStore(store_url), dataset, held, reason)
+        except (OSError, GeoDPError):
+            if not quiet:
+                raise
+        raise
+
+
 @task(name="void-charge", retries=3, retry_delay_seconds=1, cache_policy=NO_CACHE)
-def void_charge(store_url: str, dataset: str, held: dict, reason: str) -> bool:
+def void_charge(store_url: str, dataset: str, held: HeldCharge, reason: str) -> bool:
     """Give back a city's charge: its noise was never published (the fit failed, storage failed before
     the commit, or another run's attempt was committed for the same release key)."""
     return give_back(ReleaseStore(store_url), dataset, held, reason)
@@ -437,7 +462,7 @@ def void_entry(store: ReleaseStore, dataset: str, seq: int, reason: str,
             raise VoidRefused(f"entry #{seq} paid for the published release {c['city']} {c['period']} "
                               f"({store.url_of(ref.rel)}); it cannot be given back")
         names = set(store.attempts_of_charge(ref, seq))
-        names |= {attempt_name({"seq": seq, "draw": d}) for d in ledger.holders(seq, c["key"], entries)}
+        names |= {attempt_of(seq, d) for d in ledger.holders(seq, c["key"], entries)}
         if m is None:  # an attempt of unknown charge (staged by older code, charge reference last) may be ours
             names |= {a for a in store.attempts(ref)
                       if not store.exists(f"{ref.rel}/{a}/{CHARGE_REF}") and store.attempt_data(ref, a)}
@@ -488,7 +513,7 @@ def settle_strays(store: ReleaseStore, dataset: str, manifests: list[Manifest], 
         ref = ReleaseRef(dataset, m.city, m.period, int(m.version))
         # every attempt of the charge: those begun, and those its holders have yet to begin
         holders = ledger.holders(seq, key, entries)
-        names = set(store.attempts_of_charge(ref, seq)) | {attempt_name({"seq": seq, "draw": d}) for d in holders}
+        names = set(store.attempts_of_charge(ref, seq)) | {attempt_of(seq, d) for d in holders}
         left = False
         for attempt in sorted(names - {m.attempt}):
             try:
@@ -511,7 +536,7 @@ def settle_strays(store: ReleaseStore, dataset: str, manifests: list[Manifest], 
     return voided
 
 
-def committed_from(manifest: Manifest, held: dict) -> bool:
+def committed_from(manifest: Manifest, held: HeldCharge) -> bool:
     """Whether a committed manifest's noise is paid for by the charge this run holds (made or taken over)."""
     paid = manifest.ledger
-    return held.get("seq") is not None and paid is not None and paid.seq == held["seq"]
+    return held.charged and paid is not None and paid.seq == held.seq

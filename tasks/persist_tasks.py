@@ -18,6 +18,7 @@ from tasks.lazy_task import task
 from tasks.public_errors import retry_unless_refused
 from tasks.release_tasks import PREVIEW, CityPlan, ReleaseError
 from tasks.release_verdict import own_map_bands
+from tasks.storage.held_charge import HeldCharge
 from tasks.storage.manifest import InputRef, Manifest
 from tasks.storage.store import CHARGE_REF as CHARGE
 from tasks.storage.store import (
@@ -30,24 +31,19 @@ from tasks.storage.store import (
 
 
 def _stage(store: ReleaseStore, ref: ReleaseRef, plan: CityPlan, synopsis: Synopsis, preview: bytes | None,
-           held: dict) -> tuple[str, list[dict]]:
+           held: HeldCharge) -> tuple[str, list[dict]]:
     """Stage this run's noise: its charge reference first, then the files (ReleaseStore.stage); the
     attempts of earlier holders of the same charge are sealed and emptied first."""
-    from tasks.ledger_tasks import attempt_name
-
-    paid_by = {"dataset": plan.dataset, **{k: held.get(k) for k in ("seq", "draw", "key", "entry_sha256")},
-               **({"home": held["home"]} if held.get("home") else {})}  # the ledger home, when not this store
-    earlier = tuple(attempt_name({"seq": held["seq"], "draw": d}) for d in held.get("holders", ())
-                    if d != held.get("draw")) if held.get("seq") is not None else ()
+    paid_by, earlier = held.paid_by(plan.dataset), held.earlier_attempts()
     with tempfile.TemporaryDirectory(prefix="geodp-stage-") as tmp:
         names = synopsis.save(tmp)
         if preview:
             (Path(tmp) / PREVIEW).write_bytes(preview)
             names.append(PREVIEW)
-        return store.stage(ref, tmp, names, attempt_name(held), json.dumps(paid_by).encode(), earlier)
+        return store.stage(ref, tmp, names, held.attempt_name(), json.dumps(paid_by).encode(), earlier)
 
 
-def _committed_by_newer_run(store: ReleaseStore, plan: CityPlan, held: dict, wait_s: float = 300.0) -> dict:
+def _committed_by_newer_run(store: ReleaseStore, plan: CityPlan, held: HeldCharge, wait_s: float = 300.0) -> dict:
     """This run's attempt was sealed by a newer run of the same release, which holds the charge now:
     return its manifest once it commits."""
     import time
@@ -81,7 +77,7 @@ def _release_cache_key(context, parameters: dict[str, Any]) -> str:
 @task(name="persist-release", retries=3, retry_delay_seconds=1, retry_condition_fn=retry_unless_refused,
       cache_key_fn=_release_cache_key, persist_result=True)
 def persist_release(store_url: str, plan: CityPlan, synopsis: Synopsis | None, preview: bytes | None,
-                    held: dict, code: str) -> Manifest:
+                    held: HeldCharge, code: str) -> Manifest:
     """Commit one city-release exactly once: claim a version, stage files, write the manifest.
 
     A committed manifest for the key is returned as is. A complete staged attempt left by a crashed

@@ -25,6 +25,7 @@ from dpcore.privacy.profile import PROFILE_FRACTION, ContributionProfile
 from tasks.lazy_task import NO_CACHE, task
 from tasks.ledger_tasks import ResolvedPolicy, charge_for, open_to_charge
 from tasks.public_errors import retry_unless_refused
+from tasks.storage.held_charge import HeldCharge
 from tasks.storage.ledger import ChargeMoved
 from tasks.storage.ledger_home import LedgerHome
 from tasks.storage.profile_records import profile_key, record_dir, records_of
@@ -52,9 +53,9 @@ def recorded_profile(store: ReleaseStore, plans: list) -> tuple[ContributionProf
 @task(name="charge-profile", retries=3, retry_delay_seconds=1, cache_policy=NO_CACHE,
       retry_condition_fn=retry_unless_refused)
 def charge_profile(store_url: str, plans: list, resolved: ResolvedPolicy, epsilon: float,
-                   source: str | list[str], home: LedgerHome | None = None) -> dict[str, dict]:
-    """Charge the run's profile in a ledger entry of its own, before its noise is drawn: per city
-    {"seq", "draw", "key"}. A profile charge of the same key whose profile was never recorded (its run
+                   source: str | list[str], home: LedgerHome | None = None) -> dict[str, HeldCharge]:
+    """Charge the run's profile in a ledger entry of its own, before its noise is drawn: per city the
+    charge held (key ``<release key>/profile``). A profile charge of the same key whose profile was never recorded (its run
     died in between) is taken over instead; a recorded one is never drawn again."""
     store, home, ledger, locators, policy = open_to_charge(store_url, plans, resolved, source, home)
     draw = uuid.uuid4().hex[:16]
@@ -68,7 +69,7 @@ def charge_profile(store_url: str, plans: list, resolved: ResolvedPolicy, epsilo
             try:
                 ledger.adopt(stale[0], key, draw, policy, "a new run of the same release takes over a profile "
                                                           "charge whose profile was never recorded")
-                out[p.city] = {"seq": stale[0], "draw": draw, "key": key}
+                out[p.city] = HeldCharge(key, p.city, p.period.label, stale[0], draw)
                 continue
             except ChargeMoved:
                 pass
@@ -77,20 +78,22 @@ def charge_profile(store_url: str, plans: list, resolved: ResolvedPolicy, epsilo
         charges = [charge_for(p, replace(resolved, policy=policy), draw, profile_epsilon=epsilon, profile=True)
                    for p in to_charge]
         entry, _ = ledger.charge(charges, policy, store=home.scope, sources=locators)
-        out.update({p.city: {"seq": entry["seq"], "draw": draw, "key": profile_key(p.release_key)} for p in to_charge})
+        out.update({p.city: HeldCharge(profile_key(p.release_key), p.city, p.period.label, entry["seq"], draw)
+                    for p in to_charge})
     return out
 
 
-def record_profile(store_url: str, plans: list, held: dict[str, dict], profile: ContributionProfile) -> ContributionProfile:
+def record_profile(store_url: str, plans: list, held: dict[str, HeldCharge],
+                   profile: ContributionProfile) -> ContributionProfile:
     """Record the drawn profile under each city's profile charge (create-only), before anything is derived
     from it. Where another run holding the same charge recorded first, its profile is the one used (ours
     is never shown)."""
     store = ReleaseStore(store_url)
-    run = held[plans[0].city]["draw"]
+    run = held[plans[0].city].draw
     body = {"run": run, "profile": profile.to_dict(), "epsilon": profile.epsilon,
             "release_keys": sorted(p.release_key for p in plans)}
     for p in plans:
-        rel = f"{record_dir(p.dataset, p.release_key)}/{int(held[p.city]['seq']):08d}.json"
+        rel = f"{record_dir(p.dataset, p.release_key)}/{int(held[p.city].seq):08d}.json"
         try:
             store.create(rel, json.dumps(body, sort_keys=True).encode())
         except FileExistsError:

@@ -58,7 +58,7 @@ def test_a_stalled_runs_noise_is_never_published_under_the_run_that_took_its_cha
     store = ReleaseStore(store_url)
     version, _ = store.claim_version(austin.dataset, "austin", austin.period.label, austin.release_key)
     ref = ReleaseRef(austin.dataset, "austin", austin.period.label, version)
-    a_attempt = f"a-{a['seq']}-{a['draw']}"
+    a_attempt = f"a-{a.seq}-{a.draw}"
     a_noise = _fits([austin], seed=1)["austin"]
 
     def a_wakes_up():
@@ -93,7 +93,7 @@ def test_a_stalled_runs_noise_is_never_published_under_the_run_that_took_its_cha
     # the manifest publishes the noise of the run the ledger accounts the charge under
     for m in manifests.values():
         assert held[(m.ledger.seq, m.release_key)] == m.ledger.draw, (m.city, m.attempt)
-    assert manifests["austin"].ledger.seq == a["seq"] and len(held) == 2
+    assert manifests["austin"].ledger.seq == a.seq and len(held) == 2
     shown, lost = _published_loss(store_url, austin.dataset)
     assert shown == pytest.approx(lost)
     assert all(files == [] for files in attempt_files(store_url).values()), attempt_files(store_url)

@@ -70,12 +70,12 @@ def test_crash_between_data_and_manifest_then_rerun_commits_the_same_noise(store
     assert store.list_releases() == []  # nothing visible
     # the re-run is not charged again (the staged noise was paid for) and publishes that noise
     entries2 = _charge(store_url, [plan])
-    assert entries2["austin"]["seq"] is None
+    assert entries2["austin"].seq is None
     other = privatize.fn(plan, _counted(plan, seed=2)["austin"])
     m = persist_release.fn(store_url, plan, other, None, entries2["austin"], "test")
     assert m.resumed_staged_attempt is True and m.version == 1
     assert len(DatasetLedger(store, "synthetic").entries()) == 1
-    assert m.ledger.seq == entries["austin"]["seq"]  # the manifest names the charge that paid
+    assert m.ledger.seq == entries["austin"].seq  # the manifest names the charge that paid
     _, d = fetch_to_temp(m.url)
     np.testing.assert_array_equal(load_synopsis(d).values, syn.values)
     # and a third run is a no-op returning the same version

@@ -5,6 +5,7 @@ tests/test_store_concurrency.py races real processes; these interleavings are th
 under load (three runs of a key, or two on a busy machine), made deterministic here."""
 
 import uuid
+from dataclasses import replace
 
 import pytest
 
@@ -17,20 +18,21 @@ from tasks.ledger_tasks import (
 )
 from tasks.persist_tasks import _stage, persist_release
 from tasks.release_tasks import privatize
+from tasks.storage.held_charge import HeldCharge
 from tasks.storage.ledger import ENTRY_HASH, DatasetLedger
 from tasks.storage.store import ReleaseRef, ReleaseStore
 from tests.faults import attempt_files
 from tests.test_store_ledger import _charge, _counted, _plan
 
 
-def _second_charge(store_url: str, plan, first: dict) -> dict:
+def _second_charge(store_url: str, plan, first: HeldCharge) -> HeldCharge:
     """A charge of the same key made by a run that read the ledger before the first run charged it
     (so it did not take that charge over): its own entry and bounding draw."""
     resolved = resolve_policy(store_url, plan.dataset, PolicyRequest("user", 5, 1.0))
     ledger = DatasetLedger(ReleaseStore(store_url), plan.dataset)
     draw = uuid.uuid4().hex[:16]
     entry, _ = ledger.charge([charge_for(plan, resolved, draw)], resolved.policy)
-    return {**first, "seq": entry["seq"], "draw": draw, ENTRY_HASH: entry[ENTRY_HASH], "holders": []}
+    return replace(first, seq=entry["seq"], draw=draw, entry_sha256=entry[ENTRY_HASH], holders=())
 
 
 def _committed_with_a_stray(store_url: str):
@@ -68,20 +70,20 @@ def test_a_stray_taken_over_while_the_winner_settles_it_is_left_to_its_new_holde
     store, plan, committed, stray = _committed_with_a_stray(store_url)
     ledger = DatasetLedger(store, plan.dataset)
     resolved = resolve_policy(store_url, plan.dataset, PolicyRequest("user", 5, 1.0))
-    newer = {**stray, "draw": uuid.uuid4().hex[:16], "holders": [stray["draw"]]}
+    newer = replace(stray, draw=uuid.uuid4().hex[:16], holders=(stray.draw,))
     real_seal = ReleaseStore.seal_attempt
 
     def seal_while_a_new_run_takes_the_stray_over(self, ref, attempt):
         # between the winner's read of the ledger and its void, a new run of the key takes the stray over
-        if newer["draw"] not in ledger.holders(stray["seq"], plan.release_key):
-            ledger.adopt(stray["seq"], plan.release_key, newer["draw"], resolved.policy, "test: a new run")
+        if newer.draw not in ledger.holders(stray.seq, plan.release_key):
+            ledger.adopt(stray.seq, plan.release_key, newer.draw, resolved.policy, "test: a new run")
         return real_seal(self, ref, attempt)
 
     monkeypatch.setattr(ReleaseStore, "seal_attempt", seal_while_a_new_run_takes_the_stray_over)
     assert settle_strays(store, plan.dataset, [committed]) == 0
     monkeypatch.setattr(ReleaseStore, "seal_attempt", real_seal)
     # the winner did not void a charge whose new holder is about to stage noise under it
-    assert sorted(_held_seqs(store_url, plan)) == sorted([committed.ledger.seq, stray["seq"]])
+    assert sorted(_held_seqs(store_url, plan)) == sorted([committed.ledger.seq, stray.seq])
     _stage(store, _ref(store, plan), plan, privatize.fn(plan, _counted(plan, 3)["austin"]), None, newer)
     # the new holder sees the commit and settles its own attempt
     assert give_back(store, plan.dataset, newer, "another attempt was committed") is True
@@ -93,7 +95,7 @@ def test_a_stray_taken_over_while_the_winner_settles_it_is_left_to_its_new_holde
 def test_a_stray_whose_writer_is_still_uploading_is_sealed_not_voided(store_url, monkeypatch):
     store, plan, committed, stray = _committed_with_a_stray(store_url)
     ref = _ref(store, plan)
-    attempt = f"a-{stray['seq']}-{stray['draw']}"
+    attempt = f"a-{stray.seq}-{stray.draw}"
     real_listing = ReleaseStore.attempt_data
     listings = []
 
@@ -109,7 +111,7 @@ def test_a_stray_whose_writer_is_still_uploading_is_sealed_not_voided(store_url,
     monkeypatch.setattr(ReleaseStore, "attempt_data", real_listing)
     assert len(listings) == 2  # the attempt was listed to delete it, then to see what is left
     # its charge still covers the file; the writer, sealed, deletes it and gives the charge back
-    assert stray["seq"] in _held_seqs(store_url, plan)
+    assert stray.seq in _held_seqs(store_url, plan)
     assert store.exists(f"{ref.rel}/{attempt}/late.npz")
     assert give_back(store, plan.dataset, stray, "sealed by the run that committed") is True
     assert all(files == [] for files in attempt_files(store_url).values()), attempt_files(store_url)
@@ -138,9 +140,9 @@ def test_a_run_whose_attempt_the_winner_deleted_as_a_stray_returns_the_winners_r
 
     monkeypatch.setattr(persist_tasks, "_stage", stage_then_lose_the_race)
     got = persist_release.fn(store_url, plan, privatize.fn(plan, _counted(plan, 1)["austin"]), None, loser, "test")
-    assert got.attempt == won["manifest"].attempt and got.ledger.seq == winner["seq"]
+    assert got.attempt == won["manifest"].attempt and got.ledger.seq == winner.seq
     assert all(files == [] for files in attempt_files(store_url).values()), attempt_files(store_url)
-    assert _held_seqs(store_url, plan) == [winner["seq"]]
+    assert _held_seqs(store_url, plan) == [winner.seq]
 
 
 def test_two_holders_of_one_charge_that_both_staged_leave_only_the_committed_noise(store_url, monkeypatch):
@@ -150,9 +152,9 @@ def test_two_holders_of_one_charge_that_both_staged_leave_only_the_committed_noi
     resolved = resolve_policy(store_url, plan.dataset, PolicyRequest("user", 5, 1.0))
     ledger = DatasetLedger(store, plan.dataset)
     # two new runs of the key take the charge over, each having read the ledger before the other's takeover
-    late, early = ({**first, "draw": uuid.uuid4().hex[:16], "holders": [first["draw"]]} for _ in range(2))
+    late, early = (replace(first, draw=uuid.uuid4().hex[:16], holders=(first.draw,)) for _ in range(2))
     for run in (late, early):
-        ledger.adopt(first["seq"], plan.release_key, run["draw"], resolved.policy, "test: a new run")
+        ledger.adopt(first.seq, plan.release_key, run.draw, resolved.policy, "test: a new run")
     real_commit = ReleaseStore.commit
 
     def commit_after_the_other_holder(self, ref, manifest):
@@ -165,7 +167,7 @@ def test_two_holders_of_one_charge_that_both_staged_leave_only_the_committed_noi
 
     monkeypatch.setattr(ReleaseStore, "commit", commit_after_the_other_holder)
     got = persist_release.fn(store_url, plan, privatize.fn(plan, _counted(plan, 1)["austin"]), None, late, "test")
-    assert got.attempt == f"a-{first['seq']}-{early['draw']}"
+    assert got.attempt == f"a-{first.seq}-{early.draw}"
     # one charge, one published noise; the other holder's complete attempt is gone
     assert all(files == [] for files in attempt_files(store_url).values()), attempt_files(store_url)
-    assert _held_seqs(store_url, plan) == [first["seq"]]
+    assert _held_seqs(store_url, plan) == [first.seq]

@@ -78,7 +78,7 @@ def test_a_writer_sealed_mid_upload_deletes_its_file_before_its_next_write(store
     store = ReleaseStore(store_url)
     version, _ = store.claim_version(plan.dataset, plan.city, plan.period.label, plan.release_key)
     ref = ReleaseRef(plan.dataset, plan.city, plan.period.label, version)
-    attempt = f"a-{held['seq']}-{held['draw']}"
+    attempt = f"a-{held.seq}-{held.draw}"
     real_create = ReleaseStore.create
     noisy_writes = []
 

@@ -5,19 +5,10 @@ so a published manifest always names the ledger's holder of its charge
 
 from __future__ import annotations
 
-import uuid
-
 from dpcore.privacy.accounting import PrivacyPolicy
+from tasks.storage.held_charge import attempt_of
 from tasks.storage.ledger import ChargeMoved, DatasetLedger
 from tasks.storage.store import _MAX_APPEND_TRIES, ReleaseRef, ReleaseStore, StagedElsewhere, StoreError
-
-
-def attempt_name(held: dict) -> str:
-    """Where a run stages its noise: named after the charge and the run (so a later run of the same
-    charge knows which attempts to seal); a run without a charge (seeded) gets a random name."""
-    if held.get("seq") is None:
-        return "a-x" + uuid.uuid4().hex[:12]
-    return f"a-{int(held['seq'])}-{held['draw']}"
 
 
 def take_over(store: ReleaseStore, ledger: DatasetLedger, plan, seq: int, draw: str,
@@ -34,7 +25,7 @@ def take_over(store: ReleaseStore, ledger: DatasetLedger, plan, seq: int, draw: 
     for _ in range(_MAX_APPEND_TRIES):
         holders = ledger.holders(seq, key)
         for d in holders:
-            store.seal_attempt(ref, attempt_name({"seq": seq, "draw": d}))
+            store.seal_attempt(ref, attempt_of(seq, d))
         try:
             ledger.adopt(seq, key, draw, policy,
                          "a new run of the same release takes over a charge whose noise never reached the store",
