@@ -18,7 +18,8 @@ from prefect.states import State
 from dpcore import GeoDPError
 from dpcore.data.inputs import partition_day, resolve_input
 from dpcore.privacy.accounting import budget_label
-from flows.release import _artifact_key, refused, run_plan
+from flows.release import refused, run_plan
+from flows.release_summary import artifact_key
 from tasks.config import BackfillParams, ConfigError, canonical_hash, days_between, parse_period
 from tasks.ledger_tasks import check_budget, give_back_interrupted
 from tasks.release_plan import ReleasePlan, plan_release
@@ -60,17 +61,17 @@ def _backfill(params: BackfillParams, plans: list[ReleasePlan], loaded) -> dict:
     logger = get_run_logger()
     rp = params.release
     dataset = plans[0].dataset
-    progress = create_progress_artifact(0.0, key=_artifact_key(f"backfill-progress-{dataset}"),
+    progress = create_progress_artifact(0.0, key=artifact_key(f"backfill-progress-{dataset}"),
                                         description=f"days of {dataset} {params.start}..{params.end} done")
     periods = []
     for i, plan in enumerate(plans):
         summary = run_plan(plan, loaded=loaded, artifacts=False, strict=rp.strict, raise_refusals=False)
-        periods.append(summary)
+        periods.append(summary.to_dict())
         update_progress_artifact(progress, 100.0 * (i + 1) / len(plans))
         logger.info("%s: %s", plan.period.label, ", ".join(
-            [f"{r['city']} v{r['version']} {r['status']}" for r in summary["releases"]]
-            + [f"{r['city']} refused" for r in summary["refused"]]))
-        for r in summary["refused"]:
+            [f"{r.city} v{r.version} {r.status}" for r in summary.releases]
+            + [f"{r['city']} refused" for r in summary.refused]))
+        for r in summary.refused:
             logger.warning("%s: refused: %s", plan.period.label, r["reason"])
     rows = [r for s in periods for r in s["releases"]]
     committed = sum(r["status"] == "committed" for r in rows)
@@ -84,7 +85,7 @@ def _backfill(params: BackfillParams, plans: list[ReleasePlan], loaded) -> dict:
               f"{r['status']}; {r.get('verdict') or ''} |" for s in periods for r in s["releases"]]
     lines += [f"| {r['period']} | {r['city']} | — | {budget_label(rp.epsilon, rp.rho)} | **refused**: {r['reason']} |"
               for r in refused]
-    create_markdown_artifact("\n".join(lines), key=_artifact_key(f"backfill-{dataset}"),
+    create_markdown_artifact("\n".join(lines), key=artifact_key(f"backfill-{dataset}"),
                              description="backfill summary")
     return result
 

@@ -21,7 +21,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from dpcore.data.points import Points, clip_to_region
 from dpcore.geo import city_region
-from flows.release import _artifact_key
+from flows.release_summary import artifact_key as _artifact_key
 from tasks.config import ConfigError, EvaluateParams
 from tasks.evaluate_tasks import (
     OPERATOR_ONLY,

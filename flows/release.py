@@ -10,7 +10,6 @@ threaded scheduler.
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import logging
 import os
@@ -21,8 +20,8 @@ from typing import TYPE_CHECKING
 
 from dpcore import GeoDPError
 from dpcore.data.inputs import DataError
-from dpcore.mechanisms.st_resolution import SLOT_WARNING
-from dpcore.privacy.accounting import budget_label
+from flows.release_summary import ReleaseRow, RunSummary, artifact_key
+from flows.release_summary import artifacts as artifacts_of
 from tasks.config import ReleaseParams
 from tasks.ledger_tasks import (
     charge_ledger,
@@ -46,7 +45,6 @@ from tasks.release_tasks import (
     read_bound_count,
     render_preview,
 )
-from tasks.release_verdict import verdict_line
 from tasks.runtime import dashboard_link, dask_for_run, where_it_runs
 from tasks.storage.held_charge import HeldCharge
 from tasks.storage.manifest import Manifest
@@ -67,27 +65,23 @@ if TYPE_CHECKING:
 STORAGE_FAILED = "storage failed before the commit"
 
 
-def _artifact_key(text: str) -> str:
-    """Prefect artifact keys are lowercase letters, digits and dashes."""
-    return "".join(c if c.isalnum() else "-" for c in text.lower()).strip("-")[:100] or "geodp"
-
-
 def release_cities(params: ReleaseParams, config_path: str | None = None, loaded=None,
                    artifacts: bool = True, in_process: bool = False, strict: bool = False) -> dict:
-    """The release pipeline, the one both forms run: plan, then :func:`run_plan`. Returns a JSON-able
-    summary. ``loaded`` (a LoadResult of params.data) lets a backfill read its input once."""
+    """The release pipeline, the one both forms run: plan, then :func:`run_plan`. Returns the run's
+    summary as JSON (RunSummary.to_dict). ``loaded`` (a LoadResult of params.data) lets a backfill read
+    its input once."""
     plan = plan_release(params, config_path, now=None if in_process else _scheduled_start())
-    return run_plan(plan, loaded=loaded, artifacts=artifacts, in_process=in_process, strict=strict)
+    return run_plan(plan, loaded=loaded, artifacts=artifacts, in_process=in_process, strict=strict).to_dict()
 
 
 def run_plan(plan: ReleasePlan, loaded=None, artifacts: bool = True, in_process: bool = False,
-             strict: bool = False, raise_refusals: bool = True) -> dict:
+             strict: bool = False, raise_refusals: bool = True) -> RunSummary:
     """Release what the plan has to do (the data pass, the charge, one fit per city, persist).
 
     Inside a flow run (the default) every step is a Prefect task and the per-city fits run on the flow's
     Dask task runner; with ``in_process`` the same steps run here, one after the other, with no Prefect.
     A city the plan's verdict, or the verdict of the run's paid profile, refused alone is listed in
-    ``summary["refused"]``; when the profile's verdict refuses every city left, that is the run's one-line
+    ``summary.refused``; when the profile's verdict refuses every city left, that is the run's one-line
     error (unless ``raise_refusals`` is False: a backfill reports the day and goes on)."""
     log = _log(in_process)
     step = (lambda t: t.fn) if in_process else (lambda t: t)
@@ -130,18 +124,18 @@ def run_plan(plan: ReleasePlan, loaded=None, artifacts: bool = True, in_process:
     loss = None if experiment else plan.home.ledger(dataset).loss()
     guarantee = ("seeded noise (an experiment): NOT FOR PUBLICATION and not charged; anyone with the seed "
                  "can remove the noise") if experiment else resolved.policy.describe()
-    summary = {"dataset": dataset, "period": period.label, "store": store.url, "ledger": plan.home.url,
-               "policy": resolved.policy.to_dict(), "guarantee": guarantee, "loss": loss,
-               "seconds": round(time.perf_counter() - t0, 2),
-               "releases": [_row(results[p.city], status[p.city]) for p in plans if p.city in results],
-               "refused": placed_refusals}
+    summary = RunSummary(dataset=dataset, period=period.label, store=store.url, ledger=plan.home.url,
+                         policy=resolved.policy.to_dict(), guarantee=guarantee, loss=loss,
+                         seconds=round(time.perf_counter() - t0, 2),
+                         releases=[ReleaseRow.of(results[p.city], status[p.city]) for p in plans if p.city in results],
+                         refused=placed_refusals)
     if not in_process:
         # where the tasks ran: process ids and worker addresses are public facts about the platform
         workers = sorted({(w["worker"] or "", w["pid"]) for w in placed})
-        summary["dask"] = {"dashboard": dashboard_link(), "flow_pid": os.getpid(),
-                           "workers": [{"worker": a or None, "pid": pid} for a, pid in workers]}
+        summary.dask = {"dashboard": dashboard_link(), "flow_pid": os.getpid(),
+                        "workers": [{"worker": a or None, "pid": pid} for a, pid in workers]}
     if artifacts and not in_process:
-        _artifacts(summary, results, store)
+        artifacts_of(summary, results, store)
     return summary
 
 
@@ -305,7 +299,7 @@ def _run_on_workers(store_url: str, dataset: str, todo: list, inputs: dict, held
             futures[p.city] = (None, exc)
             continue
         futures[p.city] = (persist_release.submit(store_url, p, *drawn, held[p.city], code), ())
-    progress = create_progress_artifact(0.0, key=_artifact_key(f"release-progress-{dataset}"),
+    progress = create_progress_artifact(0.0, key=artifact_key(f"release-progress-{dataset}"),
                                         description=f"cities of {dataset} committed")
     manifests, first_error = {}, None
     with Progress("fits", total=len(futures), unit="cities") as fits:  # the cities' names and count are public
@@ -367,103 +361,6 @@ def _persisted(persist: PrefectFuture, upstream: tuple[PrefectFuture, ...]) -> M
     raise not_ready
 
 
-def _row(manifest: Manifest, status: str) -> dict:
-    """One city's line of a run's summary (its JSON keys are what `geodp release run --json` prints)."""
-    return {"city": manifest.city, "version": manifest.version, "epsilon": manifest.epsilon,
-            "rho": manifest.rho, "mechanism": manifest.mechanism, "chosen_mechanism": manifest.chosen_mechanism,
-            "status": status, "url": manifest.url, "region": manifest.region,
-            "slot_warnings": [n for n in manifest.privacy.notes if n.startswith(SLOT_WARNING)],
-            "k_choice": ((manifest.quality or {}).get("plan") or {}).get("k_choice"),
-            "no_verdict": _no_verdict((manifest.quality or {}).get("plan") or {}),
-            "verdict": verdict_line(manifest.quality)}
-
-
-def _no_verdict(plan: dict) -> str | None:
-    """Why the plan gave no verdict on a release (none of its bands known), or None when it gave one."""
-    if not plan or any(b.get("worse_than_blank_map") is not None for b in plan.get("bands", [])):
-        return None
-    return plan.get("statement") or None
-
-
-#: The most preview bytes (base64) a summary inlines: Prefect refuses an event over 1.5 MB and drops
-#: the artifact (a 14-city summary with every preview inline was 3.3 MB). Beyond it, previews are linked.
-INLINE_PREVIEW_BYTES = 600_000
-
-
-def _artifacts(summary: dict, results: dict[str, Manifest], store: ReleaseStore) -> None:
-    """Table of cities, markdown summary with heatmaps of the released maps (never the true one)."""
-    from prefect.artifacts import create_markdown_artifact, create_table_artifact
-
-    key = _artifact_key(f"release-{summary['dataset']}-{summary['period']}")
-    create_table_artifact(
-        [{"city": r["city"], "budget": budget_label(r["epsilon"], r["rho"]), "mechanism": r["chosen_mechanism"] or r["mechanism"],
-          "version": r["version"], "status": r["status"], "url": r["url"]} for r in summary["releases"]],
-        key=key + "-cities", description="City-releases of this run (public configuration and noisy output only)")
-    create_markdown_artifact(summary_markdown(summary, results, store), key=key + "-summary",
-                             description="release summary")
-
-
-def summary_markdown(summary: dict, results: dict[str, Manifest], store: ReleaseStore,
-                     inline_limit: int = INLINE_PREVIEW_BYTES) -> str:
-    """The run's summary: per city its release, quality and preview of the released map, inline when
-    all previews together fit ``inline_limit`` (base64 bytes), else linked to their file in the store."""
-    previews = {city: m.file("preview.png") for city, m in results.items()}
-    inline = sum(-(-4 * f.size // 3) for f in previews.values() if f is not None) <= inline_limit
-    lines = [f"# Release {summary['dataset']} / {summary['period']}", "",
-             f"- store: `{summary['store']}`",
-             f"- ledger: `{summary['ledger']}`" if summary.get("ledger") not in (None, summary["store"]) else "",
-             f"- guarantee: {summary['guarantee']}",
-             f"- {_loss_line(summary['policy'], summary['loss'])}" if summary["loss"] else "",
-             # no wall time: the data pass's duration grows with the private row count
-             f"- {len(summary['releases'])} cities",
-             _dask_line(summary.get("dask")), ""]
-    for r in summary.get("refused", []):
-        lines.extend([f"## {r['city']} refused", f"- **{r['reason']}**", ""])
-    for r in summary["releases"]:
-        lines.append(f"## {r['city']} v{r['version']} ({r['status']})")
-        lines.append(f"`{r['url']}`")
-        m = results[r["city"]]
-        lines.extend(f"- **{note}**" for note in r.get("slot_warnings", []))
-        if r.get("k_choice"):
-            lines.append(f"- {r['k_choice']['statement']}")
-        lines.append(f"- **{r['verdict']}**" if r.get("verdict") else "")
-        quality = m.quality or {}
-        if quality.get("statement"):
-            lines.append(f"- {quality['statement']}")
-        for band in quality.get("bands", []):
-            lo, hi = band["query_sides_m"]
-            verdict = "worse than a blank map" if band["worse_than_blank_map"] else "informative"
-            lines.append(f"- squares of {lo:g}–{hi:g} m: expected |error| {band['expected_abs_error']:.3g} vs a "
-                         f"typical released count {band['typical_released_count']:.3g} ({verdict})")
-        png = previews[r["city"]]
-        if png is not None and r["url"] and not inline:
-            lines.append(f"- preview of the released map: [{png.name}]({r['url']}/{png.path})")
-        elif png is not None and r["url"]:
-            try:
-                rel = r["url"].split(store.root + "/", 1)[1]
-                data = store.read(f"{rel}/{png.path}")
-                lines.append(f"![released heatmap](data:image/png;base64,{base64.b64encode(data).decode()})")
-            except (IndexError, OSError):
-                pass
-        lines.append("")
-    return "\n".join(lines)
-
-
-def _dask_line(dask: dict | None) -> str:
-    if not dask:
-        return ""
-    link = f"[Dask dashboard]({dask['dashboard']})" if dask.get("dashboard") else "Dask (no dashboard)"
-    ran = ", ".join(f"{w['worker'] or 'not on a Dask worker'} (pid {w['pid']})" for w in dask["workers"])
-    return f"- {link}; flow process pid {dask['flow_pid']}; tasks ran on: {ran or 'nothing to release'}"
-
-
-def _loss_line(policy: dict, loss: dict) -> str:
-    unit = "ρ" if policy["accounting"] == "zcdp" else "ε"
-    window = "lifetime" if policy["window_days"] is None else f"any {policy['window_days']} days"
-    return (f"worst case so far for one person: {unit}={loss['window']:.4g} over {window} "
-            f"(of {policy['budget']:g}), {unit}={loss['lifetime']:.4g} over the dataset's life")
-
-
 def release_flow(params: ReleaseParams, config_path: str | None = None) -> dict | State:
     """Release one dataset × period × cities; one Dask task per city, on the cluster the parameters name.
 
@@ -472,10 +369,10 @@ def release_flow(params: ReleaseParams, config_path: str | None = None) -> dict 
     try:
         plan = plan_release(params, config_path, now=_scheduled_start())
         if not plan.todo:  # every key committed: nothing to read or fit, no cluster
-            return run_plan(plan, strict=params.strict)
+            return run_plan(plan, strict=params.strict).to_dict()
         try:
             with dask_for_run(params.dask_address, params.n_workers):
-                return run_plan(plan, strict=params.strict)
+                return run_plan(plan, strict=params.strict).to_dict()
         except (KeyboardInterrupt, SystemExit) as exc:
             give_back_interrupted(exc, workers_stopped=not params.dask_address)
             raise

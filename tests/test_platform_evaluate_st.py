@@ -14,7 +14,7 @@ import pytest
 
 from dpcore.data.synthetic import generate_checkins
 from dpcore.geo import city_region
-from flows.release import _artifact_key
+from flows.release_summary import artifact_key as _artifact_key
 from tasks.config import ConfigError, EvaluateParams, STEvaluateOptions
 
 DASK_WORKERS = 1  # the module's cluster (tests/conftest.py): these flows need no second worker

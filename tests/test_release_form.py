@@ -84,7 +84,8 @@ def test_the_store_defaults_to_the_configured_one(form, tmp_path):
 
 
 def test_a_large_summary_links_its_previews(tmp_path):
-    from flows.release import release_cities, summary_markdown
+    from flows.release import release_cities
+    from flows.release_summary import summary_markdown
 
     data = tmp_path / "checkins.parquet"
     generate_checkins(city_region("boston"), n_users=50, days=1, seed=2, start="2024-03-01").to_parquet(data)

@@ -108,7 +108,7 @@ def test_a_refused_release_published_anyway_shows_its_verdict_everywhere(data, t
     (total,) = [r for p, r in by_period.items() if p.startswith("sum")]
     assert total["note"].startswith("2024-01-02: this release is expected worse than a blank map")
 
-    from flows.release import summary_markdown
+    from flows.release_summary import summary_markdown
     from tasks.storage.store import ReleaseStore
 
     summary = json.loads(run_geodp(*args, "--publish-anyway", "--json", "-").stdout)  # committed: a no-op

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Callable
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -43,6 +43,9 @@ from flows.cli.inputs import (
     fetch_release,
 )
 from tasks.config import BackfillParams, ReleaseParams
+
+if TYPE_CHECKING:
+    from flows.release_summary import RunSummary
 
 app = noun("release", "Make DP releases into a release store; list and show committed ones.", default="run")
 
@@ -186,10 +189,11 @@ def run(options: dict) -> int:
         summary = _run_flow(params, config)
     else:
         from flows.release import release_cities
+        from flows.release_summary import RunSummary
 
-        summary = release_cities(params, config, in_process=True, strict=params.strict)
+        summary = RunSummary.from_dict(release_cities(params, config, in_process=True, strict=params.strict))
     if json_out is not None:
-        emit_json(summary, json_out)
+        emit_json(summary.to_dict(), json_out)
         if json_out == "-":
             return 0
     _print_summary(summary)
@@ -255,49 +259,50 @@ app.command("run")(_release_command(run))
 app.command("plan")(_release_command(plan))
 
 
-def _run_flow(params: ReleaseParams, config: str | None) -> dict:
+def _run_flow(params: ReleaseParams, config: str | None) -> RunSummary:
     from flows.release import run_release
+    from flows.release_summary import RunSummary
     from tasks.release_plan import plan_release
     from tasks.runtime import local_prefect
     from tasks.storage.store import ReleaseStore
 
     plan_release(params, config)  # a refusal (budget, policy, input) is one line before Prefect starts
     with local_prefect(), working(f"release flow: {len(params.cities) or 1} region(s) on Dask"):
-        summary = run_release(params, config)
+        summary = RunSummary.from_dict(run_release(params, config))
     store = ReleaseStore(params.store)
-    for r in summary["releases"]:
-        found = [m.region for m in store.list_releases(summary["dataset"], r["city"], summary["period"])
-                 if m.version == int(r["version"])]
+    for r in summary.releases:
+        found = [m.region for m in store.list_releases(summary.dataset, r.city, summary.period)
+                 if m.version == int(r.version)]
         if not found:
-            raise CLIError(f"{r['city']}: the flow reported v{r['version']} but {store.url} holds no such "
+            raise CLIError(f"{r.city}: the flow reported v{r.version} but {store.url} holds no such "
                            "committed version; re-run the release")
-        r["region"] = found[0]
+        r.region = found[0]
     return summary
 
 
-def _print_summary(summary: dict) -> None:
-    from flows.release import _loss_line
+def _print_summary(summary: RunSummary) -> None:
+    from flows.release_summary import loss_line
 
-    for r in summary["releases"]:
-        word = "release written to" if r["status"] == "committed" else "already committed (no-op):"
-        chose = f" ({r['mechanism']} chose {r['chosen_mechanism']})" if r.get("chosen_mechanism") else ""
-        print(f"{r['city']} {summary['period']} v{r['version']}: {word} {r['url']}{chose}")
-        for note in r.get("slot_warnings", []):
+    for r in summary.releases:
+        word = "release written to" if r.status == "committed" else "already committed (no-op):"
+        chose = f" ({r.mechanism} chose {r.chosen_mechanism})" if r.chosen_mechanism else ""
+        print(f"{r.city} {summary.period} v{r.version}: {word} {r.url}{chose}")
+        for note in r.slot_warnings:
             print(f"  warning: {note}")
-        if r.get("k_choice") and r["status"] == "committed":
-            print(f"  {r['k_choice']['statement']}")
-        if r.get("no_verdict") and r["status"] == "committed":
-            print(f"  plan: {r['no_verdict']}")
-        if r.get("verdict"):
-            print(f"  {r['verdict']}")
-    for r in summary.get("refused", []):
-        eprint(f"refused: {r['reason']}")
-    print(f"dataset {summary['dataset']}: {summary['guarantee']}")
-    if summary["loss"] is not None:
-        print(f"  {_loss_line(summary['policy'], summary['loss'])}")
-    r = summary["releases"][0]
-    clat, clon = r["region"]["center_lat"], r["region"]["center_lon"]
-    print("query it with:\n  geodp query " + r["url"] +
+        if r.k_choice and r.status == "committed":
+            print(f"  {r.k_choice['statement']}")
+        if r.no_verdict and r.status == "committed":
+            print(f"  plan: {r.no_verdict}")
+        if r.verdict:
+            print(f"  {r.verdict}")
+    for refusal in summary.refused:
+        eprint(f"refused: {refusal['reason']}")
+    print(f"dataset {summary.dataset}: {summary.guarantee}")
+    if summary.loss is not None:
+        print(f"  {loss_line(summary.policy, summary.loss)}")
+    r = summary.releases[0]
+    clat, clon = r.region["center_lat"], r.region["center_lon"]
+    print("query it with:\n  geodp query " + r.url +
           f" --box {clat - 0.005:.4f},{clon - 0.005:.4f},{clat + 0.005:.4f},{clon + 0.005:.4f}")
 
 
