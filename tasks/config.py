@@ -16,13 +16,53 @@ from datetime import UTC, date, datetime, timedelta
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 
 from dpcore import GeoDPError
 
 
 class ConfigError(GeoDPError, ValueError):
     pass
+
+
+# ---- a release's budget: the one owner of "exactly one of ε and ρ" and of their range -----------------
+
+#: The range ε (or ρ) of a release takes: its noise scale (k/ε) must stay a number the samplers and the
+#: answers' intervals can represent (1e-300 overflowed after the charge).
+MIN_BUDGET, MAX_BUDGET = 1e-6, 1000.0
+ONE_BUDGET = "give exactly one of epsilon (pure ε-DP) and rho (ρ-zCDP)"
+
+
+def check_budget_value(value: object, name: str = "epsilon") -> float:
+    """ε (or ρ, ``name``) of a release, in [MIN_BUDGET, MAX_BUDGET]; a ConfigError (a ValueError, so a
+    pydantic model reports it as its own) otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not MIN_BUDGET <= float(value) <= MAX_BUDGET:
+        shown = f"{value:g}" if isinstance(value, int | float) else repr(value)
+        raise ConfigError(f"{name} must be > 0 and in [{MIN_BUDGET:g}, {MAX_BUDGET:g}], got {shown}")
+    return float(value)
+
+
+def release_budget(epsilon: float | None, rho: float | None) -> tuple[str, float]:
+    """("epsilon", ε) or ("rho", ρ): exactly one of them, in range."""
+    if (epsilon is None) == (rho is None):
+        raise ConfigError(ONE_BUDGET)
+    return ("epsilon", check_budget_value(epsilon)) if rho is None else ("rho", check_budget_value(rho, "rho"))
+
+
+def _budget_field(name: str) -> Any:
+    """The type of ReleaseParams.epsilon and .rho: checked by :func:`check_budget_value`; the form's schema
+    says a number > 0 and ≤ MAX_BUDGET."""
+    return Annotated[float, AfterValidator(lambda v: check_budget_value(v, name)),
+                     WithJsonSchema({"type": "number", "exclusiveMinimum": 0, "maximum": MAX_BUDGET})]
 
 
 class PrivacyUnitName(StrEnum):
@@ -179,10 +219,10 @@ class ReleaseParams(BaseModel):
                              description="catalog city slugs (see `geodp cities`); at least one, unless a center is given")
     period: str | None = Field(default=None, description="YYYY-MM-DD, YYYY-MM, A..B, yesterday, "
                                   "last-N-days (rolling), or empty for the whole input")
-    epsilon: float | None = Field(default=None, gt=0, le=1000,
-                                  description="ε per city-release (pure ε-DP); this or rho is required")
-    rho: float | None = Field(default=None, gt=0, le=1000,
-                              description="ρ per city-release (ρ-zCDP with discrete Gaussian noise), instead of ε")
+    epsilon: _budget_field("epsilon") | None = Field(
+        default=None, description="ε per city-release (pure ε-DP); this or rho is required")
+    rho: _budget_field("rho") | None = Field(
+        default=None, description="ρ per city-release (ρ-zCDP with discrete Gaussian noise), instead of ε")
     mechanism: str = Field(default="identity", json_schema_extra=_mechanism_enum,
                            description="the mechanism (README: which mechanism to use when), or auto")
     mechanism_params: dict[str, Any] = Field(
@@ -229,8 +269,7 @@ class ReleaseParams(BaseModel):
 
     @model_validator(mode="after")
     def _one_budget(self) -> ReleaseParams:
-        if (self.epsilon is None) == (self.rho is None):
-            raise ValueError("give exactly one of epsilon (pure ε-DP) and rho (ρ-zCDP)")
+        release_budget(self.epsilon, self.rho)
         if not self.cities and not self.center:
             # an empty list once meant every catalog city: one click released (and charged) all of them
             raise ValueError("give at least one city (catalog slugs, see `geodp cities`) or a center")

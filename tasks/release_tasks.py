@@ -39,7 +39,7 @@ from dpcore.privacy.noise import NoiseSource
 from dpcore.privacy.profile import PROFILE_FRACTION, ContributionProfile, noisy_profile
 from dpcore.synopsis.base import Synopsis
 from dpcore.synopsis.uncertainty import release_quality
-from tasks.config import Period, PrivacyUnitName, canonical_hash
+from tasks.config import Period, PrivacyUnitName, canonical_hash, release_budget
 from tasks.dask_path import CityData, DataPass, release_counts
 from tasks.lazy_task import NO_CACHE, task
 from tasks.preview import render_heatmap_png
@@ -179,9 +179,8 @@ def make_plans(*, dataset: str, cities: list[str], center: str | None, side_km: 
     except (TypeError, ValueError) as exc:  # an unknown parameter name or a value of the wrong type
         raise ReleaseError(f"{mechanism}: bad parameters {params}: {exc}") from exc
     tags = mech.tags
-    if (epsilon is None) == (rho is None):
-        raise ReleaseError("give exactly one of epsilon (pure ε-DP) and rho (ρ-zCDP)")
-    check_numbers(epsilon if rho is None else rho, max_points_per_user, public_total)
+    release_budget(epsilon, rho)
+    check_numbers(max_points_per_user, public_total)
     if rho is not None and not tags.supports_zcdp:
         raise ReleaseError(f"{mechanism} spends pure ε only; a ρ-zCDP release needs a mechanism that supports "
                            "it (identity)")
@@ -245,18 +244,13 @@ def make_plans(*, dataset: str, cities: list[str], center: str | None, side_km: 
 MAX_GRID_CELLS = 1 << 26
 
 
-#: The smallest ε (or ρ) a release takes: its noise scale (k/ε) must stay a number the samplers and
-#: the answers' intervals can represent; 1e-300 overflowed after the charge.
-MIN_BUDGET, MAX_BUDGET = 1e-6, 1000.0
 #: The largest public total a release scales to (--public-total): a count, not an overflow.
 MAX_PUBLIC_TOTAL = 1e15
 
 
-def check_numbers(epsilon: float, max_points_per_user: int, public_total: float | None = None) -> None:
-    """ε (or ρ), k and a public total in ranges where the noise arithmetic cannot overflow or lose its
-    meaning; checked in the plan, before the ledger is charged."""
-    if not (isinstance(epsilon, int | float) and MIN_BUDGET <= float(epsilon) <= MAX_BUDGET):
-        raise ReleaseError(f"epsilon (or rho) must be a number in [{MIN_BUDGET:g}, {MAX_BUDGET:g}], got {epsilon!r}")
+def check_numbers(max_points_per_user: int, public_total: float | None = None) -> None:
+    """k and a public total in ranges where the noise arithmetic cannot overflow or lose its meaning;
+    checked in the plan, before the ledger is charged (ε and ρ: tasks.config.release_budget)."""
     if public_total is not None and not (isinstance(public_total, int | float)
                                          and 0 < float(public_total) <= MAX_PUBLIC_TOTAL):
         raise ReleaseError(f"--public-total must be a finite number of points in (0, {MAX_PUBLIC_TOTAL:g}], "

@@ -141,12 +141,12 @@ def parse_epsilons(text: str, what: str = "--epsilon") -> list[float]:
         raise CLIError(f"{what} must be a number or a comma-separated list, got {text!r}") from exc
     if not values:
         raise CLIError(f"{what} is empty")
-    from tasks.release_tasks import MAX_BUDGET, MIN_BUDGET
+    from tasks.config import ConfigError, check_budget_value
 
-    for v in values:  # the range a release takes: below it the noise's scale overflows its arithmetic
-        if not MIN_BUDGET <= v <= MAX_BUDGET:
-            raise CLIError(f"epsilon must be > 0 and in [{MIN_BUDGET:g}, {MAX_BUDGET:g}], got {v:g}")
-    return values
+    try:
+        return [check_budget_value(v) for v in values]
+    except ConfigError as exc:
+        raise CLIError(str(exc)) from None
 
 
 def numbers(text: str, what: str, kind: type = float, minimum: float | None = None,

@@ -79,11 +79,6 @@ def _release_params(data: str, cities: str | None, city: str | None, center: str
         raise CLIError("give exactly one of --cities A,B, --city NAME or --center LAT,LON")
     if (store is None) == (out is None):
         raise CLIError("give exactly one of --store URL and --out DIR")
-    if (epsilon is None) == (rho is None):
-        raise CLIError("give exactly one of --epsilon (pure ε-DP) and --rho (ρ-zCDP)")
-    for name, v in (("epsilon", epsilon), ("rho", rho)):
-        if v is not None and not v > 0:
-            raise CLIError(f"{name} must be > 0, got {v:g}")
     check_input_options(rest["format"], rest["privacy_unit"])
     mech_params = params_by_mechanism(param, [mechanism]).get(mechanism, {})
     return validated(lambda: ReleaseParams(
