@@ -50,12 +50,21 @@ def _instrument() -> None:
         return real_period(*args, **kwargs)
 
     tasks.config.parse_period = period
-    tasks.release_plan.parse_period = period
+    for name in ("tasks.release_plan", "tasks.release_request"):  # where the plan parses it, before and after
+        try:
+            module = __import__(name, fromlist=["_"])
+        except ImportError:
+            continue
+        if hasattr(module, "parse_period"):
+            module.parse_period = period
     import dpcore.data.inputs
     import dpcore.mechanisms
 
     _count(dpcore.data.inputs, "", "resolve_input", "input listed")
+    import tasks.release_tasks
+
     _count(dpcore.mechanisms, "", "get_mechanism", "mechanism built")
+    _count(tasks.release_tasks, "", "get_mechanism", "mechanism built")
 
 
 def main() -> None:

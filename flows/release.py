@@ -367,7 +367,8 @@ def release_flow(params: ReleaseParams, config_path: str | None = None) -> dict 
     The plan (every check that public inputs allow) runs in the flow's process first; the cluster
     starts only when a city is left to release. A refusal ends the run at once (:func:`refused`)."""
     try:
-        plan = plan_release(params, config_path, now=_scheduled_start())
+        plan = _PLANNED.pop(_plan_key(params, config_path), None) or plan_release(params, config_path,
+                                                                                 now=_scheduled_start())
         if not plan.todo:  # every key committed: nothing to read or fit, no cluster
             return run_plan(plan, strict=params.strict).to_dict()
         try:
@@ -408,9 +409,24 @@ def refused(exc: GeoDPError, params: ReleaseParams) -> State:
     return Failed(message=" ".join(str(exc).split()), data=exc)
 
 
-def run_release(params: ReleaseParams, config_path: str | None = None) -> dict:
-    """Run the flow here (it starts the Dask runner its parameters ask for: LocalCluster or an address)."""
-    return __getattr__("release_flow")(params, config_path)
+def run_release(params: ReleaseParams, config_path: str | None = None, plan: ReleasePlan | None = None) -> dict:
+    """Run the flow here (it starts the Dask runner its parameters ask for: LocalCluster or an address).
+    ``plan``: this process's plan of the same parameters (the CLI plans before Prefect starts), which the
+    flow run then uses instead of planning again."""
+    if plan is not None:
+        _PLANNED[_plan_key(params, config_path)] = plan
+    try:
+        return __getattr__("release_flow")(params, config_path)
+    finally:
+        _PLANNED.pop(_plan_key(params, config_path), None)
+
+
+#: plans this process made before running the flow here (:func:`run_release`), by the flow's parameters
+_PLANNED: dict[str, ReleasePlan] = {}
+
+
+def _plan_key(params: ReleaseParams, config_path: str | None) -> str:
+    return f"{config_path}\n{params.model_dump_json()}"
 
 
 _release_fn = release_flow

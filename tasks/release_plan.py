@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from dpcore.data.inputs import InputSet, resolve_files
-from tasks.config import Period, ReleaseParams, parse_period
+from tasks.config import Period, ReleaseParams
 from tasks.ledger_tasks import (
     AUTO,
     DEFAULT_K,
@@ -29,7 +29,8 @@ from tasks.ledger_tasks import (
     refuse_if_experimental,
     resolve_policy,
 )
-from tasks.release_tasks import CityPlan, check_committed, dataset_name, make_plans, public_locator
+from tasks.release_request import release_request
+from tasks.release_tasks import CityPlan, check_committed, make_plans, public_locator
 from tasks.settings import load_settings
 from tasks.storage.ledger_home import LedgerHome
 from tasks.storage.manifest import Manifest
@@ -81,9 +82,9 @@ def plan_release(params: ReleaseParams, config_path: str | None = None, now: dat
     ``check_useful`` False skips the expected-usefulness check (tasks/release_usefulness.py);
     ``raise_refusals`` False returns a plan whose every city it refused (``refused``, nothing to do)
     instead of raising (a backfill reports such a day and goes on)."""
-    period = parse_period(params.period, now=now)
+    asked = release_request(params, now)  # every check of the parameters alone; nothing written yet
+    period, dataset = asked.period, asked.dataset
     settings = load_settings(config_path)
-    dataset = dataset_name(params.data, params.dataset)
     store = ReleaseStore(settings.release_store(params.store))  # fails fast on a bad URL
     request = PolicyRequest(params.privacy_unit, params.max_points_per_user, zcdp=params.rho is not None,
                             budget=settings.explicit_budget_cap(dataset, params.budget_cap),
@@ -102,9 +103,9 @@ def plan_release(params: ReleaseParams, config_path: str | None = None, now: dat
         resolved = resolve_policy(store.url, dataset, request, home)
     cities = params.cities  # never chosen by the data: the existence of a release must not say who was there
     window = read_window(period, resolved.policy)  # never a row outside the days the run is charged for
-    # the one listing of the input: its data version goes into the release keys, its files are what
-    # the data pass reads; a missing input, or none of its files in the window, fails here
-    found = resolve_files(params.data, params.format, window)
+    # the input as the request listed it: its data version goes into the release keys, its files are what
+    # the data pass reads; listed again only when the policy's horizon narrows a period without bounds
+    found = asked.input if window == asked.listed_window else resolve_files(params.data, params.format, window)
 
     def plans_with(k: int) -> list[CityPlan]:
         return make_plans(dataset=dataset, cities=cities, center=params.center, side_km=params.side_km,
@@ -116,7 +117,7 @@ def plan_release(params: ReleaseParams, config_path: str | None = None, now: dat
                           bound_per_day=resolved.policy.bound_window == "day",
                           records_per_person=resolved.policy.max_records_per_person
                           if params.privacy_unit == "record" and resolved.policy.privacy_unit == "user" else None,
-                          count=params.count)
+                          count=params.count, mech=asked.mechanism, regions=asked.regions)
 
     k_choice = None
     if resolved.choose_k:  # from published releases only, before any private row is read or charged

@@ -13,10 +13,13 @@ logic lives in the store (tasks/storage/store.py), so a retried task finds what 
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -158,26 +161,52 @@ class CityPlan:
         return canonical_hash([self.dataset, self.city, self.period.label, self.config_hash])[:32]
 
 
+def build_mechanism(name: str, params: dict[str, Any]) -> Mechanism:
+    """Build mechanism ``name`` with ``params`` and check their values: the one instance every city of a
+    run fits with. A bad value (or one of the wrong type) is one line, before data is read or budget charged."""
+    try:
+        mech = get_mechanism(name, **params)
+        mech.check_params()
+    except GeoDPError:
+        raise
+    except (TypeError, ValueError, AttributeError) as exc:  # an unknown parameter name or a value of the wrong type
+        shown = ", ".join(f"{k}={json.dumps(v, default=str)}" for k, v in params.items())
+        raise ReleaseError(f"{name} cannot use the parameters {shown}: {exc}") from exc
+    return mech
+
+
+def resolve_regions(cities: list[str], center: str | None, side_km: float | None) -> list[Region]:
+    """The run's regions: one custom centre, or catalog cities (each once)."""
+    if center:
+        regions = [resolve_region(center=center, side_km=side_km)]
+    else:
+        if not cities:
+            raise ReleaseError("give --cities A,B (catalog slugs, see `geodp cities`) or --center LAT,LON")
+        regions = [resolve_region(city=c, side_km=side_km) for c in cities]
+    if len({r.name for r in regions}) != len(regions):
+        raise ReleaseError("a city is listed twice")
+    return regions
+
+
 def make_plans(*, dataset: str, cities: list[str], center: str | None, side_km: float | None,
                period: Period, mechanism: str, params: dict, epsilon: float | None, privacy_unit: str,
                max_points_per_user: int, seed: int | None, data_version: str, slot: str = "1h",
                public_total: float | None = None, source: str = "", bound_per_day: bool = False,
                rho: float | None = None, records_per_person: int | None = None,
-               count: str = "points") -> list[CityPlan]:
-    """One plan per region. Validates names and parameters before any data is touched.
+               count: str = "points", mech: Mechanism | None = None,
+               regions: Sequence[Region] | None = None) -> list[CityPlan]:
+    """One plan per region. Validates names and parameters before any data is touched; ``mech`` and
+    ``regions``, when given, are the request's (tasks/release_request.py), built and checked once.
 
     The release key and config hash are functions of public configuration only: the dataset, the
     source's locator and its public data version (an operator-declared version or the files'
     modification time), the region, period, mechanism, parameters, ε and bounding. ``records_per_person``
     (m, from a person-level dataset's policy) bounds each person to m records in a record-level release."""
+    mech = mech if mech is not None else build_mechanism(mechanism, params)
     try:
-        mech = get_mechanism(mechanism, **params)  # the one instance every city of the run fits with
-        mech.check_params()  # bad parameters fail here, before the ledger
         unit_name = PrivacyUnitName(privacy_unit)
-    except GeoDPError:
-        raise
-    except (TypeError, ValueError) as exc:  # an unknown parameter name or a value of the wrong type
-        raise ReleaseError(f"{mechanism}: bad parameters {params}: {exc}") from exc
+    except ValueError as exc:
+        raise ReleaseError(str(exc)) from exc
     tags = mech.tags
     release_budget(epsilon, rho)
     check_numbers(max_points_per_user, public_total)
@@ -192,14 +221,7 @@ def make_plans(*, dataset: str, cities: list[str], center: str | None, side_km: 
             raise ReleaseError(f"{mechanism} is spatio-temporal: give a --period (the time window is public "
                                "configuration, never read from the data)")
         slot_seconds = parse_slot(slot)
-    if center:
-        regions = [resolve_region(center=center, side_km=side_km)]
-    else:
-        if not cities:
-            raise ReleaseError("give --cities A,B (catalog slugs, see `geodp cities`) or --center LAT,LON")
-        regions = [resolve_region(city=c, side_km=side_km) for c in cities]
-    if len({r.name for r in regions}) != len(regions):
-        raise ReleaseError("a city is listed twice")
+    regions = list(regions) if regions is not None else resolve_regions(cities, center, side_km)
     if public_total is not None and len(regions) != 1:
         raise ReleaseError("--public-total applies to a single-region release")
     if public_total is not None and tags.heatmap:

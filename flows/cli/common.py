@@ -115,16 +115,11 @@ def mechanism_capability(name: str, capability: str) -> bool:
 
 def check_mechanism(name: str, params: dict[str, Any]) -> None:
     """Build mechanism ``name`` with ``params`` and check their values, before data is read or budget
-    charged; a value of the wrong type is an error line like any other bad value."""
-    from dpcore.mechanisms import get_mechanism
+    charged; a value of the wrong type is an error line like any other bad value (a release's own
+    check: tasks.release_tasks.build_mechanism)."""
+    from tasks.release_tasks import build_mechanism
 
-    try:
-        get_mechanism(name, **params).check_params()
-    except GeoDPError:
-        raise
-    except (TypeError, ValueError, AttributeError) as exc:
-        shown = ", ".join(f"{k}={json.dumps(v)}" for k, v in params.items())
-        raise CLIError(f"{name} cannot use the parameters {shown}: {exc}") from exc
+    build_mechanism(name, params)
 
 
 # ---- names, numbers and time windows --------------------------------------------------------------------

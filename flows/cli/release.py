@@ -179,7 +179,6 @@ def run(options: dict) -> int:
     params = _params_of(options)
     config, json_out = options["config"], options["json_out"]
     _check_settings(config)
-    _prevalidate(params)
     if options["store"] is not None and not options["no_prefect"]:
         summary = _run_flow(params, config)
     else:
@@ -208,7 +207,6 @@ def plan(options: dict) -> int:
     config, json_out = options["config"], options["json_out"]
     _check_settings(config)
     with dry_run():  # every store and ledger opened here reads only: a plan writes nothing
-        _prevalidate(params)
         planned = plan_release(params, config, check_useful=False)
         st = ReleaseStore(planned.store_url)
         # a release an earlier run paid the profile of is predicted from that profile (public, recorded)
@@ -261,9 +259,9 @@ def _run_flow(params: ReleaseParams, config: str | None) -> RunSummary:
     from tasks.runtime import local_prefect
     from tasks.storage.store import ReleaseStore
 
-    plan_release(params, config)  # a refusal (budget, policy, input) is one line before Prefect starts
+    plan = plan_release(params, config)  # a refusal (budget, policy, input) is one line before Prefect starts
     with local_prefect(), working(f"release flow: {len(params.cities) or 1} region(s) on Dask"):
-        summary = RunSummary.from_dict(run_release(params, config))
+        summary = RunSummary.from_dict(run_release(params, config, plan))
     store = ReleaseStore(params.store)
     for r in summary.releases:
         found = [m.region for m in store.list_releases(summary.dataset, r.city, summary.period)
