@@ -48,7 +48,6 @@ from tasks.release_tasks import (
 from tasks.runtime import dashboard_link, dask_for_run, where_it_runs
 from tasks.storage.held_charge import HeldCharge
 from tasks.storage.manifest import Manifest
-from tasks.storage.store import ReleaseStore
 
 if TYPE_CHECKING:
     from prefect import Flow
@@ -87,7 +86,7 @@ def run_plan(plan: ReleasePlan, loaded=None, artifacts: bool = True, in_process:
     step = (lambda t: t.fn) if in_process else (lambda t: t)
     t0 = time.perf_counter()
     params, dataset, period, plans, resolved = plan.params, plan.dataset, plan.period, plan.plans, plan.resolved
-    store = ReleaseStore(plan.store_url)
+    store = plan.store
     per_day, committed, todo, window = plan.per_day, plan.committed, plan.todo, plan.window
     log(f"{dataset} {period.label}: {len(plans)} cities, {len(plans) - len(todo)} already committed, "
         f"{len(todo)} to release; policy: {resolved.policy.describe()}")
@@ -116,7 +115,7 @@ def run_plan(plan: ReleasePlan, loaded=None, artifacts: bool = True, in_process:
             m = manifests[p.city]
             if held[p.city].charged and not committed_from(m, held[p.city]):
                 # another run's attempt was committed for this key: our noise is never published
-                step(void_charge)(plan.store_url, dataset, held[p.city], "another attempt was committed")
+                step(void_charge)(store, dataset, held[p.city], "another attempt was committed")
             results[p.city], status[p.city] = m, "committed"
     if params.seed is None and results:
         settle_strays(store, dataset, list(results.values()), plan.home)
@@ -153,7 +152,7 @@ def _charge_and_fit(plan: ReleasePlan, todo: list, inputs: dict, counts, step,
     if params.seed is None:
         # the profile was charged apart, before: each city's charge is the rest of its ε
         paid = {p.city: profile.epsilon for p in todo} if profile is not None else None
-        held = step(charge_ledger)(plan.store_url, todo, plan.resolved, plan.input.locators(), plan.home, paid)
+        held = step(charge_ledger)(plan.store, todo, plan.resolved, plan.input.locators(), plan.home, paid)
     else:
         held = {p.city: HeldCharge(p.release_key, p.city, p.period.label) for p in todo}
     try:
@@ -161,7 +160,7 @@ def _charge_and_fit(plan: ReleasePlan, todo: list, inputs: dict, counts, step,
     except (KeyboardInterrupt, SystemExit) as exc:
         # Ctrl-C or SIGTERM after the charge: in the Prefect form the charges go back once the flow has
         # stopped its cluster, when no worker can stage noise any more; here nothing else writes
-        exc.geodp_held = [*getattr(exc, "geodp_held", []), *((plan.store_url, dataset, h) for h in held.values())]
+        exc.geodp_held = [*getattr(exc, "geodp_held", []), *((plan.store, dataset, h) for h in held.values())]
         if profile is not None and params.seed is None:  # its noise was drawn: its charge is never given back
             exc.geodp_profiles = [*getattr(exc, "geodp_profiles", []), *((p.city, profile.epsilon) for p in todo)]
         if in_process:
@@ -177,12 +176,12 @@ def _fit_and_persist(plan: ReleasePlan, todo: list, inputs: dict, profile, held:
         manifests = {}
         with Progress("fits", total=len(todo), unit="cities") as fits:
             for p in todo:
-                with given_back_on_failure(plan.store_url, dataset, held[p.city], "fit failed"):
+                with given_back_on_failure(plan.store, dataset, held[p.city], "fit failed"):
                     syn = fit_city(p, inputs[p.city], profile)
                     png = render_preview.fn(p, syn)
-                with given_back_on_failure(plan.store_url, dataset, held[p.city], STORAGE_FAILED, quiet=True,
+                with given_back_on_failure(plan.store, dataset, held[p.city], STORAGE_FAILED, quiet=True,
                                            on=Exception):
-                    manifests[p.city] = persist_release.fn(plan.store_url, p, syn, png, held[p.city], code)
+                    manifests[p.city] = persist_release.fn(plan.store, p, syn, png, held[p.city], code)
                 fits.advance(what=p.city)
     else:
         manifests, placed = _run_on_workers(plan.store_url, dataset, todo, inputs, held, code, profile)
@@ -208,7 +207,7 @@ def _verdict(plan: ReleasePlan, todo: list, counts, in_process: bool, step) -> t
             lambda: paid_profile(todo, counts), plan.params.data, step="the contribution profile")
 
     profile, spent = pay_profile(plan, todo, draw, step)
-    store = ReleaseStore(plan.store_url)
+    store = plan.store
     out, refusals = [], []
     for p in todo:
         exp = expectation(store, p, profile)

@@ -31,7 +31,7 @@ from tasks.storage.held_charge import HeldCharge, attempt_of
 from tasks.storage.ledger import ENTRY_HASH, ChargeMoved
 from tasks.storage.ledger_home import LEDGER_RECORD, LedgerHome, resolve_home
 from tasks.storage.manifest import Manifest
-from tasks.storage.store import CHARGE_REF, CLAIM, ReleaseRef, ReleaseStore, StagedElsewhere
+from tasks.storage.store import CHARGE_REF, CLAIM, ReleaseRef, ReleaseStore, StagedElsewhere, as_store
 from tasks.storage.take_over import take_over
 
 DEFAULT_K = 20
@@ -90,10 +90,10 @@ def held_home(store: ReleaseStore, held: HeldCharge) -> LedgerHome:
     return LedgerHome.of(store, held.home)
 
 
-def resolve_policy(store_url: str, dataset: str, request: PolicyRequest, home: LedgerHome | None = None) -> ResolvedPolicy:
+def resolve_policy(store_url: ReleaseStore | str, dataset: str, request: PolicyRequest, home: LedgerHome | None = None) -> ResolvedPolicy:
     """Read the dataset's policy (or propose one from the request) and check the run fits it.
     Reads only; nothing is written until :func:`charge_ledger`."""
-    stored = home_of(ReleaseStore(store_url), home).ledger(dataset).policy()
+    stored = home_of(as_store(store_url), home).ledger(dataset).policy()
     policy = stored or request.new_policy()
     if stored is not None and request.declared is not None and stored != request.declared:
         have, want = stored.to_dict(), request.declared.to_dict()
@@ -228,14 +228,14 @@ def staged_elsewhere(store: ReleaseStore, plan) -> bool:
     return ref is not None and store.staged_attempt(ref) is not None
 
 
-def check_budget(store_url: str, plans: list, resolved: ResolvedPolicy, home: LedgerHome | None = None) -> None:
+def check_budget(store_url: ReleaseStore | str, plans: list, resolved: ResolvedPolicy, home: LedgerHome | None = None) -> None:
     """Refuse, before any data is read or a cluster starts, charges the ledger would refuse now (the
     policy's budget in every window, a per-day bound without days), counting the charges of every
     store the ledger home pays for. Reads only: :func:`charge_ledger` checks again when it appends,
     since another run may charge in between."""
     if not plans:
         return
-    store = ReleaseStore(store_url)
+    store = as_store(store_url)
     home = home_of(store, home)
     held = home.ledger(plans[0].dataset).held()
     # a key that holds a charge for this store already takes it over (charge_ledger checks that
@@ -250,17 +250,17 @@ def check_budget(store_url: str, plans: list, resolved: ResolvedPolicy, home: Le
         check_within_budget(resolved.policy, [h.charge for h in held], charges)
 
 
-def check_sources(store_url: str, dataset: str, locators: list[str], home: LedgerHome | None = None) -> None:
+def check_sources(store_url: ReleaseStore | str, dataset: str, locators: list[str], home: LedgerHome | None = None) -> None:
     """Refuse, before any data is read, an input whose files (or locator) belong to another dataset."""
-    home_of(ReleaseStore(store_url), home).ledger(dataset).check_sources(locators)
+    home_of(as_store(store_url), home).ledger(dataset).check_sources(locators)
 
 
-def open_to_charge(store_url: str, plans: list, resolved: ResolvedPolicy, source: str | list[str],
+def open_to_charge(store_url: ReleaseStore | str, plans: list, resolved: ResolvedPolicy, source: str | list[str],
                    home: LedgerHome | None = None):
     """What a charge needs first: (store, ledger home, dataset ledger, source locators, policy). The ledger
     is verified, the store bound to its home and the source to the dataset, and the policy stored on the
     first release."""
-    store = ReleaseStore(store_url)
+    store = as_store(store_url)
     home = home_of(store, home)
     ledger = home.ledger(plans[0].dataset)
     locators = [source] if isinstance(source, str) else list(source)
@@ -280,7 +280,7 @@ def open_to_charge(store_url: str, plans: list, resolved: ResolvedPolicy, source
 
 @task(name="charge-ledger", retries=3, retry_delay_seconds=1, cache_policy=NO_CACHE,
       retry_condition_fn=retry_unless_refused)
-def charge_ledger(store_url: str, plans: list, resolved: ResolvedPolicy, source: str | list[str],
+def charge_ledger(store_url: ReleaseStore | str, plans: list, resolved: ResolvedPolicy, source: str | list[str],
                   home: LedgerHome | None = None,
                   profile_paid: dict[str, float] | None = None) -> dict[str, HeldCharge]:
     """Charge every city of the run in one ledger entry, before any noise is drawn.
@@ -371,7 +371,7 @@ def give_back_interrupted(exc: BaseException, workers_stopped: bool) -> None:
     for store_url, dataset, held in getattr(exc, "geodp_held", []):
         if not held.charged:
             continue
-        store = ReleaseStore(store_url)
+        store = as_store(store_url)
         try:
             if workers_stopped:
                 give_back(store, dataset, held, "interrupted before the commit")
@@ -396,7 +396,7 @@ def give_back_interrupted(exc: BaseException, workers_stopped: bool) -> None:
 
 
 @contextmanager
-def given_back_on_failure(store_url: str, dataset: str, held: HeldCharge, what: str, quiet: bool = False,
+def given_back_on_failure(store_url: ReleaseStore | str, dataset: str, held: HeldCharge, what: str, quiet: bool = False,
                           on: type[BaseException] = BaseException,
                           unless: type[BaseException] | tuple[type[BaseException], ...] = ()) -> Iterator[None]:
     """Around a step whose noise the charge ``held`` pays for (a fit, a persist): when the step fails
@@ -410,7 +410,7 @@ def given_back_on_failure(store_url: str, dataset: str, held: HeldCharge, what: 
             raise
         reason = f"{what}: {type(exc).__name__}"
         try:
-            give_back(ReleaseStore(store_url), dataset, held, reason)
+            give_back(as_store(store_url), dataset, held, reason)
         except (OSError, GeoDPError):
             if not quiet:
                 raise
@@ -418,10 +418,10 @@ def given_back_on_failure(store_url: str, dataset: str, held: HeldCharge, what: 
 
 
 @task(name="void-charge", retries=3, retry_delay_seconds=1, cache_policy=NO_CACHE)
-def void_charge(store_url: str, dataset: str, held: HeldCharge, reason: str) -> bool:
+def void_charge(store_url: ReleaseStore | str, dataset: str, held: HeldCharge, reason: str) -> bool:
     """Give back a city's charge: its noise was never published (the fit failed, storage failed before
     the commit, or another run's attempt was committed for the same release key)."""
-    return give_back(ReleaseStore(store_url), dataset, held, reason)
+    return give_back(as_store(store_url), dataset, held, reason)
 
 
 class VoidRefused(GeoDPError, ValueError):

@@ -27,6 +27,7 @@ from tasks.storage.store import (
     ReleaseStore,
     StagedElsewhere,
     StoreError,
+    as_store,
 )
 
 
@@ -69,14 +70,14 @@ def _release_cache_key(context, parameters: dict[str, Any]) -> str:
     """Public inputs only: the store (its absolute URL and instance id, so another checkout's
     relative path or a deleted and re-made store never hits a stale entry) and the release key
     (dataset, city, period, config hash incl. data version)."""
-    store = ReleaseStore(parameters["store_url"])
+    store = as_store(parameters["store_url"])
     parts = [store.url_of(""), store.instance_id(), parameters["plan"].release_key]
     return f"persist-manifest-{canonical_hash(parts)[:32]}"  # cached results are typed Manifests
 
 
 @task(name="persist-release", retries=3, retry_delay_seconds=1, retry_condition_fn=retry_unless_refused,
       cache_key_fn=_release_cache_key, persist_result=True)
-def persist_release(store_url: str, plan: CityPlan, synopsis: Synopsis | None, preview: bytes | None,
+def persist_release(store_url: ReleaseStore | str, plan: CityPlan, synopsis: Synopsis | None, preview: bytes | None,
                     held: HeldCharge, code: str) -> Manifest:
     """Commit one city-release exactly once: claim a version, stage files, write the manifest.
 
@@ -86,7 +87,7 @@ def persist_release(store_url: str, plan: CityPlan, synopsis: Synopsis | None, p
     run holds for the key (tasks.ledger_tasks.charge_ledger); its reference (``charge.json``) is the
     attempt's first file, so every noisy file sits beside the charge that covers it and the manifest
     names that charge. An attempt sealed by a newer run of the same charge returns that run's commit."""
-    store = ReleaseStore(store_url)
+    store = as_store(store_url)
     committed = store.find_committed(plan.dataset, plan.city, plan.period.label, plan.release_key)
     if committed is not None:
         return committed

@@ -19,7 +19,7 @@ from dpcore.synopsis.uncertainty import DEFAULT_BANDS
 from tasks.ledger_tasks import DEFAULT_K
 from tasks.release_tasks import CityPlan, profile_applies
 from tasks.release_usefulness import basis_of, no_prediction
-from tasks.storage.store import ReleaseStore
+from tasks.storage.store import ReleaseStore, as_store
 
 
 def _bands(plan: CityPlan) -> tuple[tuple[float, float], ...]:
@@ -56,10 +56,10 @@ def _why_not(store: ReleaseStore, plan: CityPlan, candidates: list[int]) -> tupl
     return None, {"city": plan.city, "basis": basis.url, "bands": [list(b) for b in bands], "scores": scores}
 
 
-def choose_run_k(store_url: str, plans: list[CityPlan], k_max: int) -> dict:
+def choose_run_k(store_url: ReleaseStore | str, plans: list[CityPlan], k_max: int) -> dict:
     """The run's k and how it was chosen: {"k", "chosen_by": "auto" | "default", "statement", "regions"
     (per region: basis url, bands, each candidate's predicted mean relative error)}."""
-    store = ReleaseStore(store_url)
+    store = as_store(store_url)
     candidates = [k for k in K_CANDIDATES if k <= k_max] or [int(k_max)]
     reasons, regions = [], []
     for p in plans:

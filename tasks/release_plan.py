@@ -56,6 +56,13 @@ class ReleasePlan:
     k_choice: dict | None = None
     #: cities refused alone by the plan's verdict ({"city", "period", "reason"}); the others go ahead
     refused: list[dict] = field(default_factory=list)
+    #: the store as this process opened it for the plan; the run's in-process steps use it (a task on a
+    #: Dask worker gets ``store_url`` and opens its own)
+    opened: ReleaseStore | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def store(self) -> ReleaseStore:
+        return self.opened if self.opened is not None else ReleaseStore(self.store_url)
 
     @property
     def experiment(self) -> bool:
@@ -100,7 +107,7 @@ def plan_release(params: ReleaseParams, config_path: str | None = None, now: dat
     else:
         refuse_if_experimental(store)
         home = settings.ledger_home(store)  # a store bound to another home than the configured one: refused
-        resolved = resolve_policy(store.url, dataset, request, home)
+        resolved = resolve_policy(store, dataset, request, home)
     cities = params.cities  # never chosen by the data: the existence of a release must not say who was there
     window = read_window(period, resolved.policy)  # never a row outside the days the run is charged for
     # the input as the request listed it: its data version goes into the release keys, its files are what
@@ -123,22 +130,22 @@ def plan_release(params: ReleaseParams, config_path: str | None = None, now: dat
     if resolved.choose_k:  # from published releases only, before any private row is read or charged
         from tasks.release_k import choose_run_k
 
-        k_choice = choose_run_k(store.url, plans_with(min(DEFAULT_K, resolved.max_points_per_user)),
+        k_choice = choose_run_k(store, plans_with(min(DEFAULT_K, resolved.max_points_per_user)),
                                 resolved.max_points_per_user)
         plans = [dataclasses.replace(p, expected={"k_choice": k_choice}) for p in plans_with(k_choice["k"])]
     else:
         plans = plans_with(resolved.max_points_per_user)
-    committed = check_committed.fn(store.url, plans)
+    committed = check_committed.fn(store, plans)
     plan = ReleasePlan(params, dataset, period, store.url, home, resolved, public_locator(found.source), found,
-                       plans, window, committed, k_choice)
+                       plans, window, committed, k_choice, opened=store)
     if not plan.experiment:
-        check_sources(store.url, dataset, found.locators(), home)  # the same files under another dataset name
+        check_sources(store, dataset, found.locators(), home)  # the same files under another dataset name
     if check_charges and not plan.experiment:
-        check_budget(store.url, plan.todo, resolved, home)
+        check_budget(store, plan.todo, resolved, home)
     if check_useful and plan.todo:  # worse than a blank map at every band: refused before any charge
         from tasks.release_usefulness import check_usefulness, raise_if_all_refused
 
-        checked, refused = check_usefulness(store.url, plan.todo, params.publish_anyway)
+        checked, refused = check_usefulness(store, plan.todo, params.publish_anyway)
         if raise_refusals:
             raise_if_all_refused(checked, refused)
         by_city = {p.city: p for p in checked}

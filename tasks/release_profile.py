@@ -29,7 +29,7 @@ from tasks.storage.held_charge import HeldCharge
 from tasks.storage.ledger import ChargeMoved
 from tasks.storage.ledger_home import LedgerHome
 from tasks.storage.profile_records import profile_key, record_dir, records_of
-from tasks.storage.store import ReleaseStore
+from tasks.storage.store import ReleaseStore, as_store
 
 
 def profile_epsilon(plans: list) -> float:
@@ -52,7 +52,7 @@ def recorded_profile(store: ReleaseStore, plans: list) -> tuple[ContributionProf
 
 @task(name="charge-profile", retries=3, retry_delay_seconds=1, cache_policy=NO_CACHE,
       retry_condition_fn=retry_unless_refused)
-def charge_profile(store_url: str, plans: list, resolved: ResolvedPolicy, epsilon: float,
+def charge_profile(store_url: ReleaseStore | str, plans: list, resolved: ResolvedPolicy, epsilon: float,
                    source: str | list[str], home: LedgerHome | None = None) -> dict[str, HeldCharge]:
     """Charge the run's profile in a ledger entry of its own, before its noise is drawn: per city the
     charge held (key ``<release key>/profile``). A profile charge of the same key whose profile was never recorded (its run
@@ -83,12 +83,12 @@ def charge_profile(store_url: str, plans: list, resolved: ResolvedPolicy, epsilo
     return out
 
 
-def record_profile(store_url: str, plans: list, held: dict[str, HeldCharge],
+def record_profile(store_url: ReleaseStore | str, plans: list, held: dict[str, HeldCharge],
                    profile: ContributionProfile) -> ContributionProfile:
     """Record the drawn profile under each city's profile charge (create-only), before anything is derived
     from it. Where another run holding the same charge recorded first, its profile is the one used (ours
     is never shown)."""
-    store = ReleaseStore(store_url)
+    store = as_store(store_url)
     run = held[plans[0].city].draw
     body = {"run": run, "profile": profile.to_dict(), "epsilon": profile.epsilon,
             "release_keys": sorted(p.release_key for p in plans)}
@@ -107,12 +107,12 @@ def pay_profile(plan, todo: list, draw_profile, step) -> tuple[ContributionProfi
     are shown); ``step`` runs the charge as a Prefect task or in this process."""
     if plan.params.seed is not None:  # seeded experiments are never charged nor recorded
         return draw_profile(), "nothing was charged (seeded noise)"
-    store = ReleaseStore(plan.store_url)
+    store = plan.store
     found = recorded_profile(store, todo)
     if found is not None:
         return found[0], (f"nothing more was charged (its contribution profile, ε = {found[0].epsilon:.3g}, was "
                           f"paid by ledger entry #{found[1]})")
-    held = step(charge_profile)(plan.store_url, todo, plan.resolved, profile_epsilon(todo), plan.input.locators(),
+    held = step(charge_profile)(store, todo, plan.resolved, profile_epsilon(todo), plan.input.locators(),
                                 plan.home)
-    profile = record_profile(plan.store_url, todo, held, draw_profile())
+    profile = record_profile(store, todo, held, draw_profile())
     return profile, f"only its contribution profile was charged (ε = {profile.epsilon:.3g})"

@@ -51,6 +51,7 @@ from tasks.public_errors import retry_unless_refused, without_private_detail
 from tasks.storage.manifest import Manifest
 from tasks.storage.store import (
     ReleaseStore,
+    as_store,
     check_slug,
 )
 
@@ -355,9 +356,9 @@ def load_and_validate(path: str, columns: str | None = None, fmt: str = "auto", 
 
 @task(name="check-committed", retries=3, retry_delay_seconds=1, cache_policy=NO_CACHE,
       retry_condition_fn=retry_unless_refused)
-def check_committed(store_url: str, plans: list[CityPlan]) -> dict[str, Manifest | None]:
+def check_committed(store_url: ReleaseStore | str, plans: list[CityPlan]) -> dict[str, Manifest | None]:
     """The committed manifest of each plan's release key, or None (re-running a commit is a no-op)."""
-    store = ReleaseStore(store_url)
+    store = as_store(store_url)
     return {p.city: store.find_committed(p.dataset, p.city, p.period.label, p.release_key) for p in plans}
 
 

@@ -32,7 +32,7 @@ from dpcore.synopsis.expected_error import (
 )
 from dpcore.synopsis.uncertainty import DEFAULT_BANDS
 from tasks.release_tasks import CityPlan, ReleaseError, profile_applies
-from tasks.storage.store import ReleaseRef, ReleaseStore
+from tasks.storage.store import ReleaseRef, ReleaseStore, as_store
 
 
 def _cell_width(plan: CityPlan) -> float | None:
@@ -224,12 +224,12 @@ def refusal(city: str, exp: dict, charged: str = "nothing was charged") -> str:
             f"{exp['basis']}); would help: {helps}; {charged}. --publish-anyway publishes it anyway")
 
 
-def check_usefulness(store_url: str, plans: list[CityPlan], publish_anyway: bool = False,
+def check_usefulness(store_url: ReleaseStore | str, plans: list[CityPlan], publish_anyway: bool = False,
                      ) -> tuple[list[CityPlan], list[dict]]:
     """(the plans to release, with their expectation attached as ``CityPlan.expected``; the refused
     cities, each {"city", "reason"}): a city expected to be worse than a blank map at every band is
     refused alone, unless ``publish_anyway``."""
-    store = ReleaseStore(store_url)
+    store = as_store(store_url)
     checked, refused = [], []
     for p in plans:
         exp = expectation(store, p, paid_profile_of(store, p))

@@ -58,7 +58,10 @@ class LedgerHome:
     def of(cls, store: ReleaseStore, home_url: str | None = None) -> LedgerHome:
         """The home ``home_url`` (canonical) for ``store``; None: the store itself."""
         here = canonical_url(store)
-        return cls(url=home_url or here, store_url=here)
+        home = cls(url=home_url or here, store_url=here)
+        if home.url == here:
+            home.__dict__["store"] = store  # the ledger lives in the store the run opened: not opened again
+        return home
 
     @property
     def elsewhere(self) -> bool:
@@ -84,7 +87,11 @@ class LedgerHome:
         return {"url": self.url, "store_url": self.store_url}  # an opened store is not sent along
 
     def ledger(self, dataset: str) -> DatasetLedger:
-        return DatasetLedger(self.store, dataset)
+        """The dataset's ledger, one object per home (it holds no state: every read goes to the store)."""
+        ledgers = self.__dict__.setdefault("_ledgers", {})
+        if dataset not in ledgers:
+            ledgers[dataset] = DatasetLedger(self.store, dataset)
+        return ledgers[dataset]
 
     def bind(self, release_store: ReleaseStore) -> None:
         """Record the binding on both sides (module docstring), create-only, before the first charge.

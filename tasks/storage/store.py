@@ -494,6 +494,12 @@ def _paid_epsilon(charge: dict) -> float | None:
     return float(eps) + float(profile)
 
 
+def as_store(store: ReleaseStore | str) -> ReleaseStore:
+    """``store`` opened: the run's own store passed down (opened once per run and process), or a URL
+    opened here (a task on a Dask worker gets the URL)."""
+    return store if isinstance(store, ReleaseStore) else ReleaseStore(store)
+
+
 def open_store(url: str, storage_options: dict[str, Any] | None = None) -> ReleaseStore:
     return ReleaseStore(url, storage_options)
 
