@@ -201,14 +201,14 @@ def plan(options: dict) -> int:
     the profile would cost; exit 2 with one line when the run would be refused."""
     from tasks.release_plan import plan_release
     from tasks.release_usefulness import expectation, paid_profile_of
-    from tasks.storage.store import ReleaseStore, dry_run
+    from tasks.storage.store import dry_run
 
     params = _params_of(options)
     config, json_out = options["config"], options["json_out"]
     _check_settings(config)
     with dry_run():  # every store and ledger opened here reads only: a plan writes nothing
         planned = plan_release(params, config, check_useful=False)
-        st = ReleaseStore(planned.store_url)
+        st = planned.store
         # a release an earlier run paid the profile of is predicted from that profile (public, recorded)
         rows = [{"city": p.city, **expectation(st, p, paid_profile_of(st, p))} for p in planned.todo]
     if planned.k_choice is not None:
@@ -257,12 +257,11 @@ def _run_flow(params: ReleaseParams, config: str | None) -> RunSummary:
     from flows.release_summary import RunSummary
     from tasks.release_plan import plan_release
     from tasks.runtime import local_prefect
-    from tasks.storage.store import ReleaseStore
 
     plan = plan_release(params, config)  # a refusal (budget, policy, input) is one line before Prefect starts
     with local_prefect(), working(f"release flow: {len(params.cities) or 1} region(s) on Dask"):
         summary = RunSummary.from_dict(run_release(params, config, plan))
-    store = ReleaseStore(params.store)
+    store = plan.store
     for r in summary.releases:
         found = [m.region for m in store.list_releases(summary.dataset, r.city, summary.period)
                  if m.version == int(r.version)]
