@@ -257,16 +257,17 @@ def check_sources(store_url: ReleaseStore | str, dataset: str, locators: list[st
 
 def open_to_charge(store_url: ReleaseStore | str, plans: list, resolved: ResolvedPolicy, source: str | list[str],
                    home: LedgerHome | None = None):
-    """What a charge needs first: (store, ledger home, dataset ledger, source locators, policy). The ledger
-    is verified, the store bound to its home and the source to the dataset, and the policy stored on the
-    first release."""
+    """What a charge needs first: (store, ledger home, dataset ledger, source locators, policy, the charge
+    log as verified). The ledger is verified, the store bound to its home and the source to the dataset,
+    and the policy stored on the first release. The log is the one the charge starts from (take-overs);
+    the charge itself appends only after reading it again (DatasetLedger.charge)."""
     store = as_store(store_url)
     home = home_of(store, home)
     ledger = home.ledger(plans[0].dataset)
     locators = [source] if isinstance(source, str) else list(source)
     # before anything is written: a ledger that does not verify (an entry deleted, a published charge
     # given back, its policy or a source binding gone) is an IntegrityError, and no policy is made anew
-    ledger.verify()
+    entries = ledger.verify()
     home.bind(store)
     ledger.bind_sources(locators)
     policy = resolved.policy
@@ -275,7 +276,7 @@ def open_to_charge(store_url: ReleaseStore | str, plans: list, resolved: Resolve
         if policy != resolved.policy:
             raise PolicyError(f"dataset {plans[0].dataset!r} got a different policy from a concurrent "
                               "release; run this one again")
-    return store, home, ledger, locators, policy
+    return store, home, ledger, locators, policy, entries
 
 
 @task(name="charge-ledger", retries=3, retry_delay_seconds=1, cache_policy=NO_CACHE,
@@ -296,9 +297,8 @@ def charge_ledger(store_url: ReleaseStore | str, plans: list, resolved: Resolved
     profile was charged apart (tasks/release_profile.py); the city's charge is the rest of its ε."""
     if not plans:
         return {}
-    store, home, ledger, locators, policy = open_to_charge(store_url, plans, resolved, source, home)
+    store, home, ledger, locators, policy, entries = open_to_charge(store_url, plans, resolved, source, home)
     draw = uuid.uuid4().hex[:16]
-    entries = ledger.entries()
     held = ledger.held(entries)
 
     def mine(p, seq=None, holders=(), entry_hash=None) -> HeldCharge:

@@ -57,9 +57,9 @@ def charge_profile(store_url: ReleaseStore | str, plans: list, resolved: Resolve
     """Charge the run's profile in a ledger entry of its own, before its noise is drawn: per city the
     charge held (key ``<release key>/profile``). A profile charge of the same key whose profile was never recorded (its run
     died in between) is taken over instead; a recorded one is never drawn again."""
-    store, home, ledger, locators, policy = open_to_charge(store_url, plans, resolved, source, home)
+    store, home, ledger, locators, policy, entries = open_to_charge(store_url, plans, resolved, source, home)
     draw = uuid.uuid4().hex[:16]
-    held = ledger.held()
+    held = ledger.held(entries)
     out, to_charge = {}, []
     for p in plans:
         key = profile_key(p.release_key)
