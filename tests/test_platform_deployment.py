@@ -112,7 +112,8 @@ def test_backfill_through_the_served_deployment(prefect_harness, dask_cluster, g
         (work / "checkins.parquet").symlink_to(gowalla_sample_path)
         sub = run_geodp("backfill", "checkins.parquet", "--cities", "austin", "--start", "2010-05-05", "--end",
                         "2010-05-05", "--epsilon", "0.5", "--max-points-per-user", "10", "--store", "rel-store",
-                        "--dask-address", dask_cluster, "--deployment", "release/release", cwd=work, env=env,
+                        "--dask-address", dask_cluster, "--deployment", "release/release", "--publish-anyway",
+                        cwd=work, env=env,
                         timeout=120)
         run_id = sub.stdout.split("flow run ")[1].split()[0]
         assert _wait_for_runs([run_id]) == {run_id: "COMPLETED"}, (tmp_path / "serve.log").read_text()[-3000:]
@@ -121,7 +122,7 @@ def test_backfill_through_the_served_deployment(prefect_harness, dask_cluster, g
         # configuration's store; the same submission again says it is the earlier run
         cmd = ["release", "backfill", "checkins.parquet", "--cities", "austin", "--period", "2010-05-06..2010-05-07",
                "--epsilon", "0.5", "--max-points-per-user", "10", "--dask-address", dask_cluster, "--deployment",
-               "backfill/backfill"]
+               "backfill/backfill", "--publish-anyway"]
         sub = run_geodp(*cmd, cwd=work, env=env, timeout=120)
         (line,) = sub.stdout.splitlines()
         assert line.startswith("2010-05-06..2010-05-07: flow run ")
