@@ -31,6 +31,7 @@ import numpy as np
 
 from dpcore.privacy.noise import discrete_laplace_variance
 from dpcore.privacy.profile import PROFILE_FRACTION, ContributionProfile
+from dpcore.synopsis.expected_error import HALF_NORMAL, K_CANDIDATES, PROXY_WIDTHS_M, REFUSE_MARGIN
 from dpcore.synopsis.uncertainty import DEFAULT_BANDS
 
 #: Square sides (m) at which the shares below were measured (between: log-log interpolation).
@@ -42,15 +43,12 @@ OTHERS_SHARE = (0.0037, 0.029, 0.265)
 #: E[1/T]·E[T] over data-centred squares (at least; never above T itself).
 SPARSE_WEIGHT = (1.2, 1.5, 1.5)
 SIDES_PER_BAND = 5
-HALF_NORMAL = float(np.sqrt(2.0 / np.pi))
-#: A release is refused when its expected relative error is at least this at every band: twice a blank
-#: map's, as the plan's other verdicts (dpcore.synopsis.expected_error.REFUSE_MARGIN). A band of squares
-#: smaller than the cells is answered about 0 where the data are (≈ 1, as a blank map) and never counts
-#: towards a refusal: at 0.95 instead, the suite's tiny synthetic releases with 1–2 km cells and one day
-#: in four of Gowalla NYC at the daily settings would be refused (bench/results/2026-11-28-verdict-3.md).
-REFUSE_MARGIN = 2.0
-PROXY_WIDTHS_M = (25.0, 50.0, 100.0, 200.0, 400.0, 800.0, 1600.0)
-K_CANDIDATES = (1, 2, 5, 10, 20, 50, 100, 200)
+#: A release is refused when its expected relative error is at least REFUSE_MARGIN (twice a blank map's, as
+#: the plan's other verdicts) at every band. A band of squares smaller than the cells is answered about 0
+#: where the data are (≈ 1, as a blank map) and never counts towards a refusal: at 0.95 instead, the suite's
+#: tiny synthetic releases with 1–2 km cells and one day in four of Gowalla NYC at the daily settings would
+#: be refused (bench/results/2026-11-28-verdict-3.md). HALF_NORMAL, PROXY_WIDTHS_M and K_CANDIDATES are the
+#: plan's (dpcore.synopsis.expected_error).
 
 
 @dataclass(frozen=True)
