@@ -63,7 +63,8 @@ def simulate(raw: pd.DataFrame, eps: float, k: int, width: float | None, seed: i
     from dpcore.geo import city_region
     from dpcore.privacy.noise import NoiseSource
     from dpcore.privacy.profile import PROFILE_FRACTION, noisy_profile, profile_counts
-    from dpcore.synopsis.profile_verdict import hopeless, inputs_from, profile_errors, without_lone_bucket
+    from dpcore.synopsis.expected_error import useless
+    from dpcore.synopsis.profile_verdict import inputs_from, profile_errors, without_lone_bucket
 
     region = city_region("new-york")
     x, y = region.project(raw.lat.to_numpy(), raw.lon.to_numpy())
@@ -75,7 +76,7 @@ def simulate(raw: pd.DataFrame, eps: float, k: int, width: float | None, seed: i
         profile = without_lone_bucket(noisy_profile(counts, PROFILE_FRACTION * eps, noise))
         inputs = inputs_from(profile, eps, k, width)
         rows = profile_errors(inputs, profile)
-        return hopeless(rows), inputs.total, [r["expected_relative_error"] for r in rows]
+        return useless(rows), inputs.total, [r["expected_relative_error"] for r in rows]
 
     out = [verdict(profile_counts(g.groupby("user_id").size().to_numpy())) for _, g in inside.groupby(days)]
     empty = [verdict(np.zeros(24, dtype=np.int64)) for _ in range(200)]

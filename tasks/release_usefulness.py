@@ -181,7 +181,6 @@ def _from_profile(store: ReleaseStore, plan: CityPlan, profile: ContributionProf
     worse than a blank map, was called informative from the day before)."""
     from dpcore.privacy.profile import visible_threshold
     from dpcore.synopsis.profile_verdict import (
-        hopeless,
         inputs_from,
         profile_errors,
         what_would_help,
@@ -200,7 +199,7 @@ def _from_profile(store: ReleaseStore, plan: CityPlan, profile: ContributionProf
     statement = "; ".join(f"{r['query_sides_m'][0]:g}–{r['query_sides_m'][1]:g} m: ≈ "
                           f"{r['expected_relative_error']:.2g} of a blank map's error (a typical count of "
                           f"{r['typical_count']:.3g})" for r in rows)
-    out = {"bands": rows, "basis": source + (f" and {basis.url}" if basis else ""), "useless": hopeless(rows),
+    out = {"bands": rows, "basis": source + (f" and {basis.url}" if basis else ""), "useless": useless(rows),
            "statement": empty_words + f"N̂ ≈ {inputs.total:.0f} points, {inputs.own_mean:.2g} per person of a "
                                       f"point; " + statement,
            "total_points": inputs.total, "empty_like": empty_like}

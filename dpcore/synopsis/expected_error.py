@@ -165,6 +165,20 @@ def useless(rows: list[dict]) -> bool:
     return bool(rows) and all(r["hopeless"] for r in rows)
 
 
+def first_helping(tries: list[tuple[str, list[float]]], helps) -> dict[str, list[float]]:
+    """Per public option of ``tries`` ((option, values in the order to try)), the values ``helps(option,
+    value)`` accepts: every k that does, only the first of any other option (ε, ρ, cells and periods help more
+    as they grow)."""
+    found: dict[str, list[float]] = {}
+    for field, values in tries:
+        for v in values:
+            if helps(field, v):
+                found.setdefault(field, []).append(v)
+                if field != "k":
+                    break
+    return found
+
+
 def help_options(inputs: PlanInputs, typical: np.ndarray, profile: ContributionProfile | None,
                  bands=DEFAULT_BANDS, at_most: np.ndarray | None = None) -> dict[str, list[float]]:
     """Per public option ("epsilon" or "rho", "k", "cell_width_m", "period_factor"), the values tried that
@@ -178,14 +192,8 @@ def help_options(inputs: PlanInputs, typical: np.ndarray, profile: ContributionP
              ("k", [k for k in K_CANDIDATES if k != inputs.k]),
              ("cell_width_m", [] if inputs.cell_width_m is None else [inputs.cell_width_m * m for m in (2, 4, 8, 16, 32)]),
              ("period_factor", [inputs.period_factor * m for m in (2, 7, 30, 90, 365)])]
-    found: dict[str, list[float]] = {}
-    for field, values in tries:
-        for v in values:
-            if not useless(expected_errors(replace(inputs, **{field: v}), typical, profile, bands, at_most=at_most)):
-                found.setdefault(field, []).append(v)
-                if field != "k":  # ε, cells and periods help more as they grow: the first is the answer
-                    break
-    return found
+    return first_helping(tries, lambda field, v: not useless(
+        expected_errors(replace(inputs, **{field: v}), typical, profile, bands, at_most=at_most)))
 
 
 def what_would_help(inputs: PlanInputs, typical: np.ndarray, profile: ContributionProfile | None,
@@ -193,9 +201,16 @@ def what_would_help(inputs: PlanInputs, typical: np.ndarray, profile: Contributi
     """The smallest change along each public option that takes at least one band out of :func:`useless`,
     in an operator's words: "ε ≥ 0.283", "k ≤ 5", "cells of 400 m", "a 7-day period" (``period_days``: the
     run's period in days; without it "a period 7× as long")."""
+    return help_words(help_options(inputs, typical, profile, bands, at_most), inputs.k, period_days,
+                      inputs.period_factor)
+
+
+def help_words(found: dict[str, list[float]], k: int, period_days: float | None,
+               period_factor: float = 1.0) -> list[str]:
+    """:func:`first_helping`'s values in an operator's words; a period factor is read against the run's own
+    (``period_factor``) and ``period_days`` turns it into days."""
     import math
 
-    found = help_options(inputs, typical, profile, bands, at_most)
     words = []
     for field, values in found.items():
         v = values[0]
@@ -206,10 +221,10 @@ def what_would_help(inputs: PlanInputs, typical: np.ndarray, profile: Contributi
         elif field == "cell_width_m":
             words.append(f"cells of {v:.0f} m")
         elif field == "period_factor":
-            days = None if not period_days else math.ceil(v / inputs.period_factor * period_days - 1e-9)
-            words.append(f"a {days}-day period" if days else f"a period {v / inputs.period_factor:g}× as long")
+            days = None if not period_days else math.ceil(v / period_factor * period_days - 1e-9)
+            words.append(f"a {days}-day period" if days else f"a period {v / period_factor:g}× as long")
         else:
-            words.append(_k_words(values, inputs.k))
+            words.append(_k_words(values, k))
     return words
 
 

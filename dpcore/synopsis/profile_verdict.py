@@ -31,7 +31,15 @@ import numpy as np
 
 from dpcore.privacy.noise import discrete_laplace_variance
 from dpcore.privacy.profile import PROFILE_FRACTION, ContributionProfile
-from dpcore.synopsis.expected_error import HALF_NORMAL, K_CANDIDATES, PROXY_WIDTHS_M, REFUSE_MARGIN
+from dpcore.synopsis.expected_error import (
+    HALF_NORMAL,
+    K_CANDIDATES,
+    PROXY_WIDTHS_M,
+    REFUSE_MARGIN,
+    first_helping,
+    help_words,
+    useless,
+)
 from dpcore.synopsis.uncertainty import DEFAULT_BANDS
 
 #: Square sides (m) at which the shares below were measured (between: log-log interpolation).
@@ -43,12 +51,12 @@ OTHERS_SHARE = (0.0037, 0.029, 0.265)
 #: E[1/T]·E[T] over data-centred squares (at least; never above T itself).
 SPARSE_WEIGHT = (1.2, 1.5, 1.5)
 SIDES_PER_BAND = 5
-#: A release is refused when its expected relative error is at least REFUSE_MARGIN (twice a blank map's, as
-#: the plan's other verdicts) at every band. A band of squares smaller than the cells is answered about 0
-#: where the data are (≈ 1, as a blank map) and never counts towards a refusal: at 0.95 instead, the suite's
-#: tiny synthetic releases with 1–2 km cells and one day in four of Gowalla NYC at the daily settings would
-#: be refused (bench/results/2026-11-28-verdict-3.md). HALF_NORMAL, PROXY_WIDTHS_M and K_CANDIDATES are the
-#: plan's (dpcore.synopsis.expected_error).
+# A release is refused when its expected relative error is at least REFUSE_MARGIN (twice a blank map's, as
+# the plan's other verdicts) at every band. A band of squares smaller than the cells is answered about 0
+# where the data are (≈ 1, as a blank map) and never counts towards a refusal: at 0.95 instead, the suite's
+# tiny synthetic releases with 1–2 km cells and one day in four of Gowalla NYC at the daily settings would
+# be refused (bench/results/2026-11-28-verdict-3.md). HALF_NORMAL, PROXY_WIDTHS_M and K_CANDIDATES are the
+# plan's (dpcore.synopsis.expected_error).
 
 
 @dataclass(frozen=True)
@@ -164,37 +172,15 @@ def profile_errors(inputs: ProfileInputs, profile: ContributionProfile, bands=DE
     return rows
 
 
-def hopeless(rows: list[dict]) -> bool:
-    return bool(rows) and all(r["hopeless"] for r in rows)
-
-
 def what_would_help(inputs: ProfileInputs, profile: ContributionProfile, bands=DEFAULT_BANDS,
                     period_days: float | None = None, shown: np.ndarray | None = None) -> list[str]:
     """The smallest change along each public option (ε up to ×1024, k among K_CANDIDATES, cells up to ×32
-    as wide, periods up to 365× as long) that takes at least one band out of :func:`hopeless`, in words."""
-    import math
-
+    as wide, periods up to 365× as long) that takes at least one band out of :func:`~dpcore.synopsis.expected_error.useless`, in words."""
     tries = [("epsilon", [inputs.epsilon * 2 ** (i / 2) for i in range(1, 21)]),
              ("k", [k for k in K_CANDIDATES if k != inputs.k]),
              ("cell_width_m", [] if inputs.cell_width_m is None else [inputs.cell_width_m * m for m in (2, 4, 8, 16, 32)]),
              ("period_factor", [float(m) for m in (2, 7, 30, 90, 365)])]
-    words = []
-    for field, values in tries:
-        helping = [v for v in values if not hopeless(profile_errors(
-            replace(inputs, **{field: v}), profile, bands,
-            None if shown is None else np.asarray(shown) * (v if field == "period_factor" else 1.0)))]
-        if not helping:
-            continue
-        v = helping[0]
-        if field == "epsilon":
-            words.append(f"ε ≥ {v:.3g}")
-        elif field == "cell_width_m":
-            words.append(f"cells of {v:.0f} m")
-        elif field == "period_factor":
-            words.append(f"a {math.ceil(v * period_days - 1e-9)}-day period" if period_days
-                         else f"a period {v:g}× as long")
-        else:
-            ks = sorted(int(x) for x in helping)
-            words.append(f"k ≤ {ks[-1]}" if ks[-1] < inputs.k else f"k ≥ {ks[0]}" if ks[0] > inputs.k
-                         else "k = " + " or ".join(map(str, ks)))
-    return words
+    found = first_helping(tries, lambda field, v: not useless(profile_errors(
+        replace(inputs, **{field: v}), profile, bands,
+        None if shown is None else np.asarray(shown) * (v if field == "period_factor" else 1.0))))
+    return help_words(found, inputs.k, period_days)
