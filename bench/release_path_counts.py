@@ -61,10 +61,10 @@ def _instrument() -> None:
     import dpcore.mechanisms
 
     _count(dpcore.data.inputs, "", "resolve_input", "input listed")
-    import tasks.release_tasks
+    import tasks.release_city_plan
 
     _count(dpcore.mechanisms, "", "get_mechanism", "mechanism built")
-    _count(tasks.release_tasks, "", "get_mechanism", "mechanism built")
+    _count(tasks.release_city_plan, "", "get_mechanism", "mechanism built")
 
 
 def main() -> None:

@@ -34,9 +34,9 @@ from tasks.ledger_tasks import (
 from tasks.persist_tasks import persist_release
 from tasks.progress import Progress, on_terminal
 from tasks.public_errors import PrivateDataFailure, public_data_error, without_private_detail
+from tasks.release_city_plan import ReleaseError
 from tasks.release_plan import ReleasePlan, plan_release
 from tasks.release_tasks import (
-    ReleaseError,
     code_version,
     count_release_data,
     fit_city,

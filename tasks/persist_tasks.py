@@ -16,7 +16,8 @@ from dpcore.synopsis.uncertainty import release_quality
 from tasks.config import canonical_hash
 from tasks.lazy_task import task
 from tasks.public_errors import retry_unless_refused
-from tasks.release_tasks import PREVIEW, CityPlan, ReleaseError
+from tasks.release_city_plan import CityPlan, ReleaseError
+from tasks.release_tasks import PREVIEW
 from tasks.release_verdict import own_map_bands
 from tasks.storage.held_charge import HeldCharge
 from tasks.storage.manifest import InputRef, Manifest

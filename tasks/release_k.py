@@ -17,7 +17,8 @@ import numpy as np
 from dpcore.synopsis.expected_error import K_CANDIDATES, choose_k
 from dpcore.synopsis.uncertainty import DEFAULT_BANDS
 from tasks.ledger_tasks import DEFAULT_K
-from tasks.release_tasks import CityPlan, profile_applies
+from tasks.release_city_plan import CityPlan
+from tasks.release_tasks import profile_applies
 from tasks.release_usefulness import basis_of, no_prediction
 from tasks.storage.store import ReleaseStore, as_store
 

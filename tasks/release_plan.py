@@ -29,8 +29,9 @@ from tasks.ledger_tasks import (
     refuse_if_experimental,
     resolve_policy,
 )
+from tasks.release_city_plan import CityPlan, make_plans, public_locator
 from tasks.release_request import release_request
-from tasks.release_tasks import CityPlan, check_committed, make_plans, public_locator
+from tasks.release_tasks import check_committed
 from tasks.settings import load_settings
 from tasks.storage.ledger_home import LedgerHome
 from tasks.storage.manifest import Manifest

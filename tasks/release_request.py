@@ -17,7 +17,7 @@ from dpcore.data.inputs import InputSet, resolve_files
 from dpcore.geo import Region
 from dpcore.mechanisms import Mechanism
 from tasks.config import Period, PrivacyUnitName, ReleaseParams, parse_period, release_budget
-from tasks.release_tasks import build_mechanism, dataset_name, resolve_regions
+from tasks.release_city_plan import build_mechanism, dataset_name, resolve_regions
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,8 @@ from dpcore.synopsis.expected_error import (
     what_would_help,
 )
 from dpcore.synopsis.uncertainty import DEFAULT_BANDS
-from tasks.release_tasks import CityPlan, ReleaseError, profile_applies
+from tasks.release_city_plan import CityPlan, ReleaseError
+from tasks.release_tasks import profile_applies
 from tasks.storage.store import ReleaseRef, ReleaseStore, as_store
 
 

@@ -96,7 +96,7 @@ class NightlySettings(BaseModel):
 
     @property
     def dataset(self) -> str:
-        from tasks.release_tasks import dataset_name
+        from tasks.release_city_plan import dataset_name
 
         return dataset_name(self.release.data, self.release.dataset)
 

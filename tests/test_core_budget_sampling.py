@@ -95,7 +95,8 @@ def test_bounding_spans_the_whole_release_not_each_city():
     from dpcore.geo import city_region
     from tasks.config import parse_period
     from tasks.dask_path import release_frame
-    from tasks.release_tasks import grid_specs, make_plans, read_bound_count
+    from tasks.release_city_plan import make_plans
+    from tasks.release_tasks import grid_specs, read_bound_count
 
     cities = ["new-york", "chicago", "austin"]
     rng = np.random.default_rng(2)

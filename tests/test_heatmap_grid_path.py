@@ -35,7 +35,8 @@ from dpcore.mechanisms.dpheatmap import heatmap_units, mass_spec
 from dpcore.privacy.noise import NoiseSource
 from tasks.config import parse_period
 from tasks.dask_path import release_counts, release_frame
-from tasks.release_tasks import ReleaseError, grid_specs, make_plans, privatize
+from tasks.release_city_plan import ReleaseError, make_plans
+from tasks.release_tasks import grid_specs, privatize
 
 CITIES = ["austin", "chicago", "new-york"]
 T0 = 1_704_067_200  # 2024-01-01 UTC

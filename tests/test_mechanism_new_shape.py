@@ -2,7 +2,7 @@
 
 The toy below reads 1-D counts (points counted in equal-width west-east strips), declares that shape with
 its tags, and is registered here only. The contract checks of tests/test_mechanism_contract.py, release
-planning (tasks/release_tasks.py) and the evaluation protocol (dpcore/evaluate.py) accept it as they are.
+planning (tasks/release_city_plan.py) and the evaluation protocol (dpcore/evaluate.py) accept it as they are.
 """
 
 from __future__ import annotations
@@ -111,7 +111,8 @@ def test_release_planning_and_privatize_accept_the_new_shape(toy: str) -> None:
     from dpcore.grid.histogram import grid_counts
     from tasks.config import parse_period
     from tasks.dask_path import CityData
-    from tasks.release_tasks import grid_specs, make_plans, privatize
+    from tasks.release_city_plan import make_plans
+    from tasks.release_tasks import grid_specs, privatize
 
     common = {"dataset": "toy", "cities": [], "center": "40.7,-74.0", "side_km": 2.0, "period": parse_period(None),
               "mechanism": toy, "epsilon": EPSILON, "privacy_unit": "user", "max_points_per_user": 5, "seed": 7,

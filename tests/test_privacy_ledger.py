@@ -273,7 +273,8 @@ def test_per_day_bounding_keeps_k_per_person_per_day():
     from dpcore.data.points import LoadResult, Points, ValidationReport
     from tasks.config import parse_period
     from tasks.dask_path import release_frame
-    from tasks.release_tasks import grid_specs, make_plans, read_bound_count
+    from tasks.release_city_plan import make_plans
+    from tasks.release_tasks import grid_specs, read_bound_count
 
     rng = np.random.default_rng(0)
     n = 3000

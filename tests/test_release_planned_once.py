@@ -1,4 +1,4 @@
-"""A release is planned once (tasks/release_plan.py, tasks/release_tasks.py: CityPlan): the mechanism is
+"""A release is planned once (tasks/release_plan.py, tasks/release_city_plan.py: CityPlan): the mechanism is
 built once for the whole run, the input is listed once and that listing gives both the release keys'
 data version and the files the data pass reads, and the plan carries typed values, not strings."""
 
@@ -9,13 +9,13 @@ import os
 import pytest
 
 import dpcore.data.inputs
-import tasks.release_tasks
+import tasks.release_city_plan
 from dpcore.data.synthetic import generate_checkins
 from dpcore.geo import city_region
 from flows.release import release_cities
 from tasks.config import PrivacyUnitName, ReleaseParams
+from tasks.release_city_plan import NoiseSpec
 from tasks.release_plan import plan_release
-from tasks.release_tasks import NoiseSpec
 from tasks.storage.store import ReleaseStore
 
 
@@ -34,7 +34,7 @@ def _params(data, store, **more) -> ReleaseParams:
 
 def test_one_release_builds_its_mechanism_and_lists_its_input_once(data, tmp_path, monkeypatch):
     built, listed = [], []
-    real_build, real_list = tasks.release_tasks.get_mechanism, dpcore.data.inputs.resolve_input
+    real_build, real_list = tasks.release_city_plan.get_mechanism, dpcore.data.inputs.resolve_input
 
     def counting_build(*args, **kwargs):
         built.append(args)
@@ -44,7 +44,7 @@ def test_one_release_builds_its_mechanism_and_lists_its_input_once(data, tmp_pat
         listed.append(args)
         return real_list(*args, **kwargs)
 
-    monkeypatch.setattr(tasks.release_tasks, "get_mechanism", counting_build)
+    monkeypatch.setattr(tasks.release_city_plan, "get_mechanism", counting_build)
     monkeypatch.setattr(dpcore.data.inputs, "resolve_input", counting_list)
     summary = release_cities(_params(data, tmp_path / "store"), in_process=True, artifacts=False)
     assert [r["status"] for r in summary["releases"]] == ["committed", "committed"]

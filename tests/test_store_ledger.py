@@ -11,7 +11,8 @@ from dpcore.synopsis.base import load_synopsis
 from tasks.config import parse_period
 from tasks.ledger_tasks import PolicyRequest, charge_ledger, resolve_policy
 from tasks.persist_tasks import persist_release
-from tasks.release_tasks import make_plans, privatize, read_bound_count
+from tasks.release_city_plan import make_plans
+from tasks.release_tasks import privatize, read_bound_count
 from tasks.storage.ledger import DatasetLedger
 from tasks.storage.store import IntegrityError, ReleaseRef, ReleaseStore, StoreError, fetch_to_temp
 

@@ -116,8 +116,8 @@ def mechanism_capability(name: str, capability: str) -> bool:
 def check_mechanism(name: str, params: dict[str, Any]) -> None:
     """Build mechanism ``name`` with ``params`` and check their values, before data is read or budget
     charged; a value of the wrong type is an error line like any other bad value (a release's own
-    check: tasks.release_tasks.build_mechanism)."""
-    from tasks.release_tasks import build_mechanism
+    check: tasks.release_city_plan.build_mechanism)."""
+    from tasks.release_city_plan import build_mechanism
 
     build_mechanism(name, params)
 

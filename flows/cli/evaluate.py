@@ -272,10 +272,10 @@ def spatio_temporal(
 
 def _check_bounds(k: int, mechs: list[str], mech_params: dict, city: str | None, center: str | None,
                   side_km: float | None) -> None:
-    """k and each mechanism's grid within what a release accepts (tasks/release_tasks.py), before the
+    """k and each mechanism's grid within what a release accepts (tasks/release_city_plan.py), before the
     data is read: k = 1e20 overflowed the noise scale, cell_width_m=0.001 asked for petabytes."""
     from dpcore.geo import resolve_region
-    from tasks.release_tasks import check_grid_fits
+    from tasks.release_city_plan import check_grid_fits
 
     if not 1 <= k <= 1_000_000:
         raise CLIError(f"--max-points-per-user must be a whole number in [1, 1000000], got {k}")

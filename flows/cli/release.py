@@ -400,7 +400,7 @@ def _submit(params: ReleaseParams, first: str, last: str, deployment: str, json_
     """`backfill --deployment`: submit, print each run (a run submitted before with the same parameters is
     said to be one, with its state's message), and exit 2 in one line when such a run had failed."""
     from flows.backfill import submit_to_deployment
-    from tasks.release_tasks import public_locator
+    from tasks.release_city_plan import public_locator
 
     params = params.model_copy(update={"data": public_locator(params.data),
                                        "store": public_locator(params.store) if params.store else None})
