@@ -148,3 +148,18 @@ def test_noise_moments_are_the_cell_by_cell_sums(releases, name):
         fy = _fractions(boxes[:, 1], boxes[:, 3], np.linspace(ymin, ymax, ny + 1))
         want = model.law.variance * np.sum(fx ** 2, axis=1) * np.sum(fy ** 2, axis=1)
         assert var == pytest.approx(want, rel=1e-9, abs=1e-12 * model.law.variance)
+
+
+def test_a_small_error_field_gives_the_draws_own_variance(releases):
+    """HB's leaf grid is small: its boxes' variances come from the cells' error covariance over the draws
+    (w·C·w), which must equal the mean over the draws of each box's error read from the prefix tables."""
+    model = releases["hb"].inner.noise_model()
+    boxes = _boxes(releases["hb"].region, 2000, 4)
+    var, terms = model.moments(boxes)
+    assert model._cov is not None  # the covariance path ran
+    gather = type(model).__new__(type(model))
+    gather.__dict__.update(model.__dict__)
+    gather._cov = None  # the same draws, read draw by draw
+    var_draws, terms_draws = gather.moments(boxes)
+    assert np.array_equal(terms, terms_draws)
+    assert var == pytest.approx(var_draws, rel=1e-3, abs=1e-6 * var_draws.max())
