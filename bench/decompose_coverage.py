@@ -49,7 +49,20 @@ def cells_of(syn):
 def noise_free(syn, x, y, boxes):
     """The answer of the release's own cells holding their true counts of (x, y)."""
     x0, y0, wx, wy = cells_of(syn)
-    c = true_counts(x, y, np.stack([x0, y0, x0 + wx, y0 + wy], axis=1)).astype(np.float64)
+    model = syn.noise_model()
+    if getattr(model, "leaf_at", lambda *_: None)(x[:1], y[:1]) is not None:
+        # each point in the leaf the mechanism put it in (a venue on a leaf's edge is not split by rounding)
+        c = np.bincount(model.leaf_at(x, y)[0], minlength=x0.size).astype(np.float64)
+    else:
+        c = true_counts(x, y, np.stack([x0, y0, x0 + wx, y0 + wy], axis=1)).astype(np.float64)
+    if leaf_squares(syn) is not None and getattr(syn, "values", None) is not None:
+        # the release answers from its raster of the leaves: the noise-free one is the same raster of the
+        # true leaf counts (a leaf's edge inside a raster cell moves a little of its count across the edge:
+        # that is the spread term's, not the noise's)
+        from dpcore.grid.histogram import answer_boxes, prefix_sums
+        from dpcore.mechanisms.ug import rasterise_rectangles
+        raster = rasterise_rectangles(x0, y0, x0 + wx, y0 + wy, c, syn.region, syn.values.shape[0])
+        return answer_boxes(prefix_sums(raster), syn.region.bounds_m, boxes)
     keep = c > 0
     x0, y0, wx, wy, c = x0[keep], y0[keep], wx[keep], wy[keep], c[keep]
     out = np.zeros(len(boxes))

@@ -46,6 +46,7 @@ from dpcore.mechanisms.ag_levels import (
     BOOTSTRAP_GRID,
     AdaptiveGrid3Noise,
     ThreeLevelStructure,
+    child_rects,
     point_child,
     tree_inference,
 )
@@ -300,12 +301,22 @@ class AdaptiveGridNoise(BootstrapNoise):
         x0 = xmin + (leaf_cell // m1) * w1 + (local // lm2) * (w1 / lm2)
         y0 = ymin + (leaf_cell % m1) * h1 + (local % lm2) * (h1 / lm2)
         self.rects = (x0, y0, x0 + w1 / lm2, y0 + h1 / lm2)
+        self.m2 = np.asarray(m2, dtype=np.int64)
         self.method = "parametric bootstrap: fresh level noise through AG's constrained inference"
 
     def draw_errors(self, rng: np.random.Generator) -> np.ndarray:
         e = constrained_inference(draw_noise(rng, self.laws[0], self.m1 * self.m1),
                                   draw_noise(rng, self.laws[1], self.rects[0].size), self.n_leaves, *self.eps)
+        self.note_leaf_errors(e)
         return rasterise_rectangles(*self.rects, e, self.region, self.raster_size)
+
+    def leaf_at(self, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
+        xmin, ymin, xmax, ymax = self.region.bounds_m
+        cell = cell_index(x, xmin, xmax, self.m1) * self.m1 + cell_index(y, ymin, ymax, self.m1)
+        level1 = child_rects(tuple(np.array([v], dtype=np.float64) for v in (xmin, ymin, xmax, ymax)),
+                             np.array([self.m1]))[0]
+        leaf = point_child(level1, self.m2, x, y, cell)
+        return leaf, tuple(r[leaf] for r in self.rects)
 
     @staticmethod
     def make_spec(law1: NoiseLaw, law2: NoiseLaw, eps1: float, eps2: float) -> dict:

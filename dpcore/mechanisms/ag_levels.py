@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from dpcore.geo import Region
+from dpcore.grid.histogram import cell_index
 from dpcore.mechanisms.ug import rasterise_rectangles
 from dpcore.synopsis.base import Synopsis
 from dpcore.synopsis.noise import BootstrapNoise, NoiseLaw, NoiseModel, draw_noise
@@ -117,7 +118,15 @@ class AdaptiveGrid3Noise(BootstrapNoise):
         noise = [draw_noise(rng, self.laws[0], n1), np.where(s.unmeasured, 0.0, draw_noise(rng, self.laws[1], n2)),
                  np.where(merged, draw_noise(rng, self.laws[3], n3), draw_noise(rng, self.laws[2], n3))]
         leaves = tree_inference(noise, s.variances(self.laws), [s.parent2, s.parent3])
+        self.note_leaf_errors(leaves)
         return rasterise_rectangles(*s.leaves, leaves, self.region, self.raster_size)
+
+    def leaf_at(self, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
+        s = self.structure
+        xmin, ymin, xmax, ymax = self.region.bounds_m
+        cell1 = cell_index(x, xmin, xmax, s.m1) * s.m1 + cell_index(y, ymin, ymax, s.m1)
+        leaf = point_child(s.level2, s.m3, x, y, point_child(s.level1, s.m2, x, y, cell1))
+        return leaf, tuple(r[leaf] for r in s.leaves)
 
     @staticmethod
     def make_spec(laws: tuple[NoiseLaw, NoiseLaw, NoiseLaw, NoiseLaw], merge_unsplit: bool) -> dict:

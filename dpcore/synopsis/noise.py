@@ -342,6 +342,9 @@ class BootstrapNoise(NoiseModel):
         self._law, self.cell_grid, self.bounds, self.seed = law, cell_grid, bounds, seed
         self._prefix: np.ndarray | None = None
         self._cov: np.ndarray | None = None
+        #: Σ over the draws of each leaf's squared error, where the field rasterises leaves (note_leaf_errors)
+        self._leaf_sq: np.ndarray | None = None
+        self._leaf_draws = 0
 
     @property
     def law(self) -> NoiseLaw:
@@ -350,6 +353,17 @@ class BootstrapNoise(NoiseModel):
     @abstractmethod
     def draw_errors(self, rng: np.random.Generator) -> np.ndarray:
         """One re-drawn error field on the released grid (nx, ny)."""
+
+    def note_leaf_errors(self, errors: np.ndarray) -> None:
+        """Record one draw's errors of the leaves a field rasterises (for :meth:`leaf_at`'s variance floor)."""
+        e = np.asarray(errors, dtype=np.float64)
+        self._leaf_sq = e * e if self._leaf_sq is None else self._leaf_sq + e * e
+        self._leaf_draws += 1
+
+    def leaf_at(self, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, tuple[np.ndarray, ...]] | None:
+        """The leaf holding each point and its rectangle (x0, y0, x1, y1), where the error field rasterises
+        leaves that may be finer than its cells (None: the field's cells are the leaves)."""
+        return None
 
     def _error_prefix(self) -> np.ndarray:
         """(nx+1, ny+1, draws) prefix tables of the re-drawn error fields (float32, computed once); a field of
@@ -367,6 +381,16 @@ class BootstrapNoise(NoiseModel):
         return self._prefix
 
     def moments(self, boxes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The error field's moments (:meth:`field_moments`), with a box narrower than NEAREST_CELLS field
+        cells taking at least its own leaves' variance (:meth:`_leaf_floor`)."""
+        var, m, small = self.field_moments(boxes)
+        if self._leaf_sq is not None and small.any():
+            self._leaf_floor(boxes, small, var, m)
+        return var, m
+
+    def field_moments(self, boxes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(variance, terms, small) of each box's error read on the re-drawn error fields; ``small``: the
+        boxes narrower than NEAREST_CELLS cells each way, which interpolate the field."""
         p = self._error_prefix()
         nx, ny = p.shape[0] - 1, p.shape[1] - 1
         xmin, ymin, xmax, ymax = self.bounds
@@ -394,7 +418,45 @@ class BootstrapNoise(NoiseModel):
                                                 self.BLOCK)
             var /= p.shape[2]
         s2, s4 = grid_power_sums(boxes, self.cell_grid, self.bounds)
-        return var, terms(s2, s4)
+        return var, terms(s2, s4), ~near
+
+    def _leaf_floor(self, boxes: np.ndarray, small: np.ndarray, var: np.ndarray, m: np.ndarray) -> None:
+        """A box narrower than NEAREST_CELLS field cells reads the field's cells, each the sum of the leaves
+        it rasterises: a box inside one leaf finer than a cell then gets that cell's error spread evenly,
+        not its own leaf's (f_leaf²·Var(leaf) exceeds f_cell²·Var(cell) by the leaves per cell; AG's 30 m
+        leaves in 78 m cells held 0.78 of 25–100 m squares' noise-free answers). Each such box takes at least
+        Σ f²·Var over the leaves it cuts, read on the grid of the leaf under its centre (its neighbours
+        taken as of the same size), as independent terms; in place."""
+        rows = np.flatnonzero(small)
+        b = boxes[rows]
+        leaf, (x0, y0, x1, y1) = self.leaf_at(0.5 * (b[:, 0] + b[:, 2]), 0.5 * (b[:, 1] + b[:, 3]))
+        v = self._leaf_sq[leaf] / max(self._leaf_draws, 1)
+        wx, wy = x1 - x0, y1 - y0
+        ax, bx = (np.minimum(b[:, 0], b[:, 2]) - x0) / wx, (np.maximum(b[:, 0], b[:, 2]) - x0) / wx
+        ay, by = (np.minimum(b[:, 1], b[:, 3]) - y0) / wy, (np.maximum(b[:, 1], b[:, 3]) - y0) / wy
+        s2 = _unit_power_sum(ax, bx, 2) * _unit_power_sum(ay, by, 2)
+        s4 = _unit_power_sum(ax, bx, 4) * _unit_power_sum(ay, by, 4)
+        floor, t = v * s2, terms(s2, s4)
+        # the leaves under the box's corners, each counted once with its own size and variance: a box at the
+        # edge of a coarse leaf may cover most of a fine neighbour
+        seen, c2, c4 = [], np.zeros(len(b)), np.zeros(len(b))
+        for px, py in ((b[:, 0], b[:, 1]), (b[:, 0], b[:, 3]), (b[:, 2], b[:, 1]), (b[:, 2], b[:, 3])):
+            lf, (lx0, ly0, lx1, ly1) = self.leaf_at(np.nextafter(px, 0.5 * (b[:, 0] + b[:, 2])),
+                                                    np.nextafter(py, 0.5 * (b[:, 1] + b[:, 3])))
+            f = (np.clip(np.minimum(b[:, 2], lx1) - np.maximum(b[:, 0], lx0), 0.0, None)
+                 * np.clip(np.minimum(b[:, 3], ly1) - np.maximum(b[:, 1], ly0), 0.0, None)
+                 / ((lx1 - lx0) * (ly1 - ly0)))
+            new = np.logical_and.reduce([lf != s_ for s_ in seen]) if seen else np.ones(len(b), dtype=bool)
+            seen.append(lf)
+            w = np.where(new, f * f * self._leaf_sq[lf] / max(self._leaf_draws, 1), 0.0)
+            c2 += w
+            c4 += w * w
+        corners = c2 > floor
+        floor = np.where(corners, c2, floor)
+        t = np.where(corners, terms(c2, c4), t)
+        wins = floor > var[rows]
+        var[rows[wins]] = floor[wins]
+        m[rows[wins]] = t[wins]
 
     def _small_grid_variance(self, cov: np.ndarray, nx: int, ny: int, near: np.ndarray, gx: list[np.ndarray],
                              gy: list[np.ndarray]) -> np.ndarray:
@@ -410,6 +472,17 @@ class BootstrapNoise(NoiseModel):
             w = (fx[:, :, None] * fy[:, None, :]).reshape(len(fx), nx * ny)
             var[s:s + 16 * self.BLOCK] = np.einsum("qk,qk->q", w @ cov, w)
         return np.maximum(var, 0.0)  # w·C·w ≥ 0: a rounding below 0 is 0
+
+
+def _unit_power_sum(a: np.ndarray, b: np.ndarray, p: int) -> np.ndarray:
+    """Σ f^p over the unit cells of an axis (cells [i, i + 1), every integer i), f the fraction of each
+    inside [a, b)."""
+    i0 = np.floor(a)
+    i1 = np.maximum(np.ceil(b) - 1.0, i0)
+    one = i1 == i0
+    f0 = np.where(one, b - a, i0 + 1.0 - a)
+    f1 = np.where(one, 0.0, b - i1)
+    return f0 ** p + f1 ** p + np.maximum(i1 - i0 - 1.0, 0.0)
 
 
 def _corner_sum_squares(flat: np.ndarray, nodes: tuple[np.ndarray, ...], block: int) -> np.ndarray:
