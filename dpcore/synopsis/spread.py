@@ -67,6 +67,8 @@ FACTORS = {"grid": (0.45, 0.0, 0.45, 4.0), "hb": (0.45, 0.0, 0.45, 4.0), "ag": (
 #: but the held-out Gowalla sample's Austin fell further short (UG 0.63/0.39/0.24 against 0.85/0.74/0.38 by
 #: band; bench/results/2026-11-28-coverage-2.md), so nothing is taken off.
 BOUNDED_SHARE = (0.0, 0.0)
+#: β: a cut cell's share in the box varies as f^β·(1 − f) (f its covered fraction), times its count squared.
+SHARE_POWER = 1.0
 #: The spread and the noise model's half-width add as (n^P + s^P)^(1/P).
 NORM_P = 1.5
 
@@ -234,7 +236,7 @@ class CellSpread:
                     continue  # the inner block: whole cells, exactly counted
                 blk = node[k + 1][c + 1] - node[k][c + 1] - node[k + 1][c] + node[k][c]
                 f = fx[k] * fy[c]
-                g = f * (1.0 - f)
+                g = (f if SHARE_POWER == 1.0 else f ** SHARE_POWER) * (1.0 - f)
                 v += g * blk[:, 1]
                 w += g * g * blk[:, 2]
                 e += f * blk[:, 0]
