@@ -208,20 +208,21 @@ class ContributionProfile:
         m = self._means(self.counts(), k)
         return float(discrete_laplace_variance(self.scale) * np.sum(m * m))
 
-    def draws(self, k: int, draws: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    def draws(self, k: int, draws: int, rng: np.random.Generator,
+              top: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Draws of (N, K(k)) over what the profile leaves open: plausible true counts (the noisy counts
-        minus fresh noise of the same law, clamped at 0, up to :meth:`top_bucket`), each draw with its
-        own slopes inside buckets."""
-        top = self.top_bucket()
+        minus fresh noise of the same law, clamped at 0, up to :meth:`top_bucket` or ``top``), each draw
+        with its own slopes inside buckets."""
+        top = self.top_bucket() if top is None else int(top)
         # simulation, not published noise: numpy's geometric differences have the discrete Laplace law
         p = -np.expm1(-1.0 / self.scale)
         noise = rng.geometric(p, (draws, top + 1)) - rng.geometric(p, (draws, top + 1))
-        c = self.counts(self.noisy[None, : top + 1] - noise)
+        c = np.clip(self.noisy[None, : top + 1] - noise, 0.0, None)
         return self._sum(c, None), self._sum(c, k)
 
-    def factor_draws(self, k: int, draws: int, rng: np.random.Generator) -> np.ndarray:
+    def factor_draws(self, k: int, draws: int, rng: np.random.Generator, top: int | None = None) -> np.ndarray:
         """Draws of 1/κ(k) (see :meth:`draws`)."""
-        n, kept = self.draws(k, draws, rng)
+        n, kept = self.draws(k, draws, rng, top)
         return np.where(kept > 0, np.maximum(n, kept) / np.maximum(kept, 1e-300), 1.0)
 
     def factor(self, k: int) -> float:
