@@ -7,16 +7,18 @@ import shutil
 import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from dpcore.mechanisms import adopt_noise_model
 from dpcore.queries.answers import BOX_COLUMNS, answer_table
 from dpcore.synopsis.base import Synopsis, load_synopsis
 from tasks.storage.manifest import Manifest
 from tasks.storage.store import ReleaseRef, ReleaseStore, StoreError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def open_store(url: str, storage_options: dict[str, Any] | None = None) -> Store:
@@ -78,6 +80,8 @@ class Store:
 
     def table(self, dataset: str | None = None, city: str | None = None) -> pd.DataFrame:
         """One row per committed version: dataset, city, period, version, mechanism, ε, k, privacy unit."""
+        import pandas as pd
+
         rows = [{"dataset": r.manifest.dataset, "city": r.manifest.city, "period": r.manifest.period,
                  "version": r.manifest.version, "mechanism": r.manifest.mechanism, "epsilon": r.manifest.epsilon,
                  "max_points_per_user": r.manifest.max_points_per_user, "privacy_unit": r.manifest.privacy_unit,
@@ -123,6 +127,8 @@ class Store:
         window and its combined interval (``period`` = 'sum A..B'; dpcore/queries/series.py). A
         spatio-temporal release that reaches past the window is asked the part inside it; a 2-D release
         that does is left out (``attrs['left_out']``)."""
+        import pandas as pd
+
         from dpcore.queries.series import sum_method, sum_rows
 
         frames = []
@@ -189,6 +195,8 @@ class Release:
 
     def window_s(self) -> tuple[int | None, int | None]:
         """The release's period as [start, end) UTC seconds ((None, None) for a release of all the input)."""
+        import pandas as pd
+
         w = self.manifest.window or {}
         if w.get("start") and w.get("end"):
             return int(pd.Timestamp(w["start"]).timestamp()), int(pd.Timestamp(w["end"]).timestamp())
@@ -231,6 +239,7 @@ class Release:
         """The released values on their grid as an ``xarray.DataArray``: dims (x, y) or (x, y, time), cell
         centres in the release's local metre frame (x east, y north of the region's centre) with latitude
         and longitude as 2-D coordinates; attrs: unit, mechanism, ε, k, privacy unit, release URL."""
+        import pandas as pd
         import xarray as xr
 
         syn = self.synopsis
@@ -275,6 +284,8 @@ def check_window(synopsis: Synopsis, times: tuple[int, int], asked: str = "perio
     end = start + int(synopsis.slot_seconds) * int(synopsis.n_slots)
     if times[1] <= start or times[0] >= end:
         def day(t: int) -> str:
+            import pandas as pd
+
             return pd.Timestamp(t, unit="s", tz="UTC").isoformat()
 
         raise ValueError(f"{asked} ({day(times[0])}..{day(times[1])}) lies outside this release's window "
@@ -284,6 +295,8 @@ def check_window(synopsis: Synopsis, times: tuple[int, int], asked: str = "perio
 
 def _boxes(boxes) -> np.ndarray:
     """(q, 4) lat/lon boxes from rows of an array, tuples, or a DataFrame with the box columns."""
+    import pandas as pd
+
     if isinstance(boxes, pd.DataFrame):
         arr = boxes[BOX_COLUMNS].to_numpy(dtype=np.float64)
     else:

@@ -130,3 +130,28 @@ def test_forecast_comes_with_an_interval(releases):
     assert np.median(hi - lo) > 0.5 * np.std(history)
     text = run_geodp("query", "forecast", releases["st"], "--box", BOX_C, "--horizon", "2")
     assert len(re.findall(r"95% \[", text.stdout)) == 2
+
+
+def test_a_boxes_csv_reads_as_pandas_read_it(tmp_path):
+    """`--boxes CSV` is read by Arrow where every coordinate is a plain number (no pandas import); the
+    boxes must be pandas' own, and anything Arrow cannot read as numbers gets pandas' result or error."""
+    from dpcore.queries.range import QueryError, _read_boxes_arrow, _read_boxes_pandas, read_boxes_csv
+
+    header = "min_lat,min_lon,max_lat,max_lon\n"
+    cases = {"header": header + "40.7,-74.01,40.71,-74.0\n40.70001,-73.99999,40.8,-73.9\n",
+             "headerless": "40.7,-74.01,40.71,-74.0\n40,-74,41,-73\n",
+             "reordered, extra column": "id,max_lon,min_lat,max_lat,min_lon\n1,-74.0,40.7,40.71,-74.01\n",
+             "integers": header + "40,-74,41,-73\n"}
+    for name, text in cases.items():
+        p = tmp_path / f"{len(text)}.csv"
+        p.write_text(text)
+        assert _read_boxes_arrow(str(p)) is not None, name
+        assert np.array_equal(read_boxes_csv(str(p)), _read_boxes_pandas(str(p))), name
+    for bad in (header + "40.7,-74.01,north,-74.0\n", header + "40.7,-74.01,,-74.0\n", "40.7,-74.01\n", ""):
+        p = tmp_path / "bad.csv"
+        p.write_text(bad)
+        with pytest.raises(QueryError) as ours:
+            read_boxes_csv(str(p))
+        with pytest.raises(QueryError) as theirs:
+            _read_boxes_pandas(str(p))
+        assert str(ours.value) == str(theirs.value)

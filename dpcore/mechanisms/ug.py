@@ -21,10 +21,9 @@ Negative cells are kept (unbiased range sums); ``clamp_negative=True`` zeroes th
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
-from scipy import sparse
 
 from dpcore.geo import Region
 from dpcore.mechanisms.base import Mechanism, MechanismError
@@ -44,6 +43,9 @@ SIZE_RULES = ("qardaji", "data")
 SizeRule = Literal["qardaji", "data"]
 #: Largest raster any classic mechanism publishes (2048² float64 = 32 MiB; ~10 m cells on 20 km).
 MAX_RASTER = 2048
+
+if TYPE_CHECKING:
+    from scipy import sparse
 
 
 def private_total(data: PointsInput, acct: Accountant, noise: NoiseSource, fraction: float,
@@ -76,6 +78,8 @@ def grid_size_rule(total: float, epsilon: float, sensitivity: float, c: float) -
 
 def _overlaps(lo: np.ndarray, hi: np.ndarray, axis_lo: float, axis_hi: float, n: int) -> sparse.csr_matrix:
     """Sparse (len(lo), n) matrix of the fraction of each interval [lo, hi) lying in each of n cells."""
+    from scipy import sparse  # here, not at import: answering a release never needs it
+
     w = (axis_hi - axis_lo) / n
     a = (np.asarray(lo, dtype=np.float64) - axis_lo) / w
     b = (np.asarray(hi, dtype=np.float64) - axis_lo) / w
@@ -100,6 +104,8 @@ def rasterise_rectangles(x0: np.ndarray, y0: np.ndarray, x1: np.ndarray, y1: np.
     its x- and y-overlap fractions, so the raster is OXᵀ·diag(mass)·OY with sparse overlap
     matrices (no loop over rectangles or cells).
     """
+    from scipy import sparse
+
     xmin, ymin, xmax, ymax = region.bounds_m
     ox = _overlaps(x0, x1, xmin, xmax, size)
     oy = _overlaps(y0, y1, ymin, ymax, size)

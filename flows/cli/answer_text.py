@@ -5,11 +5,13 @@ second, where pandas' ``to_csv(float_format=…)`` formats each cell in Python).
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
+
+from dpcore.queries.answers import Answers, Words
 
 BOX = ["min_lat", "min_lon", "max_lat", "max_lon"]
 #: Significant digits of a CSV's estimates and bounds (what ``%.6g`` printed); coordinates are written as read.
@@ -33,28 +35,86 @@ def round_significant(x: np.ndarray, digits: int) -> np.ndarray:
     return out
 
 
+def _arrow(x: np.ndarray) -> pa.Array:
+    """A float64, int64 or bool numpy array as an Arrow array over the same memory (bools packed to bits).
+    ``pa.array`` would import pandas to check for its types: 0.4 CPU-s of a command's start."""
+    x = np.ascontiguousarray(x)
+    if x.dtype == np.bool_:
+        return pa.Array.from_buffers(pa.bool_(), len(x), [None, pa.py_buffer(np.packbits(x, bitorder="little"))])
+    kind = {np.dtype(np.float64): pa.float64(), np.dtype(np.int64): pa.int64()}[x.dtype]
+    return pa.Array.from_buffers(kind, len(x), [None, pa.py_buffer(x)])
+
+
+def _arrow_strings(words: list[str]) -> pa.Array:
+    """A short list of str as an Arrow string array (built from its buffers, as :func:`_arrow`)."""
+    data = [w.encode() for w in words]
+    offsets = np.zeros(len(data) + 1, dtype=np.int32)
+    np.cumsum([len(d) for d in data], out=offsets[1:])
+    return pa.Array.from_buffers(pa.string(), len(data), [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(data))])
+
+
+def _lit(text: str) -> pa.Scalar:
+    """A str as an Arrow scalar for compute kernels (taken from an array: converting a Python str imports
+    pandas, as ``pa.array`` does)."""
+    return _arrow_strings([text])[0]
+
+
 def _numbers(x: np.ndarray, missing: str, floats: bool) -> pa.Array:
     """Shortest round-trip text of each value (Arrow's cast), ``missing`` where not finite; ``floats``:
     integral values keep a ``.0`` (a JSON reader then reads a float, as it did)."""
     x = np.asarray(x, dtype=np.float64)
     finite = np.isfinite(x)
-    text = pc.cast(pa.array(np.where(finite, x, 0.0)), pa.string())
+    text = pc.cast(_arrow(np.where(finite, x, 0.0)), pa.string())
     if floats:  # Arrow writes 3.0 as "3" (and 1e16 as "1e+16")
         whole = finite & (x == np.floor(x)) & (np.abs(x) < 1e16)
         if whole.any():
-            text = pc.replace_with_mask(text, pa.array(whole),
-                                        pc.binary_join_element_wise(text.filter(pa.array(whole)), ".0", ""))
+            mask = _arrow(whole)
+            text = pc.replace_with_mask(text, mask, pc.binary_join_element_wise(text.filter(mask), _lit(".0"),
+                                                                                _lit("")))
     if not finite.all():
-        text = pc.if_else(pa.array(finite), text, missing)
+        text = pc.if_else(_arrow(finite), text, _lit(missing))
     return text
 
 
-def _strings(values: pd.Series, quote) -> pa.Array:
-    """Each value through ``quote`` (a function of one str; None/NaN: quote(None)), computed once per distinct
-    value."""
-    cat = values.astype("category") if not isinstance(values.dtype, pd.CategoricalDtype) else values
-    words = [quote(None)] + [quote(str(c)) for c in cat.cat.categories]
-    return pc.take(pa.array(words, pa.string()), pa.array(cat.cat.codes.to_numpy().astype(np.int64) + 1))
+def _strings(col: Words, quote) -> pa.Array:
+    """Each row's word through ``quote`` (a function of one str; no word: quote(None)), computed once per
+    distinct word."""
+    words = [quote(None)] + [quote(str(w)) for w in col.words]
+    return pc.take(_arrow_strings(words), _arrow(np.asarray(col.codes, dtype=np.int64) + 1))
+
+
+def columns_of(table: Any) -> tuple[dict[str, np.ndarray | Words], dict]:
+    """(columns in order, attrs) of an :class:`Answers` or a DataFrame: numbers as float64 arrays, anything
+    else as Words (a DataFrame's text through its categories)."""
+    if isinstance(table, Answers):
+        return table.columns, table.attrs
+    import pandas as pd
+
+    cols: dict[str, np.ndarray | Words] = {}
+    for c in table.columns:
+        s = table[c]
+        if pd.api.types.is_float_dtype(s.dtype) or pd.api.types.is_integer_dtype(s.dtype):
+            cols[c] = s.to_numpy(dtype=np.float64)
+        else:
+            cat = s.astype("category") if not isinstance(s.dtype, pd.CategoricalDtype) else s
+            cols[c] = Words(cat.cat.codes.to_numpy(), [str(w) for w in cat.cat.categories])
+    return cols, table.attrs
+
+
+def words_of(values: list) -> Words:
+    """A column of str or None per row as Words (its distinct words sorted, as a pandas Categorical's)."""
+    arr = np.asarray(values, dtype=object)
+    words = sorted(w for w in set(values) if w is not None)
+    codes = np.full(len(arr), -1, dtype=np.int64)
+    for k, w in enumerate(words):
+        codes[arr == w] = k
+    return Words(codes, words)
+
+
+def texts_of(col: Words) -> list:
+    """Each row's word (None where it has none)."""
+    words = [*col.words, None]  # code -1 reads the last
+    return [words[c] for c in np.asarray(col.codes).tolist()]
 
 
 def _csv_field(s: str | None) -> str:
@@ -65,8 +125,9 @@ def _csv_field(s: str | None) -> str:
 
 def _join(parts: list, sep: str) -> memoryview:
     """Rows of ``parts`` (Arrow string arrays or literal str) joined by ``sep``, each row ending in a newline."""
-    return _text_of(pc.binary_join_element_wise(*parts, "\n", "") if not sep else
-                    pc.binary_join_element_wise(pc.binary_join_element_wise(*parts, sep), "\n", ""))
+    parts = [_lit(p) if isinstance(p, str) else p for p in parts]
+    return _text_of(pc.binary_join_element_wise(*parts, _lit("\n"), _lit("")) if not sep else
+                    pc.binary_join_element_wise(pc.binary_join_element_wise(*parts, _lit(sep)), _lit("\n"), _lit("")))
 
 
 def _text_of(rows: pa.Array) -> memoryview:
@@ -78,20 +139,19 @@ def _text_of(rows: pa.Array) -> memoryview:
     return memoryview(rows.buffers()[2])[offsets[0]:offsets[-1]]
 
 
-def csv_bytes(table: pd.DataFrame) -> list:
-    """The table as CSV (a header row; estimates and bounds to CSV_DIGITS significant digits, coordinates as
-    read, empty where NaN; text quoted where it holds a comma or a quote)."""
-    header = (",".join(_csv_field(str(c)) for c in table.columns) + "\n").encode()
+def csv_bytes(table: Any) -> list:
+    """The table (an Answers or a DataFrame) as CSV (a header row; estimates and bounds to CSV_DIGITS
+    significant digits, coordinates as read, empty where NaN; text quoted where it holds a comma or a quote)."""
+    cols, _ = columns_of(table)
+    header = (",".join(_csv_field(str(c)) for c in cols) + "\n").encode()
     if not len(table):
         return [header]
     parts = []
-    for col in table.columns:
-        s = table[col]
-        if pd.api.types.is_float_dtype(s.dtype) or pd.api.types.is_integer_dtype(s.dtype):
-            x = s.to_numpy(dtype=np.float64)
-            parts.append(_numbers(x if col in BOX else round_significant(x, CSV_DIGITS), "", floats=False))
+    for name, col in cols.items():
+        if isinstance(col, Words):
+            parts.append(_strings(col, _csv_field))
         else:
-            parts.append(_strings(s, _csv_field))
+            parts.append(_numbers(col if name in BOX else round_significant(col, CSV_DIGITS), "", floats=False))
     return [header, _join(parts, ",")]
 
 
@@ -99,24 +159,27 @@ def _json_string(s: str | None) -> str:
     return "null" if s is None else json.dumps(s, ensure_ascii=False)
 
 
-def json_bytes(table: pd.DataFrame, first: dict | None = None) -> list:
-    """The table as one JSON array of records (keys: ``period`` where the table has periods, ``box``,
-    estimate, lower, upper, unit, interval_covers, ``interval``, ``note`` where the table has notes; numbers
-    to JSON_DECIMALS decimal places, null where NaN); ``first``: more keys of the first record alone."""
+def json_bytes(table: Any, first: dict | None = None) -> list:
+    """The table (an Answers or a DataFrame) as one JSON array of records (keys: ``period`` where the table has
+    periods, ``box``, estimate, lower, upper, unit, interval_covers, ``interval``, ``note`` where the table has
+    notes; numbers to JSON_DECIMALS decimal places, null where NaN); ``first``: more keys of the first record
+    alone."""
     if not len(table):
         return [b"[]\n"]
-    num = {c: _numbers(np.round(table[c].to_numpy(dtype=np.float64), JSON_DECIMALS), "null", floats=True)
+    cols, attrs = columns_of(table)
+    num = {c: _numbers(np.round(cols[c], JSON_DECIMALS), "null", floats=True)
            for c in (*BOX, "estimate", "lower", "upper")}
     parts: list = ["{"]
-    if "period" in table.columns:
-        parts += ['"period":', _strings(table["period"].astype(str), _json_string), ","]
+    if "period" in cols:
+        parts += ['"period":', _strings(cols["period"], _json_string), ","]
     parts += ['"box":[', num["min_lat"], ",", num["min_lon"], ",", num["max_lat"], ",", num["max_lon"], "],"]
     for c in ("estimate", "lower", "upper"):
         parts += [f'"{c}":', num[c], ","]
-    parts += ['"unit":', _strings(table["unit"], _json_string), ',"interval_covers":',
-              _strings(table["interval_covers"], _json_string), f',"interval":"{table.attrs["level"]:.0%}"']
-    if "note" in table.columns:  # a band the release is expected to serve worse than a blank map
-        parts += [',"note":', _strings(table["note"], _json_string)]
-    text = _text_of(pc.binary_join_element_wise(*parts, "},", ""))[:-1]  # the last record takes no comma
+    parts += ['"unit":', _strings(cols["unit"], _json_string), ',"interval_covers":',
+              _strings(cols["interval_covers"], _json_string), f',"interval":"{attrs["level"]:.0%}"']
+    if "note" in cols:  # a band the release is expected to serve worse than a blank map
+        parts += [',"note":', _strings(cols["note"], _json_string)]
+    parts = [_lit(p) if isinstance(p, str) else p for p in parts]
+    text = _text_of(pc.binary_join_element_wise(*parts, _lit("},"), _lit("")))[:-1]  # the last record takes no comma
     head = "".join(f"{json.dumps(k)}:{json.dumps(v, ensure_ascii=False)}," for k, v in (first or {}).items())
     return [b"[{" + head.encode(), text[1:], b"]\n"]

@@ -50,7 +50,7 @@ def range_counts(
     """Estimated counts in boxes, with 95% intervals where the mechanism has them (all boxes at once).
     Given a store with --dataset and --city (or a path …/releases/DATASET/CITY), every committed release
     in --period: one row per period, and their sum with its combined interval."""
-    from dpcore.queries.answers import answer_table
+    from dpcore.queries.answers import answers
     from dpcore.queries.range import parse_box, read_boxes_csv
 
     if bool(box) == (boxes is not None):
@@ -71,10 +71,12 @@ def range_counts(
     with fetch_release(release) as (manifest, synopsis):
         if times is not None:
             _check_window(synopsis, times)
-        table = answer_table(synopsis, boxes_ll, window_s=times)
+        table = answers(synopsis, boxes_ll, window_s=times)
         notes = answer_notes(manifest.quality, synopsis.region.box_latlon_to_m(boxes_ll))
         if any(notes):  # a band the release is expected to serve worse than a blank map
-            table["note"] = notes
+            from flows.cli.answer_text import words_of
+
+            table.columns["note"] = words_of(notes)
         for caveat in synopsis.caveats():
             eprint(f"note: {caveat}")
         region_bbox = synopsis.region.bbox_latlon()
@@ -231,13 +233,15 @@ def _hotspot_series(root: str, dataset: str, city: str, points: np.ndarray, thre
 
 
 def write_answers(table, fmt: str, dest: str | None) -> None:
-    """The answer table as text lines, JSON records (legacy keys box, estimate, lower, upper) or CSV."""
+    """The answer table (an Answers or a DataFrame) as text lines, JSON records (legacy keys box, estimate,
+    lower, upper) or CSV."""
     import sys
     from pathlib import Path
 
-    from flows.cli.answer_text import csv_bytes, json_bytes
+    from flows.cli.answer_text import BOX, columns_of, csv_bytes, json_bytes, texts_of
 
-    method = table.attrs["interval_method"]
+    cols, attrs = columns_of(table)
+    method = attrs["interval_method"]
     data: list = []
     if fmt == "csv":
         data = csv_bytes(table)
@@ -246,10 +250,10 @@ def write_answers(table, fmt: str, dest: str | None) -> None:
         # intervals were computed is stated once, in the first record (docs/decisions/0023-json-answers-method-once.md)
         data = json_bytes(table, {"interval_method": method})
     else:
-        b = table[["min_lat", "min_lon", "max_lat", "max_lon"]].to_numpy()
-        est, lo, hi = (table[c].to_numpy() for c in ("estimate", "lower", "upper"))
-        period = table["period"].astype(str).to_numpy() if "period" in table.columns else None
-        notes = table["note"].to_numpy() if "note" in table.columns else None
+        b = np.column_stack([cols[c] for c in BOX])
+        est, lo, hi = (cols[c] for c in ("estimate", "lower", "upper"))
+        period = texts_of(cols["period"]) if "period" in cols else None
+        notes = texts_of(cols["note"]) if "note" in cols else None
         lines = []
         for q in range(len(table)):
             ci = f"\t95% [{lo[q]:.1f}, {hi[q]:.1f}]" if np.isfinite(lo[q]) else ""
@@ -271,8 +275,8 @@ def write_answers(table, fmt: str, dest: str | None) -> None:
         with open(dest, "wb") as f:
             f.writelines(data)
         eprint(f"wrote {dest}")
-    if "unit_words" in table.attrs:
-        eprint(table.attrs["unit_words"])
+    if "unit_words" in attrs:
+        eprint(attrs["unit_words"])
     eprint(f"intervals: {method}")
 
 
