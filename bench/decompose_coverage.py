@@ -120,6 +120,7 @@ def main() -> None:
                     if unit == "user":
                         pm = syn.noise_model()
                         f_lo, f_hi = np.quantile(pm._factor, [0.025, 0.975])
+                        f_hi = max(f_hi, float(np.quantile(pm._reach, 0.975)))  # the upper end's reach
                         pos = np.maximum(u, 0)
                         bias_lo = z * pm.BIAS_SHARE * pm.profile.cell_bias_sd(pm.k, u)
                         bias_hi = z * pm.BIAS_SHARE * pm.profile.cell_bias_sd(pm.k, niv.upper + s_hi)
