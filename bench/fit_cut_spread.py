@@ -106,6 +106,13 @@ def main() -> None:
     for beta in BETAS:
         best = min((t for t in results if t[1] == beta), key=lambda t: t[0])
         print(f"best at β {beta:g}: {best[2:5]} rms {best[0]:.3f}")
+    print("\nbest per cell width (β 1), rms over its cells:")
+    for w in WIDTHS:
+        sel = np.array([k[2] == w for k in keys])
+        per = min((t for t in results if t[1] == 1.0), key=lambda t: float(np.sqrt(np.mean((t[5][sel] - 0.95) ** 2))))
+        rms = float(np.sqrt(np.mean((per[5][sel] - 0.95) ** 2)))
+        now = float(np.sqrt(np.mean((today[5][sel] - 0.95) ** 2)))
+        print(f"  {w:6g} m: (a0, b0, b1) = ({per[2]:g}, {per[3]:g}, {per[4]:g}) rms {rms:.3f} (today's {now:.3f})")
     print("\nper cell (best, today's):")
     best = results[0]
     for k, c1, c0 in zip(keys, best[5], today[5], strict=True):
