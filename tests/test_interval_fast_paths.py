@@ -168,3 +168,21 @@ def test_a_small_error_field_gives_the_draws_own_variance(releases):
     var_draws, terms_draws = gather.moments(boxes)
     assert np.array_equal(terms, terms_draws)
     assert var == pytest.approx(var_draws, rel=1e-3, abs=1e-6 * var_draws.max())
+
+
+def test_the_bootstraps_raster_of_leaf_errors_is_the_releases_rasterisation():
+    """AG's bootstrap rasterises each draw's leaf errors with shares found once (RectangleRaster, a bincount)
+    instead of the release's sparse products (rasterise_rectangles): the same raster."""
+    from dpcore.mechanisms.ug import RectangleRaster, rasterise_rectangles
+
+    region = city_region("new-york")
+    rng = np.random.default_rng(7)
+    h = region.half_m
+    x0, y0 = rng.uniform(-1.05 * h, h, (2, 300))
+    x1, y1 = x0 + rng.uniform(0, 3000, 300), y0 + rng.uniform(0, 3000, 300)  # some past the edge, some empty
+    x1[::29] = x0[::29]
+    raster = RectangleRaster(x0, y0, x1, y1, region, 97)
+    for _ in range(3):
+        mass = rng.normal(0, 20, 300)
+        want = rasterise_rectangles(x0, y0, x1, y1, mass, region, 97)
+        assert raster(mass) == pytest.approx(want, rel=1e-12, abs=1e-12 * np.abs(mass).sum())

@@ -58,6 +58,7 @@ from dpcore.mechanisms.tags import MechanismTags
 from dpcore.mechanisms.ug import (
     DEFAULT_C,
     MAX_RASTER,
+    RectangleRaster,
     grid_size_rule,
     private_total,
     rasterise_rectangles,
@@ -308,7 +309,9 @@ class AdaptiveGridNoise(BootstrapNoise):
         e = constrained_inference(draw_noise(rng, self.laws[0], self.m1 * self.m1),
                                   draw_noise(rng, self.laws[1], self.rects[0].size), self.n_leaves, *self.eps)
         self.note_leaf_errors(e)
-        return rasterise_rectangles(*self.rects, e, self.region, self.raster_size)
+        if getattr(self, "_raster", None) is None:  # the leaves' shares of the raster cells, found once
+            self._raster = RectangleRaster(*self.rects, self.region, self.raster_size)
+        return self._raster(e)
 
     def leaf_at(self, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
         xmin, ymin, xmax, ymax = self.region.bounds_m

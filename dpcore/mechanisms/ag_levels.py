@@ -21,7 +21,7 @@ import numpy as np
 
 from dpcore.geo import Region
 from dpcore.grid.histogram import cell_index
-from dpcore.mechanisms.ug import rasterise_rectangles
+from dpcore.mechanisms.ug import RectangleRaster
 from dpcore.synopsis.base import Synopsis
 from dpcore.synopsis.noise import BootstrapNoise, NoiseLaw, NoiseModel, draw_noise
 
@@ -119,7 +119,9 @@ class AdaptiveGrid3Noise(BootstrapNoise):
                  np.where(merged, draw_noise(rng, self.laws[3], n3), draw_noise(rng, self.laws[2], n3))]
         leaves = tree_inference(noise, s.variances(self.laws), [s.parent2, s.parent3])
         self.note_leaf_errors(leaves)
-        return rasterise_rectangles(*s.leaves, leaves, self.region, self.raster_size)
+        if getattr(self, "_raster", None) is None:  # the leaves' shares of the raster cells, found once
+            self._raster = RectangleRaster(*s.leaves, self.region, self.raster_size)
+        return self._raster(leaves)
 
     def leaf_at(self, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
         s = self.structure

@@ -76,10 +76,10 @@ def grid_size_rule(total: float, epsilon: float, sensitivity: float, c: float) -
     return math.sqrt(max(total, 0.0) * epsilon / (c * sensitivity))
 
 
-def _overlaps(lo: np.ndarray, hi: np.ndarray, axis_lo: float, axis_hi: float, n: int) -> sparse.csr_matrix:
-    """Sparse (len(lo), n) matrix of the fraction of each interval [lo, hi) lying in each of n cells."""
-    from scipy import sparse  # here, not at import: answering a release never needs it
-
+def _spans(lo: np.ndarray, hi: np.ndarray, axis_lo: float, axis_hi: float,
+           n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(interval, cell, fraction): the fraction of each interval [lo, hi) lying in each of the n cells it meets
+    (the entries of :func:`_overlaps`' matrix, interval by interval)."""
     w = (axis_hi - axis_lo) / n
     a = (np.asarray(lo, dtype=np.float64) - axis_lo) / w
     b = (np.asarray(hi, dtype=np.float64) - axis_lo) / w
@@ -93,7 +93,40 @@ def _overlaps(lo: np.ndarray, hi: np.ndarray, axis_lo: float, axis_hi: float, n:
     overlap = np.minimum(b[rows], cols + 1.0) - np.maximum(a[rows], cols.astype(np.float64))
     length = np.maximum(b - a, 1e-300)[rows]
     frac = np.clip(overlap, 0.0, None) / length
-    return sparse.csr_matrix((frac, (rows, cols)), shape=(a.size, n))
+    return rows, cols, frac
+
+
+def _overlaps(lo: np.ndarray, hi: np.ndarray, axis_lo: float, axis_hi: float, n: int) -> sparse.csr_matrix:
+    """Sparse (len(lo), n) matrix of the fraction of each interval [lo, hi) lying in each of n cells."""
+    from scipy import sparse  # here, not at import: answering a release never needs it
+
+    rows, cols, frac = _spans(lo, hi, axis_lo, axis_hi, n)
+    return sparse.csr_matrix((frac, (rows, cols)), shape=(np.size(lo), n))
+
+
+class RectangleRaster:
+    """:func:`rasterise_rectangles` of many masses on the same rectangles (a bootstrap re-draws every leaf's
+    error on one structure): each rectangle's share of each raster cell, fx·fy, is found once, and a mass
+    vector becomes a raster in one weighted bincount (no scipy, a tenth of the sparse products' time)."""
+
+    def __init__(self, x0: np.ndarray, y0: np.ndarray, x1: np.ndarray, y1: np.ndarray, region: Region, size: int):
+        xmin, ymin, xmax, ymax = region.bounds_m
+        rx, cx, fx = _spans(x0, x1, xmin, xmax, size)
+        ry, cy, fy = _spans(y0, y1, ymin, ymax, size)
+        k = np.size(x0)
+        ny = np.bincount(ry, minlength=k)  # y entries per rectangle, which come in rectangle order
+        y_first = np.cumsum(ny) - ny
+        # every x entry of a rectangle paired with each of its y entries
+        reps = ny[rx]
+        xe = np.repeat(np.arange(rx.size), reps)
+        ye = np.repeat(y_first[rx], reps) + (np.arange(xe.size) - np.repeat(np.cumsum(reps) - reps, reps))
+        self.size, self.rect, self.cell = size, rx[xe], cx[xe] * size + cy[ye]
+        self.fx, self.fy = fx[xe], fy[ye]
+
+    def __call__(self, mass: np.ndarray) -> np.ndarray:
+        """The (size, size) raster of the rectangles' ``mass``, each spread uniformly over its area."""
+        w = self.fx * (np.asarray(mass, dtype=np.float64)[self.rect] * self.fy)  # as OXᵀ·(diag(mass)·OY) multiplies
+        return np.bincount(self.cell, weights=w, minlength=self.size * self.size).reshape(self.size, self.size)
 
 
 def rasterise_rectangles(x0: np.ndarray, y0: np.ndarray, x1: np.ndarray, y1: np.ndarray, mass: np.ndarray,
