@@ -88,6 +88,42 @@ def test_bounding_draws_every_k_subset_equally_often(n, k):
     assert stats.chisquare(hits).pvalue > 1e-4
 
 
+@pytest.mark.parametrize("forced", ["few candidates", "tied keys"])
+def test_bounding_stays_uniform_where_units_draw_again(monkeypatch, forced):
+    """The rare paths of the k-sample, forced: units with fewer candidates than they choose, and units
+    whose keys tie at the cut, draw again, and every k-subset stays equally likely (a redraw that kept a
+    tied cut's row order, or a partial draw, would favour some rows)."""
+    import itertools
+
+    import dpcore.privacy.bounding as bounding
+
+    redraws = []
+    if forced == "few candidates":
+        monkeypatch.setattr(bounding, "CANDIDATE_SDS", -3.0)
+    else:  # every row a candidate with its key's top bits 0, then 4 random bits: ties at most cuts
+        monkeypatch.setattr(bounding, "_random_u8", lambda rng, n: np.zeros(n, dtype=np.uint8))
+        monkeypatch.setattr(bounding, "_random_u32",
+                            lambda rng, n: rng.integers(0, 4, n).astype(np.uint32) << np.uint32(30))
+    draw = bounding._random_u32
+    monkeypatch.setattr(bounding, "_random_u32", lambda rng, n: redraws.append(n) or draw(rng, n))
+    rng = np.random.default_rng(5)
+    sizes = np.array([2, 5, 7, 30])
+    user = np.repeat(np.arange(sizes.size), sizes)[rng.permutation(sizes.sum())]
+    rows = np.flatnonzero(user == 2)  # 7 rows, k = 3: keeps its 3 smallest keys
+    index = {s: i for i, s in enumerate(itertools.combinations(rows.tolist(), 3))}
+    hits, per_row = np.zeros(len(index)), np.zeros(user.size)
+    draws = 1500
+    for _ in range(draws):
+        keep = bounding.sample_per_unit([user[:20], user[20:]], np.bincount(user), 3, rng)
+        assert np.array_equal(np.bincount(user[keep], minlength=sizes.size), np.minimum(sizes, 3))
+        hits[index[tuple(np.flatnonzero(keep & (user == 2)).tolist())]] += 1
+        per_row[keep] += 1
+    assert len(redraws) > 3 * draws  # two blocks and the edge sort per draw, and more: units drew again
+    assert stats.chisquare(hits).pvalue > 1e-4
+    for u in (1, 3):
+        assert stats.chisquare(per_row[user == u]).pvalue > 1e-4
+
+
 def test_bounding_spans_the_whole_release_not_each_city():
     """A user with 100 points in each of three cities keeps at most k points over the three city-releases
     of one run together, not k per city (the release step that splits by city bounds first)."""

@@ -65,8 +65,9 @@ def unit_codes(user: np.ndarray) -> np.ndarray:
 #: count (plus a few): a unit with fewer than m candidates, which draws again after a pass over every
 #: row, is then rare (a Poisson tail: 3·10⁻⁵ a unit at m = 1, 4·10⁻⁷ at m = 50).
 CANDIDATE_SDS = 5.5
-#: Rows per step of the per-row passes: a step's temporaries are reused, not new memory each time.
-SAMPLE_BLOCK = 1 << 20
+#: Rows per step of the per-row passes: a step's temporaries (a byte a row, and a few bytes per
+#: candidate) stay in the core's cache and are reused, not new memory each time.
+SAMPLE_BLOCK = 1 << 18
 #: Candidates a unit expects per bucket of its key range (see sample_per_unit).
 PER_BUCKET = 4
 
@@ -74,6 +75,11 @@ PER_BUCKET = 4
 def _random_u32(rng: np.random.Generator, n: int) -> np.ndarray:
     """n independent uniform 32-bit integers: both halves of the generator's 64-bit outputs."""
     return rng.bit_generator.random_raw((n + 1) // 2).view(np.uint32)[:n]
+
+
+def _random_u8(rng: np.random.Generator, n: int) -> np.ndarray:
+    """n independent uniform bytes: the eight bytes of each of the generator's 64-bit outputs."""
+    return rng.bit_generator.random_raw((n + 7) // 8).view(np.uint8)[:n]
 
 
 def _ranges(start: np.ndarray, length: np.ndarray) -> np.ndarray:
@@ -88,18 +94,20 @@ def sample_per_unit(codes: np.ndarray | list[np.ndarray], counts: np.ndarray, k:
     or a list whose concatenation is the rows; integers below ``counts.size``) with ``counts`` the
     rows per code.
 
-    Each row of a heavy unit (n_u > k) gets an independent random key, and the unit keeps the rows
-    with its k smallest keys, or, when it has fewer than 2k rows, drops the rows with its n_u − k
-    smallest keys: either way a uniform k-subset, since the keys are exchangeable. Call m_u the rows
-    a unit so chooses. A key is 32 random bits per row, followed by 32 more drawn only where two keys
-    must be told apart. Only candidates are looked at again: rows whose key lies under a per-unit
-    threshold that about m_u + 5.5·sqrt(m_u) of its rows clear, so the m_u smallest keys are among
-    them; a unit with fewer than m_u candidates draws again with every row a candidate. No sort finds
-    the m_u-th smallest key: the unit's range of candidate keys is cut into buckets of about
-    PER_BUCKET candidates, one count per bucket tells which bucket holds it, the candidates in lower
-    buckets are chosen, and only that bucket's candidates are sorted (by their key and its next 32
-    bits). A unit whose m_u-th and next keys tie in all 64 bits also draws again, so the sample is
-    exactly uniform. Light units keep every row. The per-row passes go SAMPLE_BLOCK rows at a time."""
+    Each row of a heavy unit (n_u > k) gets an independent uniform 64-bit key, and the unit keeps the
+    rows with its k smallest keys, or, when it has fewer than 2k rows, drops the rows with its n_u − k
+    smallest keys: either way a uniform k-subset, since the keys are exchangeable. Call m_u the rows a
+    unit so chooses. A key's top 7 bits are drawn for every row, its next 25 only for candidates and its
+    last 32 only where two keys must be told apart. Candidates are the rows whose top bits lie under a
+    per-unit threshold T_u/128 that about m_u + 5.5·sqrt(m_u) of its rows clear, so the m_u smallest
+    keys are among them; one byte per code holds T_u and the unit's side, so the pass over every row
+    reads a table of a byte per person. A unit with fewer than m_u candidates draws again with every
+    row a candidate. No sort finds the m_u-th smallest key: the unit's range of candidate keys is cut
+    into buckets of about PER_BUCKET candidates, one count per bucket tells which bucket holds it, the
+    candidates in lower buckets are chosen, and only that bucket's candidates are sorted (by their key's
+    top 32 bits, then its last 32). A unit whose m_u-th and next keys tie in all 64 bits also draws
+    again, so the sample is exactly uniform. Light units keep every row. The per-row passes
+    go SAMPLE_BLOCK rows at a time."""
     blocks = [codes] if isinstance(codes, np.ndarray) else list(codes)
     blocks = [b[i:i + SAMPLE_BLOCK] for b in blocks for i in range(0, b.size, SAMPLE_BLOCK)]
     starts = np.cumsum([0] + [b.size for b in blocks])
@@ -115,16 +123,17 @@ def sample_per_unit(codes: np.ndarray | list[np.ndarray], counts: np.ndarray, k:
     dense = np.zeros(counts.size, dtype=np.int32 if h < 2 ** 31 else np.int64)
     dense[heavy] = np.arange(h)
     q = np.minimum(1.0, (m + CANDIDATE_SDS * np.sqrt(m) + 4.0) / n_u)
-    # Per code, 32 bits: 0 for a light unit, else a threshold on its rows' keys, whose lowest bit says
-    # the unit keeps its choice (so a row is kept unless chosen where that bit is 0). Any threshold
-    # serves (it only sets how many candidates a unit expects), so it is at least 2, and a key is
-    # above 2³² − 2 twice in 2³² draws.
-    threshold = np.clip(np.floor(q * 2.0 ** 32), 2.0, 2.0 ** 32 - 1).astype(np.uint32)
-    table = np.zeros(counts.size, dtype=np.uint32)
-    table[heavy] = (threshold & ~np.uint32(1)) | ~drop
-    limit = table[heavy].astype(np.float64)  # a candidate's key is below its unit's limit
+    # Per code, a byte: 0 for a light unit, else 2·T + 1 where the unit keeps its choice and 2·T where it
+    # drops it (so a row's starting keep flag is its lowest bit being 0). Any T in 1 … 127 serves (it
+    # only sets how many candidates a unit expects). With r a row's random byte, its key's top 7 bits
+    # are r >> 1, and (r | 1) < 2·T + side holds exactly when r >> 1 < T, whatever the side.
+    top = np.clip(np.ceil(q * 128.0), 1, 127).astype(np.uint8)
+    table = np.zeros(counts.size, dtype=np.uint8)
+    table[heavy] = (top << np.uint8(1)) | (~drop).astype(np.uint8)
+    limit = top.astype(np.float64) * 2.0 ** 25  # a candidate's top 32 key bits are below its unit's limit
     chosen_state = np.where(drop, 3, 0).astype(np.int8)
     row_type = np.int32 if keep.size < 2 ** 31 else np.int64
+    scratch = np.empty(SAMPLE_BLOCK, dtype=np.uint8)
     redo = None  # per code: its unit draws again, with every row a candidate
     while True:
         # unit i's candidates fall in buckets offset[i] … offset[i + 1] − 1, in the order of their keys
@@ -138,14 +147,19 @@ def sample_per_unit(codes: np.ndarray | list[np.ndarray], counts: np.ndarray, k:
         for start, block in zip(starts, blocks, strict=False):
             if redo is None:
                 t = table[block]
+                mark = scratch[:block.size]
                 # light units' rows, and those of units that drop their choice, are kept unless chosen
-                np.equal(t & np.uint32(1), 0, out=keep[start:start + block.size])
-                key = _random_u32(rng, block.size)
-                r = np.flatnonzero(key < t)
-                key = key[r]
+                np.bitwise_and(t, np.uint8(1), out=mark)
+                np.equal(mark, 0, out=keep[start:start + block.size])
+                r8 = _random_u8(rng, block.size)
+                np.bitwise_or(r8, np.uint8(1), out=mark)
+                r = np.flatnonzero(mark < t)
+                high = r8[r] >> np.uint8(1)
             else:
                 r = np.flatnonzero(redo[block])
-                key = _random_u32(rng, r.size)
+                high = _random_u8(rng, r.size) >> np.uint8(1)
+            key = _random_u32(rng, r.size) >> np.uint32(7)
+            key |= high.astype(np.uint32) << np.uint32(25)
             u = dense[block[r]]
             b = (key * scale[u]).astype(bucket_type)
             b += offset[u].astype(bucket_type, copy=False)
@@ -168,15 +182,17 @@ def sample_per_unit(codes: np.ndarray | list[np.ndarray], counts: np.ndarray, k:
         state[_ranges(first, last - first)] = np.repeat(chosen_state[enough], last - first)
         state[last] = 1
         s = state[bucket]
-        # the edge buckets' candidates, by bucket, then key, then 32 fresh bits
+        # the edge buckets' candidates, by bucket, then all 64 bits of their keys
         edge = np.flatnonzero(s == 1)
-        eb, ek, fresh = bucket[edge], key[edge], _random_u32(rng, edge.size)
-        order = np.lexsort((fresh, ek, eb))
-        edge, eb, ek, fresh = edge[order], eb[order], ek[order], fresh[order]
+        eb = bucket[edge]
+        ek = key[edge].astype(np.uint64) << np.uint64(32)
+        ek |= _random_u32(rng, edge.size)
+        order = np.lexsort((ek, eb))
+        edge, eb, ek = edge[order], eb[order], ek[order]
         unit = np.searchsorted(offset, eb, side="right") - 1
         rank = np.arange(edge.size) - np.searchsorted(eb, eb, side="left")
         nxt = np.flatnonzero(rank == take[unit])  # each unit's first candidate not taken
-        tied = unit[nxt[(ek[nxt] == ek[nxt - 1]) & (fresh[nxt] == fresh[nxt - 1])]]
+        tied = unit[nxt[ek[nxt] == ek[nxt - 1]]]
         picked = rank < take[unit]
         if tied.size:  # all 64 bits equal at the cut: the unit draws again
             enough[tied] = False
