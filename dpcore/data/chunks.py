@@ -120,8 +120,9 @@ class GridSpec:
         return (c, c) if not self.n_slots else (c, c, int(self.n_slots))
 
 
-def spatial_cells(region: Region, n: int, lat: np.ndarray, lon: np.ndarray) -> np.ndarray:
-    """int64 flat cell ix·n + iy of each point on the region's n × n grid; n² for points outside it.
+def spatial_cells(region: Region, n: int, lat: np.ndarray, lon: np.ndarray, dtype: type = np.int64) -> np.ndarray:
+    """Flat cell ix·n + iy (``dtype``, int64 unless the caller keeps a narrower one) of each point on
+    the region's n × n grid; n² for points outside it.
 
     The same floating-point operations in the same order as Region.project then
     dpcore.grid.histogram.flat_cell_index, so each point lands in the same cell (record-level counts
@@ -136,14 +137,17 @@ def spatial_cells(region: Region, n: int, lat: np.ndarray, lon: np.ndarray) -> n
     clat, clon = region.center_lat, region.center_lon
     mlat, mlon = region.metres_per_degree
     size = n * n
-    out = np.empty(lat.size, dtype=np.int64)
+    out = np.empty(lat.size, dtype=dtype)
     b = max(1, min(BLOCK, lat.size))
     bx, by, iy = np.empty(b), np.empty(b), np.empty(b, dtype=np.int64)
+    # a narrower result is written block by block from a cached int64 block, never as a second array
+    bix = None if out.dtype == np.int64 else np.empty(b, dtype=np.int64)
     o1, o2 = np.empty(b, dtype=bool), np.empty(b, dtype=bool)
     for s in range(0, lat.size, BLOCK):
         e = min(lat.size, s + BLOCK)
         k = e - s
-        x, y, ix, jy, away, tmp = bx[:k], by[:k], out[s:e], iy[:k], o1[:k], o2[:k]
+        x, y, jy, away, tmp = bx[:k], by[:k], iy[:k], o1[:k], o2[:k]
+        ix = out[s:e] if bix is None else bix[:k]
         np.subtract(lon[s:e], clon, out=x)
         x += 180.0
         if x.min() < 0.0 or x.max() >= 360.0:
@@ -170,21 +174,25 @@ def spatial_cells(region: Region, n: int, lat: np.ndarray, lon: np.ndarray) -> n
         np.minimum(jy, n - 1, out=jy)
         ix += jy
         np.copyto(ix, size, where=away)
+        if bix is not None:
+            out[s:e] = ix
     return out
 
 
-def fine_cells(spec: GridSpec, lat: np.ndarray, lon: np.ndarray, ts: np.ndarray | None) -> np.ndarray:
-    """int64 flat fine-grid cell of each point (the cells of grid_counts / grid_counts_3d); spec.size
-    for a point that does not count (outside the region or its time slots)."""
-    cells = spatial_cells(spec.region, int(spec.cells), lat, lon)
+def fine_cells(spec: GridSpec, lat: np.ndarray, lon: np.ndarray, ts: np.ndarray | None,
+               dtype: type = np.int64) -> np.ndarray:
+    """Flat fine-grid cell (``dtype``; int64 unless the caller keeps a narrower one that holds
+    spec.size) of each point (the cells of grid_counts / grid_counts_3d); spec.size for a point that
+    does not count (outside the region or its time slots)."""
     if not spec.n_slots:
-        return cells
+        return spatial_cells(spec.region, int(spec.cells), lat, lon, dtype)
+    cells = spatial_cells(spec.region, int(spec.cells), lat, lon)
     slot = time_slots(ts, spec.start_s, spec.slot_seconds, spec.n_slots)
     away = (cells == int(spec.cells) ** 2) | (slot < 0)
     cells *= spec.n_slots
     cells += slot
     cells[away] = spec.size
-    return cells
+    return cells.astype(dtype, copy=False)
 
 
 def _window_rows(part: Part, window: Window) -> tuple[Part, np.ndarray | None]:
@@ -301,9 +309,9 @@ def compact_rows(user: np.ndarray, ts: np.ndarray | None, lat: np.ndarray, lon: 
         if spec.cells is None:
             keep |= spec.region.contains(lat, lon)
             continue
-        c = fine_cells(spec, lat, lon, ts)
+        c = fine_cells(spec, lat, lon, ts, _cell_dtype(spec))
         keep |= c != spec.size
-        cells[f"c{i}"] = c.astype(_cell_dtype(spec), copy=False)
+        cells[f"c{i}"] = c
     inwin = _in_window(ts, window)
     if inwin is not None:
         keep &= inwin

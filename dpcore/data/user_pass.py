@@ -42,19 +42,20 @@ def unit_blocks(frames: list[pd.DataFrame], per_day: bool) -> tuple[list[np.ndar
 
 
 def unit_counts(blocks: list[np.ndarray], n_codes: int) -> np.ndarray:
-    """Rows per code over all blocks. A block is counted over the span of its own codes (files split
-    by person, or by time with few people each, touch a small part of the count)."""
+    """Rows per code over all blocks, added into one table. A block whose codes span a small range
+    (files split by person, or by time with few people each) is counted by a bincount over that span;
+    any other block adds into the table in place: a bincount over a span as wide as the table is a new
+    array of that size per block, whose pages cost more to fault in than the counting."""
     counts = np.zeros(n_codes, dtype=np.int64)
     for b in blocks:
         if not b.size:
             continue
         low = int(b.min())
         high = int(b.max()) + 1
-        if high - low <= 4 * b.size:
-            # bincount's zeros below ``low`` are fresh pages it never touches
-            counts[low:high] += np.bincount(b, minlength=high)[low:]
+        if high - low <= b.size // 4:
+            counts[low:high] += np.bincount(b - low, minlength=high - low)
         else:
-            np.add.at(counts, b, 1)
+            np.add.at(counts, b.astype(np.intp, copy=False), 1)
     return counts
 
 
