@@ -82,9 +82,9 @@ def main() -> None:
               flush=True)
     if args.cli:
         print("\nCLI: `geodp query range RELEASE --boxes CSV` (CPU-s of the child: process start, fetch with sha256, "
-              "read CSV, answer, write)")
-        print("| mechanism | --csv --out FILE CPU-s | boxes/CPU-s | --json FILE CPU-s | boxes/CPU-s |")
-        print("|---|---:|---:|---:|---:|")
+              "read CSV, answer, write); one --box: the same for a single box")
+        print("| mechanism | --csv --out FILE CPU-s | boxes/CPU-s | --json FILE CPU-s | boxes/CPU-s | one --box CPU-s |")
+        print("|---|---:|---:|---:|---:|---:|")
         with tempfile.TemporaryDirectory() as tmp:
             data_file = Path(tmp) / "d.parquet"
             pts.to_parquet(data_file)
@@ -105,7 +105,12 @@ def main() -> None:
                     t0 = _child_cpu()
                     subprocess.run(cmd, check=True, capture_output=True)
                     cpu = _child_cpu() - t0
-                    row += [f"{cpu:.1f}", f"{args.boxes / cpu:,.0f}"]
+                    row += [f"{cpu:.2f}", f"{args.boxes / cpu:,.0f}"]
+                # the fixed cost: process start, imports, fetch and models, for one box
+                t0 = _child_cpu()
+                subprocess.run([sys.executable, "-m", "flows.cli", "query", "range", str(rel), "--box",
+                                ",".join(f"{v:.6f}" for v in ll[0])], check=True, capture_output=True)
+                row.append(f"{_child_cpu() - t0:.2f}")
                 print("| " + " | ".join(row) + " |", flush=True)
 
 if __name__ == "__main__":

@@ -116,8 +116,9 @@ def cumulative_at(p: np.ndarray, gx: np.ndarray, gy: np.ndarray, t: np.ndarray |
     nx, ny = p.shape[0] - 1, p.shape[1] - 1
     gx = np.clip(gx, 0.0, nx)
     gy = np.clip(gy, 0.0, ny)
-    i0 = np.minimum(np.floor(gx).astype(np.int64), nx - 1)
-    j0 = np.minimum(np.floor(gy).astype(np.int64), ny - 1)
+    # clipped to ≥ 0 (or NaN): truncation is the floor
+    i0 = np.minimum(gx.astype(np.int64), nx - 1)
+    j0 = np.minimum(gy.astype(np.int64), ny - 1)
     fx = gx - i0
     fy = gy - j0
     if t is None:  # one table: flat gathers (np.take) cost a fraction of 2-D fancy indexing
@@ -129,7 +130,21 @@ def cumulative_at(p: np.ndarray, gx: np.ndarray, gy: np.ndarray, t: np.ndarray |
         p10 = p[i0 + 1, j0, t]
         p01 = p[i0, j0 + 1, t]
         p11 = p[i0 + 1, j0 + 1, t]
-    return (p00 * (1 - fx) * (1 - fy) + p10 * fx * (1 - fy) + p01 * (1 - fx) * fy + p11 * fx * fy)
+    # p00·(1 − fx)·(1 − fy) + p10·fx·(1 − fy) + p01·(1 − fx)·fy + p11·fx·fy, in that order, in place
+    p00, p10, p01, p11 = (a.astype(np.float64, copy=False) for a in (p00, p10, p01, p11))
+    ax, ay = 1 - fx, 1 - fy
+    p00 *= ax
+    p00 *= ay
+    p10 *= fx
+    p10 *= ay
+    p00 += p10
+    p01 *= ax
+    p01 *= fy
+    p00 += p01
+    p11 *= fx
+    p11 *= fy
+    p00 += p11
+    return p00
 
 
 def answer_boxes(prefix: np.ndarray, bounds: tuple[float, float, float, float], boxes: np.ndarray) -> np.ndarray:
