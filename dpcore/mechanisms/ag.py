@@ -316,9 +316,10 @@ class AdaptiveGridNoise(BootstrapNoise):
     def leaf_at(self, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
         xmin, ymin, xmax, ymax = self.region.bounds_m
         cell = cell_index(x, xmin, xmax, self.m1) * self.m1 + cell_index(y, ymin, ymax, self.m1)
-        level1 = child_rects(tuple(np.array([v], dtype=np.float64) for v in (xmin, ymin, xmax, ymax)),
-                             np.array([self.m1]))[0]
-        leaf = point_child(level1, self.m2, x, y, cell)
+        if getattr(self, "_level1", None) is None:
+            self._level1 = child_rects(tuple(np.array([v], dtype=np.float64) for v in (xmin, ymin, xmax, ymax)),
+                                       np.array([self.m1]))[0]
+        leaf = point_child(self._level1, self.m2, x, y, cell)
         return leaf, tuple(r[leaf] for r in self.rects)
 
     @staticmethod

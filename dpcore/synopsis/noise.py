@@ -424,7 +424,7 @@ class BootstrapNoise(NoiseModel):
         """A box narrower than NEAREST_CELLS field cells reads the field's cells, each the sum of the leaves
         it rasterises: a box inside one leaf finer than a cell then gets that cell's error spread evenly,
         not its own leaf's (f_leaf²·Var(leaf) exceeds f_cell²·Var(cell) by the leaves per cell; AG's 30 m
-        leaves in 78 m cells held 0.78 of 25–100 m squares' noise-free answers). Each such box takes at least
+        leaves in 78 m cells held 0.85 of 25–100 m squares' noise-free answers on Gowalla NYC). Each such box takes at least
         Σ f²·Var over the leaves it cuts, read on the grid of the leaf under its centre (its neighbours
         taken as of the same size), as independent terms; in place."""
         rows = np.flatnonzero(small)
@@ -438,7 +438,18 @@ class BootstrapNoise(NoiseModel):
         s4 = _unit_power_sum(ax, bx, 4) * _unit_power_sum(ay, by, 4)
         floor, t = v * s2, terms(s2, s4)
         # the leaves under the box's corners, each counted once with its own size and variance: a box at the
-        # edge of a coarse leaf may cover most of a fine neighbour
+        # edge of a coarse leaf may cover most of a fine neighbour (a box inside its centre's leaf has none)
+        out = np.flatnonzero((np.minimum(b[:, 0], b[:, 2]) < x0) | (np.maximum(b[:, 0], b[:, 2]) > x1)
+                             | (np.minimum(b[:, 1], b[:, 3]) < y0) | (np.maximum(b[:, 1], b[:, 3]) > y1))
+        if out.size:
+            self._corner_floor(b[out], out, floor, t)
+        wins = floor > var[rows]
+        var[rows[wins]] = floor[wins]
+        m[rows[wins]] = t[wins]
+
+    def _corner_floor(self, b: np.ndarray, at: np.ndarray, floor: np.ndarray, t: np.ndarray) -> None:
+        """Σ f²·Var over the distinct leaves under the corners of boxes ``b`` (rows ``at`` of ``floor`` and
+        ``t``, raised in place where it is larger)."""
         seen, c2, c4 = [], np.zeros(len(b)), np.zeros(len(b))
         for px, py in ((b[:, 0], b[:, 1]), (b[:, 0], b[:, 3]), (b[:, 2], b[:, 1]), (b[:, 2], b[:, 3])):
             lf, (lx0, ly0, lx1, ly1) = self.leaf_at(np.nextafter(px, 0.5 * (b[:, 0] + b[:, 2])),
@@ -451,12 +462,9 @@ class BootstrapNoise(NoiseModel):
             w = np.where(new, f * f * self._leaf_sq[lf] / max(self._leaf_draws, 1), 0.0)
             c2 += w
             c4 += w * w
-        corners = c2 > floor
-        floor = np.where(corners, c2, floor)
-        t = np.where(corners, terms(c2, c4), t)
-        wins = floor > var[rows]
-        var[rows[wins]] = floor[wins]
-        m[rows[wins]] = t[wins]
+        corners = c2 > floor[at]
+        floor[at[corners]] = c2[corners]
+        t[at[corners]] = terms(c2, c4)[corners]
 
     def _small_grid_variance(self, cov: np.ndarray, nx: int, ny: int, near: np.ndarray, gx: list[np.ndarray],
                              gy: list[np.ndarray]) -> np.ndarray:
