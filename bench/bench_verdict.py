@@ -11,6 +11,8 @@ cover) are run without --publish-anyway: refused means exit 2.
 
     python bench/bench_verdict.py --days 2010-05-01..2010-05-30 [--options "--epsilon 1 --mechanism auto --max-points-per-user 5"]
     python bench/bench_verdict.py --simulate 1,5,0    # the profile-only verdict on every day, no releases
+    python bench/bench_verdict.py --data sample --city austin --periods 2010-05,2010-06 --empty "" \
+        --options "--epsilon 0.5 --mechanism identity --max-points-per-user 10"   # the sample's thin months
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 DATA = ROOT.parent / "shared" / "data" / "gowalla_nyc_checkins.tsv.gz"
+SAMPLE = ROOT.parent / "shared" / "data" / "gowalla_sample_1000users.parquet"
 BANDS = [(25, 100), (100, 1000), (1000, 5000)]
 DAY = "--epsilon 1 --mechanism auto --max-points-per-user 5"
 
@@ -45,12 +48,12 @@ def _ratios(release, points: pd.DataFrame, queries: int, seed: int) -> list[floa
     return [errors[b][0] / errors[b][1] for b in BANDS]
 
 
-def _release(data: Path, out: Path, day: str, options: list[str], seed: int) -> tuple[int, str]:
+def _release(data: Path, out: Path, day: str, options: list[str], seed: int, city: str = "new-york") -> tuple[int, str]:
     from flows.cli import main as geodp_main
 
     err = io.StringIO()
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
-        code = geodp_main(["release", "run", str(data), "--cities", "new-york", "--period", day, *options,
+        code = geodp_main(["release", "run", str(data), "--cities", city, "--period", day, *options,
                            "--seed", str(seed), "--out", str(out)])
     return code, next((ln for ln in err.getvalue().splitlines() if ln.startswith("error:")), "")
 
@@ -78,7 +81,13 @@ def simulate(raw: pd.DataFrame, eps: float, k: int, width: float | None, seed: i
         rows = profile_errors(inputs, profile)
         return useless(rows), inputs.total, [r["expected_relative_error"] for r in rows]
 
-    out = [verdict(profile_counts(g.groupby("user_id").size().to_numpy())) for _, g in inside.groupby(days)]
+    groups = list(inside.groupby(days))
+    out = [verdict(profile_counts(g.groupby("user_id").size().to_numpy())) for _, g in groups]
+    sizes = np.array([len(g) for _, g in groups])
+    refused = np.array([u for u, _, _ in out])
+    for lo, hi in ((0, 25), (25, 50), (50, 100), (100, 200), (200, 400), (400, 10 ** 9)):
+        on = (sizes >= lo) & (sizes < hi)
+        print(f"  days of {lo}–{hi} points: {int(refused[on].sum())} of {int(on.sum())} refused")
     empty = [verdict(np.zeros(24, dtype=np.int64)) for _ in range(200)]
     errs = np.median([e for _, _, e in out], axis=0)
     for margin in (0.95, 1.0, 2.0):
@@ -104,19 +113,27 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=1, help="noise seeds per day")
     ap.add_argument("--verbose", action="store_true", help="each release's measured and predicted error")
     ap.add_argument("--empty", default="2011-06-01", help="days the file does not cover (comma-separated)")
+    ap.add_argument("--data", choices=("nyc", "sample"), default="nyc", help="Gowalla NYC or the Gowalla sample")
+    ap.add_argument("--city", default="new-york")
+    ap.add_argument("--periods", default=None, help="instead of --days: period labels (comma-separated, e.g. 2010-05)")
     args = ap.parse_args()
     first, _, last = args.days.partition("..")
     days = [d.date().isoformat() for d in pd.date_range(first, last or first, freq="D")]
+    days = args.periods.split(",") if args.periods else days
     options = args.options.split()
-    raw = pd.read_csv(DATA, sep="\t", header=None, names=["user_id", "timestamp", "lat", "lon", "venue"])
-    raw["timestamp"] = pd.to_datetime(raw["timestamp"], utc=True)
-    raw = raw.drop(columns="venue")
+    if args.data == "sample":
+        raw = pd.read_parquet(SAMPLE, columns=["user_id", "timestamp", "lat", "lon"])
+        raw["timestamp"] = pd.to_datetime(raw["timestamp"], utc=True)
+    else:
+        raw = pd.read_csv(DATA, sep="\t", header=None, names=["user_id", "timestamp", "lat", "lon", "venue"])
+        raw["timestamp"] = pd.to_datetime(raw["timestamp"], utc=True)
+        raw = raw.drop(columns="venue")
     if args.simulate:
         eps, k, width = args.simulate.split(",")
         simulate(raw, float(eps), int(k), float(width) or None, args.seed)
         return
     with tempfile.TemporaryDirectory() as tmp:
-        data = Path(tmp) / "gowalla_nyc.parquet"
+        data = Path(tmp) / "points.parquet"
         raw.to_parquet(data)
         table = {(r, w): 0 for r in (True, False) for w in (True, False)}
         ratios, shown = [], []
@@ -125,14 +142,15 @@ def main() -> None:
                 # every day is published anyway (fresh store: a first release): its manifest records whether the
                 # verdict would have refused it, and its error says whether that was right
                 out = Path(tmp) / f"s{seed}-{i}"
-                code, line = _release(data, out, day, [*options, "--publish-anyway"], seed)
+                code, line = _release(data, out, day, [*options, "--publish-anyway"], seed, args.city)
                 if code != 0:
                     print(f"  {day} seed {seed}: failed: {line[:300]}")
                     continue
                 manifest = json.loads(next(out.rglob("_MANIFEST.json")).read_text())
                 refused = bool(manifest["quality"]["plan"].get("published_anyway"))
-                rows = raw[(raw.timestamp >= pd.Timestamp(day, tz="UTC"))
-                           & (raw.timestamp < pd.Timestamp(day, tz="UTC") + pd.Timedelta(days=1))]
+                span = pd.Period(day)
+                rows = raw[(raw.timestamp >= span.start_time.tz_localize("UTC"))
+                           & (raw.timestamp <= span.end_time.tz_localize("UTC"))]
                 release = next(iter(geodp.open_store(str(out)).releases()))
                 r = _ratios(release, rows, args.queries, seed)
                 worse = all(v >= 1.0 for v in r)
@@ -154,7 +172,7 @@ def main() -> None:
                 print(f"  {day} s{seed} {'refused' if refused else 'published'} measured "
                       + " / ".join(f"{v:.2f}" for v in rr) + " predicted " + " / ".join(f"{v:.2f}" for v in p))
         for j, empty in enumerate(args.empty.split(",") if args.empty else []):
-            code, line = _release(data, Path(tmp) / f"empty-{j}", empty, options, args.seed)
+            code, line = _release(data, Path(tmp) / f"empty-{j}", empty, options, args.seed, args.city)
             print(f"  empty day {empty}: {'exit ' + str(code) + ': ' + line[:400] if code else 'published'}")
         sys.stdout.flush()
     use = resource.getrusage(resource.RUSAGE_SELF)

@@ -92,7 +92,9 @@ def verdict_line(quality: dict | None) -> str:
         chosen = [b for b in bands if b["worse"] is value]
         if chosen:
             parts.append(f"{word} for squares of {_sides(chosen)}")
-    return "verdict: " + "; ".join(parts) + anyway
+    empty = ("; its profile cannot tell the period from an empty one, where a blank map is exact"
+             if plan.get("empty_like") else "")
+    return "verdict: " + "; ".join(parts) + empty + anyway
 
 
 def answer_notes(quality: dict | None, boxes_m: np.ndarray) -> list[str | None]:

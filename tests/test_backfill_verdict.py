@@ -21,7 +21,7 @@ BACKFILL = ["release", "backfill", "--cities", "new-york,boston", "--period", "2
 def two_cities(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("bf")
     nyc = generate_checkins(city_region("new-york"), n_users=1500, start="2024-01-01", days=3, seed=3)
-    bos = generate_checkins(city_region("boston"), n_users=3000, start="2024-01-01", days=3, seed=4)
+    bos = generate_checkins(city_region("boston"), n_users=12000, start="2024-01-01", days=3, seed=4)
     bos["user_id"] = bos["user_id"] + 10 ** 6
     data = tmp / "two.parquet"
     pd.concat([nyc, bos]).to_parquet(data)
@@ -35,7 +35,8 @@ def test_a_refused_city_is_refused_alone_and_published_anyway_on_request(prefect
     store = tmp_path / "store"
     # new-york's published basis shows its typical counts, against which one day at ε 0.08 is hopeless at
     # every band; boston has no published release yet, so nothing refuses it before its charge, and its own
-    # paid profile (about 1,700 points a day) finds its 25–100 m squares no worse than a blank map
+    # paid profile (about 49,000 points a day: a day of 3,000 people, 11,500 points, measures 1.2 / 4.6 / 6.3
+    # times a blank map's error at these settings and is refused) finds its 25–100 m squares better than one
     run_geodp("release", "run", two_cities, "--city", "new-york", "--epsilon", "2", "--param",
               "cell_width_m=500", "--out", store, "--no-prefect")
     config = tmp_path / "geodp.toml"

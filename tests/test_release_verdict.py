@@ -164,3 +164,47 @@ def test_a_first_release_its_paid_profile_finds_hopeless_is_refused_having_spent
     assert manifest["epsilon"] == 1 and manifest["quality"]["plan"]["published_anyway"] is True
     (row,) = json.loads(run_geodp("ledger", store, "--json").stdout)
     assert row["loss"]["lifetime"] == pytest.approx(1.0)
+
+
+def test_a_first_day_at_eps_1_with_250_m_cells_is_refused_having_spent_only_its_profile(data, tmp_path):
+    """Bug: one day at ε 1 with 250 m cells (on Gowalla NYC 1.6 / 13 / 12.5 times a blank map's error, 10 of 10
+    days; on this synthetic day 1.7 / 15 / 30) was published: its 25–100 m squares, answered by spreading a
+    250 m cell's count, were expected 1.4–1.7 of a blank map's error, under the margin of 2 every band needed.
+    Now a band of squares inside the cells counts towards a refusal once it is expected worse than a blank map
+    and its noise alone is at least half a blank map's error."""
+    # the profile's noise leaves the small band's noise under half a blank map's in about 3% of draws: 3 tries
+    refused, store = _refused_first_try([*RUN[:2], data, *RUN[2:], "--period", "2024-01-02", "--epsilon", "1"],
+                                        [tmp_path / f"store-{i}" for i in range(3)])
+    assert refused.returncode == 2, refused.stdout
+    line = refused.stderr.splitlines()[-1]
+    assert line.startswith("error: new-york: expected worse than a blank map at every band")
+    assert re.search(r"25–100 m \(inside the cells: noise alone [\d.]+\): ≈ [\d.]+ of a blank map's error", line)
+    assert "only its contribution profile was charged (ε = 0.1)" in line
+    assert _ledger(store) == [("profile", 0.1)] and not list(store.rglob("_MANIFEST.json"))
+
+
+def test_a_refusal_from_a_profile_that_sees_no_one_says_the_period_may_hold_more(data, tmp_path):
+    """Bug: a period whose people each sit in a bucket under the profile's noise (the fortnight's 3,832 points at
+    ε 0.1: 548 people a bucket are needed) was refused saying "N̂ ≈ 127 points, 1 per person of a point", as if
+    the profile had counted them (the Gowalla sample's Austin, May 2010: N̂ 0–85 of 2,816 points). Now the
+    line says what the profile sees and that the period may hold many more."""
+    refused, store = _refused_first_try([*RUN[:2], data, *RUN[2:], "--epsilon", "0.1"],
+                                        [tmp_path / "store", tmp_path / "store-2"])
+    assert refused.returncode == 2, refused.stdout
+    line = refused.stderr.splitlines()[-1]
+    assert "the profile cannot tell this period from an empty one" in line
+    assert re.search(r"so it sees N̂ ≈ \d+ points, [\d.]+ per person, where people under that noise may hold many "
+                     r"more: the typical counts below are then too small and the errors too large", line)
+    assert "per person of a point" not in line
+
+
+def test_an_empty_period_published_at_the_daily_settings_says_the_profile_cannot_tell_it_from_empty(data, tmp_path):
+    """Bug: an empty period at the daily settings (ε 1, `auto`, k 5) was published with a verdict line that did
+    not say its profile could not tell it from an empty one. It is still published: its profile (ε 0.1) cannot
+    tell it from a day of a few people, which these settings serve better than a blank map, and refusing one
+    refuses the other nearly as often (ε_p-DP)."""
+    out = run_geodp(*RUN[:2], data, "--city", "new-york", "--no-prefect", "--mechanism", "auto",
+                    "--max-points-per-user", "5", "--period", "2024-02-01", "--epsilon", "1", "--out", tmp_path / "s")
+    line = next(ln for ln in out.stdout.splitlines() if "verdict:" in ln)
+    assert "its profile cannot tell the period from an empty one, where a blank map is exact" in line
+    assert "informative" not in line
