@@ -16,13 +16,14 @@ from prefect.artifacts import create_markdown_artifact, create_progress_artifact
 from prefect.states import State
 
 from dpcore import GeoDPError
-from dpcore.data.inputs import partition_day, resolve_input
+from dpcore.data.inputs import partition_day
 from dpcore.privacy.accounting import budget_label
-from flows.release import refused, run_plan
+from flows.release import planned_here, refused, run_plan, take_planned
+from flows.release_executors import PrefectDaskExecutor
 from flows.release_summary import artifact_key
-from tasks.config import BackfillParams, ConfigError, canonical_hash, days_between, parse_period
-from tasks.ledger_tasks import check_budget, give_back_interrupted
-from tasks.release_plan import ReleasePlan, plan_release
+from tasks.config import BackfillParams, ConfigError, canonical_hash, days_between
+from tasks.ledger_tasks import give_back_interrupted
+from tasks.release_plan import ReleasePlan, plan_days
 from tasks.release_tasks import load_and_validate
 from tasks.runtime import dask_for_run
 
@@ -33,28 +34,18 @@ def backfill_flow(params: BackfillParams, config_path: str | None = None) -> dic
     charges together) before a cluster starts; a backfill with every day committed starts none."""
     rp = params.release
     try:
-        plans = _plan_days(params, config_path)
+        # a city refused by the verdict is refused alone, its days reported; the other cities go ahead
+        plans = take_planned(params, config_path) or plan_days(rp, params.start, params.end, config_path)
         if not any(plan.todo for plan in plans):
             return _backfill(params, plans, loaded=None)
         try:
             with dask_for_run(rp.dask_address, rp.n_workers):
-                days = [plan.period.label for plan in plans if plan.todo]
-                return _backfill(params, plans, loaded=_load_unless_partitioned(rp, days))
+                return _backfill(params, plans, loaded=_load_unless_partitioned(rp, plans))
         except (KeyboardInterrupt, SystemExit) as exc:
             give_back_interrupted(exc, workers_stopped=not rp.dask_address)
             raise
     except GeoDPError as exc:
         return refused(exc, rp)
-
-
-def _plan_days(params: BackfillParams, config_path: str | None) -> list[ReleasePlan]:
-    # a city refused by the verdict is refused alone, its days reported; the other cities go ahead
-    plans = [plan_release(params.release.model_copy(update={"period": day}), config_path, check_charges=False,
-                          raise_refusals=False) for day in days_between(params.start, params.end)]
-    if not plans[0].experiment:
-        check_budget(plans[0].store_url, [p for plan in plans for p in plan.todo], plans[0].resolved,
-                     plans[0].home)
-    return plans
 
 
 def _backfill(params: BackfillParams, plans: list[ReleasePlan], loaded) -> dict:
@@ -63,9 +54,9 @@ def _backfill(params: BackfillParams, plans: list[ReleasePlan], loaded) -> dict:
     dataset = plans[0].dataset
     progress = create_progress_artifact(0.0, key=artifact_key(f"backfill-progress-{dataset}"),
                                         description=f"days of {dataset} {params.start}..{params.end} done")
-    periods = []
+    periods, executor = [], PrefectDaskExecutor()
     for i, plan in enumerate(plans):
-        summary = run_plan(plan, loaded=loaded, artifacts=False, strict=rp.strict, raise_refusals=False)
+        summary = run_plan(plan, executor, loaded=loaded, artifacts=False, strict=rp.strict, raise_refusals=False)
         periods.append(summary.to_dict())
         update_progress_artifact(progress, 100.0 * (i + 1) / len(plans))
         logger.info("%s: %s", plan.period.label, ", ".join(
@@ -90,20 +81,25 @@ def _backfill(params: BackfillParams, plans: list[ReleasePlan], loaded) -> dict:
     return result
 
 
-def _load_unless_partitioned(rp, days: list[str]):
+def _load_unless_partitioned(rp, plans: list[ReleasePlan]):
     """The backfill's input, read once here for all its days, or None when every file is a day
     partition: each day's release then runs its own data pass on the workers, over that day's files
     only, and nothing of the input passes through this process. Either way only the files whose
-    partition lies in the backfill's days are opened."""
-    window = (parse_period(days[0]).start_s, parse_period(days[-1]).end_s)
-    files = resolve_input(rp.data, rp.format, window).files
+    partition lies in the backfill's days are opened (the plans' listing: nothing is listed again)."""
+    todo = [plan for plan in plans if plan.todo]
+    files = [f for plan in todo for f in plan.input.files]
     if files and all(partition_day(f.partition) is not None for f in files):
         return None
+    window = (todo[0].period.start_s, todo[-1].period.end_s)
     return load_and_validate(rp.data, rp.columns, rp.format, rp.strict, window=window)
 
 
-def run_backfill(params: BackfillParams, config_path: str | None = None) -> dict:
-    return backfill_flow(params, config_path)
+def run_backfill(params: BackfillParams, config_path: str | None = None,
+                 plans: list[ReleasePlan] | None = None) -> dict:
+    """Run the flow here. ``plans``: this process's plans of the same backfill (tasks.release_plan.plan_days;
+    the CLI plans before Prefect starts), which the flow run then uses instead of planning again."""
+    with planned_here(params, config_path, plans):
+        return backfill_flow(params, config_path)
 
 
 def submit_to_deployment(params: BackfillParams, deployment: str) -> list[dict]:

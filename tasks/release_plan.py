@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from dpcore.data.inputs import InputSet, resolve_files
-from tasks.config import Period, ReleaseParams
+from tasks.config import Period, ReleaseParams, days_between
 from tasks.ledger_tasks import (
     AUTO,
     DEFAULT_K,
@@ -30,7 +30,7 @@ from tasks.ledger_tasks import (
     resolve_policy,
 )
 from tasks.release_city_plan import CityPlan, make_plans, public_locator
-from tasks.release_request import release_request
+from tasks.release_request import ReleaseRequest, release_request
 from tasks.release_tasks import check_committed
 from tasks.settings import load_settings
 from tasks.storage.ledger_home import LedgerHome
@@ -81,19 +81,50 @@ class ReleasePlan:
         return [p for p in self.plans if self.committed.get(p.city) is None and p.city not in gone]
 
 
+@dataclass(frozen=True)
+class _Opened:
+    """What a run (or a backfill, for all its days) opens once: its store, ledger home and policy."""
+
+    store: ReleaseStore
+    home: LedgerHome
+    resolved: ResolvedPolicy
+
+
 def plan_release(params: ReleaseParams, config_path: str | None = None, now: datetime | None = None,
                  check_charges: bool = True, check_useful: bool = True, raise_refusals: bool = True) -> ReleasePlan:
     """Plan one release and check it against the store; raises the refusal as a GeoDPError (one line).
 
     ``now`` is a scheduled run's start (relative periods count from it). ``check_charges`` False
-    leaves the budget check to the caller (a backfill checks all its days' charges together);
-    ``check_useful`` False skips the expected-usefulness check (tasks/release_usefulness.py);
-    ``raise_refusals`` False returns a plan whose every city it refused (``refused``, nothing to do)
-    instead of raising (a backfill reports such a day and goes on)."""
+    leaves the budget check to the caller; ``check_useful`` False skips the expected-usefulness check
+    (tasks/release_usefulness.py); ``raise_refusals`` False returns a plan whose every city it refused
+    (``refused``, nothing to do) instead of raising."""
     asked = release_request(params, now)  # every check of the parameters alone; nothing written yet
-    period, dataset = asked.period, asked.dataset
+    opened = _open(asked, config_path)
+    return _plan(asked, opened, check_useful, raise_refusals, sources=True, charges=check_charges)
+
+
+def plan_days(params: ReleaseParams, first: str, last: str, config_path: str | None = None) -> list[ReleasePlan]:
+    """A backfill's plans, one per UTC day from ``first`` to ``last``: the request checked and the input
+    listed once for all the days (each day's request narrowed from it), one store, ledger home and policy
+    for all of them, and the charges of every day checked against the budget together. A city the verdict
+    refuses is refused alone on its day (``refused``); the other cities and days go ahead."""
+    whole = release_request(params.model_copy(update={"period": f"{first}..{last}"}))
+    opened = _open(whole, config_path)
+    if params.seed is None:
+        check_sources(opened.store, whole.dataset, whole.input.locators(), opened.home)
+    plans = [_plan(whole.for_day(day), opened, True, raise_refusals=False, sources=False, charges=False)
+             for day in days_between(first, last)]
+    if params.seed is None:
+        check_budget(opened.store, [p for plan in plans for p in plan.todo], opened.resolved, opened.home)
+    return plans
+
+
+def _open(asked: ReleaseRequest, config_path: str | None) -> _Opened:
+    """The platform settings, the run's store (fails fast on a bad URL), its ledger home and the dataset's
+    policy, each opened or read once."""
+    params, dataset = asked.params, asked.dataset
     settings = load_settings(config_path)
-    store = ReleaseStore(settings.release_store(params.store))  # fails fast on a bad URL
+    store = ReleaseStore(settings.release_store(params.store))
     request = PolicyRequest(params.privacy_unit, params.max_points_per_user, zcdp=params.rho is not None,
                             budget=settings.explicit_budget_cap(dataset, params.budget_cap),
                             default_budget=settings.budget_cap_for(dataset),
@@ -109,6 +140,16 @@ def plan_release(params: ReleaseParams, config_path: str | None = None, now: dat
         refuse_if_experimental(store)
         home = settings.ledger_home(store)  # a store bound to another home than the configured one: refused
         resolved = resolve_policy(store, dataset, request, home)
+    return _Opened(store, home, resolved)
+
+
+def _plan(asked: ReleaseRequest, opened: _Opened, check_useful: bool, raise_refusals: bool,
+          sources: bool, charges: bool) -> ReleasePlan:
+    """One period's plan from its checked request and what the run opened: the city plans and their keys,
+    what is committed, then, in this order, whether its files are another dataset's (``sources``), whether
+    the ledger accepts its charges (``charges``) and the plan's verdict (``check_useful``)."""
+    params, period, dataset = asked.params, asked.period, asked.dataset
+    store, home, resolved = opened.store, opened.home, opened.resolved
     cities = params.cities  # never chosen by the data: the existence of a release must not say who was there
     window = read_window(period, resolved.policy)  # never a row outside the days the run is charged for
     # the input as the request listed it: its data version goes into the release keys, its files are what
@@ -139,9 +180,9 @@ def plan_release(params: ReleaseParams, config_path: str | None = None, now: dat
     committed = check_committed.fn(store, plans)
     plan = ReleasePlan(params, dataset, period, store.url, home, resolved, public_locator(found.source), found,
                        plans, window, committed, k_choice, opened=store)
-    if not plan.experiment:
+    if sources and not plan.experiment:
         check_sources(store, dataset, found.locators(), home)  # the same files under another dataset name
-    if check_charges and not plan.experiment:
+    if charges and not plan.experiment:
         check_budget(store, plan.todo, resolved, home)
     if check_useful and plan.todo:  # worse than a blank map at every band: refused before any charge
         from tasks.release_usefulness import check_usefulness, raise_if_all_refused

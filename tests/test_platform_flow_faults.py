@@ -19,10 +19,10 @@ REMOTE_ERROR = ("backend lost its connection\nTraceback (most recent call last):
                 '  File "backend.py", line 1, in fit\nConnectionResetError: peer reset')
 
 
-def test_a_non_geodp_failure_is_one_line_in_the_flow_state_and_not_retried(prefect_harness, tmp_path, monkeypatch):
+def _one_city_flow(tmp_path):
+    """One city's release flow (New York, identity, ε 0.1) on a one-worker cluster of threads in this process,
+    so a patch of this process reaches its tasks: (the run's final state, the store)."""
     from distributed import LocalCluster
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
     from flows.release import release_flow
     from tasks.config import ReleaseParams
@@ -30,6 +30,19 @@ def test_a_non_geodp_failure_is_one_line_in_the_flow_state_and_not_retried(prefe
     data = tmp_path / "checkins.parquet"
     generate_checkins(city_region("new-york"), n_users=80, days=2, seed=4).to_parquet(data)
     store = tmp_path / "store"
+    params = ReleaseParams(data=str(data), cities=["new-york"], period="2024-01-01", epsilon=0.1,
+                           mechanism="identity", mechanism_params={"cell_width_m": 2000}, store=str(store),
+                           dataset=f"fault-{uuid.uuid4().hex[:8]}")
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster:
+        state = release_flow(params.model_copy(update={"dask_address": cluster.scheduler_address}),
+                             return_state=True)
+    return state, store
+
+
+def test_a_non_geodp_failure_is_one_line_in_the_flow_state_and_not_retried(prefect_harness, tmp_path, monkeypatch):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
     module, name = faults.PRIVATIZE
 
     def broken(*args, **kwargs):
@@ -40,12 +53,7 @@ def test_a_non_geodp_failure_is_one_line_in_the_flow_state_and_not_retried(prefe
     # where the task module imported them, whichever the pickling keeps
     monkeypatch.setattr(f"{module}.{name}", broken)
     monkeypatch.setattr(f"tasks.release_tasks.{name}", broken)
-    params = ReleaseParams(data=str(data), cities=["new-york"], period="2024-01-01", epsilon=0.1,
-                           mechanism="identity", mechanism_params={"cell_width_m": 2000}, store=str(store),
-                           dataset=f"fault-{uuid.uuid4().hex[:8]}")
-    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster:
-        state = release_flow(params.model_copy(update={"dask_address": cluster.scheduler_address}),
-                             return_state=True)
+    state, store = _one_city_flow(tmp_path)
     assert state.is_failed()
     with get_client(sync_client=True) as client:
         run = client.read_flow_run(state.state_details.flow_run_id)
@@ -61,3 +69,22 @@ def test_a_non_geodp_failure_is_one_line_in_the_flow_state_and_not_retried(prefe
     charged, committed = ledger_and_committed(store)
     # the fit's charge is given back; the contribution profile, paid alone before it, stays charged
     assert committed == 0.0 and charged == pytest.approx(0.01)
+
+
+def test_a_failure_between_the_charge_and_the_commit_gives_the_charge_back(prefect_harness, tmp_path, monkeypatch):
+    """Issue 46: the Prefect form gave a charge back only where a fit's or a persist's own result failed; any
+    other failure after the charge (here the cluster refusing the fits' submission) left the charge held
+    until the next run of the release. The charge and the steps it pays for are one Prefect transaction,
+    and the charge task's rollback hook gives it back (flows/release_executors.py)."""
+    from tasks.release_tasks import privatize
+
+    def refused(*args, **kwargs):
+        raise RuntimeError("the scheduler refused the task\nTraceback (most recent call last): ...")
+
+    monkeypatch.setattr(privatize, "submit", refused)  # the flow's process submits the fits
+    state, store = _one_city_flow(tmp_path)
+    assert state.is_failed()
+    charged, committed = ledger_and_committed(store)
+    # the cities' charge is given back; the contribution profile, paid alone before it, stays charged
+    assert committed == 0.0 and charged == pytest.approx(0.01)
+    assert "\n" not in state.message and "nothing was committed" in state.message, state.message

@@ -142,14 +142,15 @@ def test_over_budget_release_is_refused_before_noise(tmp_path, monkeypatch):
     """The release pipeline itself (in-process form) refuses a run over the cap before any city is
     privatized: no noise is drawn, nothing is staged or listed, and the ledger holds no charge."""
     import flows.release as release
+    import flows.release_executors as executors
     from dpcore.privacy.noise import NoiseSource
     from tasks.config import ReleaseParams
 
     url = str(tmp_path / "store")
     data = _points_csv(tmp_path / "synthetic.csv", _points())
     fits = []
-    real_fit = release.fit_city  # the privatize step's fit, as the in-process form calls it
-    monkeypatch.setattr(release, "fit_city", lambda *a, **k: fits.append(a) or real_fit(*a, **k))
+    real_fit = executors.fit_city  # the privatize step's fit, as the in-process form calls it
+    monkeypatch.setattr(executors, "fit_city", lambda *a, **k: fits.append(a) or real_fit(*a, **k))
     params = ReleaseParams(data=str(data), cities=["austin", "new-york"], period="2010-05-02", epsilon=0.3,
                            mechanism="identity", mechanism_params={"cell_width_m": 1000}, store=url,
                            max_points_per_user=5, budget_cap=0.5)

@@ -13,7 +13,7 @@ import gzip
 import io
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
@@ -107,6 +107,12 @@ class InputSet:
     @property
     def version(self) -> str:
         return version_of(self.files)
+
+    def within(self, window: tuple[int | None, int | None]) -> InputSet:
+        """This listing narrowed to ``window`` (inside the window it was listed over): the files a listing
+        over ``window`` keeps, without listing again (a backfill lists once for all its days)."""
+        kept = [f for f in self.files if not _outside(partition_day(f.partition), window)]
+        return replace(self, files=kept, n_pruned=self.n_pruned + len(self.files) - len(kept))
 
     def locators(self) -> list[str]:
         """The input's identity as the files it names: the normalised locator of the input itself and of
@@ -284,7 +290,11 @@ def resolve_input(path: str | os.PathLike, fmt: str = "auto",
 def resolve_files(path: str | os.PathLike, fmt: str = "auto",
                   window: tuple[int | None, int | None] | None = None) -> InputSet:
     """:func:`resolve_input`, refusing an input with no file left in ``window``."""
-    inp = resolve_input(path, fmt, window)
+    return nonempty(resolve_input(path, fmt, window))
+
+
+def nonempty(inp: InputSet) -> InputSet:
+    """``inp``, refused when no file of it is left in the window it was listed over."""
     if not inp.files:
         # file names and counts of files are public listing metadata
         raise DataError.all_public(f"no partition of {inp.source} lies in the time window "

@@ -16,7 +16,6 @@ import typer
 from dpcore.privacy.accounting import budget_label
 from flows.cli.common import (
     CLIError,
-    check_mechanism,
     emit_json,
     eprint,
     field_default,
@@ -85,25 +84,6 @@ def _release_params(data: str, cities: str | None, city: str | None, center: str
         data=str(data), cities=cities if cities is not None else (city or ""), period=period, epsilon=epsilon,
         rho=rho, mechanism=mechanism, mechanism_params=mech_params, store=str(store or out), center=center,
         **rest), "release parameters")
-
-
-def _prevalidate(params: ReleaseParams, open_store: bool = True) -> None:
-    """Names, windows and parameter values fail here, before Prefect starts, data is read or budget charged."""
-    from dpcore.data.inputs import resolve_input
-    from dpcore.geo import resolve_region
-    from tasks.config import parse_period
-    from tasks.storage.store import ReleaseStore
-
-    parse_period(params.period)
-    check_mechanism(params.mechanism, params.mechanism_params)
-    if params.center:
-        resolve_region(center=params.center, side_km=params.side_km)
-    for c in params.cities:
-        resolve_region(city=c, side_km=params.side_km)
-    if "://" not in params.data or params.data.startswith("s3"):
-        resolve_input(params.data, params.format)  # a missing, empty or mixed-format input fails here
-    if open_store:  # a run submitted to a served deployment opens the store on the serving side
-        ReleaseStore(params.store)
 
 
 def _check_settings(config: str | None) -> None:
@@ -365,15 +345,24 @@ def backfill(
         columns=columns, format=format, publish_anyway=publish_anyway)
     if store is None:  # served: the store of the serving process's configuration
         params = params.model_copy(update={"store": None})
-    _prevalidate(params, open_store=not deployment)
     if deployment:  # the serving process has its own working directory: send absolute local paths
+        from tasks.release_request import release_request
+
+        # the request's own checks, before anything is submitted (the store is the serving side's; the
+        # input is listed here when this process can: a local path or S3)
+        release_request(params.model_copy(update={"period": f"{first}..{last}"}),
+                        listed="://" not in params.data or params.data.startswith("s3"))
         return _submit(params, first, last, deployment, json_out)
     from flows.backfill import run_backfill
+    from tasks.release_plan import plan_days
     from tasks.runtime import local_prefect
 
+    # every day planned from one request, with one store and ledger, before Prefect starts (a refusal is
+    # one line here); the flow run takes these plans
+    plans = plan_days(params, first, last, config)
     eprint(f"backfill of {len(days)} day(s) × {len(params.cities)} cities through Prefect")
     with local_prefect(), working(f"backfill flow: {len(days)} day(s)"):
-        summary = run_backfill(BackfillParams(release=params, start=first, end=last), config)
+        summary = run_backfill(BackfillParams(release=params, start=first, end=last), config, plans)
     if json_out is not None:
         emit_json(summary, json_out)
         if json_out == "-":
