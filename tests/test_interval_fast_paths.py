@@ -186,3 +186,28 @@ def test_the_bootstraps_raster_of_leaf_errors_is_the_releases_rasterisation():
         mass = rng.normal(0, 20, 300)
         want = rasterise_rectangles(x0, y0, x1, y1, mass, region, 97)
         assert raster(mass) == pytest.approx(want, rel=1e-12, abs=1e-12 * np.abs(mass).sum())
+
+
+def test_a_mid_sized_error_fields_small_boxes_read_the_draws_own_variance():
+    """A field of 65-1,024 cells (HB's 16 × 16 leaf grid) gives a box narrower than 4 cells each way its
+    variance from the sums of its 5 × 5 cells' error products over the draws; it must equal the mean over the
+    draws of the box's error read from the prefix tables."""
+    from dpcore.synopsis.noise import NoiseLaw
+
+    class Field(BootstrapNoise):
+        def draw_errors(self, rng):
+            return rng.normal(0.0, 3.0, (12, 12)) + rng.normal(0.0, 1.0)  # correlated cells, as consistency makes
+
+    bounds = (-10_000.0, -10_000.0, 10_000.0, 10_000.0)
+    model = Field(NoiseLaw("laplace", 2.0), (12, 12), bounds)
+    rng = np.random.default_rng(8)
+    side = np.exp(rng.uniform(np.log(1.0), np.log(12_000.0), 3000))
+    cx, cy = rng.uniform(-11_000, 11_000, (2, 3000))
+    boxes = np.stack([cx - side / 2, cy - side / 2, cx + side / 2, cy + side / 2], axis=1)
+    boxes[::5, 2] += 20_000  # long, thin boxes read the draws
+    var, terms = model.moments(boxes)
+    assert model._window is not None  # the window path ran
+    model._window = None
+    var_draws, terms_draws = model.moments(boxes)
+    assert np.array_equal(terms, terms_draws)
+    assert var == pytest.approx(var_draws, rel=1e-4, abs=1e-7 * var_draws.max())

@@ -336,12 +336,17 @@ class BootstrapNoise(NoiseModel):
     SMALL_GRID = 64
     #: Boxes per block of draws read: the (boxes, draws) temporaries stay in a core's cache.
     BLOCK = 1024
+    #: A field of at most this many cells gives a box narrower than NEAREST_CELLS cells each way its sum of
+    #: squares as w·S·w over the (NEAREST_CELLS + 1)² cells from its first one, S those cells' products of
+    #: errors summed over the draws, tabulated per first cell (625 numbers a cell; 5 MB at 1,024 cells).
+    WINDOW_GRID = 1024
 
     def __init__(self, law: NoiseLaw, cell_grid: tuple[int, int], bounds: tuple[float, float, float, float],
                  seed: int = 0):
         self._law, self.cell_grid, self.bounds, self.seed = law, cell_grid, bounds, seed
         self._prefix: np.ndarray | None = None
         self._cov: np.ndarray | None = None
+        self._window: np.ndarray | None = None
         #: Σ over the draws of each leaf's squared error, where the field rasterises leaves (note_leaf_errors)
         self._leaf_sq: np.ndarray | None = None
         self._leaf_draws = 0
@@ -377,6 +382,8 @@ class BootstrapNoise(NoiseModel):
             if e.shape[0] * e.shape[1] <= self.SMALL_GRID:
                 cells = e.reshape(-1, e.shape[2]).astype(np.float64)
                 self._cov = cells @ cells.T / e.shape[2]
+            elif e.shape[0] * e.shape[1] <= self.WINDOW_GRID:
+                self._window = _window_sums(e.astype(np.float64), NEAREST_CELLS + 1)
             self._prefix = p
         return self._prefix
 
@@ -412,7 +419,14 @@ class BootstrapNoise(NoiseModel):
                 ix0, ix1, iy0, iy1 = (np.rint(g[at]).astype(np.int64) for g in (*gx, *gy))
                 var[at] = _corner_sum_squares(flat, (ix1 * st + iy1, ix0 * st + iy1, ix1 * st + iy0,
                                                      ix0 * st + iy0), self.BLOCK)
-            at = np.flatnonzero(~near)
+            small = ~near
+            if self._window is not None:
+                # a box narrower than NEAREST_CELLS cells each way lies in NEAREST_CELLS + 1 cells from its first
+                at = np.flatnonzero(small & (gx[1] - gx[0] < NEAREST_CELLS) & (gy[1] - gy[0] < NEAREST_CELLS))
+                var[at] = _window_sum_squares(self._window, nx, ny, NEAREST_CELLS + 1, [g[at] for g in gx],
+                                              [g[at] for g in gy], self.BLOCK // 4)
+                small[at] = False
+            at = np.flatnonzero(small)
             if at.size:
                 var[at] = _bilinear_sum_squares(flat, st, nx, ny, [g[at] for g in gx], [g[at] for g in gy],
                                                 self.BLOCK)
@@ -491,6 +505,34 @@ def _unit_power_sum(a: np.ndarray, b: np.ndarray, p: int) -> np.ndarray:
     f0 = np.where(one, b - a, i0 + 1.0 - a)
     f1 = np.where(one, 0.0, b - i1)
     return f0 ** p + f1 ** p + np.maximum(i1 - i0 - 1.0, 0.0)
+
+
+def _window_sums(e: np.ndarray, w: int) -> np.ndarray:
+    """(nx·ny, w², w²): per cell (i, j), x-major, the products of the errors of the w × w cells from (i, j) on
+    (0 past the field's edge), summed over the draws of ``e`` (nx, ny, draws)."""
+    nx, ny, d = e.shape
+    pad = np.zeros((nx + w - 1, ny + w - 1, d))
+    pad[:nx, :ny] = e
+    win = np.lib.stride_tricks.sliding_window_view(pad, (w, w), axis=(0, 1)).reshape(nx * ny, d, w * w)
+    return np.matmul(win.transpose(0, 2, 1), win)
+
+
+def _window_sum_squares(sums: np.ndarray, nx: int, ny: int, w: int, gx: list[np.ndarray], gy: list[np.ndarray],
+                        block: int) -> np.ndarray:
+    """Σ over the draws of the box's error squared for boxes within w cells each way of their first cell:
+    f·S·f with f = fx ⊗ fy their covered fractions of those cells (pro rata, as the bilinear read of the
+    prefix tables counts them) and S the window's tabulated sums (:func:`_window_sums`)."""
+    out = np.empty(len(gx[0]))
+    a = np.arange(w, dtype=np.float64)
+    for s in range(0, len(out), block):
+        x0, x1, y0, y1 = (g[s:s + block, None] for g in (*gx, *gy))
+        i0, j0 = np.minimum(np.floor(x0), nx - 1), np.minimum(np.floor(y0), ny - 1)
+        fx = np.clip(np.minimum(x1, i0 + a + 1.0) - np.maximum(x0, i0 + a), 0.0, 1.0)
+        fy = np.clip(np.minimum(y1, j0 + a + 1.0) - np.maximum(y0, j0 + a), 0.0, 1.0)
+        f = (fx[:, :, None] * fy[:, None, :]).reshape(len(fx), w * w)
+        cells = sums.take((i0[:, 0] * ny + j0[:, 0]).astype(np.int64), axis=0)
+        out[s:s + block] = np.einsum("qk,qk->q", np.matmul(cells, f[:, :, None])[:, :, 0], f)
+    return np.maximum(out, 0.0)  # f·S·f ≥ 0: a rounding below 0 is 0
 
 
 def _corner_sum_squares(flat: np.ndarray, nodes: tuple[np.ndarray, ...], block: int) -> np.ndarray:
