@@ -228,11 +228,11 @@ class Release:
     def _noted(self, table: pd.DataFrame, boxes_ll: np.ndarray) -> pd.DataFrame:
         """``table`` with a ``note`` column when a box falls in a band this release is expected to serve worse
         than a blank map (its manifest's verdict)."""
-        from tasks.release_verdict import answer_notes
+        from tasks.release_verdict import band_note_codes
 
-        notes = answer_notes(self.manifest.quality, self.synopsis.region.box_latlon_to_m(boxes_ll))
-        if any(notes):
-            table["note"] = notes
+        codes, words = band_note_codes(self.manifest.quality, self.synopsis.region.box_latlon_to_m(boxes_ll))
+        if words:
+            table["note"] = np.array([*words, None], dtype=object)[codes]
         return table
 
     def to_xarray(self):

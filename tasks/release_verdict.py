@@ -97,16 +97,23 @@ def verdict_line(quality: dict | None) -> str:
     return "verdict: " + "; ".join(parts) + empty + anyway
 
 
-def answer_notes(quality: dict | None, boxes_m: np.ndarray) -> list[str | None]:
-    """Per box: a note when its side (√ area) falls in a band the release is expected to serve worse than a
-    blank map, else None."""
-    bad = [b for b in band_verdicts(quality) if b["worse"]]
+def band_note_codes(quality: dict | None, boxes_m: np.ndarray) -> tuple[np.ndarray, list[str]]:
+    """Per box, the index of its note in the returned sorted words (-1 for none): a note where its side
+    (√ area) falls in a band the release is expected to serve worse than a blank map. One mask per band,
+    none per box: a million boxes cost a few array passes."""
     b = np.atleast_2d(np.asarray(boxes_m, dtype=np.float64))
     side = np.sqrt(np.abs((b[:, 2] - b[:, 0]) * (b[:, 3] - b[:, 1])))
-    notes: list[str | None] = [None] * len(b)
-    for band in bad:
+    codes = np.full(len(b), -1, dtype=np.int64)
+    texts: list[str] = []
+    for band in (b for b in band_verdicts(quality) if b["worse"]):
         lo, hi = band["query_sides_m"]
-        for i in np.flatnonzero((side >= lo) & (side <= hi)):
-            notes[i] = (f"this release is expected worse than a blank map for squares of {lo:g}–{hi:g} m "
-                        f"(its {band['from']}): answering 0 is expected to err less")
-    return notes
+        codes[(side >= lo) & (side <= hi)] = len(texts)  # a later band's note wins, as bands are listed
+        texts.append(f"this release is expected worse than a blank map for squares of {lo:g}–{hi:g} m "
+                     f"(its {band['from']}): answering 0 is expected to err less")
+    used = np.unique(codes[codes >= 0])
+    words = sorted({texts[i] for i in used})
+    remap = np.full(len(texts) + 1, -1, dtype=np.int64)  # the last slot keeps -1 as -1
+    for i in used:
+        remap[i] = words.index(texts[i])
+    return remap[codes], words
+

@@ -208,3 +208,33 @@ def test_an_empty_period_published_at_the_daily_settings_says_the_profile_cannot
     line = next(ln for ln in out.stdout.splitlines() if "verdict:" in ln)
     assert "its profile cannot tell the period from an empty one, where a blank map is exact" in line
     assert "informative" not in line
+
+
+def test_answer_notes_mark_each_box_by_its_sides_band_without_a_loop_per_box():
+    """Bug: notes were set one box at a time in Python (a million boxes in a bad band took a Python loop).
+    The vectorised codes must give every box the note of the last bad band its side falls in, and none
+    elsewhere, like a per-box reading of the bands does."""
+    import numpy as np
+
+    from tasks.release_verdict import band_note_codes, band_verdicts
+
+    quality = {"plan": {"bands": [
+        {"query_sides_m": [25, 100], "worse_than_blank_map": True},
+        {"query_sides_m": [100, 1000], "worse_than_blank_map": False},
+        {"query_sides_m": [1000, 5000], "worse_than_blank_map": True}]}}
+    bad = [b["query_sides_m"] for b in band_verdicts(quality) if b["worse"]]
+    assert len(bad) == 2
+    rng = np.random.default_rng(0)
+    side = np.concatenate([rng.uniform(5, 8000, 3000), [25.0, 100.0, 1000.0, 5000.0]])
+    x0 = rng.uniform(-1e4, 1e4, side.size)
+    boxes = np.column_stack([x0, x0, x0 + side, x0 + side])
+    codes, words = band_note_codes(quality, boxes)
+    got = np.array([*words, None], dtype=object)[codes]
+    for s, note in zip(np.sqrt(side * side), got, strict=True):
+        inside = [b for b in bad if b[0] <= s <= b[1]]
+        if not inside:
+            assert note is None
+        else:
+            lo, hi = inside[-1]
+            assert note is not None and f"{lo:g}–{hi:g} m" in note
+    assert words == sorted(words) and len(set(words)) == len(words)

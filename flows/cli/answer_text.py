@@ -101,16 +101,6 @@ def columns_of(table: Any) -> tuple[dict[str, np.ndarray | Words], dict]:
     return cols, table.attrs
 
 
-def words_of(values: list) -> Words:
-    """A column of str or None per row as Words (its distinct words sorted, as a pandas Categorical's)."""
-    arr = np.asarray(values, dtype=object)
-    words = sorted(w for w in set(values) if w is not None)
-    codes = np.full(len(arr), -1, dtype=np.int64)
-    for k, w in enumerate(words):
-        codes[arr == w] = k
-    return Words(codes, words)
-
-
 def texts_of(col: Words) -> list:
     """Each row's word (None where it has none)."""
     words = [*col.words, None]  # code -1 reads the last

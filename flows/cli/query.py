@@ -50,7 +50,7 @@ def range_counts(
     """Estimated counts in boxes, with 95% intervals where the mechanism has them (all boxes at once).
     Given a store with --dataset and --city (or a path …/releases/DATASET/CITY), every committed release
     in --period: one row per period, and their sum with its combined interval."""
-    from dpcore.queries.answers import answers
+    from dpcore.queries.answers import Words, answers
     from dpcore.queries.range import parse_box, read_boxes_csv
 
     if bool(box) == (boxes is not None):
@@ -66,17 +66,15 @@ def range_counts(
                       else out)
         return 0
     times = parse_window(window) if window is not None else None
-    from tasks.release_verdict import answer_notes
+    from tasks.release_verdict import band_note_codes
 
     with fetch_release(release) as (manifest, synopsis):
         if times is not None:
             _check_window(synopsis, times)
         table = answers(synopsis, boxes_ll, window_s=times)
-        notes = answer_notes(manifest.quality, synopsis.region.box_latlon_to_m(boxes_ll))
-        if any(notes):  # a band the release is expected to serve worse than a blank map
-            from flows.cli.answer_text import words_of
-
-            table.columns["note"] = words_of(notes)
+        codes, words = band_note_codes(manifest.quality, synopsis.region.box_latlon_to_m(boxes_ll))
+        if words:  # a band the release is expected to serve worse than a blank map
+            table.columns["note"] = Words(codes, words)
         for caveat in synopsis.caveats():
             eprint(f"note: {caveat}")
         region_bbox = synopsis.region.bbox_latlon()
