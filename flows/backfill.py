@@ -25,7 +25,7 @@ from tasks.config import BackfillParams, ConfigError, canonical_hash, days_betwe
 from tasks.ledger_tasks import give_back_interrupted
 from tasks.release_plan import ReleasePlan, plan_days
 from tasks.release_tasks import load_and_validate
-from tasks.runtime import dask_for_run
+from tasks.runtime import dask_for_run, workers_stop_with_run
 
 
 @flow(name="backfill", log_prints=True, retries=0)
@@ -42,7 +42,7 @@ def backfill_flow(params: BackfillParams, config_path: str | None = None) -> dic
             with dask_for_run(rp.dask_address, rp.n_workers):
                 return _backfill(params, plans, loaded=_load_unless_partitioned(rp, plans))
         except (KeyboardInterrupt, SystemExit) as exc:
-            give_back_interrupted(exc, workers_stopped=not rp.dask_address)
+            give_back_interrupted(exc, workers_stopped=workers_stop_with_run(rp.dask_address))
             raise
     except GeoDPError as exc:
         return refused(exc, rp)

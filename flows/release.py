@@ -28,7 +28,7 @@ from tasks.public_errors import public_data_error
 from tasks.release_city_plan import ReleaseError
 from tasks.release_plan import ReleasePlan, plan_release
 from tasks.release_tasks import code_version
-from tasks.runtime import dask_for_run
+from tasks.runtime import dask_for_run, workers_stop_with_run
 from tasks.storage.manifest import Manifest
 
 if TYPE_CHECKING:
@@ -172,7 +172,7 @@ def release_flow(params: ReleaseParams, config_path: str | None = None) -> dict 
             with dask_for_run(params.dask_address, params.n_workers):
                 return run_plan(plan, executor, strict=params.strict).to_dict()
         except (KeyboardInterrupt, SystemExit) as exc:
-            give_back_interrupted(exc, workers_stopped=not params.dask_address)
+            give_back_interrupted(exc, workers_stopped=workers_stop_with_run(params.dask_address))
             raise
     except GeoDPError as exc:
         return refused(exc, params)

@@ -1,8 +1,9 @@
 """A release's data pass on Dask: the input's files → validated, bounded points → fine count grids.
 
-One Dask graph, whatever runs it: a distributed cluster (the Prefect release flow's LocalCluster or
-``--dask-address``, reached from the task through ``worker_client``) or, in the in-process form, the
-local threaded scheduler (at record level an input of one file runs the graph's one read step
+One Dask graph, whatever runs it: a cluster of worker processes (the Prefect release flow's LocalCluster
+with GEODP_DASK_WORKERS=processes, or ``--dask-address``, reached from the task through ``worker_client``)
+or the local threaded scheduler: in the in-process form, and in the flow's default LocalCluster of
+threads, whose workers share this process and so need nothing shipped between them (at record level an input of one file runs the graph's one read step
 directly: :func:`_one_file_counts`). Record level: one task per file reads it, validates it and counts its
 period's points on every region's fine grid (dpcore.data.chunks.file_counts); nothing else moves.
 User level: one task per file reads and validates it and keeps, per point of the period inside any
@@ -12,7 +13,7 @@ partition, where one uniform k-sample per person (or per person and day) is draw
 release, and each partition is counted in one task (so a person's sample is the same for all
 regions), or, for a heatmap, spreads each of its people's mass over their own points on the heatmap's
 grid (Mechanism.fine_mass). The sparse sums are added in a tree. Only those sums come back; a
-release's fits never receive points. With no cluster (the in-process form) a user-level pass does not
+release's fits never receive points. With no cluster, or a cluster of threads, a user-level pass does not
 shuffle: the files' rows are read (in threads when there are several) and bounded and counted together
 in this process (dpcore.data.user_pass), with the same sample law.
 """
@@ -107,6 +108,18 @@ def _cluster() -> str | None:
     return None
 
 
+def _worker_of_this_process():
+    """The Dask worker this code runs on when its whole cluster lives in this process (a LocalCluster of
+    threads, whose scheduler speaks ``inproc://``, which no other process can reach), else None."""
+    from distributed import get_worker
+
+    try:
+        worker = get_worker()
+    except ValueError:
+        return None
+    return worker if str(worker.scheduler.address).startswith("inproc://") else None
+
+
 def new_topic() -> str:
     """A fresh Dask event topic for one data pass's file reads."""
     return f"geodp-data-pass-{uuid.uuid4().hex}"
@@ -121,14 +134,13 @@ def _file_read(topic: str | None, rows: int) -> None:
     the client that computes the pass (tasks run in other processes), or a call in this process."""
     if topic is None:
         return
-    if _cluster() == "worker":
+    listener = _LOCAL_LISTENERS.get(topic)  # the pass runs in this process (with or without a cluster)
+    if listener is not None:
+        listener({"rows": int(rows)})
+    elif _cluster() == "worker":
         from distributed import get_worker
 
         get_worker().log_event(topic, {"rows": int(rows)})
-        return
-    listener = _LOCAL_LISTENERS.get(topic)
-    if listener is not None:
-        listener({"rows": int(rows)})
 
 
 def _read_file(read, inp: InputSet, *args, topic: str | None = None):
@@ -248,6 +260,8 @@ def compute(*objs, listen: tuple[str, object] | None = None):
     distributed client in this process), else on the local threaded scheduler. ``listen`` (topic,
     callback): the callback gets the events that the graph's tasks send on the topic (:func:`_file_read`)."""
     where = _cluster()
+    if where == "worker" and _worker_of_this_process() is not None:
+        where = None  # a cluster of threads here: the local threaded scheduler, with no task shipped
     if where in ("worker", "client"):
         from distributed import default_client, worker_client
 
@@ -286,16 +300,20 @@ def release_counts(source: str | InputSet | LoadResult, specs: list[GridSpec], w
     topic = topic or new_topic()
     if not isinstance(source, LoadResult):
         source = inp = _files(source, fmt, window)
-    local = _cluster() is None
+    where = _cluster()
+    # a cluster of threads in this process holds every row in this process anyway: the pass runs here,
+    # on the local threaded scheduler, as with no cluster (its file events still reach the cluster's clients)
+    worker = _worker_of_this_process() if where == "worker" else None
+    local = where is None or worker is not None
     one = local and (privacy_unit == "user" or (inp is not None and len(inp.files) == 1))
     if one and privacy_unit == "user":
         # in one process the rows need no shuffle: they are bounded and counted together
-        with _data_pass_progress(inp) as listener:
+        with _data_pass_progress(inp, worker, topic) as listener:
             frames, reps = _local_rows(source, specs, window, columns, strict, per_day, topic, listener)
         total, profile = user_level_counts(frames, compact_meta(specs, per_day), specs, int(max_points_per_user),
                                            _bounding_rng(seed), per_day, count_people)
     elif one:
-        with _data_pass_progress(inp) as listener:
+        with _data_pass_progress(inp, worker, topic) as listener:
             total, reps = _one_file_counts(inp, specs, window, columns, strict, topic, listener)
     elif privacy_unit == "user":
         import dask
@@ -316,7 +334,7 @@ def release_counts(source: str | InputSet | LoadResult, specs: list[GridSpec], w
     else:
         partials, reports = _file_reads(file_counts, inp, columns, strict, specs, window, topic=topic)
     if not one:
-        with _data_pass_progress(inp) as listener:
+        with _data_pass_progress(inp, worker, topic) as listener:
             total, reps, profile = compute(_tree_sum(partials), reports, profile, listen=(topic, listener))
     report = _sum_reports(reps, source if isinstance(source, LoadResult) else inp.source)
     cities = {}
@@ -378,9 +396,11 @@ def _bounding_rng(seed: int | None) -> np.random.Generator:
 
 
 @contextlib.contextmanager
-def _data_pass_progress(inp: InputSet | None):
+def _data_pass_progress(inp: InputSet | None, worker=None, topic: str | None = None):
     """A callback for the pass's file events, driving a progress reporter (tasks/progress.py): files
-    read of the input's files, and elapsed time, in a run's log; rows read only on a terminal bar."""
+    read of the input's files, and elapsed time, in a run's log; rows read only on a terminal bar.
+    ``worker`` (the cluster's worker in this process, running the pass here): each event also goes out
+    on ``topic`` as a Dask event, for the clients that follow the pass (the flow's terminal)."""
     from tasks.progress import Progress
 
     if inp is None:  # an in-memory table: read already, nothing to count
@@ -392,6 +412,8 @@ def _data_pass_progress(inp: InputSet | None):
             nonlocal rows
             rows += int(event.get("rows", 0))
             progress.advance(private=f"{rows:,} rows")
+            if worker is not None and topic is not None:
+                worker.log_event(topic, dict(event))
 
         yield listener
 

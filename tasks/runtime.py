@@ -95,10 +95,38 @@ def environment() -> dict[str, str]:
 
 #: Environment variable naming the log level of a LocalCluster's Dask loggers (default WARNING).
 DASK_LOG_LEVEL = "GEODP_DASK_LOG_LEVEL"
+#: Environment variable choosing what a flow's own LocalCluster is made of: "threads" (the default: worker
+#: threads in the flow's process) or "processes" (one process per worker).
+DASK_WORKERS = "GEODP_DASK_WORKERS"
 
 
-def dask_task_runner(address: str | None = None, n_workers: int = 2) -> DaskTaskRunner:
-    """A DaskTaskRunner on an existing scheduler (``address``) or a LocalCluster of processes.
+def worker_processes() -> bool:
+    """Whether a flow's own LocalCluster runs its workers as processes (GEODP_DASK_WORKERS=processes).
+
+    Threads are the default: on one machine a release's data pass then bounds every user's rows where it
+    reads them, with no shuffle between processes, and no worker process imports the project (a
+    release on SF cabs costs 2-3.5x less CPU this way: bench/results/2026-11-29-served-cost-4.md).
+    Processes keep a crashing or memory-hungry task away from the flow's process and let a task be
+    retried on another worker when one is lost; a cluster spanning machines is named by its address."""
+    value = os.environ.get(DASK_WORKERS, "threads").strip().lower()
+    if value not in ("threads", "processes"):
+        from tasks.config import ConfigError
+
+        raise ConfigError(f"{DASK_WORKERS} must be threads or processes, not {value!r}")
+    return value == "processes"
+
+
+def workers_stop_with_run(address: str | None) -> bool:
+    """Whether closing the run's cluster stops every task of the run: a LocalCluster of processes (their
+    nannies end them). Not a cluster the run did not start (``address``), nor one of threads: a thread
+    inside a task cannot be stopped, and closing the cluster waits for it only up to a timeout."""
+    return not address and worker_processes()
+
+
+def dask_task_runner(address: str | None = None, n_workers: int = 2, processes: bool = True) -> DaskTaskRunner:
+    """A DaskTaskRunner on an existing scheduler (``address``) or a LocalCluster of ``n_workers`` worker
+    processes, or with ``processes`` False worker threads in this process (the release flows' default:
+    :func:`dask_for_run`).
 
     The LocalCluster serves the Dask dashboard (task stream, progress) on a free loopback port, whose link
     the run log prints: a fixed :8787 collides when two flows or a flow and a test run at once, and
@@ -112,7 +140,7 @@ def dask_task_runner(address: str | None = None, n_workers: int = 2) -> DaskTask
     if address:
         return DaskTaskRunner(address=address)
     return DaskTaskRunner(cluster_kwargs={
-        "n_workers": int(n_workers), "threads_per_worker": 1, "processes": True,
+        "n_workers": int(n_workers), "threads_per_worker": 1, "processes": bool(processes),
         "dashboard_address": "127.0.0.1:0",
         # the CLI keeps worker logs ("Compute Failed … Traceback") off its terminal unless --verbose:
         # a failed task's error reaches the user as the command's one error line
@@ -123,7 +151,8 @@ def dask_task_runner(address: str | None = None, n_workers: int = 2) -> DaskTask
 @contextlib.contextmanager
 def dask_for_run(address: str | None = None, n_workers: int = 2) -> Iterator[DaskTaskRunner | None]:
     """Inside a flow run: send every task this run submits to a Dask cluster chosen by the run's own
-    parameters (``address``, else a LocalCluster of ``n_workers`` processes), and log its dashboard link.
+    parameters (``address``, else a LocalCluster of ``n_workers`` threads, or processes:
+    :func:`worker_processes`), and log its dashboard link.
 
     A served deployment reloads its flow from the entrypoint with Prefect's default runner, so a task
     runner set with ``with_options`` never reaches a served run; choosing it here, from the parameters,
@@ -136,7 +165,7 @@ def dask_for_run(address: str | None = None, n_workers: int = 2) -> Iterator[Das
     if ctx is None or isinstance(ctx.task_runner, DaskTaskRunner):
         yield ctx.task_runner if ctx is not None else None
         return
-    with dask_task_runner(address, n_workers) as runner:
+    with dask_task_runner(address, n_workers, worker_processes()) as runner:
         link = dashboard_link(runner)
         if link:
             run_logger().info("Dask dashboard: %s", link)
@@ -156,9 +185,21 @@ def dashboard_link(runner: object | None = None) -> str | None:
     if not isinstance(runner, DaskTaskRunner):
         return None
     try:
-        return runner.client.dashboard_link or None
+        return reachable_dashboard(runner.client.dashboard_link, runner.client.scheduler.address)
     except (RuntimeError, AttributeError):
         return None
+
+
+def reachable_dashboard(link: str | None, scheduler_address: str) -> str | None:
+    """The dashboard ``link`` Dask gives, on the loopback for a cluster of threads (an ``inproc://``
+    scheduler): Dask names such a cluster by the machine's address, while :func:`dask_task_runner`'s
+    dashboard listens on 127.0.0.1 only."""
+    if not link or not str(scheduler_address).startswith("inproc://"):
+        return link or None
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(link)
+    return parts._replace(netloc=f"127.0.0.1:{parts.port}").geturl()
 
 
 @task(name="where-it-runs")

@@ -309,12 +309,14 @@ class CuttableProxy:
 def kill_at_write_env(n: int | str | tuple[int | str, ...], log: Path, workers_only: bool = False,
                       once: Path | None = None) -> dict[str, str]:
     """The environment that makes a Python subprocess (a CLI run) die at its ``n``-th store write; with
-    ``workers_only``, each of its Dask worker processes at its own ``n``-th write instead; several
-    numbers with ``once``: see :func:`kill_at_store_write`."""
+    ``workers_only``, each of its Dask worker processes at its own ``n``-th write instead (the flow's
+    LocalCluster is then made of processes: by default its workers are threads of the flow's process);
+    several numbers with ``once``: see :func:`kill_at_store_write`."""
     path = os.pathsep.join(p for p in (str(FAULT_SITE), str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
     numbers = str(n) if isinstance(n, (int, str)) else ",".join(map(str, n))
-    return {KILL_AT_WRITE: numbers, FAULT_LOG: str(log), "PYTHONPATH": path,
-            **({KILL_IN_WORKERS_ONLY: "1"} if workers_only else {}), **({KILL_ONCE: str(once)} if once else {})}
+    workers = {KILL_IN_WORKERS_ONLY: "1", "GEODP_DASK_WORKERS": "processes"} if workers_only else {}
+    return {KILL_AT_WRITE: numbers, FAULT_LOG: str(log), "PYTHONPATH": path, **workers,
+            **({KILL_ONCE: str(once)} if once else {})}
 
 
 def ledger_and_committed(store: str | Path, env: dict | None = None) -> tuple[float, float]:

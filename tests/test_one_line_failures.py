@@ -111,8 +111,9 @@ def _interrupted(args: list, mark, at: int | str = 1, in_worker: bool = False) -
     import psutil
 
     done: list = []
-    run = threading.Thread(target=lambda: done.append(run_geodp(*args, ok=False, timeout=300,
-                                                                env=pause_at_write_env(at, mark))))
+    # a Dask worker of its own: the flow's LocalCluster made of processes (by default its workers are threads)
+    env = {**pause_at_write_env(at, mark), **({"GEODP_DASK_WORKERS": "processes"} if in_worker else {})}
+    run = threading.Thread(target=lambda: done.append(run_geodp(*args, ok=False, timeout=300, env=env)))
     run.start()
     deadline = time.monotonic() + 180
     while not mark.exists():

@@ -172,7 +172,8 @@ def test_schedule_alone_commits_a_release_on_dask(tmp_path):
         assert dash.removeprefix("Dask dashboard: ") in text
         flow_pid = int(re.search(r"flow process pid (\d+)", text).group(1))
         ran = re.findall(r"(\S+) \(pid (\d+)\)", text.split("tasks ran on: ", 1)[1].splitlines()[0])
-        assert ran and all(w.startswith("tcp://127.0.0.1:") and int(pid) != flow_pid for w, pid in ran), text
+        # the run's own LocalCluster: worker threads of the flow's process (tasks.runtime.worker_processes)
+        assert ran and all(w.startswith("inproc://") and int(pid) == flow_pid for w, pid in ran), text
     finally:
         for proc in (serve, server):
             if proc is not None:
