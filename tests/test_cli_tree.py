@@ -151,6 +151,8 @@ def test_sigterm_stops_the_local_prefect_server_and_cluster(data_file, tmp_path)
     cmd = [sys.executable, "-m", "flows.cli", "release", str(data_file), "--cities", "new-york", "--epsilon", "1",
            "--mechanism", "vdr", "--period", "2024-01-01..2024-01-04", "--store", str(tmp_path / "store"),
            "--workers", "1"]
+    # the session's own Prefect server (a uvicorn child of this process) is not this test's to stop
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     started: list = []
     try:
@@ -169,5 +171,6 @@ def test_sigterm_stops_the_local_prefect_server_and_cluster(data_file, tmp_path)
         if proc.poll() is None:
             proc.kill()
         for p in psutil.Process().children(recursive=True):  # nothing this test started may outlive it
-            if p.pid != proc.pid and any("flows.cli" in a or "uvicorn" in a for a in _cmdline(p)):
+            if p.pid != proc.pid and p.pid not in before and any("flows.cli" in a or "uvicorn" in a
+                                                                   for a in _cmdline(p)):
                 p.kill()
