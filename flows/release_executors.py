@@ -262,33 +262,32 @@ class PrefectDaskExecutor:
         for p in todo:
             syn = privatize.submit(p, inputs[p.city], profile)
             fitted[p.city] = (syn, render_preview.submit(p, syn))
-        futures = {}
+        persists: dict[str, PrefectFuture | Exception] = {}  # a city's persist, or why its fit failed
         for p in todo:
             # the noise is drawn once: persist gets the synopsis and preview this process holds, so a persist
             # that a lost worker's retry runs again uploads the same bytes (a future would fit afresh)
             syn, png = fitted[p.city]
             try:
                 drawn = syn.result(), png.result()
-            except Exception as exc:
-                futures[p.city] = (None, exc)
+            except Exception as exc:  # nothing was staged for that city
+                persists[p.city] = exc
                 continue
-            futures[p.city] = (persist_release.submit(plan.store_url, p, *drawn, held[p.city], code), ())
+            persists[p.city] = persist_release.submit(plan.store_url, p, *drawn, held[p.city], code)
         progress = create_progress_artifact(0.0, key=artifact_key(f"release-progress-{plan.dataset}"),
                                             description=f"cities of {plan.dataset} committed")
         manifests, why, first_error = {}, {}, None
-        with Progress("fits", total=len(futures), unit="cities") as fits:  # the cities' names and count are public
-            for i, (city, (fut, upstream)) in enumerate(futures.items()):
-                try:
-                    if fut is None:
-                        raise _FitFailed(upstream)
-                    manifests[city] = _persisted(fut, upstream)
-                except _FitFailed as exc:
-                    why[city] = f"fit failed: {type(exc.cause).__name__}"
-                    first_error = first_error or exc.cause
-                except Exception as exc:  # storage failed, or the worker was lost: nothing was committed
-                    why[city] = f"{STORAGE_FAILED}: {type(exc).__name__}"
-                    first_error = first_error or exc
-                update_progress_artifact(progress, 100.0 * (i + 1) / len(futures))
+        with Progress("fits", total=len(persists), unit="cities") as fits:  # the cities' names and count are public
+            for i, (city, persist) in enumerate(persists.items()):
+                if isinstance(persist, Exception):
+                    why[city] = f"fit failed: {type(persist).__name__}"
+                    first_error = first_error or persist
+                else:
+                    try:
+                        manifests[city] = persist.result()
+                    except Exception as exc:  # storage failed, or the worker was lost: nothing was committed
+                        why[city] = f"{STORAGE_FAILED}: {type(exc).__name__}"
+                        first_error = first_error or exc
+                update_progress_artifact(progress, 100.0 * (i + 1) / len(persists))
                 fits.advance(what=city)
         if first_error is not None:
             txn = get_transaction()
@@ -346,27 +345,3 @@ def one_line(exc: BaseException) -> BaseException:
     first = str(exc) if isinstance(exc, PrivateDataFailure) else (str(exc).strip().splitlines() or [""])[0][:300]
     return RunFailed(f"{type(exc).__name__}: {first} (nothing was committed for that city; its charge is "
                      "given back, or taken over by the next run of the release)")
-
-
-class _FitFailed(Exception):
-    def __init__(self, cause: BaseException):
-        super().__init__(str(cause))
-        self.cause = cause
-
-
-def _persisted(persist: PrefectFuture, upstream: tuple[PrefectFuture, ...]) -> Manifest:
-    """The persist task's manifest. When a task before it failed (a fit the mechanism refused), persist
-    never ran and its result is only "not ready"; that task's own error is raised instead (wrapped in
-    _FitFailed, since nothing was staged), so the caller sees why."""
-    from prefect.exceptions import UnfinishedRun
-
-    try:
-        return persist.result()
-    except UnfinishedRun as exc:
-        not_ready = exc
-    for task_future in upstream:  # outside the except block, so the cause is not chained to "not ready"
-        try:
-            task_future.result()
-        except Exception as exc:
-            raise _FitFailed(exc) from None
-    raise not_ready
