@@ -64,11 +64,6 @@ SIDES_PER_BAND = 5
 #: with 500 m cells too (not measured).
 SUB_CELL_MARGIN = 1.0
 NOISE_SHARE = 0.5
-#: Within this of a blank map's error (≥ 0.95) a band is not called informative where the profile cannot tell
-#: the period from an empty one: an empty period's blank map is exact. It does not refuse: refusing an empty
-#: period with probability q refuses a day of n people with probability ≥ q·e^(−ε_p·n) (ε_p-DP, n steps), and
-#: at the daily settings the days so refused beat a blank map (bench/results/2026-11-29-verdict-4.md).
-BLANK_LIKE = 0.95
 # Any band counts when its expected relative error is at least REFUSE_MARGIN (twice a blank map's, as the
 # plan's other verdicts). HALF_NORMAL, PROXY_WIDTHS_M and K_CANDIDATES are the plan's (dpcore.synopsis.expected_error).
 
