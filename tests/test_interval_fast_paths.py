@@ -211,3 +211,26 @@ def test_a_mid_sized_error_fields_small_boxes_read_the_draws_own_variance():
     var_draws, terms_draws = model.moments(boxes)
     assert np.array_equal(terms, terms_draws)
     assert var == pytest.approx(var_draws, rel=1e-4, abs=1e-7 * var_draws.max())
+
+
+def test_window_sums_grouped_by_first_cell_are_each_boxs_own_sum_over_the_draws():
+    """HB's small boxes read f·S·f grouped by their first cell (one matrix product per cell): each must be
+    Σ over the draws of (Σ over the field's cells of f·error)², f the box's pro-rata covered fractions,
+    summed box by box in float64."""
+    from dpcore.synopsis.noise import _window_sum_squares, _window_sums
+
+    rng = np.random.default_rng(11)
+    nx, ny, draws, w = 9, 7, 30, 5
+    e = rng.normal(0.0, 2.0, (nx, ny, draws)) + rng.normal(0.0, 1.0, draws)
+    n = 2000
+    x0, y0 = rng.uniform(0, nx, n), rng.uniform(0, ny, n)
+    gx = [x0, np.minimum(x0 + rng.uniform(0, w - 1, n), nx)]
+    gy = [y0, np.minimum(y0 + rng.uniform(0, w - 1, n), ny)]
+    got = _window_sum_squares(_window_sums(e, w), nx, ny, w, gx, gy, 64)
+    want = np.empty(n)
+    for q in range(n):
+        fx = np.clip(np.minimum(gx[1][q], np.arange(nx) + 1.0) - np.maximum(gx[0][q], np.arange(nx)), 0.0, 1.0)
+        fy = np.clip(np.minimum(gy[1][q], np.arange(ny) + 1.0) - np.maximum(gy[0][q], np.arange(ny)), 0.0, 1.0)
+        err = np.einsum("i,j,ijd->d", fx, fy, e)
+        want[q] = err @ err
+    assert got == pytest.approx(want, rel=1e-12, abs=1e-12 * want.max())

@@ -424,7 +424,7 @@ class BootstrapNoise(NoiseModel):
                 # a box narrower than NEAREST_CELLS cells each way lies in NEAREST_CELLS + 1 cells from its first
                 at = np.flatnonzero(small & (gx[1] - gx[0] < NEAREST_CELLS) & (gy[1] - gy[0] < NEAREST_CELLS))
                 var[at] = _window_sum_squares(self._window, nx, ny, NEAREST_CELLS + 1, [g[at] for g in gx],
-                                              [g[at] for g in gy], self.BLOCK // 4)
+                                              [g[at] for g in gy], 8 * self.BLOCK)
                 small[at] = False
             at = np.flatnonzero(small)
             if at.size:
@@ -521,17 +521,28 @@ def _window_sum_squares(sums: np.ndarray, nx: int, ny: int, w: int, gx: list[np.
                         block: int) -> np.ndarray:
     """Σ over the draws of the box's error squared for boxes within w cells each way of their first cell:
     f·S·f with f = fx ⊗ fy their covered fractions of those cells (pro rata, as the bilinear read of the
-    prefix tables counts them) and S the window's tabulated sums (:func:`_window_sums`)."""
+    prefix tables counts them) and S the window's tabulated sums (:func:`_window_sums`).
+
+    The boxes go through grouped by their first cell, so that each group's f·S is one matrix product with
+    its cell's S (BLAS), not one small product per box."""
     out = np.empty(len(gx[0]))
     a = np.arange(w, dtype=np.float64)
-    for s in range(0, len(out), block):
-        x0, x1, y0, y1 = (g[s:s + block, None] for g in (*gx, *gy))
-        i0, j0 = np.minimum(np.floor(x0), nx - 1), np.minimum(np.floor(y0), ny - 1)
-        fx = np.clip(np.minimum(x1, i0 + a + 1.0) - np.maximum(x0, i0 + a), 0.0, 1.0)
-        fy = np.clip(np.minimum(y1, j0 + a + 1.0) - np.maximum(y0, j0 + a), 0.0, 1.0)
-        f = (fx[:, :, None] * fy[:, None, :]).reshape(len(fx), w * w)
-        cells = sums.take((i0[:, 0] * ny + j0[:, 0]).astype(np.int64), axis=0)
-        out[s:s + block] = np.einsum("qk,qk->q", np.matmul(cells, f[:, :, None])[:, :, 0], f)
+    i0, j0 = np.minimum(np.floor(gx[0]), nx - 1), np.minimum(np.floor(gy[0]), ny - 1)
+    # (a field of at most WINDOW_GRID cells: int16 keys take numpy's radix sort)
+    cell = (i0 * ny + j0).astype(np.int16 if nx * ny < 2 ** 15 else np.int64)
+    order = np.argsort(cell, kind="stable")
+    cell = cell[order]
+    x0, x1, y0, y1, i0, j0 = (c[order] for c in (gx[0], gx[1], gy[0], gy[1], i0, j0))
+    starts = np.flatnonzero(np.diff(cell)) + 1
+    for s, e in zip([0, *starts.tolist()], [*starts.tolist(), len(cell)], strict=True):
+        for t in range(s, e, block):
+            u = min(t + block, e)
+            fx = np.clip(np.minimum(x1[t:u, None], i0[t:u, None] + a + 1.0) - np.maximum(x0[t:u, None], i0[t:u, None] + a),
+                         0.0, 1.0)
+            fy = np.clip(np.minimum(y1[t:u, None], j0[t:u, None] + a + 1.0) - np.maximum(y0[t:u, None], j0[t:u, None] + a),
+                         0.0, 1.0)
+            f = (fx[:, :, None] * fy[:, None, :]).reshape(u - t, w * w)
+            out[order[t:u]] = np.einsum("qk,qk->q", f @ sums[cell[t]].T, f)
     return np.maximum(out, 0.0)  # f·S·f ≥ 0: a rounding below 0 is 0
 
 
