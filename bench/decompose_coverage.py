@@ -12,6 +12,7 @@ own coverage; each should be near 0.95 where it dominates) and the median |error
 whole interval's coverage. Same data and squares as bench/bench_coverage.py.
 
     nice -n 10 .venv/bin/python bench/decompose_coverage.py --units record [--dataset austin --seed 101]
+    nice -n 10 .venv/bin/python bench/decompose_coverage.py --days 8     # one release per busy day instead
 """
 
 from __future__ import annotations
@@ -87,14 +88,24 @@ def main() -> None:
     ap.add_argument("--releases", type=int, default=2)
     ap.add_argument("--queries", type=int, default=300)
     ap.add_argument("--k", type=int, default=20)
+    ap.add_argument("--days", type=int, default=0, help="instead of --releases whole-file releases: one release "
+                                                        "of each of this many busy days (spread over them)")
     a = ap.parse_args()
-    x, y, user, _, region = bc.load(a.dataset)
+    x_all, y_all, user_all, t_all, region = bc.load(a.dataset)
+    if a.days:  # days at least as busy as the median, evenly spread over them
+        day = t_all // 86400
+        dd, n = np.unique(day, return_counts=True)
+        busy = dd[n >= np.quantile(n, 0.5)]
+        parts = [day == v for v in busy[np.linspace(0, busy.size - 1, a.days).astype(int)]]
+    else:
+        parts = [np.ones(x_all.size, bool)] * a.releases
     z = NormalDist().inv_cdf(0.975)
     print(f"{a.dataset}: per term, share within its stated half-widths (median |err|/half-width); then all")
     for unit in a.units.split(","):
         for name in a.mechanisms.split(","):
             acc: dict = {}
-            for r in range(a.releases):
+            for r, part in enumerate(parts):
+                x, y, user = x_all[part], y_all[part], user_all[part]
                 seed = a.seed + r
                 syn = bc.release(name, bc.MECHANISMS[name], x, y, user, region, unit, a.k, 1.0, seed)
                 if unit == "user":  # the k-sample the release was drawn from (bc.release's own draw)

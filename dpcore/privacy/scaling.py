@@ -159,9 +159,12 @@ def reach_bucket(profile: ContributionProfile) -> int:
     far, 95% and 93% (REACH_FALSE_RATE fitted there; 0.05 gave 90% and 75%), and 95% on Gowalla NYC (held
     out; 90% before). bench/factor_interval.py, bench/results/2026-11-28-coverage-4.md. Reads only the
     noisy profile: post-processing."""
-    # from the highest visible bucket, or the largest where none is visible (a profile of a few hundred
-    # people may show none at ε_p 0.1: its estimate then counts buckets 0 and 1 only)
-    j = max(profile.visible_top(), int(np.argmax(profile.noisy)))
+    # from the highest visible bucket, or from bucket 0 where none is visible (a profile of a few hundred
+    # people may show none at ε_p 0.1: its estimate then counts buckets 0 and 1 only). Not from the largest
+    # noisy count: on a day of a few dozen people the largest of 24 buckets' noise often tops every real
+    # bucket, and a run from bucket 21 reached 1/κ up to 10⁵ (Gowalla NYC 2010-01-19, 28 people in
+    # bucket 0: a 4 km square's interval [−2, 474,481] around 5).
+    j = max(profile.visible_top(), 0)
     threshold = math.log(1.0 / (2.0 * REACH_FALSE_RATE)) / float(profile.epsilon)
     while j + 1 < PROFILE_BUCKETS and profile.noisy[j + 1] >= threshold:
         j += 1
