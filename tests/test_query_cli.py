@@ -155,3 +155,19 @@ def test_a_boxes_csv_reads_as_pandas_read_it(tmp_path):
         with pytest.raises(QueryError) as theirs:
             _read_boxes_pandas(str(p))
         assert str(ours.value) == str(theirs.value)
+
+
+def test_a_csv_whose_last_column_is_a_number_ends_each_row_there():
+    # the writer joins each row in one pass, its newline carried by the last column: a number there too
+    from flows.cli.answer_text import csv_bytes
+
+    rng = np.random.default_rng(5)
+    t = pd.DataFrame(np.round(rng.uniform(40.5, 40.9, (300, 4)), 6), columns=["min_lat", "min_lon", "max_lat", "max_lon"])
+    t["unit"] = pd.Categorical.from_codes(np.zeros(300, dtype=np.int8), ["full points"])
+    t["estimate"] = rng.normal(0, 1, 300) * 10.0 ** rng.integers(-3, 7, 300)
+    text = b"".join(csv_bytes(t)).decode()
+    assert text.endswith("\n") and text.count("\n") == 301
+    ours = pd.read_csv(io.StringIO(text))
+    theirs = pd.read_csv(io.StringIO(t.to_csv(index=False, float_format="%.6g")))
+    pd.testing.assert_series_equal(ours["estimate"], theirs["estimate"])
+    assert np.array_equal(ours.iloc[:, :4].to_numpy(), t.iloc[:, :4].to_numpy())

@@ -114,10 +114,10 @@ def _csv_field(s: str | None) -> str:
 
 
 def _join(parts: list, sep: str) -> memoryview:
-    """Rows of ``parts`` (Arrow string arrays or literal str) joined by ``sep``, each row ending in a newline."""
+    """Rows of ``parts`` (Arrow string arrays or literal str; the last one's strings already ending in a
+    newline) joined by ``sep``: one pass of Arrow's join."""
     parts = [_lit(p) if isinstance(p, str) else p for p in parts]
-    return _text_of(pc.binary_join_element_wise(*parts, _lit("\n"), _lit("")) if not sep else
-                    pc.binary_join_element_wise(pc.binary_join_element_wise(*parts, _lit(sep)), _lit("\n"), _lit("")))
+    return _text_of(pc.binary_join_element_wise(*parts, _lit(sep)))
 
 
 def _text_of(rows: pa.Array) -> memoryview:
@@ -137,11 +137,14 @@ def csv_bytes(table: Any) -> list:
     if not len(table):
         return [header]
     parts = []
-    for name, col in cols.items():
-        if isinstance(col, Words):
-            parts.append(_strings(col, _csv_field))
+    for i, (name, col) in enumerate(cols.items()):
+        last = i == len(cols) - 1
+        if isinstance(col, Words):  # the last column's words end the row (each distinct word once)
+            parts.append(_strings(col, (lambda w: _csv_field(w) + "\n") if last else _csv_field))
         else:
             parts.append(_numbers(col if name in BOX else round_significant(col, CSV_DIGITS), "", floats=False))
+            if last:
+                parts[-1] = pc.binary_join_element_wise(parts[-1], _lit("\n"), _lit(""))
     return [header, _join(parts, ",")]
 
 
