@@ -26,7 +26,7 @@ from typing import NamedTuple
 import typer
 
 from flows.cli import _env  # noqa: F401 - before anything imports Prefect
-from flows.cli.common import STDOUT, validation_text
+from flows.cli.common import STDOUT, loading, pause_gc_while_loading, validation_text
 
 
 def _finite_float_options() -> None:
@@ -128,7 +128,8 @@ class RootGroup(typer.core.TyperGroup):
             lazy = LAZY[name]
             if getattr(ctx, "_geodp_listing", False):  # `geodp --help`: a stub with the help line
                 return typer.core.TyperCommand(name=name, help=lazy.help, hidden=lazy.hidden)
-            self.commands[name] = load(name)
+            with loading():
+                self.commands[name] = load(name)
         return super().get_command(ctx, name)
 
     def format_commands(self, ctx: typer.Context, formatter) -> None:
@@ -228,6 +229,10 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     if __name__ == "__main__" or argv is None:  # the console script; not when a test calls main([...])
         exit_on_sigterm()
+        pause_gc_while_loading()
+        # pydantic looks for plugins by reading every installed package's entry points (0.03 CPU-s) when it
+        # builds its first model; geodp uses none. PYDANTIC_DISABLE_PLUGINS= (empty) lets them load.
+        os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
     from typer._click.exceptions import NoArgsIsHelpError, UsageError
 
     from dpcore import GeoDPError

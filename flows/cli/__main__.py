@@ -1,7 +1,10 @@
 """`python -m flows.cli ARGS` is `geodp ARGS`."""
 
+import gc
 import sys
 
-from flows.cli import main
+gc.disable()  # the CLI's own modules load without the garbage collector too (flows.cli.common.loading)
+
+from flows.cli import main  # noqa: E402
 
 sys.exit(main())

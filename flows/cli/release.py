@@ -19,6 +19,7 @@ from flows.cli.common import (
     emit_json,
     eprint,
     field_default,
+    loading,
     model_option,
     noun,
     params_by_mechanism,
@@ -156,15 +157,16 @@ def _params_of(options: dict) -> ReleaseParams:
 
 def run(options: dict) -> int:
     """Release one period of DATA for one or more regions (a manifest, noisy files and a ledger charge)."""
-    params = _params_of(options)
+    with loading():  # the modules the work needs (the mechanisms' too, through the parameters' checks)
+        params = _params_of(options)
+        import tasks.settings  # noqa: F401
+        from flows.release import release_cities
+        from flows.release_summary import RunSummary
     config, json_out = options["config"], options["json_out"]
     _check_settings(config)
     if options["store"] is not None and not options["no_prefect"]:
         summary = _run_flow(params, config)
     else:
-        from flows.release import release_cities
-        from flows.release_summary import RunSummary
-
         summary = RunSummary.from_dict(release_cities(params, config, in_process=True, strict=params.strict))
     if json_out is not None:
         emit_json(summary.to_dict(), json_out)
