@@ -27,6 +27,7 @@ from dpcore.synopsis.expected_error import (
     REFUSE_MARGIN,
     PlanInputs,
     expected_errors,
+    map_scale_without_top,
     typical_counts,
     useless,
     what_would_help,
@@ -82,6 +83,7 @@ class Basis:
     typical: np.ndarray  # per band (NaN: hidden by the basis's noise)
     profile: ContributionProfile | None
     at_most: np.ndarray  # per band, the largest typical count the basis leaves possible
+    top_scale: float = 1.0  # what its counts become, as a share, if its profile's lone top bucket is noise
 
 
 def no_prediction(plan: CityPlan) -> str | None:
@@ -111,7 +113,8 @@ def basis_of(store: ReleaseStore, plan: CityPlan, bands=DEFAULT_BANDS) -> Basis 
     inputs = PlanInputs(epsilon=float(plan.epsilon or 0.0), rho=plan.rho,
                         k=plan.max_points_per_user if plan.privacy_unit == "user" else 1,
                         cell_width_m=_cell_width(plan), profiled=profile_applies(plan), period_factor=period_factor)
-    return Basis(url, inputs, typical_counts(synopsis, bands), profile, typical_counts(synopsis, bands, at_most=True))
+    return Basis(url, inputs, typical_counts(synopsis, bands), profile, typical_counts(synopsis, bands, at_most=True),
+                 map_scale_without_top(synopsis))
 
 
 def _period_days(plan: CityPlan) -> float | None:
@@ -166,11 +169,12 @@ def expectation(store: ReleaseStore, plan: CityPlan, profile: ContributionProfil
                                           f"{plan.privacy_unit} level is published yet, and the plan predicts "
                                           f"only from the region's newest published release{then}",
                 **({"profile_epsilon": PROFILE_FRACTION * float(plan.epsilon)} if profile_applies(plan) else {})}
-    rows = expected_errors(basis.inputs, basis.typical, basis.profile, at_most=basis.at_most)
+    rows = expected_errors(basis.inputs, basis.typical, basis.profile, at_most=basis.at_most,
+                           map_scale_without_top=basis.top_scale)
     out = {"bands": rows, "basis": basis.url, "useless": useless(rows), "statement": _statement(rows)}
     if out["useless"]:
         out["would_help"] = what_would_help(basis.inputs, basis.typical, basis.profile, at_most=basis.at_most,
-                                            period_days=_period_days(plan))
+                                            period_days=_period_days(plan), map_scale_without_top=basis.top_scale)
     return out
 
 

@@ -20,7 +20,12 @@ def own_map_bands(plan, synopsis: Synopsis) -> list[dict]:
     """The error model of the plan read from the fitted release's own map (post-processing only): per band
     its expected |error| against the typical count of a data-centred square of the released map."""
     from dpcore.privacy.profile import ContributionProfile
-    from dpcore.synopsis.expected_error import PlanInputs, expected_errors, typical_counts
+    from dpcore.synopsis.expected_error import (
+        PlanInputs,
+        expected_errors,
+        map_scale_without_top,
+        typical_counts,
+    )
     from tasks.release_tasks import profile_applies
     from tasks.release_usefulness import _cell_width, no_prediction
 
@@ -36,7 +41,7 @@ def own_map_bands(plan, synopsis: Synopsis) -> list[dict]:
     inputs = PlanInputs(epsilon=float(plan.epsilon or 0.0), rho=plan.rho,
                         k=plan.max_points_per_user if plan.privacy_unit == "user" else 1,
                         cell_width_m=_cell_width(plan), profiled=profile_applies(plan) and profile is not None)
-    return expected_errors(inputs, typical, profile, at_most=at_most)
+    return expected_errors(inputs, typical, profile, at_most=at_most, map_scale_without_top=map_scale_without_top(synopsis))
 
 
 def _worse(band: dict) -> bool | None:
