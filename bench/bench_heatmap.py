@@ -8,6 +8,7 @@
 3. Sparse 1-D on venue counts: total absolute error of plain Laplace vs noise-then-threshold vs top-t%.
 
     nice -n 10 .venv/bin/python bench/bench_heatmap.py [--data PATH --city SLUG] [--trials 5] [--quick]
+        [--resolutions 64,128] [--users 200]
 """
 
 from __future__ import annotations
@@ -46,18 +47,20 @@ def heatmap_quality(path: Path, city: str, trials: int, users: list[int], resolu
     print(f"\n## heatmaps: {path.name}, {city}, {trials} trials ({time.perf_counter() - t0:.0f}s)")
     print(format_table(report))
     by = {(r["mechanism"], r["epsilon"], r["resolution"], r["users"]): r for r in report["results"]}
-    print(f"\nchecks (n = {200 if 200 in users else users[0]}, Δ = {max(resolutions)}):")
-    n, d = (200 if 200 in users else users[0]), max(resolutions)
-    print("| ε | metric | dpheatmap | reconstruction alone | laplace | best laplace-top (t %) | dpheatmap ≤/≥ both |")
-    print("|---|---|---|---|---|---|---|")
-    for eps in epsilons:
-        dp, bare, lap = (by[(m, eps, d, n)] for m in ("dpheatmap", BARE, "laplace"))
-        tops = [by[(f"laplace-top:top_percent={t:g}", eps, d, n)] for t in TOPS]
-        for key, better in (("emd", min), ("kl", min), ("pearson", max)):
-            top = better(tops, key=lambda r, key=key: r[key])
-            ok = better(dp[key], lap[key], top[key]) == dp[key]
-            print(f"| {eps:g} | {key} | {dp[key]:.4f} | {bare[key]:.4f} | {lap[key]:.4f} | {top[key]:.4f} "
-                  f"({top['mechanism'].split('=')[1]}) | {'yes' if ok else '**no**'} |")
+    for n in users:
+        for d in resolutions:
+            print(f"\nchecks (n = {n}, Δ = {d}):")
+            print("| ε | metric | dpheatmap | reconstruction alone | laplace | best laplace-top (t %) | dpheatmap ≤/≥ both |")
+            print("|---|---|---|---|---|---|---|")
+            for eps in epsilons:
+                dp, bare, lap = (by[(m, eps, d, n)] for m in ("dpheatmap", BARE, "laplace"))
+                tops = [by[(f"laplace-top:top_percent={t:g}", eps, d, n)] for t in TOPS]
+                for key, better in (("emd", min), ("kl", min), ("pearson", max)):
+                    top = better(tops, key=lambda r, key=key: r[key])
+                    ok = better(dp[key], lap[key], top[key]) == dp[key]
+                    print(f"| {eps:g} | {key} | {dp[key]:.4f} | {bare[key]:.4f} | {lap[key]:.4f} | {top[key]:.4f} "
+                          f"({top['mechanism'].split('=')[1]}) | {'yes' if ok else '**no**'} |")
+    n = 200 if 200 in users else users[0]
     if len(resolutions) > 1:
         print(f"\nEMD vs Δ (n = {n}):")
         for eps in epsilons:
@@ -113,16 +116,18 @@ def main() -> int:
     ap.add_argument("--city", default="new-york")
     ap.add_argument("--trials", type=int, default=5)
     ap.add_argument("--quick", action="store_true", help="only n = 200, Δ = 256")
+    ap.add_argument("--resolutions", default=None, help="Δ values, e.g. 64,128 (default: 256 with --quick, else 64,128,256)")
+    ap.add_argument("--users", default=None, help="people per trial, e.g. 200 (default: 200 with --quick, else 50,200,500)")
     ap.add_argument("--quality-only", action="store_true", help="skip the reconstruction time and sparse 1-D parts")
     args = ap.parse_args()
     if not args.data.exists():
         print(f"missing {args.data}: give --data PATH (check-in data with user_id, timestamp, lat, lon)")
         return 1
     eps = [0.2, 1.0, 5.0]
-    if args.quick:
-        heatmap_quality(args.data, args.city, args.trials, [200], [256], eps)
-    else:
-        heatmap_quality(args.data, args.city, args.trials, [50, 200, 500], [64, 128, 256], eps)
+    users = [int(u) for u in args.users.split(",")] if args.users else ([200] if args.quick else [50, 200, 500])
+    res = ([int(r) for r in args.resolutions.split(",")] if args.resolutions
+           else ([256] if args.quick else [64, 128, 256]))
+    heatmap_quality(args.data, args.city, args.trials, users, res, eps)
     if args.quality_only:
         return 0
     reconstruction_time()

@@ -27,6 +27,7 @@ import json
 import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -190,6 +191,36 @@ def refused_epsilons(points, region, start: int, end: int, preset: dict, args, v
     return keep
 
 
+#: True-count classes (all points, one slot, one hotspot-grid cell) of the --peaks table.
+PEAK_CLASSES = ((0.0, 10.0), (10.0, 40.0), (40.0, np.inf))
+
+
+def _row(report: dict, mechanism: str, eps: float) -> dict:
+    return next(r for r in report["results"] if r["mechanism"] == mechanism and r["epsilon"] == eps)
+
+
+def mean_report(reports: list[dict]) -> dict:
+    """The first report with every result's metrics averaged over all reports (one per seed)."""
+    if len(reports) == 1:
+        return reports[0]
+    out = json.loads(json.dumps(reports[0], default=float))
+    out["seeds"] = len(reports)
+    keys = ("mean_relative_error", "hotspot_regret", "hotspot_distance_error", "forecast_smape", "fit_seconds")
+    for r in out["results"]:
+        rows = [_row(rep, r["mechanism"], r["epsilon"]) for rep in reports]
+        for key in keys:
+            r[key] = float(np.mean([x[key] for x in rows]))
+        for i, w in enumerate(r["range_workloads"]):
+            w["mean_relative_error"] = float(np.mean([x["range_workloads"][i]["mean_relative_error"] for x in rows]))
+    for name in ("reference_answer_zero",):
+        for i, z in enumerate(out[name]):
+            z["mean_relative_error"] = float(np.mean([rep[name][i]["mean_relative_error"] for rep in reports]))
+    nothing = out["reference_report_nothing"]
+    for key in ("hotspot_distance_error", "hotspot_regret"):
+        nothing[key] = float(np.mean([rep["reference_report_nothing"][key] for rep in reports]))
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dataset", choices=sorted(PRESETS), default="sf-cabs")
@@ -207,14 +238,24 @@ def main() -> int:
                          "rule's cells for one ε, from a noisy n̂ drawn as a release draws it")
     ap.add_argument("--queries", type=int, default=1000)
     ap.add_argument("--trials", type=int, default=1)
+    ap.add_argument("--seeds", type=int, default=1,
+                    help="repeat the whole protocol (new query locations, forecast boxes and noise) with seeds "
+                         "0..S-1; tables give the mean over seeds and, for vdr against identity3d-rule, the "
+                         "paired difference ± its standard error")
+    ap.add_argument("--hotspot-queries", type=int, default=300, help="hotspot queries per threshold")
+    ap.add_argument("--peaks", action="store_true",
+                    help="also print, per mechanism, released ÷ true mass on the hotspot grid's cells by their true "
+                         "count per slot (under 10, 10–40, 40 and more): how much of the dense cells' mass a release keeps")
+    ap.add_argument("--forecast-queries", type=int, default=20, help="forecast series (1–5 km boxes)")
     ap.add_argument("--vdr-param", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--workload", default="data",
                     help="query locations: data (default: drawn points of the window, hotspots in their own "
                          "slot), uniform, or public:PATH")
     ap.add_argument("--window", default=None, help="START,END dates (default: the preset's)")
     ap.add_argument("--slot", default=None, help="slot width, e.g. 1d, 5d, 1w (default: the preset's)")
-    ap.add_argument("--hindsight", action="store_true",
-                    help=f"add the hindsight grid: identity3d at {HINDSIGHT_CELLS} cells, best per metric")
+    ap.add_argument("--hindsight", nargs="?", const=",".join(map(str, HINDSIGHT_CELLS)), default=None,
+                    metavar="CELLS", help=f"add the hindsight grid: identity3d at each of CELLS cells per side "
+                                          f"(default {HINDSIGHT_CELLS}), the best per metric")
     ap.add_argument("--json", default=None, help="write the report here (default bench/results/vdr_<dataset>.json)")
     args = ap.parse_args()
 
@@ -245,7 +286,7 @@ def main() -> int:
         hot_grid = rule_cells(points, region, start, end, preset, args,
                               tuple(vdr_params.get("rule_query_sides_m", DEFAULT_QUERY_SIDES_M)))
     hot_grid = int(hot_grid)
-    mechanisms = args.mechanisms.split(",") + ([f"identity3d-{m}" for m in HINDSIGHT_CELLS] if args.hindsight else [])
+    mechanisms = args.mechanisms.split(",") + ([f"identity3d-{m}" for m in args.hindsight.split(",")] if args.hindsight else [])
     epsilons = refused_epsilons(points, region, start, end, preset, args, vdr_params, mechanisms)
     if not epsilons:
         return 0
@@ -253,7 +294,8 @@ def main() -> int:
         mechanisms=mechanisms, epsilons=epsilons,
         window_start_s=start, window_end_s=end, slot_seconds=parse_slot(preset.get("slot", "1d")),
         privacy_unit=args.privacy_unit, max_points_per_user=args.k or preset["k"], n_queries=args.queries, hotspot_grid=hot_grid,
-        trials=args.trials, mechanism_params={"identity3d": {"grid_size": args.grid}, "vdr": vdr_params,
+        trials=args.trials, hotspot_queries=args.hotspot_queries, forecast_queries=args.forecast_queries,
+        mechanism_params={"identity3d": {"grid_size": args.grid}, "vdr": vdr_params,
                                               "uniform3d": {"grid_size": args.grid},
                                               "identity3d-rule": {"grid_size": args.grid,
                                                                   "slot_signal": vdr_params.get("slot_signal"),
@@ -268,7 +310,18 @@ def main() -> int:
         if done % 100 == 0:
             print(f"  [vdr] {done}/{total} {what}", file=sys.stderr, flush=True)
 
-    report = evaluate_st(points, region, config, progress, train_progress)
+    peaks: dict = {}
+
+    def on_fit(d) -> None:
+        for lo, hi in PEAK_CLASSES:
+            sel = (d.true_grid >= lo) & (d.true_grid < hi)
+            acc = peaks.setdefault((d.mechanism, d.epsilon, lo), [0.0, 0.0])
+            acc[0] += float(d.released_grid[sel].sum())
+            acc[1] += float(d.true_grid[sel].sum())
+
+    reports = [evaluate_st(points, region, replace(config, seed=seed), progress, train_progress,
+                           on_fit if args.peaks else None) for seed in range(args.seeds)]
+    report = mean_report(reports)
     suffix = "" if args.privacy_unit == "user" else "_record"
     out = Path(args.json or Path(__file__).parent / "results" / f"vdr_{args.dataset}{suffix}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -314,6 +367,26 @@ def main() -> int:
             imp = 1 - b["mean_relative_error"] / a["mean_relative_error"]
             print(f"| {e:g} | {imp:+.0%} | {b['hotspot_regret']:.2f} / {a['hotspot_regret']:.2f} | "
                   f"{b['forecast_smape']:.3f} / {a['forecast_smape']:.3f} |")
+    if peaks:
+        print("\nreleased ÷ true mass on the hotspot grid's cells, by the cell's true count in its slot\n")
+        print("| mechanism | ε | " + " | ".join(f"true {lo:g}–{hi:g}" if np.isfinite(hi) else f"true ≥ {lo:g}"
+                                                 for lo, hi in PEAK_CLASSES) + " |")
+        print("|---|---|" + "---|" * len(PEAK_CLASSES))
+        for mech in args.mechanisms.split(","):
+            for e in config.epsilons:
+                vals = [peaks[(mech, e, lo)] for lo, _ in PEAK_CLASSES]
+                print(f"| {mech} | {e:g} | " + " | ".join(f"{a / b:.2f}" if b > 0 else "-" for a, b in vals) + " |")
+    if args.seeds > 1 and {"vdr", "identity3d-rule"} <= set(config.mechanisms):
+        print(f"\nvdr − identity3d-rule, paired by seed (mean ± standard error over {args.seeds} seeds of "
+              f"{args.trials} trial(s)); negative: vdr better\n")
+        print("| ε | range (mean) | hotspot regret | forecast sMAPE |")
+        print("|---|---|---|---|")
+        for e in config.epsilons:
+            cells = []
+            for key in ("mean_relative_error", "hotspot_regret", "forecast_smape"):
+                d = np.array([_row(r, "vdr", e)[key] - _row(r, "identity3d-rule", e)[key] for r in reports])
+                cells.append(f"{d.mean():+.3f} ± {d.std(ddof=1) / np.sqrt(d.size):.3f}")
+            print(f"| {e:g} | {' | '.join(cells)} |")
     print(f"\nwrote {out}; total {time.perf_counter() - t0:.0f}s", file=sys.stderr)
     return 0
 

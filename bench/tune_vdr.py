@@ -69,33 +69,49 @@ def main() -> int:
     ap.add_argument("--privacy-unit", choices=["user", "record"], default="user")
     ap.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2")
     ap.add_argument("--fixed", action="append", default=[], metavar="KEY=VALUE", help="VDR parameter for all runs")
-    ap.add_argument("--cells", type=int, default=256)
+    ap.add_argument("--cells", default="256", help="cells per side, or 'rule': vdr under its resolution rule, "
+                    "compared with identity3d-rule (the noisy grid it denoises) on the rule's hotspot grid")
+    ap.add_argument("--window", default=None, help="START,END dates (default: the preset's)")
+    ap.add_argument("--slot", default=None, help="slot width, e.g. 2d, 4w (default: the preset's)")
+    ap.add_argument("--trials", type=int, default=1)
     ap.add_argument("--queries", type=int, default=1000)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
 
-    preset = bench_vdr.PRESETS[args.dataset]
+    preset = dict(bench_vdr.PRESETS[args.dataset])
+    if args.window:
+        preset["window"] = tuple(args.window.split(","))
+    if args.slot:
+        preset["slot"] = args.slot
     region = city_region(preset["city"])
     start, end = (bench_vdr._ts(t) for t in preset["window"])
     points = bench_vdr.load_preset_points(preset).between(start, end)
     print(f"{args.dataset}: {len(points):,} points in the window", file=sys.stderr)
-    fixed = {"grid_size": args.cells, **{k: json.loads(v) for k, v in (f.split("=", 1) for f in args.fixed)}}
+    rule = args.cells == "rule"
+    fixed = {**({} if rule else {"grid_size": int(args.cells)}),
+             **{k: json.loads(v) for k, v in (f.split("=", 1) for f in args.fixed)}}
+    base = "identity3d-rule" if rule else "identity3d"
+    if rule:
+        args.k = None  # the preset's k (rule_cells reads it)
+        cells = bench_vdr.rule_cells(points, region, start, end, preset, args, bench_vdr.DEFAULT_QUERY_SIDES_M)
+    else:
+        cells = int(args.cells)
     axes = [(k, [json.loads(v) for v in vs.split(",")]) for k, vs in (g.split("=", 1) for g in args.grid)]
     configs = [dict(zip([a for a, _ in axes], combo, strict=True)) for combo in itertools.product(*[v for _, v in axes])]
     _install_cache()
     rows = []
     t0 = time.perf_counter()
     for i, knobs in enumerate(configs or [{}]):
-        mechs = ["identity3d", "vdr"] if i == 0 else ["vdr"]
+        mechs = [base, "vdr"] if i == 0 else ["vdr"]
         config = STEvalConfig(
             mechanisms=mechs, epsilons=[float(e) for e in args.epsilon.split(",")],
             window_start_s=start, window_end_s=end, slot_seconds=parse_slot(preset.get("slot", "1d")),
             privacy_unit=args.privacy_unit, max_points_per_user=preset["k"], n_queries=args.queries,
-            hotspot_grid=args.cells, mechanism_params={"identity3d": {"grid_size": args.cells},
-                                                       "vdr": {**fixed, **knobs}})
+            hotspot_grid=cells, trials=args.trials, mechanism_params={base: {"grid_size": 256 if rule else cells},
+                                                                      "vdr": {**fixed, **knobs}})
         report = evaluate_st(points, region, config)
         for r in report["results"]:
-            row = {"config": knobs if r["mechanism"] == "vdr" else "identity3d", "epsilon": r["epsilon"],
+            row = {"config": knobs if r["mechanism"] == "vdr" else base, "epsilon": r["epsilon"],
                    "rel": r["mean_relative_error"], **{f"rel_{int(w['query_sides_m'][0])}": w["mean_relative_error"]
                                                        for w in r["range_workloads"]},
                    "regret": r["hotspot_regret"], "dist": r["hotspot_distance_error"], "smape": r["forecast_smape"]}
