@@ -166,13 +166,14 @@ class CellSpread:
         kappa = float(np.clip(kept, 1e-6, 1.0))
         s0, s1 = kappa ** BOUNDED_SHARE[0], kappa ** BOUNDED_SHARE[1]
         a0, b0, a1, b1 = a0 * s0, b0 * s0, a1 * s1, b1 * s1
+        buf = np.empty((16, min(BLOCK, len(boxes)), 4))  # the gathered nodes of every grid and block
         for s in range(0, len(boxes), BLOCK):
             b = boxes[s:s + BLOCK]
             v, w, e, r, q = (np.zeros(len(b)) for _ in range(5))
             near = self._coarse_cover(b) if any(c is not None for c in self._coarse) else None
             for grid, coarse in zip(self.grids, self._coarse, strict=True):
                 if coarse is None:
-                    rows, sums = self._sums(b, *grid)
+                    rows, sums = self._sums(b, *grid, buf=buf)
                 else:
                     # the boxes whose coarse cover meets a coarse cell holding one of this grid's cells: the
                     # rest meet none of its cells and add nothing (the sums of the others are unchanged)
@@ -180,7 +181,7 @@ class CellSpread:
                     st = COARSE + 1
                     some = np.flatnonzero(coarse.take(x1 * st + y1) - coarse.take(x0 * st + y1)
                                           - coarse.take(x1 * st + y0) + coarse.take(x0 * st + y0) > 0)
-                    rows, sums = self._sums(b[some], *grid)
+                    rows, sums = self._sums(b[some], *grid, buf=buf)
                     rows = some[rows]
                 for total, part in zip((v, w, e, r, q), sums, strict=True):
                     total[rows] += part
@@ -204,52 +205,63 @@ class CellSpread:
                 np.minimum(iy1 + 2, COARSE))
 
     def _sums(self, b: np.ndarray, shape: tuple[int, int], prefix: np.ndarray, held_prefix: np.ndarray,
-              full: bool) -> tuple[np.ndarray, ...]:
-        """(rows, (V, W, E, R, Q)): the boxes that cut a cell of this grid holding a count, and for each, over
-        the cut cells, V = Σ y²·g, W = Σ y⁴·g², E = Σ f·y, R = Σ (1 − f)·y and Q = Σ (1 − f)² over the
-        cells the release has (g = f(1 − f))."""
+              full: bool, buf: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
+        """(rows, (V, W, E, R, Q)): the boxes whose border (the cells they cut) meets a cell of this grid the
+        release has, and for each, over the cut cells, V = Σ y²·g, W = Σ y⁴·g², E = Σ f·y, R = Σ (1 − f)·y
+        and Q = Σ (1 − f)² over the cells the release has (g = f(1 − f)); ``buf``: (16, ≥ boxes, 4) room
+        for the gathered prefix-table nodes (reused from grid to grid: no new pages per gather)."""
         xmin, ymin, xmax, ymax = self.bounds
         nx, ny = shape
         ix0, ix1, fx0, fx1, sx = axis_cover(b[:, 0], b[:, 2], nx, (xmin, xmax))
         iy0, iy1, fy0, fy1, sy = axis_cover(b[:, 1], b[:, 3], ny, (ymin, ymax))
-        # a box that meets no cell of this grid cuts none (the grid of one leaf size is
-        # mostly empty): the rest works on the others only
-        # (np.take: a row gather of a 2-D table costs a tenth of fancy indexing)
         st = ny + 1
+        # node rows (columns) of the first, inner and last columns (rows) of each box's cover: [x0, x1),
+        # [x1, x2), [x2, x3) (the inner empty where the box has one or two, the last where it has one: f1 = 0)
+        x2, y2 = np.maximum(ix1, ix0 + 1), np.maximum(iy1, iy0 + 1)
+        xs = (ix0 * st, (ix0 + 1) * st, x2 * st, (ix1 + 1) * st)
+        ys = (iy0, iy0 + 1, y2, iy1 + 1)
         if full:  # every cell of the grid is one of the release's: a box meets one where it covers any area
-            held = True
+            keep = sx & sy
         else:
+            # a box adds nothing where its border (its cover less the whole cells inside) meets no cell the
+            # release has on this grid (the grid of one leaf size is mostly empty): the rest works on the
+            # others only (np.take: a row gather of a 2-D table costs a tenth of fancy indexing)
             c0 = held_prefix
-            held = (c0.take((ix1 + 1) * st + iy1 + 1) - c0.take(ix0 * st + iy1 + 1) - c0.take((ix1 + 1) * st + iy0)
-                    + c0.take(ix0 * st + iy0)) > 0
-        rows = np.flatnonzero(held & sx & sy)
+            cover = (c0.take(xs[3] + ys[3]) - c0.take(xs[0] + ys[3]) - c0.take(xs[3] + ys[0])
+                     + c0.take(xs[0] + ys[0]))
+            inner = (c0.take(xs[2] + ys[2]) - c0.take(xs[1] + ys[2]) - c0.take(xs[2] + ys[1])
+                     + c0.take(xs[1] + ys[1]))
+            keep = (cover > inner) & sx & sy
+        rows = np.flatnonzero(keep)
         if rows.size < 0.9 * len(b):
-            ix0, ix1, fx0, fx1, iy0, iy1, fy0, fy1 = (a[rows] for a in (ix0, ix1, fx0, fx1, iy0, iy1, fy0, fy1))
-            b = b[rows]
+            fx0, fx1, fy0, fy1 = (a[rows] for a in (fx0, fx1, fy0, fy1))
+            xs, ys = tuple(a[rows] for a in xs), tuple(a[rows] for a in ys)
         else:
             rows = np.arange(len(b))
-        # the first, inner and last columns (rows) of the box: node bounds [i0, i0+1), [i0+1, i1), [i1, i1+1)
-        # (the last empty where the box has one column: then f1 = 0)
-        xs = (ix0, ix0 + 1, np.maximum(ix1, ix0 + 1), ix1 + 1)
-        ys = (iy0, iy0 + 1, np.maximum(iy1, iy0 + 1), iy1 + 1)
-        stride = ny + 1
-        node = [[prefix.take(xs[k] * stride + ys[c], axis=0) for c in range(4)] for k in range(4)]
-        fx = (fx0, np.ones_like(fx0), fx1)
-        fy = (fy0, np.ones_like(fy0), fy1)
-        v = np.zeros(len(b))
-        w, e, r, q = v.copy(), v.copy(), v.copy(), v.copy()
+        n = len(rows)
+        if buf is None or len(buf[0]) < n:
+            buf = np.empty((16, n, 4))
+        node = [[prefix.take(xs[k] + ys[c], axis=0, out=buf[4 * k + c, :n]) for c in range(4)] for k in range(4)]
+        fx, fy = (fx0, None, fx1), (fy0, None, fy1)
+        v, w, e, r, q = (np.zeros(n) for _ in range(5))
         for k in range(3):
             for c in range(3):
                 if k == 1 and c == 1:
                     continue  # the inner block: whole cells, exactly counted
-                blk = node[k + 1][c + 1] - node[k][c + 1] - node[k + 1][c] + node[k][c]
-                f = fx[k] * fy[c]
-                g = (f if SHARE_POWER == 1.0 else f ** SHARE_POWER) * (1.0 - f)
+                # (in the inner column or row a cell's covered fraction is the other axis's alone)
+                blk = node[k + 1][c + 1] - node[k][c + 1]
+                blk -= node[k + 1][c]
+                blk += node[k][c]
+                f = fy[c] if k == 1 else fx[k] if c == 1 else fx[k] * fy[c]
+                u = 1.0 - f
+                g = (f if SHARE_POWER == 1.0 else f ** SHARE_POWER) * u
                 v += g * blk[:, 1]
-                w += g * g * blk[:, 2]
+                g *= g
+                w += g * blk[:, 2]
                 e += f * blk[:, 0]
-                r += (1.0 - f) * blk[:, 0]
-                q += (1.0 - f) ** 2 * blk[:, 3]
+                r += u * blk[:, 0]
+                u *= u
+                q += u * blk[:, 3]
         return rows, (v, w, e, r, q)
 
 
