@@ -43,6 +43,21 @@ def test_one_person_moves_one_bucket_by_one() -> None:
     assert full.shape == (PROFILE_BUCKETS,) and full.sum() == n.size
 
 
+def test_buckets_split_exactly_at_powers_of_two_and_a_table_by_code_leaves_out_empty_codes() -> None:
+    """Bucket j holds counts 2^j … 2^(j+1) − 1, the last bucket every larger count; the in-process user pass
+    (dpcore.data.user_pass) hands its whole table of rows per code, where a code with no row is no unit."""
+    j = np.arange(1, 40)
+    edges = np.concatenate([2 ** j - 1, 2 ** j, 2 ** j + 1, [1, 2**53 - 1]]).astype(np.int64)
+    want = np.minimum(np.array([int(v).bit_length() - 1 for v in edges]), PROFILE_BUCKETS - 1)
+    got = profile_counts(edges)
+    np.testing.assert_array_equal(got, np.bincount(want, minlength=PROFILE_BUCKETS))
+    table = np.concatenate([edges, np.zeros(50, dtype=np.int64), _power_law_counts(3000, 2)])
+    np.random.default_rng(3).shuffle(table)
+    np.testing.assert_array_equal(profile_counts(table, skip_empty=True), profile_counts(table[table > 0]))
+    with pytest.raises(ValueError):
+        profile_counts(np.array([3, -1, 0]), skip_empty=True)
+
+
 def test_a_nearly_noise_free_profile_gives_the_kept_fraction_and_the_total() -> None:
     n = _power_law_counts(20_000, 2)
     profile = noisy_profile(profile_counts(n), 1e6, NoiseSource.seeded(0))

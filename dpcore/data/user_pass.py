@@ -70,7 +70,7 @@ def user_level_counts(frames: list[pd.DataFrame], meta: pd.DataFrame, specs: lis
     frames = [f for f in frames if len(f)] or [meta]
     blocks, n_codes = unit_blocks(frames, per_day)
     counts = unit_counts(blocks, n_codes)
-    profile = profile_counts(counts[counts > 0])
+    profile = profile_counts(counts, skip_empty=True)
     if count_people and n_codes:
         # a person's duplicates may lie in different files: one frame, deduplicated as a whole
         joined = pd.concat(frames, ignore_index=True)
