@@ -168,3 +168,25 @@ def test_headerless_tsv_by_position_and_non_iso_times(tmp_path):
     res = load_points(p, columns=parse_column_map("user_id=0,timestamp=7,lat=4,lon=5"))
     assert len(res.points) == 2
     assert res.points.ts[0] == pd.Timestamp("2012-04-03T18:00:09Z").timestamp()
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.int64])
+def test_answer_boxes_is_cumulative_at_read_at_the_four_corners(dtype):
+    """answer_boxes finds each edge's cell once and reads in blocks: it must give exactly the four bilinear
+    reads of the prefix table (cumulative_at), boxes inverted, past the edges and of no area included."""
+    from dpcore.grid.histogram import cumulative_at
+
+    rng = np.random.default_rng(3)
+    values = rng.integers(0, 9, (37, 23)).astype(dtype)
+    p = prefix_sums(values).astype(dtype)
+    bounds = (-500.0, 100.0, 1350.0, 790.0)
+    n = 70_000  # more than one block
+    x, y = rng.uniform(-700, 1500, (2, n)), rng.uniform(0, 900, (2, n))
+    boxes = np.stack([x[0], y[0], x[1], y[1]], axis=1)
+    boxes[::9, 2] = boxes[::9, 0]
+    sx, sy = 37 / 1850.0, 23 / 690.0
+    gx0, gx1 = (boxes[:, 0] + 500.0) * sx, (boxes[:, 2] + 500.0) * sx
+    gy0, gy1 = (boxes[:, 1] - 100.0) * sy, (boxes[:, 3] - 100.0) * sy
+    want = (cumulative_at(p, gx1, gy1) - cumulative_at(p, gx0, gy1) - cumulative_at(p, gx1, gy0)
+            + cumulative_at(p, gx0, gy0))
+    assert np.array_equal(answer_boxes(p, bounds, boxes), want)
