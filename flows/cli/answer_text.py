@@ -76,11 +76,37 @@ def _numbers(x: np.ndarray, missing: str, floats: bool) -> pa.Array:
     return text
 
 
-def _strings(col: Words, quote) -> pa.Array:
-    """Each row's word through ``quote`` (a function of one str; no word: quote(None)), computed once per
-    distinct word."""
-    words = [quote(None)] + [quote(str(w)) for w in col.words]
-    return pc.take(_arrow_strings(words), _arrow(np.asarray(col.codes, dtype=np.int64) + 1))
+class _Texts:
+    """A column of a few distinct texts: per row an index into ``texts``; :meth:`of` quotes each distinct word
+    of a Words column once (index 0: no word)."""
+
+    def __init__(self, index: np.ndarray, texts: list[str]):
+        self.index, self.texts = index, texts
+
+    @classmethod
+    def of(cls, col: Words, quote) -> _Texts:
+        return cls(np.asarray(col.codes, dtype=np.int64) + 1, [quote(None)] + [quote(str(w)) for w in col.words])
+
+
+def _folded(parts: list) -> list:
+    """``parts`` (literal str, Arrow string arrays, :class:`_Texts`) with neighbouring literals and text
+    columns made one text column (each distinct combination's text built once), and the rest as Arrow
+    arrays: the same rows, with fewer parts for Arrow's join to append row by row."""
+    out: list = []
+    for p in parts:
+        prev = out[-1] if out else None
+        if isinstance(p, str) and isinstance(prev, str):
+            out[-1] = prev + p
+        elif isinstance(p, str) and isinstance(prev, _Texts):
+            out[-1] = _Texts(prev.index, [t + p for t in prev.texts])
+        elif isinstance(p, _Texts) and isinstance(prev, str):
+            out[-1] = _Texts(p.index, [prev + t for t in p.texts])
+        elif isinstance(p, _Texts) and isinstance(prev, _Texts):
+            out[-1] = _Texts(prev.index * len(p.texts) + p.index, [a + b for a in prev.texts for b in p.texts])
+        else:
+            out.append(p)
+    return [_lit(p) if isinstance(p, str) else
+            pc.take(_arrow_strings(p.texts), _arrow(p.index)) if isinstance(p, _Texts) else p for p in out]
 
 
 def columns_of(table: Any) -> tuple[dict[str, np.ndarray | Words], dict]:
@@ -114,10 +140,9 @@ def _csv_field(s: str | None) -> str:
 
 
 def _join(parts: list, sep: str) -> memoryview:
-    """Rows of ``parts`` (Arrow string arrays or literal str; the last one's strings already ending in a
-    newline) joined by ``sep``: one pass of Arrow's join."""
-    parts = [_lit(p) if isinstance(p, str) else p for p in parts]
-    return _text_of(pc.binary_join_element_wise(*parts, _lit(sep)))
+    """Rows of ``parts`` (literal str, Arrow string arrays, :class:`_Texts`) joined by ``sep``: one pass of
+    Arrow's join."""
+    return _text_of(pc.binary_join_element_wise(*_folded(parts), _lit(sep)))
 
 
 def _text_of(rows: pa.Array) -> memoryview:
@@ -136,16 +161,15 @@ def csv_bytes(table: Any) -> list:
     header = (",".join(_csv_field(str(c)) for c in cols) + "\n").encode()
     if not len(table):
         return [header]
-    parts = []
-    for i, (name, col) in enumerate(cols.items()):
-        last = i == len(cols) - 1
-        if isinstance(col, Words):  # the last column's words end the row (each distinct word once)
-            parts.append(_strings(col, (lambda w: _csv_field(w) + "\n") if last else _csv_field))
+    parts: list = []
+    for name, col in cols.items():
+        if parts:
+            parts.append(",")
+        if isinstance(col, Words):
+            parts.append(_Texts.of(col, _csv_field))
         else:
             parts.append(_numbers(col if name in BOX else round_significant(col, CSV_DIGITS), "", floats=False))
-            if last:
-                parts[-1] = pc.binary_join_element_wise(parts[-1], _lit("\n"), _lit(""))
-    return [header, _join(parts, ",")]
+    return [header, _join([*parts, "\n"], "")]
 
 
 def _json_string(s: str | None) -> str:
@@ -164,15 +188,14 @@ def json_bytes(table: Any, first: dict | None = None) -> list:
            for c in (*BOX, "estimate", "lower", "upper")}
     parts: list = ["{"]
     if "period" in cols:
-        parts += ['"period":', _strings(cols["period"], _json_string), ","]
+        parts += ['"period":', _Texts.of(cols["period"], _json_string), ","]
     parts += ['"box":[', num["min_lat"], ",", num["min_lon"], ",", num["max_lat"], ",", num["max_lon"], "],"]
     for c in ("estimate", "lower", "upper"):
         parts += [f'"{c}":', num[c], ","]
-    parts += ['"unit":', _strings(cols["unit"], _json_string), ',"interval_covers":',
-              _strings(cols["interval_covers"], _json_string), f',"interval":"{attrs["level"]:.0%}"']
+    parts += ['"unit":', _Texts.of(cols["unit"], _json_string), ',"interval_covers":',
+              _Texts.of(cols["interval_covers"], _json_string), f',"interval":"{attrs["level"]:.0%}"']
     if "note" in cols:  # a band the release is expected to serve worse than a blank map
-        parts += [',"note":', _strings(cols["note"], _json_string)]
-    parts = [_lit(p) if isinstance(p, str) else p for p in parts]
-    text = _text_of(pc.binary_join_element_wise(*parts, _lit("},"), _lit("")))[:-1]  # the last record takes no comma
+        parts += [',"note":', _Texts.of(cols["note"], _json_string)]
+    text = _join([*parts, "},"], "")[:-1]  # the last record takes no comma
     head = "".join(f"{json.dumps(k)}:{json.dumps(v, ensure_ascii=False)}," for k, v in (first or {}).items())
     return [b"[{" + head.encode(), text[1:], b"]\n"]
