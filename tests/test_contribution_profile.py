@@ -241,3 +241,35 @@ def test_the_bounding_bias_of_a_box_counts_no_more_of_a_person_than_the_box_hold
     half = 1.96 * profile.cell_bias_sd(20, bounded)
     assert np.mean(err <= half) >= 0.93
     assert np.median(half) < 5 * np.quantile(err, 0.95), (np.median(half), np.quantile(err, 0.95))
+
+
+def test_the_verdicts_tries_draw_a_profiles_counts_once_per_k(monkeypatch) -> None:
+    """The verdict's what_would_help tries up to 30 options on one profile (ε, cells and periods with the same
+    k), and each try drew 2,001 sets of counts from a fresh generator of seed 0 with their bucket means: about
+    0.05 of a ~1 CPU-s small release. A draw is made once now: the same arrays, the generator left where
+    drawing them leaves it; another seed, k or profile draws anew."""
+    from dpcore.synopsis import profile_verdict
+
+    profile = noisy_profile(profile_counts(_power_law_counts(300, 5)), 0.1, NoiseSource.seeded(7))
+    first_rng, again_rng = np.random.default_rng(0), np.random.default_rng(0)
+    first = profile.draws(20, 2001, first_rng)
+    again = profile.draws(20, 2001, again_rng)
+    for a, b in zip(first, again, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert again_rng.bit_generator.state == first_rng.bit_generator.state
+    assert first_rng.random() == again_rng.random()
+    assert not np.array_equal(profile.draws(20, 2001, np.random.default_rng(1))[0], first[0])
+    assert not np.array_equal(profile.draws(5, 2001, np.random.default_rng(0))[1], first[1])
+    other = noisy_profile(profile_counts(_power_law_counts(300, 6)), 0.1, NoiseSource.seeded(8))
+    assert not np.array_equal(other.draws(20, 2001, np.random.default_rng(0))[0], first[0])
+
+    drawn, tried = [], []
+    real_sum, real_errors = ContributionProfile._sum, profile_verdict.profile_errors
+    monkeypatch.setattr(ContributionProfile, "_sum", lambda self, c, k: (drawn.append(k) if np.ndim(c) == 2 else None)
+                        or real_sum(self, c, k))
+    monkeypatch.setattr(profile_verdict, "profile_errors", lambda inputs, *a, **kw: tried.append(inputs.k)
+                        or real_errors(inputs, *a, **kw))
+    inputs = profile_verdict.inputs_from(profile, 0.05, 20, 25.0)
+    profile_verdict.what_would_help(inputs, profile)
+    assert len(tried) > len(set(tried)) + 10  # many tries share a k (ε, cells, periods)
+    assert len(drawn) <= 2 * len(set(tried))  # N and K(k) drawn once per k at most

@@ -26,6 +26,8 @@ docs/decisions/0018-contribution-profile.md).
 from __future__ import annotations
 
 import math
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,6 +48,13 @@ ESTIMATE_DRAWS = 4001
 VISIBLE_FALSE_RATE = 0.05
 
 UNIT_WORDS = {False: "person", True: "person and UTC day"}
+
+#: Draws already made (:meth:`ContributionProfile.draws`), newest last, by everything they depend on: the
+#: verdict tries up to 30 options on one profile (dpcore.synopsis.profile_verdict.what_would_help), most
+#: with the same k, each drawing from a fresh generator of the same seed.
+_DRAWN: OrderedDict = OrderedDict()
+_DRAWN_MAX = 16
+_DRAWN_LOCK = threading.Lock()
 
 
 def _exponent(n: np.ndarray) -> np.ndarray:
@@ -235,11 +244,25 @@ class ContributionProfile:
         minus fresh noise of the same law, clamped at 0, up to :meth:`top_bucket` or ``top``), each draw
         with its own slopes inside buckets."""
         top = self.top_bucket() if top is None else int(top)
+        noisy = np.asarray(self.noisy, dtype=np.float64)
+        key = (int(k), int(draws), top, float(self.epsilon), noisy.tobytes(), repr(rng.bit_generator.state))
+        with _DRAWN_LOCK:
+            made = _DRAWN.get(key)
+            if made is not None:
+                _DRAWN.move_to_end(key)
+        if made is not None:  # the same draws, and the generator left where drawing them leaves it
+            rng.bit_generator.state = made[2]
+            return made[0].copy(), made[1].copy()
         # simulation, not published noise: numpy's geometric differences have the discrete Laplace law
         p = -np.expm1(-1.0 / self.scale)
         noise = rng.geometric(p, (draws, top + 1)) - rng.geometric(p, (draws, top + 1))
-        c = np.clip(self.noisy[None, : top + 1] - noise, 0.0, None)
-        return self._sum(c, None), self._sum(c, k)
+        c = np.clip(noisy[None, : top + 1] - noise, 0.0, None)
+        n, kept = self._sum(c, None), self._sum(c, k)
+        with _DRAWN_LOCK:
+            _DRAWN[key] = (n, kept, rng.bit_generator.state)
+            while len(_DRAWN) > _DRAWN_MAX:
+                _DRAWN.popitem(last=False)
+        return n.copy(), kept.copy()
 
     def factor_draws(self, k: int, draws: int, rng: np.random.Generator, top: int | None = None) -> np.ndarray:
         """Draws of 1/κ(k) (see :meth:`draws`)."""
