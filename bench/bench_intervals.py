@@ -39,11 +39,32 @@ def _boxes(region, n: int, rng: np.random.Generator) -> np.ndarray:
     return np.stack([cx - side / 2, cy - side / 2, cx + side / 2, cy + side / 2], axis=1)
 
 
+REPEAT = 1
+
+
+def _cpu(fn) -> float:
+    """The median CPU-seconds of this process over REPEAT runs of fn."""
+    times = []
+    for _ in range(REPEAT):
+        t0 = time.process_time()
+        fn()
+        times.append(time.process_time() - t0)
+    return float(np.median(times))
+
+
 def _rate(fn, n: int) -> float:
-    """n per CPU-second of this process."""
-    t0 = time.process_time()
-    fn()
-    return n / (time.process_time() - t0)
+    """n per CPU-second of this process (median of REPEAT runs)."""
+    return n / _cpu(fn)
+
+
+def _child_run(cmd: list[str]) -> float:
+    """The median CPU-seconds of REPEAT runs of a child process."""
+    times = []
+    for _ in range(REPEAT):
+        t0 = _child_cpu()
+        subprocess.run(cmd, check=True, capture_output=True)
+        times.append(_child_cpu() - t0)
+    return float(np.median(times))
 
 
 def _child_cpu() -> float:
@@ -54,9 +75,14 @@ def _child_cpu() -> float:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--boxes", type=int, default=1_000_000)
+    ap.add_argument("--repeat", type=int, default=1, help="runs of each measurement; the median is printed")
+    ap.add_argument("--api", action=argparse.BooleanOptionalAction, default=True,
+                    help="time the in-process answers (--no-api: the CLI alone)")
     ap.add_argument("--cli", action="store_true",
                     help="also time `geodp query range --boxes CSV` with --csv and --json, every mechanism")
     args = ap.parse_args()
+    global REPEAT
+    REPEAT = args.repeat
     region = city_region("new-york")
     pts = generate_checkins(region, n_users=2000, days=7, seed=1)
     x, y = region.project(pts["lat"].to_numpy(), pts["lon"].to_numpy())
@@ -66,11 +92,11 @@ def main() -> None:
     profile = noisy_profile(profile_counts(per_user), PROFILE_FRACTION, NoiseSource.seeded(2))
     boxes_ll = np.column_stack([*region.unproject(boxes[:, 0], boxes[:, 1]),
                                 *region.unproject(boxes[:, 2], boxes[:, 3])])
-    print(f"{args.boxes} boxes of 25–5000 m, uniform centres; boxes per CPU-second")
+    print(f"{args.boxes} boxes of 25–5000 m, uniform centres; boxes per CPU-second (median of {REPEAT})")
     print("| mechanism | answer | with intervals (Synopsis.intervals) | answer table (Python API) | answer table CPU-s "
           "| setup CPU s |")
     print("|---|---:|---:|---:|---:|---:|")
-    for name, params in MECHANISMS.items():
+    for name, params in MECHANISMS.items() if args.api else ():
         syn = fit_profiled(get_mechanism(name, **params), data, 1.0, NoiseSource.seeded(3), profile)
         plain = _rate(lambda s=syn: s.answer(boxes), len(boxes))
         t0 = time.process_time()
@@ -102,15 +128,12 @@ def main() -> None:
                 for fmt, out in (("--csv", "--out"), ("--json", "")):
                     cmd = [sys.executable, "-m", "flows.cli", "query", "range", str(rel), "--boxes", str(csv), fmt,
                            *([out] if out else []), str(Path(tmp) / "answers")]
-                    t0 = _child_cpu()
-                    subprocess.run(cmd, check=True, capture_output=True)
-                    cpu = _child_cpu() - t0
+                    cpu = _child_run(cmd)
                     row += [f"{cpu:.2f}", f"{args.boxes / cpu:,.0f}"]
                 # the fixed cost: process start, imports, fetch and models, for one box
-                t0 = _child_cpu()
-                subprocess.run([sys.executable, "-m", "flows.cli", "query", "range", str(rel), "--box",
-                                ",".join(f"{v:.6f}" for v in ll[0])], check=True, capture_output=True)
-                row.append(f"{_child_cpu() - t0:.2f}")
+                one = _child_run([sys.executable, "-m", "flows.cli", "query", "range", str(rel), "--box",
+                                  ",".join(f"{v:.6f}" for v in ll[0])])
+                row.append(f"{one:.2f}")
                 print("| " + " | ".join(row) + " |", flush=True)
 
 if __name__ == "__main__":
