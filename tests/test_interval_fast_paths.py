@@ -234,3 +234,18 @@ def test_window_sums_grouped_by_first_cell_are_each_boxs_own_sum_over_the_draws(
         err = np.einsum("i,j,ijd->d", fx, fy, e)
         want[q] = err @ err
     assert got == pytest.approx(want, rel=1e-12, abs=1e-12 * want.max())
+
+
+def test_grid_power_sums_in_blocks_are_the_cell_by_cell_sums():
+    """grid_power_sums runs in blocks of boxes: over more than two blocks, Σ w² and Σ w⁴ must be the sums over
+    the grid's cells of each cell's covered fraction fx·fy squared and to the fourth."""
+    from dpcore.synopsis.noise import POWER_BLOCK, grid_power_sums
+
+    region = city_region("new-york")
+    xmin, ymin, xmax, ymax = region.bounds_m
+    boxes = _boxes(region, 2 * POWER_BLOCK + 123, 7)
+    fx = _fractions(boxes[:, 0], boxes[:, 2], np.linspace(xmin, xmax, 13 + 1))
+    fy = _fractions(boxes[:, 1], boxes[:, 3], np.linspace(ymin, ymax, 9 + 1))
+    s2, s4 = grid_power_sums(boxes, (13, 9), region.bounds_m)
+    assert s2 == pytest.approx((fx ** 2).sum(1) * (fy ** 2).sum(1), rel=1e-12, abs=1e-15)
+    assert s4 == pytest.approx((fx ** 4).sum(1) * (fy ** 4).sum(1), rel=1e-12, abs=1e-15)

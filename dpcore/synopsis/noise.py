@@ -170,11 +170,21 @@ def axis_power_sums(lo: np.ndarray, hi: np.ndarray, n: int, extent: tuple[float,
 
 def grid_power_sums(boxes: np.ndarray, shape: tuple[int, int],
                     bounds: tuple[float, float, float, float]) -> tuple[np.ndarray, np.ndarray]:
-    """(Σ w², Σ w⁴) over the cells of an (nx, ny) grid over ``bounds``, w = fx·fy each cell's covered fraction."""
+    """(Σ w², Σ w⁴) over the cells of an (nx, ny) grid over ``bounds``, w = fx·fy each cell's covered fraction
+    (in blocks of POWER_BLOCK boxes, whose temporaries stay in a core's cache: half the time of whole columns)."""
     xmin, ymin, xmax, ymax = bounds
-    x2, x4 = axis_power_sums(boxes[:, 0], boxes[:, 2], shape[0], (xmin, xmax))
-    y2, y4 = axis_power_sums(boxes[:, 1], boxes[:, 3], shape[1], (ymin, ymax))
-    return x2 * y2, x4 * y4
+    s2, s4 = np.empty(len(boxes)), np.empty(len(boxes))
+    for s in range(0, len(boxes), POWER_BLOCK):
+        b = boxes[s:s + POWER_BLOCK]
+        x2, x4 = axis_power_sums(b[:, 0], b[:, 2], shape[0], (xmin, xmax))
+        y2, y4 = axis_power_sums(b[:, 1], b[:, 3], shape[1], (ymin, ymax))
+        np.multiply(x2, y2, out=s2[s:s + POWER_BLOCK])
+        np.multiply(x4, y4, out=s4[s:s + POWER_BLOCK])
+    return s2, s4
+
+
+#: Boxes per block of :func:`grid_power_sums`.
+POWER_BLOCK = 32_768
 
 
 # ---------------------------------------------------------------------------------------------
