@@ -1,4 +1,4 @@
-"""Fit the spread of a cut cell (dpcore.synopsis.spread: SHARE_POWER β and FACTORS["grid"]) against its own
+"""Fit the spread of a cut cell (β of bench/spread_variants.PowerShare, and FACTORS["grid"]) against its own
 error on held-out public data: the truth of a square less the noise-free answer of a uniform grid of true
 counts (no release, no noise: the spread term alone, as bench/decompose_coverage.py splits an interval).
 
@@ -25,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import bench_coverage as bc
+from spread_variants import PowerShare
 
-import dpcore.synopsis.spread as spread
 from dpcore.grid.histogram import answer_boxes, prefix_sums
 from dpcore.queries.range import true_counts
 
@@ -56,7 +56,7 @@ def cells(datasets: str, queries: int, days: int, seed: int):
             for w in WIDTHS:
                 g = int(round(region.side_m / w))
                 counts = grid_counts(x[m], y[m], region, g)
-                cs = spread.CellSpread([counts], region.bounds_m, "grid")
+                cs = PowerShare([counts], region.bounds_m, "grid")
                 for band in bc.BANDS:
                     boxes = bc.squares(x[m], y[m], band, queries, rng)
                     err = true_counts(x[m], y[m], boxes) - answer_boxes(prefix_sums(counts), region.bounds_m, boxes)
@@ -65,8 +65,8 @@ def cells(datasets: str, queries: int, days: int, seed: int):
 
 
 def sums(case, beta):
-    spread.SHARE_POWER = beta
     cs, b = case["cs"], case["boxes"]
+    cs.beta = beta
     v, w, e, r, _ = (np.zeros(len(b)) for _ in range(5))
     rows, parts = cs._sums(b, *cs.grids[0])
     for tot, p in zip((v, w, e, r), parts[:4], strict=True):

@@ -1,5 +1,5 @@
 """The spread term of a user-level release against its own error, with a cut cell's k-bounded count as
-lumps of at most L·k in one place (dpcore.synopsis.spread.LUMP_PEOPLE = L; None: the whole count at one
+lumps of at most L·k in one place (bench/spread_variants.lump_spread; None: the whole count at one
 place, today's). A cell of y bounded points holds at least y/k people, each adding at most k: if people
 sat at different places, the spread of a small square inside a coarse cell would be ~√(k/y) of the
 one-place bound. Error: the k-sample's true count less the noise-free answer of the release's own cells
@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import bench_coverage as bc
 import decompose_coverage as dc
+from spread_variants import lump_spread
 
-import dpcore.synopsis.spread as spread
 from dpcore.privacy.bounding import bound_contributions
 from dpcore.queries.range import true_counts
 
@@ -46,10 +46,8 @@ def main() -> None:
                     err = (true_counts(x[keep], y[keep], boxes)
                            - dc.noise_free(syn.inner, x[keep], y[keep], boxes)) * syn.factor
                     for v in LUMPS:
-                        spread.LUMP_PEOPLE, syn.inner._spread = v, None
-                        lo, hi = syn.inner.spread_model().halfwidths(boxes, 0.95, kept=1.0 / syn.factor)
+                        lo, hi = lump_spread(syn.inner, v).halfwidths(boxes, 0.95, kept=1.0 / syn.factor)
                         hits[v, bi].append((err >= -syn.factor * lo) & (err <= syn.factor * hi))
-            spread.LUMP_PEOPLE, syn.inner._spread = None, None
             print(f"| {d} | {name} | " + " | ".join(
                 "/".join(f"{np.mean(hits[v, b]):.2f}" for b in range(3)) for v in LUMPS) + " |", flush=True)
     ru = resource.getrusage(resource.RUSAGE_SELF)

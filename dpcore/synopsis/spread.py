@@ -67,13 +67,6 @@ FACTORS = {"grid": (0.45, 0.0, 0.45, 4.0), "hb": (0.45, 0.0, 0.45, 4.0), "ag": (
 #: but the held-out Gowalla sample's Austin fell further short (UG 0.63/0.39/0.24 against 0.85/0.74/0.38 by
 #: band; bench/results/2026-11-28-coverage-2.md), so nothing is taken off.
 BOUNDED_SHARE = (0.0, 0.0)
-#: People whose k-bounded points a user-level release's cut cell may hold at one place (:func:`lump_of`);
-#: None: the whole cell's count at one place. Fitted against the spread's own error on the Gowalla sample
-#: (bench/fit_lump.py): 1, 5, 20 and 50 under-cover (Austin UG 0.57/0.50/0.21 at 1; people share venues),
-#: and even None leaves UG at 0.86/0.83/0.49 on Austin, so no lumps.
-LUMP_PEOPLE: float | None = None
-#: β: a cut cell's share in the box varies as f^β·(1 − f) (f its covered fraction), times its count squared.
-SHARE_POWER = 1.0
 #: The spread and the noise model's half-width add as (n^P + s^P)^(1/P).
 NORM_P = 1.5
 
@@ -97,12 +90,12 @@ class CellSpread:
     """Half-widths of the spreading error of an (nx, ny) grid of released counts over ``bounds``."""
 
     def __init__(self, grids: list[np.ndarray], bounds: tuple[float, float, float, float], kind: str = "grid",
-                 cells: list[np.ndarray] | None = None, cell_sd: float = 0.0, lump: float | None = None):
+                 cells: list[np.ndarray] | None = None, cell_sd: float = 0.0):
         """``grids``: released counts of disjoint cells, each array a uniform grid over ``bounds`` (0 where
         its grid has no cell of the release); ``kind``: how the release cut space (a key of FACTORS);
         ``cells``: per grid, 1 where it holds a cell of the release (every cell when None); ``cell_sd``: the
         sd of each cell's own noise where the release's noise law gives it (0: not known)."""
-        self.bounds, self.kind, self.cell_sd, self.lump = bounds, kind, float(cell_sd), lump
+        self.bounds, self.kind, self.cell_sd = bounds, kind, float(cell_sd)
         a0, a1, b0, b1 = FACTORS[kind]
         self.method = (f"the spread inside partly covered cells ({kind}: within none to all of a cut cell's "
                        f"released count, z·√V·({a0:g} + {a1:g}/m²) below and z·√V·({b0:g} + {b1:g}/m²) above, "
@@ -113,9 +106,7 @@ class CellSpread:
             held = np.ones_like(v) if cells is None else np.asarray(cells[i], dtype=np.float64)
             # a cell's true count is y less its noise: its square is y² + σ² on average over the noise (a
             # cell released as 0 may hold a point a box sits on)
-            # (``lump``: a cut cell's count as lumps of at most this many, each in one place: Σ lumps² ≤
-            # min(y, lump)·y; None: one lump, the whole count)
-            sq = (v if lump is None else np.minimum(v, lump)) * v + self.cell_sd ** 2 * held
+            sq = self._squares(v) + self.cell_sd ** 2 * held
             # prefix tables of y, y² + σ², its square and the cells held, packed per node: one gather reads all
             stack = np.stack([v, sq, sq * sq, held], axis=-1)
             p = np.zeros((v.shape[0] + 1, v.shape[1] + 1, 4))
@@ -128,7 +119,7 @@ class CellSpread:
     @classmethod
     def of_leaves(cls, cx: np.ndarray, cy: np.ndarray, width: np.ndarray, count: np.ndarray,
                   bounds: tuple[float, float, float, float], kind: str = "tree", cell_sd: float = 0.0,
-                  lump: float | None = None) -> CellSpread:
+                  ) -> CellSpread:
         """Leaves of several sizes (centres, sides, released counts), each a cell of the grid of side/width
         cells per axis (a quadtree's and an adaptive grid's leaves are: AG's lie on the grid of m1·m2(·m3)
         cells), one grid per size for the EXACT_GRIDS sizes holding most leaves up to FINEST cells per axis;
@@ -152,7 +143,16 @@ class CellSpread:
             c = np.zeros(g_n * g_n)
             c[ix * g_n + iy] = 1.0
             cells.append(c.reshape(g_n, g_n))
-        return cls(grids, bounds, kind, cells, cell_sd, lump)
+        return cls(grids, bounds, kind, cells, cell_sd)
+
+    def _squares(self, v: np.ndarray) -> np.ndarray:
+        """A cell's count squared: all of its points in one place, in the box or not (what V sums)."""
+        return v * v
+
+    def _share(self, f: np.ndarray, u: np.ndarray) -> np.ndarray:
+        """The variance weight of a cell a box covers a fraction f (u = 1 − f) of: f(1 − f), one place in
+        or out."""
+        return f * u
 
     def halfwidths(self, boxes: np.ndarray, level: float = 0.95,
                    kept: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
@@ -254,7 +254,7 @@ class CellSpread:
                 blk += node[k][c]
                 f = fy[c] if k == 1 else fx[k] if c == 1 else fx[k] * fy[c]
                 u = 1.0 - f
-                g = (f if SHARE_POWER == 1.0 else f ** SHARE_POWER) * u
+                g = self._share(f, u)
                 v += g * blk[:, 1]
                 g *= g
                 w += g * blk[:, 2]
@@ -312,32 +312,20 @@ def leaf_squares(synopsis) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     return None
 
 
-def spread_of(synopsis) -> CellSpread:
+def spread_of(synopsis, cls: type[CellSpread] = CellSpread) -> CellSpread:
     """The spreading error of a grid release: its own cells, or its leaves (:func:`leaf_squares`) with their
-    released counts."""
+    released counts (``cls``: a CellSpread of another model of a cut cell, for benches that try one)."""
     bounds = synopsis.region.bounds_m
     law = getattr(synopsis.noise_model(), "law", None)
     cell_sd = float(np.sqrt(law.variance)) if law is not None else 0.0  # one law on every cell or leaf
-    lump = lump_of(synopsis)
     leaves = leaf_squares(synopsis)
     if leaves is None:
         hb = "branching" in (getattr(synopsis, "_extra", None) or {})
-        return CellSpread([synopsis.values], bounds, "hb" if hb else "grid", cell_sd=cell_sd, lump=lump)
+        return cls([synopsis.values], bounds, "hb" if hb else "grid", cell_sd=cell_sd)
     x0, y0, w = leaves
     count = synopsis.answer(np.stack([x0, y0, x0 + w, y0 + w], axis=1))
     kind = "tree" if "leaf_depth" in getattr(synopsis, "arrays", {}) else "ag"
-    return CellSpread.of_leaves(x0 + w / 2, y0 + w / 2, w, count, bounds, kind, cell_sd, lump)
-
-
-def lump_of(synopsis) -> float | None:
-    """LUMP_PEOPLE times the most a user-level release's counts hold of one person (its count sensitivity):
-    a cut cell of y is then at least y/lump places' (None: LUMP_PEOPLE is None, or record level, where one
-    person may hold a whole cell)."""
-    privacy = getattr(synopsis, "privacy", None)
-    if LUMP_PEOPLE is None or privacy is None or getattr(privacy, "privacy_unit", None) != "user":
-        return None
-    k = getattr(privacy, "sensitivity", None)
-    return float(k) * LUMP_PEOPLE if k and np.isfinite(k) and k > 0 else None
+    return cls.of_leaves(x0 + w / 2, y0 + w / 2, w, count, bounds, kind, cell_sd)
 
 
 def widen(iv: Intervals, est: np.ndarray, spread: CellSpread | None, boxes: np.ndarray, level: float = 0.95,
