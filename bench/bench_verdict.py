@@ -67,7 +67,7 @@ def simulate(raw: pd.DataFrame, eps: float, k: int, width: float | None, seed: i
     from dpcore.privacy.noise import NoiseSource
     from dpcore.privacy.profile import PROFILE_FRACTION, noisy_profile, profile_counts
     from dpcore.synopsis.expected_error import useless
-    from dpcore.synopsis.profile_verdict import inputs_from, profile_errors, without_lone_bucket
+    from dpcore.synopsis.profile_verdict import inputs_from, profile_errors, without_untrusted
 
     region = city_region("new-york")
     x, y = region.project(raw.lat.to_numpy(), raw.lon.to_numpy())
@@ -76,7 +76,7 @@ def simulate(raw: pd.DataFrame, eps: float, k: int, width: float | None, seed: i
     noise = NoiseSource.seeded(seed)
 
     def verdict(counts: np.ndarray) -> tuple[bool, float, list[float]]:
-        profile = without_lone_bucket(noisy_profile(counts, PROFILE_FRACTION * eps, noise))
+        profile = without_untrusted(noisy_profile(counts, PROFILE_FRACTION * eps, noise))
         inputs = inputs_from(profile, eps, k, width)
         rows = profile_errors(inputs, profile)
         return useless(rows), inputs.total, [r["expected_relative_error"] for r in rows]

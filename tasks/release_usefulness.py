@@ -132,18 +132,11 @@ def _statement(rows: list[dict]) -> str:
 
 
 def _shows_no_one(profile: ContributionProfile) -> bool:
-    """Whether the profile cannot be told from an empty period's: no bucket clears its noise, or one alone
-    with none of the TAIL_BUCKETS buckets below it looking non-empty (people per doubling change gradually;
-    noise alone lifts an empty bucket over the threshold in 5% of profiles, and a lone one also has support
-    below it in about 0.5%)."""
-    from dpcore.privacy.profile import TAIL_BUCKETS, nonzero_threshold, visible_threshold
+    """Whether the profile cannot be told from an empty period's: no visible bucket it trusts
+    (dpcore.synopsis.profile_verdict.trusted_top: noise alone makes one in about 6·10⁻⁴ of empty profiles)."""
+    from dpcore.synopsis.profile_verdict import trusted_top
 
-    noisy = np.asarray(profile.noisy, dtype=np.float64)
-    visible = np.flatnonzero(noisy >= visible_threshold(profile.epsilon))
-    if visible.size == 0:
-        return True
-    below = np.flatnonzero(noisy >= nonzero_threshold(profile.epsilon))
-    return visible.size == 1 and not np.any((visible[0] - below > 0) & (visible[0] - below <= TAIL_BUCKETS))
+    return trusted_top(profile) < 0
 
 
 def expectation(store: ReleaseStore, plan: CityPlan, profile: ContributionProfile | None = None) -> dict:
@@ -190,11 +183,11 @@ def _from_profile(store: ReleaseStore, plan: CityPlan, profile: ContributionProf
         inputs_from,
         profile_errors,
         what_would_help,
-        without_lone_bucket,
+        without_untrusted,
     )
 
     empty_like = _shows_no_one(profile)
-    seen = without_lone_bucket(profile)
+    seen = without_untrusted(profile)
     inputs = inputs_from(seen, float(plan.epsilon or 0.0), int(plan.max_points_per_user), _cell_width(plan))
     basis = basis_of(store, plan)
     shown = None if basis is None else np.asarray(basis.typical, dtype=np.float64) * basis.inputs.period_factor
@@ -214,7 +207,7 @@ def _from_profile(store: ReleaseStore, plan: CityPlan, profile: ContributionProf
     # N̂ 0–85 of 2,816 points), so its typical counts are too small and its errors too large; refusals at
     # ε 0.5 with 100 m cells measured right there all the same (bench/results/2026-11-29-verdict-4.md)
     empty_words = (f"the profile cannot tell this period from an empty one (no bucket of points per person "
-                   f"clears its noise of {visible_threshold(profile.epsilon):.0f} people but at most one alone), "
+                   f"clears its noise of {visible_threshold(profile.epsilon):.0f} people with others beside or below it), "
                    f"so it sees N̂ ≈ {inputs.total:.0f} points, {inputs.own_mean:.2g} per person, where people "
                    f"under that noise may hold many more: the typical counts below are then too small and "
                    f"the errors too large; " if empty_like

@@ -81,3 +81,22 @@ def test_a_basis_judged_without_its_lone_top_bucket_shrinks_its_counts_with_its_
     true_basis, _ = _basis(data_profile)
     assert useless(expected_errors(day, typical_counts(true_basis), data_profile,
                                    at_most=typical_counts(true_basis, at_most=True)))
+
+
+def test_a_day_whose_only_visible_bucket_is_noise_beside_another_noise_made_one_is_refused() -> None:
+    """Bug: a visible bucket counted for the verdict when one bucket just below it looked non-empty, even where
+    both were noise: one day of the 400 synthetic people of test_release_verdict (110 people, true profile
+    [67 32 6 4 1 0 …]) at ε 0.25 with 250 m cells (ε_p 0.025: 219 people to be visible, 92 to look non-empty)
+    got N̂ ≈ 2.5 million points from noise-made buckets 11 (97) and 12 (231), every band was called informative
+    and the day was not refused (1 draw in 400). A visible bucket now needs a visible neighbour or a run of
+    non-empty-looking buckets from the lowest ones."""
+    from dpcore.synopsis.profile_verdict import inputs_from, profile_errors, without_untrusted
+    from tasks.release_usefulness import _shows_no_one
+
+    noisy = [67, 32, 6, 4, 1, 0, 0, 0, 0, 0, 0, 97, 231] + [0] * 11
+    profile = ContributionProfile(np.asarray(noisy, dtype=np.float64), 0.025)
+    assert _shows_no_one(profile)
+    seen = without_untrusted(profile)  # what the verdict models its counts from
+    inputs = inputs_from(seen, 0.25, 20, 250.0)
+    assert inputs.total < 1000
+    assert useless(profile_errors(inputs, seen))
