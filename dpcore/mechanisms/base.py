@@ -118,8 +118,7 @@ class Mechanism(ABC):
         return None
 
     def get_params(self) -> dict[str, Any]:
-        sig = inspect.signature(type(self).__init__)
-        return {p: getattr(self, p) for p in sig.parameters if p != "self"}
+        return {p: getattr(self, p) for p in _param_names(type(self))}
 
     def tuned_band_parameter(self) -> str | None:
         """The parameter naming the query band this configuration tunes itself to (``tags.tunes_band``),
@@ -195,6 +194,13 @@ class Mechanism(ABC):
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.get_params().items())
         return f"{type(self).__name__}({args})"
+
+
+@functools.cache
+def _param_names(cls: type) -> tuple[str, ...]:
+    """The parameters of ``cls.__init__`` but self, read once per class: a fit reads them twice (its check
+    and its privacy record), and ``inspect.signature`` costs ~0.14 ms, a third of a small grid's fit."""
+    return tuple(p for p in inspect.signature(cls.__init__).parameters if p != "self")
 
 
 def _params_model(cls: type, init: Any) -> type[pydantic.BaseModel]:
