@@ -107,11 +107,16 @@ def worst_ratio(weights_fn, n: int = 10_000) -> float:
     """max over events {out ≥ t}, {out ≤ t} whose frequency is ≥ 5% under both neighbours of the ratio of
     their frequencies; an ε-DP mechanism has ≤ e^ε (up to sampling error, ~7% at 500 counts)."""
     a, b = _outputs(False, weights_fn, n, 0), _outputs(True, weights_fn, n, 10**6)
+    t = np.unique(np.concatenate([a, b]).round(6))
+    sa, sb = np.sort(a), np.sort(b)
+    # the frequencies of {out ≥ t} and {out ≤ t} at every t at once, from the sorted outputs
+    at_least = ((a.size - np.searchsorted(sa, t, "left")) / a.size, (b.size - np.searchsorted(sb, t, "left")) / b.size)
+    at_most = (np.searchsorted(sa, t, "right") / a.size, np.searchsorted(sb, t, "right") / b.size)
     worst = 1.0
-    for t in np.unique(np.concatenate([a, b]).round(6)):
-        for pa, pb in (((a >= t).mean(), (b >= t).mean()), ((a <= t).mean(), (b <= t).mean())):
-            if min(pa, pb) >= 0.05:
-                worst = max(worst, pa / pb, pb / pa)
+    for pa, pb in (at_least, at_most):
+        seen = np.minimum(pa, pb) >= 0.05
+        if seen.any():
+            worst = max(worst, float(np.max(pa[seen] / pb[seen])), float(np.max(pb[seen] / pa[seen])))
     return worst
 
 
