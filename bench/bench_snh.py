@@ -319,6 +319,8 @@ CABS_BANDS_FRACTION = ((0.002, 0.00275), (0.002, 0.008))
 CABS_RUNS = (
     ("snh (default: pyramid)", "snh", []),
     ("snh flat 38 m, nets (authors' design)", "snh", ["cell_width_m=38.1", "query_sides_m=[26,104]", "hidden=80"]),
+    ("snh flat 38 m, nets, longer fit", "snh", ["cell_width_m=38.1", "query_sides_m=[26,104]", "hidden=80",
+                                                "batch_size=4096", "samples_per_epoch=131072"]),
     ("snh flat 38 m, grid answers", "snh", ["cell_width_m=38.1", "query_sides_m=[26,104]", "answer=grid",
                                              "max_epochs=1"]),
     ("snh flat 35 m, grid answers", "snh", ["cell_width_m=35.4", "query_sides_m=[26,104]", "answer=grid",

@@ -65,6 +65,16 @@ def authors_protocol(path: Path) -> dict:
             "bounds": (edges[0], edges[0], edges[-1], edges[-1])}
 
 
+def training_set(p: dict, labels: str) -> tuple[np.ndarray, np.ndarray]:
+    """The smallest model's training squares: centres on [-1, 1]² (one per cell, as their total_in_cell) and
+    labels, the ``labels`` ("noisy" or "exact") cell × (AUG/ρ)² clipped at 0."""
+    k = int((MAX_VAL + AUG) / RHO)
+    grid = p["noisy"] if labels == "noisy" else p["exact"]
+    centres = p["t"][:k] + AUG / 2
+    x = np.stack(np.meshgrid(centres, centres, indexing="ij"), -1).reshape(-1, 2) / (MAX_VAL / 2)
+    return x, np.maximum(grid[:k, :k] * (AUG / RHO) ** 2, 0).ravel()
+
+
 def scorers(p: dict):
     """(their metric, per-square metric) of answers for the model size AUG at each test centre."""
     truth, psi = p["truth"], p["psi"]
@@ -107,11 +117,7 @@ def cmd_nets(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     p = authors_protocol(Path(args.data or SHARED / CABS_FILE))
     theirs, own, _ = scorers(p)
-    k = int((MAX_VAL + AUG) / RHO)  # their total_in_cell: one training square per cell
-    grid = p["noisy"] if args.labels == "noisy" else p["exact"]
-    labels = np.maximum(grid[:k, :k] * (AUG / RHO) ** 2, 0).ravel()
-    centres = p["t"][:k] + AUG / 2
-    x = np.stack(np.meshgrid(centres, centres, indexing="ij"), -1).reshape(-1, 2) / (MAX_VAL / 2)
+    x, labels = training_set(p, args.labels)
     psi = p["psi"]
     scale = max(float(labels.mean()), psi)  # as dpcore.mechanisms.snh.training: labels of order 1
     w = scale * scale / np.maximum(labels, psi)  # the authors' weighted squared error, w = 1/max(y, ψ)

@@ -136,7 +136,8 @@ class SpatialNeuralHistogram(Mechanism):
                  denoiser_grid: Literal[128, 256] = DENOISER_GRID,
                  denoiser_cap_sigmas: NonNegative | None = DENOISER_CAP_SIGMAS,
                  denoiser_max_signal: Positive | None = DENOISER_MAX_SIGNAL, denoiser_bands: StrictBool = True,
-                 fine_factor: Literal[1, 2, 4] = 1, fine_share: Fraction = 0.3, clip_negative: StrictBool = True):
+                 fine_factor: Literal[1, 2, 4] = 1, fine_share: Fraction = 0.3, clip_negative: StrictBool = True,
+                 sampling: Literal["auto", "uniform", "mass"] = "auto"):
         self.cell_width_m = cell_width_m
         self.query_sides_m = query_sides_m
         self.n_sizes = n_sizes
@@ -165,6 +166,7 @@ class SpatialNeuralHistogram(Mechanism):
         self.fine_factor = fine_factor
         self.fine_share = fine_share
         self.clip_negative = clip_negative
+        self.sampling = sampling
 
     # -- step 1: the only step that reads data --------------------------------------------------
     def _choose_cell_width(self, data: PointsInput, acct: FitRecord, noise: NoiseSource) -> tuple[float, str]:
@@ -346,7 +348,11 @@ class SpatialNeuralHistogram(Mechanism):
         psi = PSI_FRACTION * n_hat
         # The sine layer's frequency sets the finest detail the nets can draw; scale it with the grid
         # (ω₀ ≈ m/6: ~8 for a 50-cell grid) unless given.
-        omega0 = float(self.omega0) if self.omega0 is not None else float(np.clip(m / 6.0, 4.0, 40.0))
+        # With the flat grid the nets learn the cells themselves, so the frequency follows the grid (ω₀ ≈ m:
+        # on CABS_SFS's 343² grid ω₀ ≤ 60 cannot draw its streets, 300 can; bench/fit_snh_noise_free.py).
+        omega0 = (float(self.omega0) if self.omega0 is not None
+                  else float(np.clip(m, 4.0, 1024.0)) if collection == "grid" else float(np.clip(m / 6.0, 4.0, 40.0)))
+        sampling = self.sampling if self.sampling != "auto" else ("mass" if collection == "grid" else "uniform")
         loss = self.loss if self.loss != "auto" else ("relative_l1" if collection == "pyramid" else "paper")
         answer_rule = self.answer if self.answer != "auto" else ("blend" if collection == "pyramid" else "nets")
         # The collection's estimated total (post-processing; before the denoised grid's cap) is the size of
@@ -374,10 +380,11 @@ class SpatialNeuralHistogram(Mechanism):
                                        batch_size=int(self.batch_size), max_epochs=int(self.max_epochs),
                                        patience=int(self.patience), samples_per_epoch=int(self.samples_per_epoch),
                                        device=device_, generator=gen, workload=workload, loss=loss,
-                                       clip_labels=collection == "grid" and bool(self.clip_negative))
+                                       clip_labels=collection == "grid" and bool(self.clip_negative),
+                                       sampling=sampling)
         n_source = ("paid sample-size estimate" if data.sample_size is not None
                     else "public_total" if data.public_total is not None else "noisy grid sum")
-        notes = [rho_note, collection_note, denoiser_note, f"ψ = 0.1% of n̂ = {psi:.3g} (n̂ from {n_source})", f"training loss {loss}",
+        notes = [rho_note, collection_note, denoiser_note, f"ψ = 0.1% of n̂ = {psi:.3g} (n̂ from {n_source})", f"training loss {loss}, batches {sampling}",
                  "augmentation, training and answering are post-processing of the noisy grid", workload_note,
                  f"trained {train['epochs']} epochs in {train['seconds']:.1f} s on {device_}",
                  answer_note]

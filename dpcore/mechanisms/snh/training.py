@@ -55,12 +55,14 @@ def train_snh(noisy: np.ndarray, region: Region, sides: np.ndarray, psi: float, 
               depth: int = 3, omega0: float = 8.0, lr: float = 1e-3, batch_size: int = 1024,
               max_epochs: int = 40, patience: int = 4, samples_per_epoch: int = 32768,
               device: torch.device | None = None, generator: torch.Generator | None = None,
-              workload: np.ndarray | None = None, loss: str = "relative_l1", clip_labels: bool = False):
+              workload: np.ndarray | None = None, loss: str = "relative_l1", clip_labels: bool = False,
+              sampling: str = "uniform"):
     """Augment the noisy grid and train the k_s nets together. Returns (net, label_scales, info).
 
     ``workload``: PUBLIC (q, 4) boxes in metres; each sample's loss weight is multiplied by the number of
     them overlapping its square (:func:`workload_overlaps`). None: every sample counts once.
     ``clip_labels``: labels below 0 (noise alone: a count is never negative) are learned as 0, as in the paper.
+    ``sampling``: ``"mass"`` draws each batch ∝ the noisy labels (:class:`TrainConfig`), post-processing.
 
     Labels of net i are divided by a scale s_i (mean |label|, at least ψ) so every net regresses
     values of order 1; the loss weight s_i²/max(y, ψ) makes the normalised loss equal the paper's
@@ -93,10 +95,11 @@ def train_snh(noisy: np.ndarray, region: Region, sides: np.ndarray, psi: float, 
     weights = [w / w_mean for w in weights]
     net = BatchedSineSwishMLP(len(sides), 2, hidden, depth, omega0, generator=generator)
     cfg = TrainConfig(lr=lr, batch_size=batch_size, max_epochs=max_epochs, patience=patience,
-                      samples_per_epoch=samples_per_epoch, loss="mse" if loss == "paper" else "l1")
+                      samples_per_epoch=samples_per_epoch, loss="mse" if loss == "paper" else "l1",
+                      sampling=sampling)
     res = train_batched(net, inputs, targets, weights, cfg, device, generator, progress=progress_lines(max_epochs))
     info = {"epochs": res.epochs, "losses": [float(v) for v in res.losses], "seconds": res.seconds,
             "stopped_early": res.stopped_early, "samples_per_size": [int(a.shape[0]) for a in inputs],
-            "weighted_by_workload": workload is not None,
+            "weighted_by_workload": workload is not None, "sampling": sampling,
             "zero_weight_samples": [int(np.count_nonzero(w == 0)) for w in weights]}
     return net.cpu(), np.asarray(scales), info
