@@ -161,30 +161,53 @@ def table_daily(a) -> None:
           f"{a.queries} squares per band, centred on the window's points; truth = all points of the day(s)\n")
     print("| mechanism | unit | rows | " + " | ".join(f"{lo:g}–{hi:g} m" for lo, hi in BANDS) + " |")
     print("|---|---|---|" + "---|" * len(BANDS))
+    windows = []  # per window: the days' masks and, per band, its squares (the same for every mechanism)
+    for s in starts:
+        sel = [day == s + i for i in range(7)]
+        win = np.any(sel, axis=0)
+        windows.append((s, sel, {b: squares(x[win], y[win], b, a.queries, rng) for b in BANDS}))
+    rows = ("day", "3-day sum", "7-day sum")
     for unit in a.units.split(","):
+        print(f"| answer 0 | {unit} | all | " + " | ".join("0.000" for _ in BANDS) + " |")
+        # the hindsight grid: the identity width with the smallest mean error per row and band, picked with the truth
+        runs = {w: daily_hits("identity", {"cell_width_m": w}, a, x, y, user, region, unit, windows)
+                for w in HINDSIGHT_WIDTHS}
+        for r in rows:
+            pick = {b: min(HINDSIGHT_WIDTHS, key=lambda w, b=b: np.mean(np.concatenate(runs[w][1][r, b])))
+                    for b in BANDS}
+            print(f"| hindsight grid ({' / '.join(f'{pick[b]:g}' for b in BANDS)} m) | {unit} | {r} | "
+                  + " | ".join(f"{np.mean(np.concatenate(runs[pick[b]][0][r, b])):.3f}" for b in BANDS) + " |",
+                  flush=True)
         for name in a.mechanisms.split(","):
-            cover = {(w, b): [] for w in ("day", "3-day sum", "7-day sum") for b in BANDS}
-            for s in starts:
-                sel = [day == s + i for i in range(7)]
-                rels = [release(name, MECHANISMS[name], x[m], y[m], user[m], region, unit, a.k, a.epsilon,
-                                a.seed + int(s) + i) for i, m in enumerate(sel)]
-                win = np.any(sel, axis=0)
-                for b in BANDS:
-                    boxes = squares(x[win], y[win], b, a.queries, rng)
-                    per = [intervals(syn, boxes) for syn in rels]
-                    truth = [true_counts(x[m], y[m], boxes) for m in sel]
-                    for i in range(7):
-                        est, lo, hi = per[i][:3]
-                        cover["day", b].append((lo <= truth[i]) & (truth[i] <= hi))
-                    for w, n in (("3-day sum", 3), ("7-day sum", 7)):
-                        est, lo, hi = combine_sum([p[0] for p in per[:n]], [p[1] for p in per[:n]],
-                                                  [p[2] for p in per[:n]], covers_words(rels[0]),
-                                                  [p[4][0] for p in per[:n]], [p[4][1] for p in per[:n]])
-                        tr = np.sum(truth[:n], axis=0)
-                        cover[w, b].append((lo <= tr) & (tr <= hi))
-            for w in ("day", "3-day sum", "7-day sum"):
+            cover, _ = daily_hits(name, MECHANISMS[name], a, x, y, user, region, unit, windows)
+            for w in rows:
                 cells = [f"{np.mean(np.concatenate(cover[w, b])):.3f}" for b in BANDS]
                 print(f"| {name} | {unit} | {w} | " + " | ".join(cells) + " |", flush=True)
+
+
+def daily_hits(name, params, a, x, y, user, region, unit, windows):
+    """({(rows, band): hits}, {(rows, band): relative errors}) of one mechanism's daily releases."""
+    cover = {(w, b): [] for w in ("day", "3-day sum", "7-day sum") for b in BANDS}
+    error = {k: [] for k in cover}
+    for s, sel, boxes_of in windows:
+        rels = [release(name, params, x[m], y[m], user[m], region, unit, a.k, a.epsilon, a.seed + int(s) + i)
+                for i, m in enumerate(sel)]
+        for b in BANDS:
+            boxes = boxes_of[b]
+            per = [intervals(syn, boxes) for syn in rels]
+            truth = [true_counts(x[m], y[m], boxes) for m in sel]
+            for i in range(7):
+                est, lo, hi = per[i][:3]
+                cover["day", b].append((lo <= truth[i]) & (truth[i] <= hi))
+                error["day", b].append(np.abs(est - truth[i]) / np.maximum(truth[i], 1))
+            for w, n in (("3-day sum", 3), ("7-day sum", 7)):
+                est, lo, hi = combine_sum([p[0] for p in per[:n]], [p[1] for p in per[:n]],
+                                          [p[2] for p in per[:n]], covers_words(rels[0]),
+                                          [p[4][0] for p in per[:n]], [p[4][1] for p in per[:n]])
+                tr = np.sum(truth[:n], axis=0)
+                cover[w, b].append((lo <= tr) & (tr <= hi))
+                error[w, b].append(np.abs(est - tr) / np.maximum(tr, 1))
+    return cover, error
 
 
 def main() -> None:
@@ -202,7 +225,16 @@ def main() -> None:
     ap.add_argument("--windows", type=int, default=3, help="7-day windows (--daily)")
     ap.add_argument("--skip-windows", type=int, default=0, help="start after this many windows (--daily; "
                                                                  "held-out windows: 3)")
+    ap.add_argument("--factors", default="", help="try other spread factors, e.g. 'grid=0.45,0,0.45,8;hb=1,0,1,8' "
+                                                   "(dpcore.synopsis.spread.FACTORS; bench/fit_spread.py fits them)")
     a = ap.parse_args()
+    if a.factors:
+        import dpcore.synopsis.spread as spread
+
+        for part in a.factors.split(";"):
+            kind, values = part.split("=")
+            spread.FACTORS[kind.strip()] = tuple(float(v) for v in values.split(","))
+        print(f"spread factors: {spread.FACTORS}\n")
     (table_daily if a.daily else table_2d)(a)
     ru = resource.getrusage(resource.RUSAGE_SELF)
     ch = resource.getrusage(resource.RUSAGE_CHILDREN)
