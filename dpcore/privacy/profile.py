@@ -26,9 +26,7 @@ docs/decisions/0018-contribution-profile.md).
 from __future__ import annotations
 
 import math
-import threading
-from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -49,12 +47,10 @@ VISIBLE_FALSE_RATE = 0.05
 
 UNIT_WORDS = {False: "person", True: "person and UTC day"}
 
-#: Draws already made (:meth:`ContributionProfile.draws`), newest last, by everything they depend on: the
-#: verdict tries up to 30 options on one profile (dpcore.synopsis.profile_verdict.what_would_help), most
-#: with the same k, each drawing from a fresh generator of the same seed.
-_DRAWN: OrderedDict = OrderedDict()
-_DRAWN_MAX = 16
-_DRAWN_LOCK = threading.Lock()
+#: Draws a profile keeps (:meth:`ContributionProfile.draws`): the verdict tries up to 30 options on one profile
+#: (dpcore.synopsis.profile_verdict.what_would_help), most with the same k, each drawing from a fresh generator of
+#: the same seed.
+DRAWN_KEPT = 16
 
 
 def _exponent(n: np.ndarray) -> np.ndarray:
@@ -141,6 +137,8 @@ class ContributionProfile:
     noisy: np.ndarray
     epsilon: float
     per_day: bool = False
+    # draws already made, by everything they depend on besides the profile itself (post-processing only)
+    _drawn: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def scale(self) -> float:
@@ -245,11 +243,8 @@ class ContributionProfile:
         with its own slopes inside buckets."""
         top = self.top_bucket() if top is None else int(top)
         noisy = np.asarray(self.noisy, dtype=np.float64)
-        key = (int(k), int(draws), top, float(self.epsilon), noisy.tobytes(), repr(rng.bit_generator.state))
-        with _DRAWN_LOCK:
-            made = _DRAWN.get(key)
-            if made is not None:
-                _DRAWN.move_to_end(key)
+        key = (int(k), int(draws), top, repr(rng.bit_generator.state))
+        made = self._drawn.get(key)
         if made is not None:  # the same draws, and the generator left where drawing them leaves it
             rng.bit_generator.state = made[2]
             return made[0].copy(), made[1].copy()
@@ -258,10 +253,9 @@ class ContributionProfile:
         noise = rng.geometric(p, (draws, top + 1)) - rng.geometric(p, (draws, top + 1))
         c = np.clip(noisy[None, : top + 1] - noise, 0.0, None)
         n, kept = self._sum(c, None), self._sum(c, k)
-        with _DRAWN_LOCK:
-            _DRAWN[key] = (n, kept, rng.bit_generator.state)
-            while len(_DRAWN) > _DRAWN_MAX:
-                _DRAWN.popitem(last=False)
+        if len(self._drawn) >= DRAWN_KEPT:
+            self._drawn.pop(next(iter(self._drawn)))
+        self._drawn[key] = (n, kept, rng.bit_generator.state)
         return n.copy(), kept.copy()
 
     def factor_draws(self, k: int, draws: int, rng: np.random.Generator, top: int | None = None) -> np.ndarray:
