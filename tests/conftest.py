@@ -98,22 +98,40 @@ def prefect_harness(tmp_path_factory):
             os.environ[k] = v
 
 
-@pytest.fixture(scope="module")
-def dask_cluster(request, prefect_harness):
-    """One real Dask LocalCluster (two worker processes) for a module's flow tests, started after the
-    Prefect harness so its workers report to the same server. Yields the scheduler address: pass it as
-    ``dask_address`` (``--dask-address``) instead of ``n_workers``, so a flow does not start its own
-    cluster and import the project into fresh workers (~6 CPU-s a flow). Module scope: an idle cluster
-    costs ~0.06 CPU-s per second, so it lives only while its module runs. A test that kills, slows or
-    patches workers, or changes the environment they read, keeps its own cluster. A module whose flows
-    need no second worker sets ``DASK_WORKERS = 1``: each worker process imports what the tasks use
-    (torch, statsmodels, scipy: 5-10 CPU-s in each)."""
+def _local_cluster(n_workers: int):
     import logging
 
     from distributed import LocalCluster
 
-    with LocalCluster(n_workers=getattr(request.module, "DASK_WORKERS", 2), threads_per_worker=1, processes=True,
-                      dashboard_address="127.0.0.1:0", silence_logs=logging.WARNING) as cluster:
+    return LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True, dashboard_address="127.0.0.1:0",
+                        silence_logs=logging.WARNING)
+
+
+@pytest.fixture(scope="session")
+def _shared_dask_cluster(prefect_harness):
+    """The one-worker LocalCluster that every module with ``DASK_WORKERS = 1`` shares: its worker imports
+    the project, and what the tasks use (torch, statsmodels, scipy), once per session instead of once per
+    module (3-8 CPU-s each), and idles at ~0.006 CPU-s a second in between (DASK_QUIET). Its worker has the
+    environment of its start (the Prefect harness's): a module whose tasks need other variables in the
+    worker (S3's endpoint, a fault hook) keeps a cluster of its own."""
+    with _local_cluster(1) as cluster:
+        yield cluster.scheduler_address
+
+
+@pytest.fixture(scope="module")
+def dask_cluster(request, prefect_harness):
+    """A real Dask LocalCluster (worker processes) for a module's flow tests, started after the Prefect
+    harness so its workers report to the same server. Yields the scheduler address: pass it as
+    ``dask_address`` (``--dask-address``) instead of ``n_workers``, so a flow does not start its own
+    cluster and import the project into fresh workers (~6 CPU-s a flow). A module whose flows need no
+    second worker sets ``DASK_WORKERS = 1`` and gets the session's one-worker cluster, shared with every
+    such module; any other gets two workers of its own, for its module only. A test that kills, slows or
+    patches workers, or changes the environment they read, keeps a cluster of its own (no DASK_WORKERS = 1)."""
+    n_workers = getattr(request.module, "DASK_WORKERS", 2)
+    if n_workers == 1:
+        yield request.getfixturevalue("_shared_dask_cluster")
+        return
+    with _local_cluster(n_workers) as cluster:
         yield cluster.scheduler_address
 
 

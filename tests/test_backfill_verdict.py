@@ -1,6 +1,6 @@
 """Issue 45 item 3 through the CLI: a backfill refuses a city alone (its days reported, the other city
 released), `--publish-anyway` works there, and the hint is in an operator's terms; the store defaults to the
-configured one. Local backfill on the session's Prefect server and the module's Dask cluster."""
+configured one. Local backfill on the session's Prefect server and its one-worker Dask cluster."""
 
 import json
 import re
@@ -12,7 +12,7 @@ from dpcore.data.synthetic import generate_checkins
 from dpcore.geo import city_region
 from tests.cli_runner import run_geodp
 
-DASK_WORKERS = 1  # the module's cluster (tests/conftest.py): these flows need no second worker
+DASK_WORKERS = 1  # the session's one-worker cluster (tests/conftest.py): these flows need no second worker
 BACKFILL = ["release", "backfill", "--cities", "new-york,boston", "--period", "2024-01-02..2024-01-03",
             "--epsilon", "0.08", "--param", "cell_width_m=500"]
 
@@ -44,7 +44,7 @@ def test_a_refused_city_is_refused_alone_and_published_anyway_on_request(prefect
               "cell_width_m=500", "--out", store, "--no-prefect")
     config = tmp_path / "geodp.toml"
     config.write_text(f'store = "{store}"\n')
-    # both backfills run on the module's cluster instead of each starting one (~6 CPU-s each)
+    # both backfills run on the session's cluster instead of each starting one (~6 CPU-s each)
     bf = run_geodp(*BACKFILL[:2], two_cities, *BACKFILL[2:], "--config", config,  # the configured store
                    "--dask-address", dask_cluster)
     lines = bf.stdout.splitlines()

@@ -11,7 +11,7 @@ from flows.cli import main
 from flows.paramselect_flow import TrainParams, public_datasets
 from tasks.paramselect_tasks import dataset_rows
 
-DASK_WORKERS = 1  # the module's cluster (tests/conftest.py): these flows need no second worker
+DASK_WORKERS = 1  # the session's one-worker cluster (tests/conftest.py): these flows need no second worker
 
 
 def test_predict_prints_a_choice_from_the_shipped_model(capsys):

@@ -1,6 +1,6 @@
 """The `evaluate` flow's spatio-temporal part and training curves, on a real Prefect server (session
-harness) and the module's Dask LocalCluster (tests/conftest.py: dask_cluster; tests/test_platform_serve.py
-runs the evaluate flow on a cluster of its own): rows per city × mechanism × ε, operator artifacts read
+harness) and the session's one-worker Dask LocalCluster (tests/conftest.py: dask_cluster;
+tests/test_platform_serve.py runs the evaluate flow on a cluster of its own): rows per city × mechanism × ε, operator artifacts read
 back from the Prefect API (released vs true slots, forecast plots, SNH training curves), images in output_dir."""
 
 import base64
@@ -17,7 +17,7 @@ from dpcore.geo import city_region
 from flows.release_summary import artifact_key as _artifact_key
 from tasks.config import ConfigError, EvaluateParams, STEvaluateOptions
 
-DASK_WORKERS = 1  # the module's cluster (tests/conftest.py): these flows need no second worker
+DASK_WORKERS = 1  # the session's one-worker cluster (tests/conftest.py): these flows need no second worker
 CITIES = ["new-york", "boston"]
 SMALL_VDR = {"grid_size": 32, "steps": 25, "batch_size": 4, "crop": 32, "hidden": 8, "n_codes": 16}
 PNG_URI = re.compile(r"data:image/png;base64,([A-Za-z0-9+/=]+)")

@@ -12,7 +12,7 @@ from tasks.storage.store import ReleaseStore
 
 pytestmark = pytest.mark.shared_data
 CITIES = ["austin", "san-francisco", "new-york"]
-DASK_WORKERS = 1  # the module's cluster (tests/conftest.py): these flows need no second worker
+DASK_WORKERS = 1  # the session's one-worker cluster (tests/conftest.py): these flows need no second worker
 
 
 @pytest.mark.slow

@@ -19,7 +19,7 @@ from dpcore.geo import city_region
 from tests.cli_runner import run_geodp
 
 NYC = city_region("new-york")
-DASK_WORKERS = 1  # the module's cluster (tests/conftest.py): its flows need no second worker
+DASK_WORKERS = 1  # the session's one-worker cluster (tests/conftest.py): its flows need no second worker
 
 
 def _frame(n: int, users: int = 997) -> pd.DataFrame:

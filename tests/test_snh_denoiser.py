@@ -32,7 +32,7 @@ from dpcore.privacy.noise import NoiseSource
 from dpcore.privacy.scaling import ScaledSynopsis
 from tasks.paramselect_tasks import dataset_points
 
-DASK_WORKERS = 1  # the module's cluster (tests/conftest.py): these flows need no second worker
+DASK_WORKERS = 1  # the session's one-worker cluster (tests/conftest.py): these flows need no second worker
 
 
 def synthetic_public(city: str, seed: int, n_users: int = 800) -> PublicDataset:
