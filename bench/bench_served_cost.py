@@ -4,8 +4,9 @@ process of the tree (issue 46 item 2: the served form within 1.5× the in-proces
 Each run is its own `geodp release run` process: ``--out DIR`` (in-process) or ``--store DIR`` (the
 Prefect flow on Dask). CPU is user + system seconds of that process and every process it starts
 (resource.getrusage(RUSAGE_CHILDREN) around the run: the whole tree, each child waited for). A sampler
-splits it by process (the flow's own process, Prefect's API server child, Dask worker processes, other
-children) from /proc every 0.1 s; the split misses up to 0.1 s per process, the total does not.
+splits it by process (the flow's own process, Prefect's API server (a child, or the event-loop thread that
+serves it in the flow's process), Dask worker processes, other children) from /proc every 0.1 s; the split
+misses up to 0.1 s per process, the total does not.
 Forms, interleaved, median of ``--repeat``:
 
 - ``inproc``: ``--out DIR``.
@@ -76,6 +77,22 @@ def _children(pid: int) -> list[int]:
     return out
 
 
+def _thread_cpu_s(pid: int, name: str) -> float:
+    """CPU-seconds of the threads of ``pid`` the OS names ``name`` (a command's one-off Prefect API thread)."""
+    total = 0.0
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/comm") as f:
+                if f.read().strip() != name:
+                    continue
+            with open(f"/proc/{pid}/task/{task}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except OSError:
+        pass
+    return total
+
+
 def _sample(root: int, stop: threading.Event, seen: dict[int, tuple[str, float]]) -> None:
     while not stop.is_set():
         todo, tree = [root], []
@@ -91,6 +108,11 @@ def _sample(root: int, stop: threading.Event, seen: dict[int, tuple[str, float]]
             # a child is "other" until it execs (its command line is its parent's before then)
             kind = seen[pid][0] if seen.get(pid, ("other",))[0] != "other" else _kind(pid, root)
             seen[pid] = (kind, max(used, seen.get(pid, ("", 0.0))[1]))
+        # the one-off API server on a thread of the flow's process (tasks.runtime.ThreadServer): its event
+        # loop's thread, split from the flow's own CPU (its database and worker threads stay the flow's)
+        in_thread = _thread_cpu_s(root, "prefect-api")
+        if in_thread:
+            seen[-1] = ("server", max(in_thread, seen.get(-1, ("", 0.0))[1]))
         time.sleep(0.1)
 
 
@@ -111,6 +133,8 @@ def run_tree(cmd: list[str], tree: str, env: dict) -> dict:
     split: dict[str, float] = {}
     for kind, used in seen.values():
         split[kind] = split.get(kind, 0.0) + used
+    if -1 in seen:  # the server's thread is part of the flow's process: count it once
+        split["flow"] = split.get("flow", 0.0) - seen[-1][1]
     split["n_workers"] = sum(kind == "worker" for kind, _ in seen.values())
     return {"cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), **split}
 

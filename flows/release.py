@@ -242,17 +242,19 @@ del release_flow
 
 
 def __getattr__(name: str) -> Flow:
-    """``release_flow``, the Prefect flow, made on first use: Prefect builds a flow's parameter schema
-    when it is made (0.5 s for ReleaseParams), which a release in this process (``--out``) never needs.
-    Served deployments load it by entrypoint (flows/release.py:release_flow), which reads it from here."""
+    """``release_flow``, the Prefect flow, made on first use (with its parameter schema for the UI's form
+    built on first use too: :func:`tasks.lazy_task.flow`), which a release in this process (``--out``)
+    never needs. Served deployments load it by entrypoint (flows/release.py:release_flow), which reads it
+    from here."""
     if name != "release_flow":
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from prefect import flow
     from prefect.states import State
+
+    from tasks.lazy_task import flow
 
     # Prefect evaluates the function's annotations (``-> dict | State``) for the parameter schema; with
     # Prefect imported only here, State joins the module's names here, before the flow is made
     globals()["State"] = State
-    made = globals().get("_release_flow") or flow(name="release", log_prints=True, retries=0)(_release_fn)
+    made = globals().get("_release_flow") or flow(_release_fn, name="release", log_prints=True, retries=0)
     globals()["_release_flow"] = made
     return made

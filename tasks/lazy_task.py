@@ -55,3 +55,34 @@ class LazyTask:
 def task(**options: Any) -> Callable[[Callable], LazyTask]:
     """``prefect.task(**options)``, made on first use (see the module's docstring)."""
     return lambda fn: LazyTask(fn, options)
+
+
+class _SchemaOnFirstUse:
+    """A flow's parameter schema, built the first time anything reads it."""
+
+    def __init__(self, build: Callable, fn: Callable):
+        self._build, self._fn, self._schema = build, fn, None
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        if self._schema is None:
+            self._schema = self._build(self._fn)
+        return getattr(self._schema, name)
+
+
+def flow(fn: Callable, **options: Any):
+    """``prefect.flow(**options)(fn)`` whose parameter schema (``Flow.parameters``) is built on first use.
+
+    Prefect builds it when a flow is made, for the UI's form; a run never reads it, and a deployment
+    builds its own (``RunnerDeployment.from_flow``). For a release it is JSON schemas of ReleaseParams
+    and of every mechanism's parameters, which imports every mechanism: about 0.6 CPU-s of a
+    Prefect-form release that runs one (bench/results/2026-11-29-served-cost-5.md)."""
+    import prefect.flows as prefect_flows
+
+    build = prefect_flows.parameter_schema
+    prefect_flows.parameter_schema = lambda f: _SchemaOnFirstUse(build, f)
+    try:
+        return prefect_flows.flow(**options)(fn)
+    finally:
+        prefect_flows.parameter_schema = build

@@ -2,8 +2,8 @@
 one Prefect API server shared by the flow process and every Dask worker process.
 
 Without PREFECT_API_URL, Prefect starts an *ephemeral* server per process; Dask worker processes
-would each start their own (slow, and several writers on one SQLite file). ``local_prefect`` starts
-one server and exports its URL, so worker processes inherit it.
+would each start their own (slow, and several writers on one SQLite file). ``local_prefect`` serves
+one from the command's own process and exports its URL, so worker processes inherit it.
 """
 
 from __future__ import annotations
@@ -225,7 +225,8 @@ def _api_url_configured() -> bool:
 
 @contextlib.contextmanager
 def local_prefect(timeout: int = 120) -> Iterator[str | None]:
-    """Use the configured Prefect API, or start one local server for this command and stop it after.
+    """Use the configured Prefect API, or serve a one-off one from this process for this command and stop
+    it after (:class:`ThreadServer`).
 
     Yields the API URL in use (None when an external one is configured and not known here).
     """
@@ -237,7 +238,7 @@ def local_prefect(timeout: int = 120) -> Iterator[str | None]:
         return
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    server = _server_bound_to_this_process()
+    server = ThreadServer()
     try:  # a SIGTERM while the server is still starting must stop it too
         server.start(timeout=timeout)
         os.environ["PREFECT_API_URL"] = server.api_url
@@ -251,45 +252,64 @@ def local_prefect(timeout: int = 120) -> Iterator[str | None]:
         server.stop()
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    """Ask Linux to SIGTERM this child when the process that started it dies, even by SIGKILL, and put it
-    in a session of its own: Ctrl-C on the terminal then interrupts the command only, which stops the
-    server when it is done (else the server dies first and the flow waits minutes on its API)."""
-    import ctypes
-    import signal
-
-    with contextlib.suppress(OSError):
-        os.setsid()
-    pr_set_pdeathsig = 1
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+#: the name of the thread that serves a command's one-off Prefect API (in Python and in the OS)
+SERVER_THREAD = "prefect-api"
 
 
-def _server_bound_to_this_process():
-    """Prefect's local API server as a child that ends with this process: ``finally`` stops it on any
-    normal exit or SIGTERM, and the parent-death signal stops it when this process is killed outright
-    (``kill -9``), which no handler can catch."""
-    import subprocess
-    import sys
+class ThreadServer:
+    """Prefect's one-off API server (its ephemeral app: no UI, no background services) served by uvicorn
+    on a thread of this process, on a free loopback port that worker processes reach too.
 
-    from prefect.server.api import server as prefect_server
+    Prefect's own one-off server is a uvicorn child that imports Prefect and its server a second time:
+    5.7-6 CPU-s to start, about as much as the rest of a release's Prefect form
+    (bench/results/2026-11-29-served-cost-5.md). On a thread the server ends with the process however it
+    ends (``kill -9`` included), and a Ctrl-C reaches the command only, which stops the server last."""
 
-    class BoundServer(prefect_server.SubprocessASGIServer):
-        def _run_uvicorn_command(self) -> subprocess.Popen:
-            if not sys.platform.startswith("linux"):
-                return super()._run_uvicorn_command()
-            plain_popen = subprocess.Popen
+    def __init__(self) -> None:
+        self._server = None
+        self._thread = None
+        self.port: int | None = None
 
-            def popen(*args, **kwargs):
-                return plain_popen(*args, preexec_fn=_die_with_parent, **kwargs)
+    @property
+    def api_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/api"
 
-            prefect_server.subprocess.Popen = popen
-            try:
-                return super()._run_uvicorn_command()
-            finally:
-                prefect_server.subprocess.Popen = plain_popen
+    def start(self, timeout: float = 120) -> None:
+        import socket
+        import threading
 
-    return BoundServer()
+        import uvicorn
+        from prefect.server.api.server import create_app
+
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind(("127.0.0.1", 0))
+        self.port = sock.getsockname()[1]
+        app = create_app(ephemeral=True, final=True)
+        # uvicorn installs no signal handlers off the main thread: SIGTERM and Ctrl-C stay the command's
+        self._server = uvicorn.Server(uvicorn.Config(app, log_level="error", lifespan="on"))
+        self._thread = threading.Thread(target=self._serve, args=(sock,), name=SERVER_THREAD, daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"the local Prefect API server did not start on port {self.port}")
+            time.sleep(0.05)
+
+    def _serve(self, sock) -> None:
+        # the thread's name in the OS too (/proc/PID/task/TID/comm), so a process tree's CPU can be split
+        # between the server and the command (bench/bench_served_cost.py)
+        with contextlib.suppress(OSError, AttributeError):
+            import ctypes
+
+            ctypes.CDLL(None).prctl(15, SERVER_THREAD.encode()[:15], 0, 0, 0)  # PR_SET_NAME
+        self._server.run(sockets=[sock])
+
+    def stop(self, timeout: float = 10) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout)
 
 
 def _drain_logs() -> None:

@@ -195,3 +195,37 @@ def bounded_total(release: str, region) -> float:
         return float(synopsis.answer(region.box_latlon_to_m([region.bbox_latlon()]))[0])
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def local_prefect_api(pid: int) -> str | None:
+    """The URL of the Prefect API that process ``pid`` serves itself (a command with no PREFECT_API_URL
+    serves a one-off one on a loopback port: tasks.runtime.local_prefect), once it answers; else None."""
+    import urllib.request
+
+    import psutil
+
+    try:
+        ports = {c.laddr.port for c in psutil.Process(pid).net_connections(kind="tcp")
+                 if c.status == psutil.CONN_LISTEN and c.laddr.ip == "127.0.0.1"}
+    except psutil.Error:
+        return None
+    for port in sorted(ports):
+        url = f"http://127.0.0.1:{port}/api"
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as answer:
+                if answer.status == 200 and answer.read().strip() == b"true":
+                    return url
+        except OSError:
+            continue
+    return None
+
+
+def answers(api_url: str) -> bool:
+    """Whether a Prefect API answers at ``api_url``."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{api_url}/health", timeout=2):
+            return True
+    except OSError:
+        return False

@@ -14,7 +14,7 @@ from dpcore.data.synthetic import generate_checkins
 from dpcore.geo import city_region
 from flows.cli import main
 from flows.cli.common import CLIError, params_by_mechanism, parse_window
-from tests.cli_runner import ROOT, run_geodp
+from tests.cli_runner import ROOT, answers, local_prefect_api, run_geodp
 
 VERBS = ["release run", "release backfill", "release list", "release show", "query range", "query hotspot",
          "query forecast", "eval range", "eval st", "eval heatmap", "eval sparse1d", "paramselect predict",
@@ -122,16 +122,6 @@ def test_bad_input_is_one_error_line_and_writes_nothing(case, data_file, tmp_pat
     assert r.stdout == "" and not out.exists()
 
 
-def _uvicorn_children(pid: int) -> list:
-    import psutil
-
-    try:
-        kids = psutil.Process(pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        return []
-    return [k for k in kids if "uvicorn" in " ".join(_cmdline(k))]
-
-
 def _cmdline(proc) -> list[str]:
     import psutil
 
@@ -142,8 +132,8 @@ def _cmdline(proc) -> list[str]:
 
 
 def test_sigterm_stops_the_local_prefect_server_and_cluster(data_file, tmp_path):
-    """`kill PID` on a release through Prefect: the command stops the API server it started (and its Dask
-    workers) before it exits, instead of leaving them running."""
+    """`kill PID` on a release through Prefect: the command stops the API server it serves and its Dask
+    cluster before it exits, instead of hanging on them or leaving any process it started running."""
     import psutil
 
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
@@ -154,19 +144,20 @@ def test_sigterm_stops_the_local_prefect_server_and_cluster(data_file, tmp_path)
     # the session's own Prefect server (a uvicorn child of this process) is not this test's to stop
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    started: list = []
+    api = None
     try:
         deadline = time.monotonic() + 180
-        while not started and proc.poll() is None and time.monotonic() < deadline:
-            started = _uvicorn_children(proc.pid)
+        while api is None and proc.poll() is None and time.monotonic() < deadline:
+            api = local_prefect_api(proc.pid)
             time.sleep(0.5)
-        assert started, "the command never started its local Prefect server"
+        assert api, "the command never served its local Prefect API"
         time.sleep(3)  # the flow is under way: the server answers and the cluster starts
         family = psutil.Process(proc.pid).children(recursive=True)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=120) == 128 + signal.SIGTERM
         gone, alive = psutil.wait_procs(family, timeout=30)
         assert not alive, [(p.pid, _cmdline(p)) for p in alive]
+        assert not answers(api), f"the command's Prefect API at {api} outlived it"
     finally:
         if proc.poll() is None:
             proc.kill()

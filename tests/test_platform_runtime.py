@@ -22,8 +22,8 @@ def test_local_clusters_serve_their_dashboard_on_free_loopback_ports():
 
 
 def test_kill_9_of_a_command_leaves_no_prefect_server_behind(tmp_path):
-    """`kill -9` reaches no handler, so the local Prefect server a command started must end by itself
-    when its parent dies: the parent-death signal the server is started with does that."""
+    """`kill -9` reaches no handler, so the local Prefect server a command serves must end with it: no
+    API answers at its address and no process it started outlives it."""
     import os
     import signal
     import subprocess
@@ -32,7 +32,7 @@ def test_kill_9_of_a_command_leaves_no_prefect_server_behind(tmp_path):
 
     import psutil
 
-    from tests.cli_runner import ROOT, run_geodp
+    from tests.cli_runner import ROOT, answers, local_prefect_api, run_geodp
 
     run_geodp("synth", tmp_path / "pts.parquet", "--city", "new-york", "--users", "50", "--days", "1")
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
@@ -41,20 +41,23 @@ def test_kill_9_of_a_command_leaves_no_prefect_server_behind(tmp_path):
         [sys.executable, "-m", "flows.cli", "release", str(tmp_path / "pts.parquet"), "--cities", "new-york",
          "--epsilon", "1", "--mechanism", "identity", "--store", str(tmp_path / "store")],
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    family: list = []
     try:
-        server = None
+        api = None
         deadline = time.monotonic() + 180
-        while server is None and time.monotonic() < deadline and command.poll() is None:
-            server = next((c for c in psutil.Process(command.pid).children()
-                           if "uvicorn" in " ".join(c.cmdline())), None)
+        while api is None and time.monotonic() < deadline and command.poll() is None:
+            api = local_prefect_api(command.pid)
             time.sleep(0.2)
-        assert server is not None, "the command never started its local Prefect server"
+        assert api is not None, "the command never served its local Prefect API"
+        family = psutil.Process(command.pid).children(recursive=True)
         command.send_signal(signal.SIGKILL)
         command.wait(timeout=30)
-        gone, alive = psutil.wait_procs([server], timeout=30)
-        assert server in gone and not alive, f"Prefect server {server.pid} outlived its killed parent"
+        gone, alive = psutil.wait_procs(family, timeout=30)
+        assert not alive, f"{[p.pid for p in alive]} outlived their killed parent"
+        assert not answers(api), f"the Prefect API at {api} outlived its killed command"
     finally:
         if command.poll() is None:
             command.kill()
-        if server is not None and server.is_running():
-            server.kill()  # the orphan this test exists to catch; never left behind
+        for p in family:  # the orphans this test exists to catch; never left behind
+            if p.is_running():
+                p.kill()
