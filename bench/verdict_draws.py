@@ -6,6 +6,8 @@ summary with its CPU-seconds.
     python bench/verdict_draws.py factor 2000          # 1/κ̂(20) of that basis's profile (ε_p 0.2) per draw
     python bench/verdict_draws.py profile TEST 20000   # a test's run: its true profile counts once, then the
                                                        # verdict of each noisy profile (test names: PROFILE_TESTS)
+    python bench/verdict_draws.py basis-day 0.02 40    # test_a_refused_release_published_anyway…: basis, plan, note
+    python bench/verdict_draws.py backfill-basis 1000 100  # the same with new-york's people given
 """
 
 from __future__ import annotations
@@ -209,9 +211,13 @@ def profile(test: str, n: int) -> None:
                       "cpu_s": round(_cpu(), 1)}, ensure_ascii=False))
 
 
+#: test_a_refused_release_published_anyway_shows_its_verdict_everywhere's day ε
+DAY_EPS = "0.02"
+
+
 def basis_day(n: int, m: int = 20) -> None:
     """test_a_refused_release_published_anyway_shows_its_verdict_everywhere: ``n`` draws of the fortnight's
-    basis (ε 4, 250 m cells); on each, the plan of the day at ε 0.01 must refuse it naming ε and a longer
+    basis (ε 4, 250 m cells); on each, the plan of the day at ε DAY_EPS must refuse it naming ε and a longer
     period, and ``m`` draws of the day's own profile must keep its 25–100 m band worse than a blank map once
     it is published anyway (the note on the test's 55 m box)."""
     from flows.cli import main
@@ -220,7 +226,7 @@ def basis_day(n: int, m: int = 20) -> None:
     root = tempfile.mkdtemp(prefix="verdict-draws-")
     data = _fortnight(root)
     plan_bad = note_bad = 0
-    day = [*_RUN, "--period", "2024-01-02", "--epsilon", "0.01"]
+    day = [*_RUN, "--period", "2024-01-02", "--epsilon", DAY_EPS]
     for i in range(n):
         store = f"{root}/store{i}"
         main([*_RUN[:2], data, *_RUN[2:], "--epsilon", "4", "--out", store])
@@ -243,6 +249,8 @@ if __name__ == "__main__":
     mode, count = sys.argv[1], int(sys.argv[-1])
     if mode == "backfill-basis" and len(sys.argv) > 3:  # backfill-basis NYC_USERS N
         NYC_USERS = int(sys.argv[2])
+    if mode == "basis-day" and len(sys.argv) > 3:  # basis-day DAY_EPS N
+        DAY_EPS = sys.argv[2]
     if mode == "profile":
         for name in [t for t in PROFILE_TESTS if sys.argv[2] in t]:
             profile(name, count)
