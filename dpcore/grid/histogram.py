@@ -130,9 +130,14 @@ def cumulative_at(p: np.ndarray, gx: np.ndarray, gy: np.ndarray, t: np.ndarray |
         p10 = p[i0 + 1, j0, t]
         p01 = p[i0, j0 + 1, t]
         p11 = p[i0 + 1, j0 + 1, t]
-    # p00·(1 − fx)·(1 − fy) + p10·fx·(1 − fy) + p01·(1 − fx)·fy + p11·fx·fy, in that order, in place
     p00, p10, p01, p11 = (a.astype(np.float64, copy=False) for a in (p00, p10, p01, p11))
-    ax, ay = 1 - fx, 1 - fy
+    return _mix(p00, p10, p01, p11, fx, 1 - fx, fy, 1 - fy)
+
+
+def _mix(p00: np.ndarray, p10: np.ndarray, p01: np.ndarray, p11: np.ndarray, fx: np.ndarray, ax: np.ndarray,
+         fy: np.ndarray, ay: np.ndarray) -> np.ndarray:
+    """p00·(1 − fx)·(1 − fy) + p10·fx·(1 − fy) + p01·(1 − fx)·fy + p11·fx·fy, in that order, in place
+    (``ax``, ``ay``: 1 − fx, 1 − fy); the four node values are overwritten."""
     p00 *= ax
     p00 *= ay
     p10 *= fx
@@ -188,18 +193,7 @@ def _bilinear_at(flat: np.ndarray, node: np.ndarray, st: int, ex: tuple, ey: tup
     _, fy, ay = ey
     p00, p10, p01, p11 = (flat.take(i).astype(np.float64, copy=False)
                           for i in (node, node + st, node + 1, node + (st + 1)))
-    p00 *= ax
-    p00 *= ay
-    p10 *= fx
-    p10 *= ay
-    p00 += p10
-    p01 *= ax
-    p01 *= fy
-    p00 += p01
-    p11 *= fx
-    p11 *= fy
-    p00 += p11
-    return p00
+    return _mix(p00, p10, p01, p11, fx, ax, fy, ay)
 
 
 def resample_grid(values: np.ndarray, nx: int, ny: int | None = None) -> np.ndarray:
