@@ -17,6 +17,7 @@ from tasks.storage.store import ReleaseStore
 from tests.cli_runner import run_geodp
 
 pytestmark = pytest.mark.shared_data
+DASK_WORKERS = 1  # the session's one-worker cluster (tests/conftest.py): these runs need no second worker
 ROOT = Path(__file__).resolve().parents[1]
 FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 
@@ -71,7 +72,7 @@ def test_backfill_through_the_served_deployment(prefect_harness, dask_cluster, g
     try:
         _wait_for_deployment("release/release", proc, config)
         store_url = str(tmp_path / "store")
-        # every served run uses the module's Dask cluster, not one of its own (~6 CPU-s a run);
+        # every served run uses the session's Dask cluster, not one of its own (~6 CPU-s a run);
         # tests/test_platform_schedule.py covers a served run that starts its own
         rp = ReleaseParams(data=str(gowalla_sample_path), cities=["austin"], epsilon=0.5, store=store_url,
                            max_points_per_user=10, dask_address=dask_cluster,
