@@ -129,7 +129,11 @@ def test_user_bounding_holds_across_time_slots():
     assert syn.privacy.charges[-1]["sensitivity"] == k
 
 
-def test_workload_truth_is_exact():
+@pytest.mark.parametrize("direct_max", [1 << 20, 0], ids=["per-point", "prefix-table"])
+def test_workload_truth_is_exact(direct_max, monkeypatch):
+    import dpcore.queries.spatiotemporal as st
+
+    monkeypatch.setattr(st, "_DIRECT_MAX", direct_max)  # both ways of counting a slot
     x, y, slot = _points(3000, 5, seed=2)
     rng = np.random.default_rng(5)
     boxes, ranges = st_range_workload(REGION, 5, 300, 50, 800, rng, max_slots=3)

@@ -18,7 +18,7 @@ import numpy as np
 
 from dpcore import GeoDPError
 from dpcore.geo import Region
-from dpcore.grid.histogram import cumulative_at, grid_counts, prefix_sums
+from dpcore.grid.histogram import cell_index, cumulative_at, grid_counts, prefix_sums
 from dpcore.queries.range import Centres, centre_draw
 
 
@@ -58,12 +58,31 @@ def st_range_workload(region: Region, n_slots: int, n_queries: int, side_min_m: 
     return boxes, np.stack([t0, t0 + length], axis=1).astype(np.int64)
 
 
+#: Points × boxes of a slot up to which true_st_counts sums per point (a few arrays of this many floats).
+_DIRECT_MAX = 1 << 20
+
+
+def _direct_counts(x: np.ndarray, y: np.ndarray, region: Region, resolution: int, gx0: np.ndarray,
+                   gx1: np.ndarray, gy0: np.ndarray, gy1: np.ndarray) -> np.ndarray:
+    """Per box, the sum over points of their lattice cell's fraction inside the box: what the bilinear
+    prefix-table lookup gives (cumulative mass below-left of g in cell i is clip(g - i, 0, 1))."""
+    xmin, ymin, xmax, ymax = region.bounds_m
+    inside = (x >= xmin) & (x < xmax) & (y >= ymin) & (y < ymax)  # what grid_counts keeps
+    i = cell_index(x[inside], xmin, xmax, resolution)[:, None]
+    j = cell_index(y[inside], ymin, ymax, resolution)[:, None]
+    wx = np.clip(gx1 - i, 0.0, 1.0) - np.clip(gx0 - i, 0.0, 1.0)
+    wy = np.clip(gy1 - j, 0.0, 1.0) - np.clip(gy0 - j, 0.0, 1.0)
+    return np.einsum("pq,pq->q", wx, wy)
+
+
 def true_st_counts(x: np.ndarray, y: np.ndarray, slot: np.ndarray, region: Region, n_slots: int,
                    boxes: np.ndarray, slot_ranges: np.ndarray, *, resolution: int = 2048) -> np.ndarray:
     """Exact counts of points in box × [t0, t1) for boxes on the ``resolution`` lattice.
 
     One 2-D prefix table per slot answers every box at once; the loop runs over slots (tens to
-    hundreds), never over points or queries.
+    hundreds), never over points or queries. A slot with few points × boxes (under ``_DIRECT_MAX``) sums
+    each point's cell's covered fraction of every box instead: the same bilinear answer, without the
+    ``resolution``² table (two cumsums of 4 M cells, ~90 ms a slot at 2048).
     """
     b = np.atleast_2d(np.asarray(boxes, dtype=np.float64))
     r = np.asarray(slot_ranges, dtype=np.int64)
@@ -78,6 +97,9 @@ def true_st_counts(x: np.ndarray, y: np.ndarray, slot: np.ndarray, region: Regio
     for t in range(n_slots):
         idx = order[bounds[t]:bounds[t + 1]]
         if idx.size == 0:
+            continue
+        if idx.size * b.shape[0] <= _DIRECT_MAX:
+            per_slot[t + 1] = _direct_counts(x[idx], y[idx], region, resolution, gx0, gx1, gy0, gy1)
             continue
         p = prefix_sums(grid_counts(x[idx], y[idx], region.bounds_m, resolution))
         per_slot[t + 1] = (cumulative_at(p, gx1, gy1) - cumulative_at(p, gx0, gy1)
