@@ -25,6 +25,7 @@ docs/decisions/0018-contribution-profile.md).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -89,6 +90,43 @@ def nonzero_threshold(epsilon: float) -> float:
     """A noisy count above this is not noise alone with probability ≥ 1 − VISIBLE_FALSE_RATE for one
     bucket on its own (what a bucket just below a visible one clears when that one is real)."""
     return math.log(1.0 / (2 * VISIBLE_FALSE_RATE)) / float(epsilon)
+
+
+@functools.lru_cache(maxsize=64)
+def group_threshold(epsilon: float) -> float:
+    """A sum of three neighbouring noisy counts above this is not noise alone with probability
+    ≥ 1 − VISIBLE_FALSE_RATE over all buckets, as a visible bucket's count (the exact tail of a sum of three
+    DLap(1/ε): 82 at ε 0.1, where one bucket needs 55)."""
+    a = math.exp(-float(epsilon))
+    span = int(math.ceil(40.0 / float(epsilon)))
+    one = (1.0 - a) / (1.0 + a) * a ** np.abs(np.arange(-span, span + 1))
+    three = np.convolve(np.convolve(one, one), one)
+    tail = np.cumsum(three[::-1])[::-1]  # P(sum ≥ −3·span + i)
+    return float(-3 * span + int(np.argmax(tail <= VISIBLE_FALSE_RATE / PROFILE_BUCKETS)))
+
+
+def supported(noisy: np.ndarray, visible: np.ndarray, nonzero: np.ndarray, epsilon: float) -> np.ndarray:
+    """Per bucket: whether a visible bucket may hold people. It may where it is one of the lowest
+    TAIL_BUCKETS (they count anyway), has another visible bucket at most TAIL_BUCKETS away (a run of heavy
+    units, as cabs), is joined to bucket 0 or 1 by buckets that each clear :func:`nonzero_threshold`, each
+    at most TAIL_BUCKETS above the last (people per doubling change gradually), or it and its two
+    neighbours sum to more than :func:`group_threshold` (a heavy group, whose people spread over a few
+    doublings: 150 units of ~10⁴ points, or a day of 66 cabs in [256, 512) and 22 above).
+
+    A visible bucket with none of these is what noise alone makes in 5% of profiles, anywhere in the 24
+    buckets; where the real buckets are too thin to be visible (a day of a few dozen people) it is the
+    largest and set 1/κ̂(20) up to 2·10⁵ on days whose truth is 1.0-1.25: one profile per UTC day at
+    ε_p 0.1 gave factors over 3× the truth on 7 of 452 Gowalla NYC days, 17 of 445 Austin and 19 of 467
+    San Francisco days (bench/factor_tail.py, bench/results/2026-11-29-factor-5.md)."""
+    from_bottom = np.zeros(noisy.size, dtype=bool)
+    linked = np.zeros(noisy.size, dtype=bool)
+    for i in range(noisy.size):
+        below = slice(max(i - TAIL_BUCKETS, 0), i)
+        from_bottom[i] = nonzero[i] and (i < TAIL_BUCKETS or from_bottom[below].any())
+        linked[i] = nonzero[i] and from_bottom[below].any()
+    near = np.convolve(visible.astype(int), np.ones(2 * TAIL_BUCKETS + 1, dtype=int), mode="same") > 1
+    group = np.convolve(noisy, np.ones(3), mode="same") >= group_threshold(epsilon)
+    return (np.arange(noisy.size) < TAIL_BUCKETS) | linked | near | group
 
 
 def _bucket_bounds() -> tuple[np.ndarray, np.ndarray]:
@@ -157,9 +195,11 @@ class ContributionProfile:
     # -- post-processing -------------------------------------------------------------------------
     def visible_top(self) -> int:
         """The highest visible bucket (its noisy count clears :func:`visible_threshold`) that is reached (−1
-        when none is visible): every bucket up to the largest is; above it, a bucket that clears
+        when none is visible): every bucket up to the largest visible one is; above it, a bucket that clears
         :func:`nonzero_threshold` with a reached one at most TAIL_BUCKETS below it, or a visible one with
-        another visible one that close below it.
+        another visible one that close below it. A visible bucket counts as visible only where
+        :func:`supported` says it may hold people: a lone one, as noise makes it, is not the largest even
+        when its count is.
 
         A visible bucket not reached is taken as noise: an empty bucket clears the visibility threshold by
         noise alone in 5% of profiles, and people per doubling change gradually, so a real heavy bucket above
@@ -176,10 +216,11 @@ class ContributionProfile:
         bench/results/2026-11-29-verdict-5.md)."""
         noisy = np.asarray(self.noisy, dtype=np.float64)
         visible = noisy >= visible_threshold(self.epsilon)
+        nonzero = noisy >= nonzero_threshold(self.epsilon)
+        visible &= supported(noisy, visible, nonzero, self.epsilon)
         if not visible.any():
             return -1
-        nonzero = noisy >= nonzero_threshold(self.epsilon)
-        largest = int(np.argmax(noisy))
+        largest = int(np.argmax(np.where(visible, noisy, -np.inf)))
         reached = np.arange(noisy.size) <= largest
         for j in range(largest + 1, noisy.size):
             below = slice(max(j - TAIL_BUCKETS, 0), j)
