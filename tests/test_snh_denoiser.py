@@ -491,3 +491,19 @@ def test_train_denoiser_cli_refuses_bad_input(tmp_path):
     assert main(["paramselect", "train-denoiser", "--channels", "0"]) == 2
     for bad in ("40000:3000", "0:100", "3000", "a:b"):
         assert main(["paramselect", "train-denoiser", "--signal-range", bad]) == 2
+
+
+def test_the_turned_truth_tables_are_the_tables_of_the_turned_truth():
+    """Training reads each sample's truth from one prefix table per dataset, turned (dpcore.models.
+    pyramid_denoiser._turned_prefix): bit for bit the table of the turned counts, for all 8 turns."""
+    import dpcore.models.pyramid_denoiser as pdn
+
+    counts = np.random.default_rng(0).poisson(3.0, (48, 40)).astype(np.float64)
+    counts[5, 7] = 1e9
+    for t in range(8):
+        np.testing.assert_array_equal(pdn._turned_prefix(prefix_sums(counts), t),
+                                      prefix_sums(pdn._dihedral(counts, t)))
+    ds = pdn.PublicDataset("d", city_region("boston"), 0, counts + 0.5)  # not whole counts: computed each time
+    cache: dict = {}
+    np.testing.assert_array_equal(pdn._truth_prefix(ds, 5, cache), prefix_sums(pdn._dihedral(ds.truth, 5)))
+    assert cache == {id(ds): None}

@@ -213,7 +213,41 @@ def simulate_release(counts: dict[int, np.ndarray], sensitivity: float, epsilon:
     return release_pyramid(counts, sensitivity, level_eps, NoiseSource(secure_mode=False, rng=rng))
 
 
-def _training_batch(datasets: list[PublicDataset], cfg: DenoiserTrainConfig, rng: np.random.Generator):
+def _turned_prefix(p: np.ndarray, t: int) -> np.ndarray:
+    """prefix_sums(_dihedral(a, t)) from p = prefix_sums(a), for integer counts a: a flipped axis's prefix is
+    the total less the prefix from the other end, which is exact (and so bit for bit the table of the
+    turned counts) while every sum stays below 2^53; a transpose is the transposed table."""
+    if t & 4:
+        p = p.T
+    k = t & 3
+    if k == 1:  # rot90 once: the transpose with its rows reversed
+        p = p.T
+        p = p[-1:, :] - p[::-1, :]
+    elif k == 2:
+        p = p[-1:, :] - p[::-1, :]
+        p = p[:, -1:] - p[:, ::-1]
+    elif k == 3:  # three times: the transpose with its columns reversed
+        p = p.T
+        p = p[:, -1:] - p[:, ::-1]
+    return p
+
+
+def _truth_prefix(ds: PublicDataset, t: int, cache: dict[int, np.ndarray | None]) -> np.ndarray:
+    """The prefix table of the dataset's truth turned by ``t``: from its one untransformed table where the
+    truth is whole counts below 2^53 in total (two cumsums of 1,024² cells saved per sample), else
+    computed."""
+    key = id(ds)
+    if key not in cache:
+        whole = bool(np.all(ds.truth >= 0) and np.all(ds.truth == np.floor(ds.truth)) and ds.truth.sum() < 2.0 ** 53)
+        cache[key] = prefix_sums(ds.truth) if whole else None
+    p = cache[key]
+    return prefix_sums(_dihedral(ds.truth, t)) if p is None else _turned_prefix(p, t)
+
+
+def _training_batch(datasets: list[PublicDataset], cfg: DenoiserTrainConfig, rng: np.random.Generator,
+                    prefixes: dict[int, np.ndarray | None] | None = None):
+    """One batch of simulated releases; ``prefixes`` keeps each dataset's truth table across batches."""
+    prefixes = {} if prefixes is None else prefixes
     feats, boxes, truths, totals, psis = [], [], [], [], []
     lo, hi = cfg.query_sides_m
     q = cfg.queries_per_sample
@@ -231,7 +265,6 @@ def _training_batch(datasets: list[PublicDataset], cfg: DenoiserTrainConfig, rng
         est, noisy, var = simulate_release(counts, sensitivity, eps, rng)
         t = int(rng.integers(8))
         feats.append(np.stack([_dihedral(c, t) for c in pyramid_features(est, noisy, var)]))
-        truth = _dihedral(ds.truth, t)
         # Half small (log-uniform), half large queries, centred uniformly (the protocol's workload).
         small = rng.random(q) < 0.5
         side_m = np.where(small, np.exp(rng.uniform(np.log(lo), np.log(min(100.0, hi)), q)), rng.uniform(
@@ -239,7 +272,7 @@ def _training_batch(datasets: list[PublicDataset], cfg: DenoiserTrainConfig, rng
         side = side_m / ds.region.side_m * DENOISER_GRID
         cx, cy = rng.uniform(0, DENOISER_GRID, q), rng.uniform(0, DENOISER_GRID, q)
         bx = np.stack([cx - side / 2, cy - side / 2, cx + side / 2, cy + side / 2], 1)
-        truths.append(answer_boxes(prefix_sums(truth), (0.0, 0.0, DENOISER_GRID, DENOISER_GRID), bx))
+        truths.append(answer_boxes(_truth_prefix(ds, t, prefixes), (0.0, 0.0, DENOISER_GRID, DENOISER_GRID), bx))
         boxes.append(bx)
         # The target is the raw data (what releases are scored against); user-level releases are
         # scaled to it outside SNH, so the distribution is compared at the raw total.
@@ -273,8 +306,9 @@ def train_denoiser(datasets: list[PublicDataset], cfg: DenoiserTrainConfig | Non
     losses = []
     t0 = time.perf_counter()
     model.train()
+    prefixes: dict[int, np.ndarray | None] = {}
     for step in range(cfg.steps):
-        feats, boxes, truth, totals, psi = (t.to(device) for t in _training_batch(datasets, cfg, rng))
+        feats, boxes, truth, totals, psi = (t.to(device) for t in _training_batch(datasets, cfg, rng, prefixes))
         pred = box_answers(model(feats) * totals[:, None, None], boxes)
         loss = ((pred - truth).abs() / torch.maximum(truth, psi[:, None])).mean()
         opt.zero_grad()
