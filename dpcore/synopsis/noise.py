@@ -385,10 +385,14 @@ class BootstrapNoise(NoiseModel):
         at most SMALL_GRID cells also keeps the cells' error covariance over the draws (float64)."""
         if self._prefix is None:
             rng = np.random.default_rng(self.seed)
-            fields = [self.draw_errors(rng) for _ in range(self.DRAWS)]
-            e = np.stack(fields, axis=-1)
+            # draws first: contiguous copies and cumsums (half the time of the draws-last stack); the same
+            # sums in the same order, so the same table; e is the (nx, ny, draws) view of the fields
+            stacked = np.stack([self.draw_errors(rng) for _ in range(self.DRAWS)])
+            e = stacked.transpose(1, 2, 0)
+            c = np.cumsum(stacked, axis=1)
+            np.cumsum(c, axis=2, out=c)
             p = np.zeros((e.shape[0] + 1, e.shape[1] + 1, e.shape[2]), dtype=np.float32)
-            p[1:, 1:] = np.cumsum(np.cumsum(e, axis=0), axis=1)
+            p[1:, 1:] = c.transpose(1, 2, 0)
             if e.shape[0] * e.shape[1] <= self.SMALL_GRID:
                 cells = e.reshape(-1, e.shape[2]).astype(np.float64)
                 self._cov = cells @ cells.T / e.shape[2]
