@@ -51,9 +51,10 @@ The charges add up to ε. Everything after is post-processing (no budget):
    often, and a slot that passes carries a spike of the whole region.
 8. Blend (``noisy_weight``, default 0.25): Ĥ ← (1 − w)·Ĥ + w·max(H̄, 0)·ΣĤ/Σmax(H̄, 0). On real check-ins the
    stages above spread a dense cell's mass into its neighbours, which then pass hotspot thresholds they do
-   not reach (Gowalla sample, Austin, 4-week slots, ε 1: hotspot regret 1.94 against the noisy grid's 1.64);
-   a quarter of H̄ puts single cells back (1.42) and keeps range and forecast errors below the noisy
-   grid's (bench/results/2026-11-28-vdr-heatmap.md). Post-processing of H̄ only.
+   not reach; a quarter of H̄ puts single cells part of the way back. Chosen on held-out sets; with paired
+   seeds vdr still loses to H̄ on hotspot regret on the Austin sample (ε 1, 4-week slots: +0.34 ± 0.19) and
+   on Gowalla NYC's month in 5-day slots at ε 1 (+0.54 ± 0.18), while its range errors stay at or below H̄'s
+   (bench/results/2026-11-29-vdr-heatmap-5.md). Post-processing of H̄ only.
 """
 
 from __future__ import annotations
