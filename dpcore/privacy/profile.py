@@ -118,15 +118,26 @@ def supported(noisy: np.ndarray, visible: np.ndarray, nonzero: np.ndarray, epsil
     largest and set 1/κ̂(20) up to 2·10⁵ on days whose truth is 1.0-1.25: one profile per UTC day at
     ε_p 0.1 gave factors over 3× the truth on 7 of 452 Gowalla NYC days, 17 of 445 Austin and 19 of 467
     San Francisco days (bench/factor_tail.py, bench/results/2026-11-29-factor-5.md)."""
-    from_bottom = np.zeros(noisy.size, dtype=bool)
-    linked = np.zeros(noisy.size, dtype=bool)
-    for i in range(noisy.size):
+    group = np.convolve(noisy, np.ones(3), mode="same") >= group_threshold(epsilon)
+    return (np.arange(noisy.size) < TAIL_BUCKETS) | linked_from_bottom(nonzero) | visible_near(visible) | group
+
+
+def linked_from_bottom(nonzero: np.ndarray) -> np.ndarray:
+    """Per bucket: it clears the one-bucket threshold (``nonzero``) and a run of such buckets, each at most
+    TAIL_BUCKETS above the last, joins it to bucket 0 or 1 with at least one of the run below it."""
+    from_bottom = np.zeros(nonzero.size, dtype=bool)
+    linked = np.zeros(nonzero.size, dtype=bool)
+    for i in range(nonzero.size):
         below = slice(max(i - TAIL_BUCKETS, 0), i)
         from_bottom[i] = nonzero[i] and (i < TAIL_BUCKETS or from_bottom[below].any())
         linked[i] = nonzero[i] and from_bottom[below].any()
-    near = np.convolve(visible.astype(int), np.ones(2 * TAIL_BUCKETS + 1, dtype=int), mode="same") > 1
-    group = np.convolve(noisy, np.ones(3), mode="same") >= group_threshold(epsilon)
-    return (np.arange(noisy.size) < TAIL_BUCKETS) | linked | near | group
+    return linked
+
+
+def visible_near(visible: np.ndarray) -> np.ndarray:
+    """Per bucket: another visible bucket lies at most TAIL_BUCKETS away (or it is visible with such a
+    neighbour: the count over the window holds more than one)."""
+    return np.convolve(visible.astype(int), np.ones(2 * TAIL_BUCKETS + 1, dtype=int), mode="same") > 1
 
 
 def _bucket_bounds() -> tuple[np.ndarray, np.ndarray]:

@@ -128,21 +128,13 @@ def trusted_top(profile: ContributionProfile) -> int:
     ε_p 0.025, whose every band was then called informative and which was not refused (1 draw in 400 of
     test_a_first_day_worse_than_a_blank_map…). A run down to the lowest buckets or a visible pair is
     noise in about 6·10⁻⁴ of empty profiles (bench/results/2026-11-29-verdict-5.md)."""
-    from dpcore.privacy.profile import TAIL_BUCKETS, nonzero_threshold, visible_threshold
+    from dpcore.privacy.profile import linked_from_bottom, nonzero_threshold, visible_near, visible_threshold
 
     noisy = np.asarray(profile.noisy, dtype=np.float64)
     visible = noisy >= visible_threshold(profile.epsilon)
-    nonzero = noisy >= nonzero_threshold(profile.epsilon)
-    # from_bottom[j]: j clears the one-bucket threshold and a run of such buckets joins it to bucket 0 or 1
-    from_bottom = np.zeros(noisy.size, dtype=bool)
-    linked = np.zeros(noisy.size, dtype=bool)  # ... with at least one bucket of the run below j
-    for j in range(noisy.size):
-        below = slice(max(j - TAIL_BUCKETS, 0), j)
-        from_bottom[j] = nonzero[j] and (j < TAIL_BUCKETS or from_bottom[below].any())
-        linked[j] = nonzero[j] and from_bottom[below].any()
-    trusted = [j for j in np.flatnonzero(visible)
-               if linked[j] or visible[max(j - TAIL_BUCKETS, 0): j + TAIL_BUCKETS + 1].sum() > 1]
-    return int(trusted[-1]) if trusted else -1
+    trusted = np.flatnonzero(visible & (linked_from_bottom(noisy >= nonzero_threshold(profile.epsilon))
+                                        | visible_near(visible)))
+    return int(trusted[-1]) if trusted.size else -1
 
 
 def without_untrusted(profile: ContributionProfile) -> ContributionProfile:
